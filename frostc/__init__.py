@@ -1,0 +1,1 @@
+"""frostc: a plan compiler for scaled-dot-product attention on NVIDIA GPUs."""
