@@ -18,7 +18,6 @@ The kernel's parameters are plain scalars (pointers, int32, int64, float32) list
 `PARAMS`; the runtime fills them from the plan without knowing anything about CuTe.
 """
 
-
 import math
 from dataclasses import dataclass
 
@@ -101,9 +100,7 @@ class SdpaForwardMma:
 
     def _smem_layout(self, rows: int):
         # 8 x 64 swizzled atoms: ldmatrix reads and 16-byte cp.async writes hit distinct banks.
-        atom = cute.make_composed_layout(
-            cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1))
-        )
+        atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
         return cute.tile_to_shape(atom, (rows, self.head_dim), (0, 1))
 
     def _shared_storage_type(self):
@@ -124,23 +121,54 @@ class SdpaForwardMma:
     @cute.kernel
     def kernel(
         self,
-        q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
-        seq_q: cutlass.Int32, seq_kv: cutlass.Int32, group: cutlass.Int32,
-        q_sb: cutlass.Int64, q_sh: cutlass.Int64, q_ss: cutlass.Int64,
-        k_sb: cutlass.Int64, k_sh: cutlass.Int64, k_ss: cutlass.Int64,
-        v_sb: cutlass.Int64, v_sh: cutlass.Int64, v_ss: cutlass.Int64,
-        o_sb: cutlass.Int64, o_sh: cutlass.Int64, o_ss: cutlass.Int64,
-        lse_sb: cutlass.Int64, lse_sh: cutlass.Int64, lse_ss: cutlass.Int64,
+        q: cute.Pointer,
+        k: cute.Pointer,
+        v: cute.Pointer,
+        o: cute.Pointer,
+        lse: cute.Pointer,
+        seq_q: cutlass.Int32,
+        seq_kv: cutlass.Int32,
+        group: cutlass.Int32,
+        q_sb: cutlass.Int64,
+        q_sh: cutlass.Int64,
+        q_ss: cutlass.Int64,
+        k_sb: cutlass.Int64,
+        k_sh: cutlass.Int64,
+        k_ss: cutlass.Int64,
+        v_sb: cutlass.Int64,
+        v_sh: cutlass.Int64,
+        v_ss: cutlass.Int64,
+        o_sb: cutlass.Int64,
+        o_sh: cutlass.Int64,
+        o_ss: cutlass.Int64,
+        lse_sb: cutlass.Int64,
+        lse_sh: cutlass.Int64,
+        lse_ss: cutlass.Int64,
         scale_log2: cutlass.Float32,
     ):
         # argument order is `param_list()`; look them up by ABI name below
         p = {
-            "q": q, "k": k, "v": v, "o": o, "lse": lse, "scale_log2": scale_log2,
-            "q.stride_b": q_sb, "q.stride_h": q_sh, "q.stride_s": q_ss,
-            "k.stride_b": k_sb, "k.stride_h": k_sh, "k.stride_s": k_ss,
-            "v.stride_b": v_sb, "v.stride_h": v_sh, "v.stride_s": v_ss,
-            "o.stride_b": o_sb, "o.stride_h": o_sh, "o.stride_s": o_ss,
-            "lse.stride_b": lse_sb, "lse.stride_h": lse_sh, "lse.stride_s": lse_ss,
+            "q": q,
+            "k": k,
+            "v": v,
+            "o": o,
+            "lse": lse,
+            "scale_log2": scale_log2,
+            "q.stride_b": q_sb,
+            "q.stride_h": q_sh,
+            "q.stride_s": q_ss,
+            "k.stride_b": k_sb,
+            "k.stride_h": k_sh,
+            "k.stride_s": k_ss,
+            "v.stride_b": v_sb,
+            "v.stride_h": v_sh,
+            "v.stride_s": v_ss,
+            "o.stride_b": o_sb,
+            "o.stride_h": o_sh,
+            "o.stride_s": o_ss,
+            "lse.stride_b": lse_sb,
+            "lse.stride_h": lse_sh,
+            "lse.stride_s": lse_ss,
         }
         t = self.tiles
         tidx, _, _ = cute.arch.thread_idx()
@@ -170,18 +198,14 @@ class SdpaForwardMma:
         cQ = cute.local_tile(
             cute.make_identity_tensor((seq_q, self.head_dim)), (t.block_m, self.head_dim), (m_block, 0)
         )
-        cKV = cute.local_tile(
-            cute.make_identity_tensor((seq_kv, self.head_dim)), (t.block_n, self.head_dim), (None, 0)
-        )
+        cKV = cute.local_tile(cute.make_identity_tensor((seq_kv, self.head_dim)), (t.block_n, self.head_dim), (None, 0))
 
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         sQ = storage.sQ.get_tensor(self._smem_layout(t.block_m))
         sK = storage.sK.get_tensor(self._smem_layout(t.block_n))
         sV = storage.sV.get_tensor(self._smem_layout(t.block_n))
         # V^T view (d, BLOCK_N) for the P @ V gemm's B operand
-        sVt = cute.composition(
-            sV, cute.make_layout((self.head_dim, t.block_n), stride=(t.block_n, 1))
-        )
+        sVt = cute.composition(sV, cute.make_layout((self.head_dim, t.block_n), stride=(t.block_n, 1)))
 
         # global -> shared copies: 16-byte cp.async, 8 threads per 64-element row chunk
         g2s = self._g2s_tiled_copy().get_slice(tidx)
@@ -202,10 +226,18 @@ class SdpaForwardMma:
         s2r_K = cute.make_tiled_copy_B(self._ldmatrix(False), tiled_mma).get_slice(tidx)
         s2r_V = cute.make_tiled_copy_B(self._ldmatrix(True), tiled_mma).get_slice(tidx)
         frags = _Fragments(
-            tSsQ=s2r_Q.partition_S(sQ), tSrQ_view=s2r_Q.retile(tSrQ), tSrQ=tSrQ,
-            tSsK=s2r_K.partition_S(sK), tSrK_view=s2r_K.retile(tSrK), tSrK=tSrK,
-            tOsVt=s2r_V.partition_S(sVt), tOrVt_view=s2r_V.retile(tOrVt), tOrVt=tOrVt,
-            s2r_Q=s2r_Q, s2r_K=s2r_K, s2r_V=s2r_V,
+            tSsQ=s2r_Q.partition_S(sQ),
+            tSrQ_view=s2r_Q.retile(tSrQ),
+            tSrQ=tSrQ,
+            tSsK=s2r_K.partition_S(sK),
+            tSrK_view=s2r_K.retile(tSrK),
+            tSrK=tSrK,
+            tOsVt=s2r_V.partition_S(sVt),
+            tOrVt_view=s2r_V.retile(tOrVt),
+            tOrVt=tOrVt,
+            s2r_Q=s2r_Q,
+            s2r_K=s2r_K,
+            s2r_V=s2r_V,
         )
 
         row_count = acc_O.shape[0][0] * acc_O.shape[1]
@@ -221,10 +253,22 @@ class SdpaForwardMma:
         cute.arch.cp_async_commit_group()
 
         ctx = _BlockContext(
-            g2s=g2s, tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, tKVcKV=tKVcKV,
-            tiled_mma=tiled_mma, thr_mma=thr_mma, frags=frags, acc_O=acc_O,
-            row_max=row_max, row_sum=row_sum, scale_log2=p["scale_log2"],
-            m_block=m_block, seq_q=seq_q, seq_kv=seq_kv,
+            g2s=g2s,
+            tKgK=tKgK,
+            tKsK=tKsK,
+            tVgV=tVgV,
+            tVsV=tVsV,
+            tKVcKV=tKVcKV,
+            tiled_mma=tiled_mma,
+            thr_mma=thr_mma,
+            frags=frags,
+            acc_O=acc_O,
+            row_max=row_max,
+            row_sum=row_sum,
+            scale_log2=p["scale_log2"],
+            m_block=m_block,
+            seq_q=seq_q,
+            seq_kv=seq_kv,
         )
         # the first visited blocks may hold the key residue or cross the diagonal: masked
         mask_steps = 1
@@ -283,8 +327,11 @@ class SdpaForwardMma:
         cute.arch.sync_threads()  # ... for every thread, and everyone is done with the last V
         if cutlass.const_expr(is_first):
             self._copy_rows(
-                ctx.g2s, ctx.tVgV[None, None, None, n_block], ctx.tVsV,
-                ctx.tKVcKV[None, None, None, n_block], ctx.seq_kv,
+                ctx.g2s,
+                ctx.tVgV[None, None, None, n_block],
+                ctx.tVsV,
+                ctx.tKVcKV[None, None, None, n_block],
+                ctx.seq_kv,
             )
         else:
             cute.copy(ctx.g2s, ctx.tVgV[None, None, None, n_block], ctx.tVsV)

@@ -1,0 +1,3 @@
+from frostc.cli import main
+
+main()

@@ -1,0 +1,53 @@
+"""The pipeline, stage by stage:
+
+    description --validate--> graph --resolve--> resolved plan --compile--> kernels --assemble--> plan file
+
+Each stage is a module of its own; this one only runs them in order, reports progress and,
+with `dump_dir`, writes each stage's text form so every stage can be read and tested alone.
+"""
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from frost_runtime import schema
+
+from frostc.compile import compile_kernels
+from frostc.description import Description, to_toml
+from frostc.planfile import assemble
+from frostc.resolve import KernelVariant, resolve
+from frostc.validate import validate
+
+Progress = Callable[[str, KernelVariant], None]  # ("start" | "done", variant)
+
+
+def build(desc: Description, progress: Progress | None = None, dump_dir: str | Path | None = None) -> bytes:
+    """Run every stage; return the plan file's bytes."""
+    report = progress or (lambda event, variant: None)
+    graph = validate(desc)
+    resolved = resolve(graph)
+    kernels = compile_kernels(
+        resolved.variants,
+        on_start=lambda v: report("start", v),
+        on_done=lambda v: report("done", v),
+    )
+    plan = assemble(resolved, kernels, desc.to_dict())
+    data = schema.encode_plan(plan)
+    if dump_dir is not None:
+        _dump(Path(dump_dir), desc, graph, resolved, kernels)
+    return data
+
+
+def _dump(folder: Path, desc, graph, resolved, kernels) -> None:
+    """One file per stage, named for it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "1-description.toml").write_text(to_toml(desc))
+    (folder / "2-graph.json").write_text(_json(graph))
+    (folder / "3-resolved.json").write_text(_json(resolved))
+    for variant, k in kernels.items():
+        (folder / f"4-{variant.name}.cubin").write_bytes(k.cubin)
+
+
+def _json(obj) -> str:
+    return json.dumps(dataclasses.asdict(obj), indent=2, default=str) + "\n"

@@ -1,0 +1,119 @@
+"""The text form of a plan file: what `frostc inspect` prints, as tables or as canonical JSON.
+
+Works from the bytes alone (no GPU, no DSL): the schema is the runtime's.
+"""
+
+import hashlib
+
+from frost_runtime import schema
+from rich.console import Console
+from rich.table import Table
+
+
+def plan_summary(plan: schema.PlanData) -> dict:
+    """A canonical, diffable rendering: everything but the raw cubin bytes (hashed instead)."""
+    h = plan.header
+    return {
+        "header": {
+            "name": h.name,
+            "frostc_version": h.frostc_version,
+            "cutlass_dsl_version": h.cutlass_dsl_version,
+            "target_arch": h.target_arch,
+            "min_driver": h.min_driver,
+            "build_key": h.build_key,
+            "content_hash": h.content_hash,
+        },
+        "slots": [
+            {
+                "slot": i,
+                "name": s.name,
+                "uid": s.uid,
+                "dtype": s.dtype,
+                "dims": list(s.dims),
+                "strides": list(s.strides),
+                "io": "output" if s.is_output else "input",
+                "align": s.align,
+            }
+            for i, s in enumerate(plan.slots)
+        ],
+        "kernels": [
+            {
+                "name": k.name,
+                "entry": k.entry,
+                "cubin_sha256": hashlib.sha256(k.cubin).hexdigest(),
+                "cubin_bytes": len(k.cubin),
+                "block": list(k.block),
+                "cluster": list(k.cluster),
+                "smem_bytes": k.smem_bytes,
+                "grid_rule": k.grid_rule,
+                "tiles": dict(k.tiles),
+                "params": [f"{p.name}:{p.kind}" for p in k.params],
+            }
+            for k in plan.kernels
+        ],
+        "launches": [
+            {
+                "kernel": plan.kernels[launch.kernel].name,
+                "grid": list(launch.grid),
+                "args": {
+                    p.name: (f"slot {a.slot} ({plan.slots[a.slot].name})" if a.slot >= 0 else a.value)
+                    for p, a in zip(plan.kernels[launch.kernel].params, launch.args)
+                },
+            }
+            for launch in plan.launches
+        ],
+        "workspace_bytes": plan.workspace_bytes,
+    }
+
+
+def print_plan(plan: schema.PlanData, console: Console) -> None:
+    s = plan_summary(plan)
+    h = s["header"]
+    console.print(
+        f"[bold]{h['name']}[/bold]  target {h['target_arch']}  frostc {h['frostc_version']}  "
+        f"cutlass-dsl {h['cutlass_dsl_version']}  min driver {h['min_driver']}"
+    )
+    console.print(f"content {h['content_hash'][:16]}…  build key {h['build_key'][:16]}…")
+    console.print(
+        _table(
+            "Slots (execute's buffer order)",
+            s["slots"],
+            ["slot", "name", "uid", "dtype", "dims", "strides", "io", "align"],
+        )
+    )
+    for i, k in enumerate(s["kernels"]):
+        rows = [
+            {"field": "entry", "value": k["entry"][:60] + ("…" if len(k["entry"]) > 60 else "")},
+            {"field": "block", "value": k["block"]},
+            {"field": "cluster", "value": k["cluster"]},
+            {"field": "dynamic smem", "value": f"{k['smem_bytes']} B"},
+            {"field": "grid rule", "value": k["grid_rule"]},
+            {"field": "tiles", "value": _kv(k["tiles"])},
+            {"field": "cubin", "value": f"{k['cubin_bytes']} B, sha256 {k['cubin_sha256'][:16]}…"},
+        ]
+        console.print(_table(f"Kernel {i}: {k['name']}", rows, ["field", "value"]))
+    for i, launch in enumerate(s["launches"]):
+        rows = [{"param": k, "value": v} for k, v in launch["args"].items()]
+        console.print(_table(f"Launch {i}: {launch['kernel']}  grid {tuple(launch['grid'])}", rows, ["param", "value"]))
+    console.print(f"Workspace: {s['workspace_bytes']} bytes")
+
+
+def _kv(d: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in d.items())
+
+
+def _table(title: str, rows: list[dict], columns: list[str]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c)
+    for row in rows:
+        table.add_row(*(_cell(row[c]) for c in columns))
+    return table
+
+
+def _cell(value) -> str:
+    if isinstance(value, list):
+        return "(" + ", ".join(map(str, value)) + ")"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)

@@ -1,0 +1,85 @@
+"""Stage 5: a resolved plan and its compiled kernels become plan-file bytes, written through the
+runtime's schema (the format is defined there, once) and to disk without ever leaving half a file.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from frost_runtime import schema
+
+import frostc
+from frostc.compile import MIN_DRIVER, CompiledKernel, dsl_version
+from frostc.resolve import KernelVariant, ResolvedPlan
+
+
+def assemble(plan: ResolvedPlan, kernels: dict[KernelVariant, CompiledKernel], description: dict) -> schema.PlanData:
+    variants = plan.variants
+    index = {v: i for i, v in enumerate(variants)}
+    header = schema.Header(
+        name=plan.name,
+        frostc_version=frostc.__version__,
+        cutlass_dsl_version=dsl_version(),
+        target_arch=plan.target,
+        min_driver=MIN_DRIVER,
+        build_key=build_key(description),
+    )
+    return schema.PlanData(
+        header=header,
+        slots=tuple(
+            schema.TensorSlot(s.name, s.uid, s.dtype, s.dims, s.strides, s.is_output, s.align) for s in plan.slots
+        ),
+        kernels=tuple(_kernel(kernels[v]) for v in variants),
+        launches=tuple(
+            schema.Launch(
+                kernel=index[launch.variant],
+                grid=launch.grid,
+                args=tuple(schema.Arg(slot=a.slot) if a.slot >= 0 else schema.Arg(value=a.value) for a in launch.args),
+            )
+            for launch in plan.launches
+        ),
+        workspace_bytes=plan.workspace_bytes,
+    )
+
+
+def _kernel(k: CompiledKernel) -> schema.Kernel:
+    return schema.Kernel(
+        name=k.variant.name,
+        entry=k.entry,
+        cubin=k.cubin,
+        params=tuple(schema.Param(name, kind) for name, kind in k.params),
+        block=k.block,
+        cluster=(1, 1, 1),
+        smem_bytes=k.smem_bytes,
+        grid_rule=k.grid_rule,
+        tiles=k.tiles,
+    )
+
+
+def build_key(description: dict) -> str:
+    """What a plan depends on: the compiler's own sources, the DSL version and the graph."""
+    h = hashlib.sha256()
+    for path in sorted(Path(frostc.__file__).parent.rglob("*.py")):
+        h.update(path.relative_to(Path(frostc.__file__).parent).as_posix().encode())
+        h.update(path.read_bytes())
+    h.update(dsl_version().encode())
+    h.update(json.dumps(description, sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write beside the target, then rename: readers see the old file or the new one, never half."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,213 @@
+"""Stage 3: a validated Graph becomes a resolved plan: uids, ordered slots, kernel variants and
+every launch's grid and arguments.
+
+After this stage nothing is looked up by name again: the runtime sees slot indices, and each
+kernel parameter is bound either to a slot's pointer or to a constant. What the kernels
+support is checked here, against the user's field paths, so an unsupported graph is declined
+at build time and never reaches a GPU.
+"""
+
+from dataclasses import dataclass
+
+from frostc.errors import DescriptionError, Problem
+from frostc.kernels import sdpa_fwd_mma as mma
+from frostc.validate import Graph, Sdpa, Tensor
+
+ROW_ALIGN_ELEMS = 8  # 16-byte cp.async rows of 2-byte elements
+GRID_YZ_MAX = 65535
+INT32_MAX = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A buffer `execute` takes, at position `index`."""
+
+    index: int
+    name: str
+    uid: int
+    dtype: str
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    is_output: bool
+    align: int  # required base-pointer alignment in bytes
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """The compile key of one kernel: declaration facts only (no shapes, which are arguments)."""
+
+    dtype: str
+    head_dim: int
+    causal: bool
+    has_lse: bool
+
+    @property
+    def name(self) -> str:
+        return f"sdpa_fwd_mma.{self.dtype}.d{self.head_dim}.{'causal' if self.causal else 'full'}" + (
+            ".lse" if self.has_lse else ""
+        )
+
+    @property
+    def tiles(self) -> mma.SdpaFwdTiles:
+        return mma.SdpaFwdTiles.for_head_dim(self.head_dim)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One kernel parameter's value: a slot's base pointer (slot >= 0) or a constant."""
+
+    param: str
+    kind: str
+    slot: int = -1
+    value: int | float = 0
+
+
+@dataclass(frozen=True)
+class ResolvedLaunch:
+    node: str
+    variant: KernelVariant
+    grid: tuple[int, int, int]
+    args: tuple[Arg, ...]
+
+
+@dataclass(frozen=True)
+class ResolvedPlan:
+    name: str
+    target: str
+    slots: tuple[Slot, ...]
+    launches: tuple[ResolvedLaunch, ...]
+    workspace_bytes: int
+
+    @property
+    def variants(self) -> tuple[KernelVariant, ...]:
+        """Distinct kernels, in first-use order."""
+        return tuple(dict.fromkeys(launch.variant for launch in self.launches))
+
+
+def resolve(graph: Graph) -> ResolvedPlan:
+    problems: list[Problem] = []
+    for node in graph.nodes:
+        _check_supported(graph, node, problems)
+    if problems:
+        raise DescriptionError(problems)
+    slots = _slots(graph)
+    by_name = {s.name: s for s in slots}
+    launches = tuple(_sdpa_launch(node, by_name) for node in graph.nodes)
+    return ResolvedPlan(graph.name, graph.target, slots, launches, workspace_bytes=0)
+
+
+# ------------------------------------------------------------------------------ slots and uids
+
+
+def assign_uids(tensors: tuple[Tensor, ...]) -> dict[str, int]:
+    """Keep given uids; give the others the smallest unused positive integers, in declaration
+    order, so the result depends only on the description."""
+    taken = {t.uid for t in tensors if t.uid is not None}
+    uids, candidate = {}, 1
+    for t in tensors:
+        if t.uid is not None:
+            uids[t.name] = t.uid
+            continue
+        while candidate in taken:
+            candidate += 1
+        uids[t.name] = candidate
+        taken.add(candidate)
+    return uids
+
+
+def _slot_order(graph: Graph) -> list[str]:
+    """Inputs then outputs, in each node's role order (q, k, v, o, lse): the order a caller writes."""
+    order: list[str] = []
+    for node in graph.nodes:
+        for name in (node.q, node.k, node.v, node.o, node.lse):
+            if name is not None and name not in order:
+                order.append(name)
+    return order
+
+
+def _slots(graph: Graph) -> tuple[Slot, ...]:
+    uids = assign_uids(graph.tensors)
+    slots = []
+    for index, name in enumerate(_slot_order(graph)):
+        t = graph.tensor(name)
+        align = 16 if t.dtype in ("bf16", "fp16") else 4
+        slots.append(Slot(index, name, uids[name], t.dtype, t.dims, t.strides, t.is_output, align))
+    return tuple(slots)
+
+
+# ------------------------------------------------------------------------------ kernel support
+
+
+def _check_supported(graph: Graph, node: Sdpa, problems: list[Problem]) -> None:
+    q = graph.tensor(node.q)
+    if node.head_dim not in mma.head_dims():
+        problems.append(
+            Problem(
+                f"{q.path}.dims[3]",
+                f"head dim {node.head_dim} is not supported yet; supported: {', '.join(map(str, mma.head_dims()))}",
+            )
+        )
+    if graph.target != "sm_90a":
+        problems.append(Problem("target", f'target {graph.target!r} is not supported; use "sm_90a"'))
+    for name in (node.q, node.k, node.v, node.o):
+        _check_row_layout(graph.tensor(name), problems)
+    for value, what, path in (
+        (node.seq_q, "query length", f"{q.path}.dims[2]"),
+        (node.seq_kv, "key length", f"{graph.tensor(node.k).path}.dims[2]"),
+    ):
+        if value > INT32_MAX:
+            problems.append(Problem(path, f"{what} {value} does not fit the kernel's int32; at most {INT32_MAX}"))
+    for value, what, path in (
+        (node.heads_q, "query heads", f"{q.path}.dims[1]"),
+        (node.batch, "batch", f"{q.path}.dims[0]"),
+    ):
+        if value > GRID_YZ_MAX:
+            problems.append(Problem(path, f"{what} {value} exceeds the launch grid's limit of {GRID_YZ_MAX}"))
+
+
+def _check_row_layout(t: Tensor, problems: list[Problem]) -> None:
+    """The kernel reads and writes whole 16-byte pieces of each head-dim row."""
+    if t.strides[3] != 1:
+        problems.append(
+            Problem(
+                f"{t.path}.strides[3]",
+                f"the head dim must be innermost (stride 1), found stride {t.strides[3]}; "
+                'use a layout ending in d, such as "bshd" or "bhsd"',
+            )
+        )
+    for i, letter in enumerate("bhs"):
+        if t.dims[i] > 1 and t.strides[i] % ROW_ALIGN_ELEMS:
+            problems.append(
+                Problem(
+                    f"{t.path}.strides[{i}]",
+                    f"stride {t.strides[i]} of dim {letter} must be a multiple of {ROW_ALIGN_ELEMS} elements "
+                    "(16 bytes) so rows can be loaded in 16-byte pieces",
+                )
+            )
+
+
+# ------------------------------------------------------------------------------ launches
+
+
+def _sdpa_launch(node: Sdpa, slots: dict[str, Slot]) -> ResolvedLaunch:
+    variant = KernelVariant(slots[node.q].dtype, node.head_dim, node.causal, node.lse is not None)
+    tensors = {"q": node.q, "k": node.k, "v": node.v, "o": node.o, "lse": node.lse}
+    values: dict[str, int | float] = {
+        "seq_q": node.seq_q,
+        "seq_kv": node.seq_kv,
+        "group": node.heads_q // node.heads_kv,
+        "scale_log2": node.attn_scale * mma.LOG2_E,
+    }
+    for role, name in tensors.items():
+        strides = slots[name].strides[:3] if name is not None else (0, 0, 0)
+        values |= {f"{role}.stride_b": strides[0], f"{role}.stride_h": strides[1], f"{role}.stride_s": strides[2]}
+    args = []
+    for param, kind in mma.param_list():
+        if kind == "ptr":
+            name = tensors[param]
+            # an absent LSE: the variant never touches its pointer, so a null constant is bound
+            args.append(Arg(param, kind, slot=slots[name].index) if name is not None else Arg(param, kind, value=0))
+        else:
+            args.append(Arg(param, kind, value=values[param]))
+    grid = mma.grid_for(variant.tiles, node.batch, node.heads_q, node.seq_q)
+    return ResolvedLaunch(node.name, variant, grid, tuple(args))

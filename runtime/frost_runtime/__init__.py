@@ -1,0 +1,73 @@
+"""frost_runtime: load a frostc plan and launch it. Imports neither frostc nor cutlass.
+
+plan = frost_runtime.load("plan.frost")        # checks, loads the kernels once
+plan.execute(q, k, v, o, lse)                  # buffers in slot order, on torch's current stream
+plan.execute_named(q=q, k=k, v=v, o=o, lse=lse, stream=s)
+"""
+
+import os
+
+from frost_runtime.plan import BindError, CompatibilityError, Plan
+from frost_runtime.schema import PlanData, PlanFormatError, decode_plan, read_header
+
+__all__ = [
+    "BindError",
+    "CompatibilityError",
+    "Plan",
+    "PlanData",
+    "PlanFormatError",
+    "compatibility_problems",
+    "load",
+    "read_header",
+]
+__version__ = "0.1.0"
+
+
+def load(source: str | os.PathLike | bytes) -> Plan:
+    """Read, verify and load a plan on the current CUDA context (the current device's primary
+    context when none is current). Raises PlanFormatError for a corrupt or foreign file and
+    CompatibilityError when this GPU or driver cannot run it; nothing is loaded then."""
+    from frost_runtime import driver  # the GPU is needed from here on
+
+    data = decode_plan(_read(source))
+    device = driver.current_context_device()
+    problems = compatibility_problems(data.header.target_arch, data.header.min_driver, device)
+    if problems:
+        raise CompatibilityError(f"plan {data.header.name!r} cannot run here: " + "; ".join(problems))
+    return Plan(data, device)
+
+
+def _read(source) -> bytes:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    with open(source, "rb") as f:
+        return f.read()
+
+
+def compatibility_problems(target_arch: str, min_driver: int, device) -> list[str]:
+    """Why a plan for `target_arch` cannot run on `device` (empty when it can).
+
+    An `sm_XYa` cubin runs only on compute capability X.Y exactly; a plain `sm_XY` cubin runs
+    on X.Y and later minors of the same major."""
+    problems = []
+    arch = target_arch.removeprefix("sm_")
+    digits = arch.rstrip("af")
+    if not digits.isdigit() or len(digits) < 2:
+        return [f"unknown target architecture {target_arch!r}"]
+    major, minor = int(digits[:-1]), int(digits[-1])
+    cc = tuple(device.compute_capability)
+    exact = arch.endswith(("a", "f"))
+    if (exact and cc != (major, minor)) or (not exact and (cc[0] != major or cc[1] < minor)):
+        problems.append(
+            f"built for {target_arch} but {device.name} is sm_{cc[0]}{cc[1]}; rebuild with target = "
+            f'"sm_{cc[0]}{cc[1]}a" if frostc supports it'
+        )
+    if device.driver_version < min_driver:
+        problems.append(
+            f"needs CUDA driver {_version(min_driver)} or newer, this one is {_version(device.driver_version)}"
+        )
+    return problems
+
+
+def _version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"

@@ -1,0 +1,243 @@
+"""A loaded plan: kernels loaded once, parameters packed once, `execute` patches pointers.
+
+The rules `execute` keeps (each one is why a serving engine can call it thousands of times a
+second and capture it in a CUDA graph):
+
+1. No device-to-host read and no synchronization: a D2H read waits for the whole queued
+   pipeline (milliseconds behind queued work) and is illegal under CUDA-graph capture.
+2. Nothing re-derived that was fixed at build: slots, strides and parameter layouts were
+   resolved by the compiler; `execute` only checks buffer metadata and patches pointers.
+3. Every device operation on the launch stream, and no device memory owned by the runtime:
+   scratch, when a plan needs any, comes from the caller's workspace.
+4. Nothing observed at execute can cause a compile or a module load: modules are loaded in
+   `load()`, so even a first `execute` inside a graph capture is a plain launch.
+"""
+
+import ctypes
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from frost_runtime import driver
+from frost_runtime.schema import DTYPES, PARAM_KINDS, Kernel, Launch, PlanData, TensorSlot
+
+_CTYPES = {"ptr": ctypes.c_uint64, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float}
+
+
+class BindError(ValueError):
+    """A buffer given to `execute` does not match its slot; nothing was launched."""
+
+
+class CompatibilityError(RuntimeError):
+    """The plan cannot run on this machine (architecture or driver); nothing was loaded."""
+
+
+@dataclass(frozen=True)
+class _SlotCheck:
+    """What a slot's buffer must look like, precomputed in the forms torch reports."""
+
+    index: int
+    name: str
+    torch_dtype: object | None
+    typestr: str  # __cuda_array_interface__ form
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    align: int
+
+
+class _PackedLaunch:
+    """One kernel launch with its parameter block packed once; only pointer fields change."""
+
+    def __init__(self, launch: Launch, kernel: Kernel, loaded: driver.LoadedKernel):
+        offsets, size = _param_offsets(kernel)
+        self.buffer = (ctypes.c_byte * max(size, 1))()
+        self.fields = [_CTYPES[p.kind].from_buffer(self.buffer, off) for p, off in zip(kernel.params, offsets)]
+        pointers = [ctypes.addressof(self.buffer) + off for off in offsets]
+        self.param_array = (ctypes.c_void_p * max(len(pointers), 1))(*pointers)
+        self.param_address = ctypes.addressof(self.param_array)
+        self.slot_fields: list[tuple[int, ctypes.c_uint64]] = []
+        for field, arg in zip(self.fields, launch.args):
+            if arg.slot >= 0:
+                self.slot_fields.append((arg.slot, field))
+            else:
+                field.value = arg.value
+        self.function = loaded.function
+        self.geometry = (*launch.grid, *kernel.block, kernel.smem_bytes)
+        self.loaded = loaded
+
+
+def _param_offsets(kernel: Kernel) -> tuple[list[int], int]:
+    """Natural alignment, as the kernel's parameter struct lays them out."""
+    offsets, cursor = [], 0
+    for p in kernel.params:
+        size = PARAM_KINDS[p.kind]
+        cursor = (cursor + size - 1) // size * size
+        offsets.append(cursor)
+        cursor += size
+    return offsets, cursor
+
+
+class Plan:
+    """A plan ready to launch on the device whose context was current at `load()`."""
+
+    def __init__(self, data: PlanData, device: driver.Device):
+        self.data = data
+        self.header = data.header
+        self.device = device
+        self.slots: tuple[str, ...] = tuple(s.name for s in data.slots)
+        self.workspace_bytes = data.workspace_bytes
+        self._slot_index = {name: i for i, name in enumerate(self.slots)}
+        self._checks = tuple(_slot_check(i, s) for i, s in enumerate(data.slots))
+        self._loaded = [driver.load_kernel(k.cubin, k.entry, k.smem_bytes) for k in data.kernels]
+        self._launches = [
+            _PackedLaunch(launch, data.kernels[launch.kernel], self._loaded[launch.kernel]) for launch in data.launches
+        ]
+        self._launch = driver.launch_kernel_fn()
+        self._lock = threading.Lock()  # parameter blocks are shared: patch + launch is atomic
+        self._current_stream = _current_stream_reader(device.ordinal)
+
+    # ------------------------------------------------------------------ the hot path
+    def execute(self, *buffers, stream=None, workspace=None) -> None:
+        """Launch the plan on `buffers`, given in slot order (`plan.slots`).
+
+        `stream`: a torch.cuda.Stream, a raw CUstream handle (int or cuda-bindings object),
+        or None for torch's current stream on the plan's device (the default stream without
+        torch). Returns as soon as the work is queued.
+        """
+        if len(buffers) != len(self._checks):
+            raise BindError(
+                f"execute takes {len(self._checks)} buffers in slot order {list(self.slots)}, got {len(buffers)}"
+            )
+        pointers = [self._pointer(check, buf) for check, buf in zip(self._checks, buffers)]
+        self._check_workspace(workspace)
+        handle = self._current_stream() if stream is None else _stream_handle(stream)
+        with self._lock:
+            for packed in self._launches:
+                for slot, field in packed.slot_fields:
+                    field.value = pointers[slot]
+                code = self._launch(packed.function, *packed.geometry, handle, packed.param_address, None)
+                if code:
+                    driver.check_launch(code)
+
+    def execute_named(self, buffers: Mapping | None = None, /, *, stream=None, workspace=None, **named) -> None:
+        """`execute` with buffers given by slot name (a mapping, keywords, or both)."""
+        given = dict(buffers or {}) | named
+        unknown = sorted(set(given) - set(self._slot_index))
+        missing = [name for name in self.slots if name not in given]
+        if unknown or missing:
+            raise BindError(
+                f"buffers by name: unknown {unknown or 'none'}, missing {missing or 'none'}; "
+                f"the slots are {list(self.slots)}"
+            )
+        self.execute(*(given[name] for name in self.slots), stream=stream, workspace=workspace)
+
+    # ------------------------------------------------------------------ checks (metadata only)
+    def _pointer(self, check: _SlotCheck, buf) -> int:
+        if check.torch_dtype is not None and type(buf).__module__.startswith("torch"):
+            return _torch_pointer(check, buf, self.device.ordinal)
+        return _cai_pointer(check, buf)
+
+    def _check_workspace(self, workspace) -> None:
+        if self.workspace_bytes and workspace is None:
+            raise BindError(f"this plan needs a workspace of {self.workspace_bytes} bytes")
+
+    def describe(self) -> str:
+        kernels = ", ".join(f"{k.name} ({lk.num_regs} regs)" for k, lk in zip(self.data.kernels, self._loaded))
+        return f"plan {self.header.name!r} on {self.device.name}: slots {list(self.slots)}; kernels {kernels}"
+
+
+def _slot_check(index: int, slot: TensorSlot) -> _SlotCheck:
+    return _SlotCheck(
+        index=index,
+        name=slot.name,
+        torch_dtype=_torch_dtype(slot.dtype),
+        typestr={"bf16": "<V2", "fp16": "<f2", "fp32": "<f4"}[slot.dtype],
+        shape=slot.dims,
+        strides=slot.strides,
+        align=slot.align,
+    )
+
+
+def _torch_dtype(name: str):
+    try:
+        import torch
+    except ImportError:
+        return None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def _where(check: _SlotCheck) -> str:
+    return f"slot {check.index} {check.name!r}"
+
+
+def _torch_pointer(check: _SlotCheck, t, device: int) -> int:
+    if t.dtype is not check.torch_dtype:
+        raise BindError(f"{_where(check)}: dtype {t.dtype}, the plan expects {check.torch_dtype}")
+    if t.shape != check.shape:
+        raise BindError(f"{_where(check)}: shape {tuple(t.shape)}, the plan expects {check.shape}")
+    if t.stride() != check.strides:
+        raise BindError(
+            f"{_where(check)}: strides {t.stride()}, the plan expects {check.strides} "
+            "(build the plan for this layout, or pass a tensor with it)"
+        )
+    dev = t.device
+    if dev.type != "cuda" or dev.index != device:
+        raise BindError(f"{_where(check)}: tensor on {dev}, the plan was loaded on cuda:{device}")
+    pointer = t.data_ptr()
+    if pointer % check.align:
+        raise BindError(f"{_where(check)}: data pointer {pointer:#x} is not {check.align}-byte aligned")
+    return pointer
+
+
+def _cai_pointer(check: _SlotCheck, buf) -> int:
+    cai = getattr(buf, "__cuda_array_interface__", None)
+    if cai is None:
+        raise BindError(
+            f"{_where(check)}: expected a CUDA tensor (torch or __cuda_array_interface__), got {type(buf).__name__}"
+        )
+    if cai["typestr"] != check.typestr:
+        raise BindError(f"{_where(check)}: typestr {cai['typestr']}, the plan expects {check.typestr}")
+    if tuple(cai["shape"]) != check.shape:
+        raise BindError(f"{_where(check)}: shape {tuple(cai['shape'])}, the plan expects {check.shape}")
+    itemsize = DTYPES[_dtype_of_typestr(check.typestr)]
+    strides = cai.get("strides")
+    strides = _contiguous(check.shape) if strides is None else tuple(s // itemsize for s in strides)
+    if strides != check.strides:
+        raise BindError(f"{_where(check)}: strides {strides}, the plan expects {check.strides}")
+    pointer = cai["data"][0]
+    if pointer % check.align:
+        raise BindError(f"{_where(check)}: data pointer {pointer:#x} is not {check.align}-byte aligned")
+    return pointer
+
+
+def _dtype_of_typestr(typestr: str) -> str:
+    return {"<V2": "bf16", "<f2": "fp16", "<f4": "fp32"}[typestr]
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for extent in reversed(shape):
+        strides.append(acc)
+        acc *= extent
+    return tuple(reversed(strides))
+
+
+def _stream_handle(stream) -> int:
+    raw = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream / ExternalStream
+    if raw is not None:
+        return raw
+    if isinstance(stream, int):
+        return stream
+    return int(stream)  # cuda-bindings CUstream
+
+
+def _current_stream_reader(device: int):
+    """torch's current stream for the device as a raw handle, read without a Stream wrapper."""
+    try:
+        import torch
+    except ImportError:
+        return lambda: 0
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:  # older torch: the wrapper is slower but correct
+        return lambda: torch.cuda.current_stream(device).cuda_stream
+    return lambda: raw(device)

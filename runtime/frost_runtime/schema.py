@@ -1,0 +1,391 @@
+"""The plan file format, defined once: the compiler writes through `encode_plan`, the runtime
+reads through `decode_plan`.
+
+A plan file is one msgpack map:
+
+    {"magic": "frostc-plan", "format": 1, "header": {...}, "body": <bytes>}
+
+The header is readable without a GPU and without decoding the body; `header.content_hash` is
+the SHA-256 of the body bytes, so corruption is found before anything in the body is used.
+The body is a msgpack map of tensors (each bound to an ordered slot), kernels (cubin, entry,
+parameter ABI, launch geometry) and the launch sequence. Maps are written with their keys in
+a fixed order and floats as float64, so the same plan always encodes to the same bytes.
+
+Everything read from a file is checked for type, range and size before use: a plan file is
+input from outside the process.
+"""
+
+import hashlib
+from dataclasses import dataclass, field
+
+import msgpack
+
+MAGIC = "frostc-plan"
+FORMAT_VERSION = 1
+MAX_PLAN_BYTES = 1 << 30  # a plan is a few hundred KiB; refuse to decode absurd inputs
+
+DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}  # name -> element bytes
+PARAM_KINDS = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4}  # name -> bytes (also the alignment)
+
+
+class PlanFormatError(ValueError):
+    """The bytes are not a plan this runtime can use (corrupt, foreign, truncated, too new)."""
+
+
+@dataclass(frozen=True)
+class Header:
+    name: str
+    frostc_version: str
+    cutlass_dsl_version: str
+    target_arch: str  # e.g. "sm_90a"
+    min_driver: int  # cuDriverGetVersion() encoding, e.g. 12080
+    build_key: str  # hash of compiler sources, DSL version, graph and options
+    content_hash: str = ""  # SHA-256 of the body bytes; filled by encode_plan
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """A buffer that `execute` takes, in slot order."""
+
+    name: str
+    uid: int
+    dtype: str
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    is_output: bool
+    align: int  # required byte alignment of the base pointer
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # one of PARAM_KINDS
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str  # the variant, e.g. "sdpa_fwd_mma.bf16.d128.causal.lse"
+    entry: str  # the cubin's function name
+    cubin: bytes
+    params: tuple[Param, ...]
+    block: tuple[int, int, int]
+    cluster: tuple[int, int, int]
+    smem_bytes: int  # dynamic shared memory per CTA
+    grid_rule: str  # how the grid follows from the shapes (for people; launches hold the numbers)
+    tiles: dict[str, int] = field(default_factory=dict)  # named tile parameters, for inspect
+
+
+@dataclass(frozen=True)
+class Arg:
+    """Where one kernel parameter's value comes from: a slot's pointer or a constant."""
+
+    slot: int = -1  # >= 0: the base pointer of that slot's buffer
+    value: int | float = 0  # the constant when slot < 0
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: int  # index into PlanData.kernels
+    grid: tuple[int, int, int]
+    args: tuple[Arg, ...]  # one per kernel parameter
+
+
+@dataclass(frozen=True)
+class PlanData:
+    header: Header
+    slots: tuple[TensorSlot, ...]
+    kernels: tuple[Kernel, ...]
+    launches: tuple[Launch, ...]
+    workspace_bytes: int = 0
+
+
+# ------------------------------------------------------------------------------- encoding
+
+
+def _header_map(h: Header) -> dict:
+    return {
+        "name": h.name,
+        "frostc_version": h.frostc_version,
+        "cutlass_dsl_version": h.cutlass_dsl_version,
+        "target_arch": h.target_arch,
+        "min_driver": h.min_driver,
+        "build_key": h.build_key,
+        "content_hash": h.content_hash,
+    }
+
+
+def _body_map(plan: PlanData) -> dict:
+    return {
+        "slots": [
+            {
+                "name": s.name,
+                "uid": s.uid,
+                "dtype": s.dtype,
+                "dims": list(s.dims),
+                "strides": list(s.strides),
+                "is_output": s.is_output,
+                "align": s.align,
+            }
+            for s in plan.slots
+        ],
+        "kernels": [
+            {
+                "name": k.name,
+                "entry": k.entry,
+                "cubin": k.cubin,
+                "params": [[p.name, p.kind] for p in k.params],
+                "block": list(k.block),
+                "cluster": list(k.cluster),
+                "smem_bytes": k.smem_bytes,
+                "grid_rule": k.grid_rule,
+                "tiles": dict(sorted(k.tiles.items())),
+            }
+            for k in plan.kernels
+        ],
+        "launches": [
+            {
+                "kernel": launch.kernel,
+                "grid": list(launch.grid),
+                "args": [{"slot": a.slot} if a.slot >= 0 else {"value": a.value} for a in launch.args],
+            }
+            for launch in plan.launches
+        ],
+        "workspace_bytes": plan.workspace_bytes,
+    }
+
+
+def _pack(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True, use_single_float=False)
+
+
+def encode_plan(plan: PlanData) -> bytes:
+    """Serialize; the header's content hash is computed here from the body bytes."""
+    check_plan(plan)
+    body = _pack(_body_map(plan))
+    header = _header_map(plan.header) | {"content_hash": hashlib.sha256(body).hexdigest()}
+    return _pack({"magic": MAGIC, "format": FORMAT_VERSION, "header": header, "body": body})
+
+
+# ------------------------------------------------------------------------------- decoding
+
+
+class _Reader:
+    """Typed field access that names the field in every error."""
+
+    def __init__(self, obj, path: str):
+        if not isinstance(obj, dict):
+            raise PlanFormatError(f"{path}: expected a map, found {type(obj).__name__}")
+        self.obj, self.path = obj, path
+
+    def get(self, key: str, kind: type | tuple[type, ...]):
+        if key not in self.obj:
+            raise PlanFormatError(f"{self.path}.{key}: missing")
+        value = self.obj[key]
+        # bool is an int subclass: never accept it where a number is meant
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise PlanFormatError(f"{self.path}.{key}: expected {_kind_name(kind)}, found bool")
+        if not isinstance(value, kind):
+            raise PlanFormatError(f"{self.path}.{key}: expected {_kind_name(kind)}, found {type(value).__name__}")
+        return value
+
+    def int(self, key: str, lo: int, hi: int) -> int:
+        value = self.get(key, int)
+        if not lo <= value <= hi:
+            raise PlanFormatError(f"{self.path}.{key}: {value} is outside [{lo}, {hi}]")
+        return value
+
+    def str(self, key: str, max_len: int = 256) -> str:
+        value = self.get(key, str)
+        if len(value) > max_len:
+            raise PlanFormatError(f"{self.path}.{key}: longer than {max_len} characters")
+        return value
+
+    def list(self, key: str, max_len: int) -> list:
+        value = self.get(key, list)
+        if len(value) > max_len:
+            raise PlanFormatError(f"{self.path}.{key}: {len(value)} entries, at most {max_len} allowed")
+        return value
+
+    def ints(self, key: str, length: tuple[int, int], lo: int, hi: int) -> tuple[int, ...]:
+        values = self.list(key, length[1])
+        if len(values) < length[0]:
+            raise PlanFormatError(f"{self.path}.{key}: {len(values)} entries, at least {length[0]} needed")
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise PlanFormatError(f"{self.path}.{key}[{i}]: expected an integer in [{lo}, {hi}], found {v!r}")
+        return tuple(values)
+
+
+def _kind_name(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+I64_MAX = (1 << 63) - 1
+U64_MAX = (1 << 64) - 1
+
+
+def read_header(data: bytes) -> tuple[Header, bytes]:
+    """Check magic, format version and content hash; return the header and the body bytes."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise PlanFormatError(f"a plan is bytes, not {type(data).__name__}")
+    if len(data) > MAX_PLAN_BYTES:
+        raise PlanFormatError(f"{len(data)} bytes is larger than any plan ({MAX_PLAN_BYTES} at most)")
+    top = _unpack(bytes(data), "file")
+    if not isinstance(top, dict) or top.get("magic") != MAGIC:
+        raise PlanFormatError("not a frostc plan (wrong magic); build one with `frostc build`")
+    r = _Reader(top, "plan")
+    version = r.get("format", int)
+    if version != FORMAT_VERSION:
+        newer = "newer" if version > FORMAT_VERSION else "older"
+        raise PlanFormatError(
+            f"plan format {version} is {newer} than this runtime's format {FORMAT_VERSION}; "
+            "rebuild the plan with the frostc that matches this runtime"
+        )
+    h = _Reader(r.get("header", dict), "header")
+    body = r.get("body", bytes)
+    header = Header(
+        name=h.str("name"),
+        frostc_version=h.str("frostc_version", 64),
+        cutlass_dsl_version=h.str("cutlass_dsl_version", 64),
+        target_arch=h.str("target_arch", 32),
+        min_driver=h.int("min_driver", 0, 1 << 30),
+        build_key=h.str("build_key", 128),
+        content_hash=h.str("content_hash", 64),
+    )
+    if hashlib.sha256(body).hexdigest() != header.content_hash:
+        raise PlanFormatError("content hash mismatch: the plan file is corrupt or was edited; rebuild it")
+    return header, body
+
+
+def _unpack(data: bytes, what: str):
+    try:
+        # strict limits: a corrupt length field must not make the unpacker allocate gigabytes
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=len(data),
+            max_str_len=min(len(data), 1 << 20),
+            max_array_len=1 << 16,
+            max_map_len=1 << 12,
+        )
+    except (
+        ValueError,
+        msgpack.exceptions.ExtraData,
+        msgpack.exceptions.FormatError,
+        msgpack.exceptions.StackError,
+        TypeError,
+    ) as exc:
+        raise PlanFormatError(f"{what}: not valid msgpack ({exc})") from None
+
+
+def decode_plan(data: bytes) -> PlanData:
+    header, body_bytes = read_header(data)
+    body = _Reader(_unpack(body_bytes, "body"), "body")
+    slots = tuple(_read_slot(_Reader(s, f"slots[{i}]")) for i, s in enumerate(body.list("slots", 256)))
+    kernels = tuple(_read_kernel(_Reader(k, f"kernels[{i}]")) for i, k in enumerate(body.list("kernels", 64)))
+    launches = tuple(_read_launch(_Reader(x, f"launches[{i}]")) for i, x in enumerate(body.list("launches", 256)))
+    plan = PlanData(header, slots, kernels, launches, body.int("workspace_bytes", 0, I64_MAX))
+    check_plan(plan)
+    return plan
+
+
+def _read_slot(r: _Reader) -> TensorSlot:
+    dims = r.ints("dims", (1, 8), 1, I64_MAX)
+    return TensorSlot(
+        name=r.str("name", 128),
+        uid=r.int("uid", 1, I64_MAX),
+        dtype=r.str("dtype", 8),
+        dims=dims,
+        strides=r.ints("strides", (len(dims), len(dims)), 0, I64_MAX),
+        is_output=r.get("is_output", bool),
+        align=r.int("align", 1, 4096),
+    )
+
+
+def _read_kernel(r: _Reader) -> Kernel:
+    params = []
+    for i, p in enumerate(r.list("params", 512)):
+        if not (isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)):
+            raise PlanFormatError(f"{r.path}.params[{i}]: expected [name, kind]")
+        params.append(Param(p[0], p[1]))
+    tiles = r.get("tiles", dict)
+    if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in tiles.items()):
+        raise PlanFormatError(f"{r.path}.tiles: expected a map of names to integers")
+    return Kernel(
+        name=r.str("name"),
+        entry=r.str("entry", 1024),
+        cubin=r.get("cubin", bytes),
+        params=tuple(params),
+        block=r.ints("block", (3, 3), 1, 1024),
+        cluster=r.ints("cluster", (3, 3), 1, 16),
+        smem_bytes=r.int("smem_bytes", 0, 256 * 1024),
+        grid_rule=r.str("grid_rule"),
+        tiles=tiles,
+    )
+
+
+def _read_launch(r: _Reader) -> Launch:
+    args = []
+    for i, a in enumerate(r.list("args", 512)):
+        ar = _Reader(a, f"{r.path}.args[{i}]")
+        if "slot" in a:
+            args.append(Arg(slot=ar.int("slot", 0, 255)))
+        else:
+            args.append(Arg(value=ar.get("value", (int, float))))
+    return Launch(
+        kernel=r.int("kernel", 0, 63),
+        grid=r.ints("grid", (3, 3), 1, (1 << 31) - 1),
+        args=tuple(args),
+    )
+
+
+# ------------------------------------------------------------------------------- consistency
+
+
+def check_plan(plan: PlanData) -> None:
+    """Cross-field checks shared by the writer and the reader."""
+    names = set()
+    for i, s in enumerate(plan.slots):
+        where = f"slots[{i}]"
+        if s.dtype not in DTYPES:
+            raise PlanFormatError(f"{where}.dtype: {s.dtype!r} is not one of {sorted(DTYPES)}")
+        if len(s.strides) != len(s.dims):
+            raise PlanFormatError(f"{where}.strides: {len(s.strides)} strides for {len(s.dims)} dims")
+        if s.name in names:
+            raise PlanFormatError(f"{where}.name: {s.name!r} appears twice")
+        names.add(s.name)
+    for i, k in enumerate(plan.kernels):
+        where = f"kernels[{i}]"
+        for j, p in enumerate(k.params):
+            if p.kind not in PARAM_KINDS:
+                raise PlanFormatError(f"{where}.params[{j}]: kind {p.kind!r} is not one of {sorted(PARAM_KINDS)}")
+        if not k.cubin.startswith(b"\x7fELF"):
+            raise PlanFormatError(f"{where}.cubin: not an ELF cubin")
+    for i, launch in enumerate(plan.launches):
+        where = f"launches[{i}]"
+        if launch.kernel >= len(plan.kernels):
+            raise PlanFormatError(f"{where}.kernel: {launch.kernel} but the plan has {len(plan.kernels)} kernels")
+        params = plan.kernels[launch.kernel].params
+        if len(launch.args) != len(params):
+            raise PlanFormatError(f"{where}.args: {len(launch.args)} arguments for {len(params)} parameters")
+        for j, (arg, param) in enumerate(zip(launch.args, params)):
+            _check_arg(arg, param, len(plan.slots), f"{where}.args[{j}]")
+
+
+def _check_arg(arg: Arg, param: Param, n_slots: int, where: str) -> None:
+    if arg.slot >= 0:
+        if param.kind != "ptr":
+            raise PlanFormatError(f"{where}: a slot bound to {param.kind} parameter {param.name!r}")
+        if arg.slot >= n_slots:
+            raise PlanFormatError(f"{where}.slot: {arg.slot} but the plan has {n_slots} slots")
+        return
+    value = arg.value
+    if param.kind == "f32":
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise PlanFormatError(f"{where}.value: expected a number for {param.name!r}")
+        return
+    lo, hi = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), I64_MAX), "ptr": (0, U64_MAX)}[param.kind]
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise PlanFormatError(f"{where}.value: {value!r} does not fit {param.kind} parameter {param.name!r}")
