@@ -1,0 +1,158 @@
+"""SDPA forward throughput: frostc plans beside torch SDPA's cuDNN and flash backends, one run.
+
+    python bench/sdpa.py build            # CPU machine: compile the plans into bench/.built
+    python bench/sdpa.py run [--md FILE]  # GPU machine: time everything, print a table
+
+Each row: bf16, BHSD, one (batch, heads, seq, head dim) shape, causal or not. Times are the
+median of CUDA-event-timed launches after a warm-up; TFLOP/s counts 4*b*h*s*s*d matmul FLOPs
+(half of that when causal). frostc's output is checked against the cuDNN backend's on every
+timed shape before its time is reported.
+"""
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILT = ROOT / "bench" / ".built"
+SHAPES = [
+    (16, 16, 512, 128),
+    (8, 16, 1024, 128),
+    (4, 16, 2048, 128),
+    (2, 16, 4096, 128),
+    (1, 16, 8192, 128),
+    (1, 16, 16384, 128),
+    (4, 32, 2048, 64),
+    (2, 16, 4096, 64),
+]
+
+
+def plan_name(shape, causal: bool) -> str:
+    b, h, s, d = shape
+    return f"b{b}-h{h}-s{s}-d{d}-{'causal' if causal else 'full'}"
+
+
+def build() -> int:
+    sys.path.insert(0, str(ROOT))
+    from frostc import GraphBuilder
+    from frostc.build import build as build_plan
+    from frostc.planfile import write_atomic
+
+    BUILT.mkdir(parents=True, exist_ok=True)
+    for shape in SHAPES:
+        for causal in (False, True):
+            b, h, s, d = shape
+            g = GraphBuilder(plan_name(shape, causal))
+            for t in ("q", "k", "v", "o"):
+                g.tensor(t, dtype="bf16", dims=shape, layout="bhsd")
+            g.sdpa(q="q", k="k", v="v", o="o", causal=causal)
+            write_atomic(BUILT / f"{plan_name(shape, causal)}.frost", build_plan(g.build()))
+            print("built", plan_name(shape, causal), flush=True)
+    return 0
+
+
+def time_ms(fn, warmup: int = 10, reps: int = 50) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def run(md_path: str | None) -> int:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sys.path.insert(0, str(ROOT / "runtime"))
+    import frost_runtime
+
+    rows = []
+    for shape in SHAPES:
+        for causal in (False, True):
+            b, h, s, d = shape
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            o = torch.empty_like(q)
+            plan = frost_runtime.load(BUILT / f"{plan_name(shape, causal)}.frost")
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+
+            def torch_sdpa(backend):
+                def call():
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                return call
+
+            ref = torch_sdpa(SDPBackend.CUDNN_ATTENTION)()
+            o.fill_(float("nan"))
+            plan.execute(q, k, v, o)
+            torch.cuda.synchronize()
+            err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
+            if not err < 2e-2:
+                raise SystemExit(f"{plan_name(shape, causal)}: frostc differs from cuDNN (relative error {err:.2e})")
+            times = {
+                "frostc": time_ms(lambda: plan.execute(q, k, v, o)),
+                "cudnn": time_ms(torch_sdpa(SDPBackend.CUDNN_ATTENTION)),
+                "flash": time_ms(torch_sdpa(SDPBackend.FLASH_ATTENTION)),
+            }
+            tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in times.items()}
+            rows.append({"shape": shape, "causal": causal, "rel_err": err, "ms": times, "tflops": tflops})
+            print(_row(rows[-1]), flush=True)
+
+    table = _markdown(rows, torch.cuda.get_device_name(), torch.__version__)
+    print(table)
+    if md_path:
+        Path(md_path).write_text(table)
+        Path(md_path).with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _row(r) -> str:
+    t = r["tflops"]
+    return (
+        f"{str(r['shape']):22} {'causal' if r['causal'] else 'full':6} frostc {t['frostc']:6.1f}  "
+        f"cudnn {t['cudnn']:6.1f}  flash {t['flash']:6.1f}  ratio {t['frostc'] / t['cudnn']:.2f}"
+    )
+
+
+def _markdown(rows, device: str, torch_version: str) -> str:
+    today = datetime.date.today().isoformat()
+    lines = [
+        f"SDPA forward, bf16, BHSD — {device}, torch {torch_version}, {today}. TFLOP/s (median of 50).",
+        "",
+        "| b, h, s, d | causal | frostc | torch cuDNN | torch flash | frostc / cuDNN | rel. err vs cuDNN |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    ratios = []
+    for r in rows:
+        t = r["tflops"]
+        ratios.append(t["frostc"] / t["cudnn"])
+        lines.append(
+            f"| {', '.join(map(str, r['shape']))} | {'yes' if r['causal'] else 'no'} | {t['frostc']:.1f} | "
+            f"{t['cudnn']:.1f} | {t['flash']:.1f} | {ratios[-1]:.2f} | {r['rel_err']:.1e} |"
+        )
+    geomean = statistics.geometric_mean(ratios)
+    lines += ["", f"Geometric mean frostc / cuDNN: {geomean:.2f}", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["build", "run"])
+    parser.add_argument("--md", help="also write the table (markdown) and raw numbers (json) here")
+    args = parser.parse_args()
+    return build() if args.mode == "build" else run(args.md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
