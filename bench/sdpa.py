@@ -71,8 +71,6 @@ def time_ms(fn, warmup: int = 10, reps: int = 50) -> float:
 
 def run(md_path: str | None) -> int:
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sys.path.insert(0, str(ROOT / "runtime"))
     import frost_runtime
@@ -80,33 +78,7 @@ def run(md_path: str | None) -> int:
     rows = []
     for shape in SHAPES:
         for causal in (False, True):
-            b, h, s, d = shape
-            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            o = torch.empty_like(q)
-            plan = frost_runtime.load(BUILT / f"{plan_name(shape, causal)}.frost")
-            flops = 4 * b * h * s * s * d / (2 if causal else 1)
-
-            def torch_sdpa(backend):
-                def call():
-                    with sdpa_kernel(backend):
-                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-                return call
-
-            ref = torch_sdpa(SDPBackend.CUDNN_ATTENTION)()
-            o.fill_(float("nan"))
-            plan.execute(q, k, v, o)
-            torch.cuda.synchronize()
-            err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
-            if not err < 2e-2:
-                raise SystemExit(f"{plan_name(shape, causal)}: frostc differs from cuDNN (relative error {err:.2e})")
-            times = {
-                "frostc": time_ms(lambda: plan.execute(q, k, v, o)),
-                "cudnn": time_ms(torch_sdpa(SDPBackend.CUDNN_ATTENTION)),
-                "flash": time_ms(torch_sdpa(SDPBackend.FLASH_ATTENTION)),
-            }
-            tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in times.items()}
-            rows.append({"shape": shape, "causal": causal, "rel_err": err, "ms": times, "tflops": tflops})
+            rows.append(_measure(frost_runtime.load(BUILT / f"{plan_name(shape, causal)}.frost"), shape, causal))
             print(_row(rows[-1]), flush=True)
 
     table = _markdown(rows, torch.cuda.get_device_name(), torch.__version__)
@@ -115,6 +87,39 @@ def run(md_path: str | None) -> int:
         Path(md_path).write_text(table)
         Path(md_path).with_suffix(".json").write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def _measure(plan, shape, causal: bool) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = shape
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    o = torch.empty_like(q)
+    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+
+    def torch_sdpa(backend):
+        def call():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        return call
+
+    ref = torch_sdpa(SDPBackend.CUDNN_ATTENTION)()
+    o.fill_(float("nan"))
+    plan.execute(q, k, v, o)
+    torch.cuda.synchronize()
+    err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
+    if not err < 2e-2:
+        raise SystemExit(f"{plan_name(shape, causal)}: frostc differs from cuDNN (relative error {err:.2e})")
+    times = {
+        "frostc": time_ms(lambda: plan.execute(q, k, v, o)),
+        "cudnn": time_ms(torch_sdpa(SDPBackend.CUDNN_ATTENTION)),
+        "flash": time_ms(torch_sdpa(SDPBackend.FLASH_ATTENTION)),
+    }
+    tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in times.items()}
+    return {"shape": shape, "causal": causal, "rel_err": err, "ms": times, "tflops": tflops}
 
 
 def _row(r) -> str:

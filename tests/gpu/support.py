@@ -25,3 +25,22 @@ def built_manifest_entries() -> list[dict]:
     """For parametrizing at collection time; empty (so tests skip) where nothing was built."""
     path = BUILT / "manifest.json"
     return json.loads(path.read_text()) if path.exists() else []
+
+
+def reference(case: dict, q, k, v, scale: float):
+    """float64 softmax(q k^T * scale) v and its log-sum-exp, head by head to bound memory."""
+    import torch
+
+    group = case["heads_q"] // case["heads_kv"]
+    out = torch.empty(q.shape, dtype=torch.float64, device="cuda")
+    lse = torch.empty(q.shape[:3], dtype=torch.float64, device="cuda")
+    sq, skv = q.shape[2], k.shape[2]
+    mask = torch.ones(sq, skv, dtype=torch.bool, device="cuda").tril() if case["causal"] else None
+    for h in range(q.shape[1]):
+        qh, kh, vh = q[:, h].double(), k[:, h // group].double(), v[:, h // group].double()
+        s = (qh @ kh.transpose(-1, -2)) * scale
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        lse[:, h] = torch.logsumexp(s, -1)
+        out[:, h] = torch.softmax(s, -1) @ vh
+    return out, lse

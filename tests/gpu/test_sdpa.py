@@ -11,7 +11,7 @@ import zlib
 
 import pytest
 
-from tests.gpu.support import BUILT, built_manifest_entries, gpu_skip_reason
+from tests.gpu.support import BUILT, built_manifest_entries, gpu_skip_reason, reference
 
 torch = pytest.importorskip("torch")
 
@@ -39,23 +39,6 @@ def make_guarded_output(shape_in_layout: tuple, permute: tuple, dtype) -> tuple[
     storage[GUARD : GUARD + n] = float("nan")
     view = storage[GUARD : GUARD + n].view(shape_in_layout).permute(permute)
     return storage, view
-
-
-def reference(case: dict, q, k, v, scale: float):
-    """float64 softmax(q k^T * scale) v and its log-sum-exp, head by head to bound memory."""
-    group = case["heads_q"] // case["heads_kv"]
-    out = torch.empty(q.shape, dtype=torch.float64, device="cuda")
-    lse = torch.empty(q.shape[:3], dtype=torch.float64, device="cuda")
-    sq, skv = q.shape[2], k.shape[2]
-    mask = torch.ones(sq, skv, dtype=torch.bool, device="cuda").tril() if case["causal"] else None
-    for h in range(q.shape[1]):
-        qh, kh, vh = q[:, h].double(), k[:, h // group].double(), v[:, h // group].double()
-        s = (qh @ kh.transpose(-1, -2)) * scale
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
-        lse[:, h] = torch.logsumexp(s, -1)
-        out[:, h] = torch.softmax(s, -1) @ vh
-    return out, lse
 
 
 @pytest.fixture(scope="module")
