@@ -84,14 +84,9 @@ def run() -> int:
     arg = ctypes.c_uint64(0)
     args = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
     stream = torch.cuda.current_stream().cuda_stream
-    raw_launch = driver.launch_kernel_fn()
-    empty_address = int(empty)
 
     def floor_cuda_bindings():
         cu.cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, stream, ctypes.addressof(args), 0)
-
-    def floor_ctypes():
-        raw_launch(empty_address, 1, 1, 1, 32, 1, 1, 0, stream, ctypes.addressof(args), None)
 
     def torch_sdpa(backend):
         def call():
@@ -107,7 +102,6 @@ def run() -> int:
 
     rows = [
         ("floor: cuLaunchKernel (cuda-bindings), empty kernel", host_us(floor_cuda_bindings)),
-        ("cuLaunchKernel (ctypes), empty kernel", host_us(floor_ctypes)),
         ("frostc execute(q, k, v, o)", host_us(lambda: plan.execute(q, k, v, o))),
         ("frostc execute_named(q=..., ...)", host_us(lambda: plan.execute_named(named))),
         ("CUDA graph replay of a captured execute", host_us(graph.replay)),

@@ -93,7 +93,7 @@ class Plan:
         self._launches = [
             _PackedLaunch(launch, data.kernels[launch.kernel], self._loaded[launch.kernel]) for launch in data.launches
         ]
-        self._launch = driver.launch_kernel_fn()
+        self._launch = driver.launch_kernel
         self._lock = threading.Lock()  # parameter blocks are shared: patch + launch is atomic
         self._device_index = device.ordinal
         self._raw_stream = _current_stream_reader()
@@ -123,13 +123,13 @@ class Plan:
         if self.workspace_bytes:
             self._check_workspace(workspace)
         handle = self._raw_stream(self._device_index) if stream is None else _stream_handle(stream)
-        launch = self._launch
+        launch, success = self._launch, driver.SUCCESS
         with self._lock:
             for packed in self._launches:
                 for slot, field in packed.slot_fields:
                     field.value = pointers[slot]
-                code = launch(packed.function, *packed.geometry, handle, packed.param_address, None)
-                if code:
+                (code,) = launch(packed.function, *packed.geometry, handle, packed.param_address, 0)
+                if code != success:
                     driver.check_launch(code)
 
     def execute_named(self, buffers: Mapping | None = None, /, *, stream=None, workspace=None, **named) -> None:
