@@ -1,0 +1,295 @@
+"""Stage 3: resolution of a validated graph into slots, uids, kernel variants and launch args,
+and the kernel-support checks that decline a graph with the user's field paths. No compiles."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from frostc import DescriptionError, GraphBuilder, Problem, validate
+from frostc.kernels.sdpa_fwd_mma import LOG2_E, param_list
+from frostc.resolve import KernelVariant, ResolvedLaunch, ResolvedPlan, resolve
+
+
+def graph_builder(
+    *,
+    d: int = 64,
+    hq: int = 8,
+    hkv: int = 2,
+    b: int = 2,
+    sq: int = 200,
+    skv: int = 256,
+    dtype: str = "bf16",
+    lse: bool = True,
+    causal: bool | None = True,
+    attn_scale: float | None = None,
+    uids: dict[str, int] | None = None,
+    strides: dict[str, tuple[int, ...]] | None = None,
+    layouts: dict[str, str] | None = None,
+) -> GraphBuilder:
+    """A valid GQA graph (q, k, v, o and optionally lse, declared in that order)."""
+    uids = uids or {}
+    strides = strides or {}
+    layouts = layouts or {}
+    g = GraphBuilder("toy")
+    shapes = {"q": (b, hq, sq, d), "k": (b, hkv, skv, d), "v": (b, hkv, skv, d), "o": (b, hq, sq, d)}
+    for name, dims in shapes.items():
+        layout = None if name in strides else layouts.get(name, "bshd")
+        g.tensor(name, dtype=dtype, dims=dims, layout=layout, strides=strides.get(name), uid=uids.get(name))
+    if lse:
+        g.tensor("lse", dtype="fp32", dims=(b, hq, sq), uid=uids.get("lse"))
+    g.sdpa(q="q", k="k", v="v", o="o", lse="lse" if lse else None, causal=causal, attn_scale=attn_scale, name="attn")
+    return g
+
+
+def resolved(g: GraphBuilder) -> ResolvedPlan:
+    return resolve(validate(g.build()))
+
+
+def only_launch(plan: ResolvedPlan) -> ResolvedLaunch:
+    (launch,) = plan.launches
+    return launch
+
+
+def arg_values(launch: ResolvedLaunch) -> dict[str, int | float]:
+    """Constant args by parameter name (pointer args bound to a slot are left out)."""
+    return {a.param: a.value for a in launch.args if a.slot < 0}
+
+
+def declined(g: GraphBuilder) -> list[Problem]:
+    graph = validate(g.build())  # the graph is valid: only the kernel support is lacking
+    with pytest.raises(DescriptionError) as e:
+        resolve(graph)
+    return e.value.problems
+
+
+# ---------------------------------------------------------------------------------------- uids
+
+
+def test_given_uids_are_kept() -> None:
+    plan = resolved(graph_builder(uids={"q": 10, "k": 20, "v": 30, "o": 40, "lse": 50}))
+    assert {s.name: s.uid for s in plan.slots} == {"q": 10, "k": 20, "v": 30, "o": 40, "lse": 50}
+
+
+def test_missing_uids_get_the_smallest_unused_positive_ints_in_declaration_order() -> None:
+    plan = resolved(graph_builder(uids={"q": 2, "v": 1, "lse": 5}))
+    assert {s.name: s.uid for s in plan.slots} == {"q": 2, "k": 3, "v": 1, "o": 4, "lse": 5}
+
+
+def test_uids_follow_declaration_order_not_slot_order() -> None:
+    g = GraphBuilder("toy")
+    for name in ("o", "v", "k", "q"):  # declared backwards
+        g.tensor(name, dtype="fp16", dims=(1, 4, 64, 64))
+    g.sdpa(q="q", k="k", v="v", o="o")
+    plan = resolved(g)
+    assert [s.name for s in plan.slots] == ["q", "k", "v", "o"]
+    assert [s.uid for s in plan.slots] == [4, 3, 2, 1]
+
+
+def test_uid_assignment_is_deterministic() -> None:
+    first = resolved(graph_builder(uids={"k": 1}))
+    second = resolved(graph_builder(uids={"k": 1}))
+    assert first == second
+    assert [s.uid for s in first.slots] == [2, 1, 3, 4, 5]
+
+
+# --------------------------------------------------------------------------------------- slots
+
+
+def test_slot_order_is_q_k_v_o_lse() -> None:
+    plan = resolved(graph_builder())
+    assert [s.name for s in plan.slots] == ["q", "k", "v", "o", "lse"]
+    assert [s.index for s in plan.slots] == [0, 1, 2, 3, 4]
+    assert [s.is_output for s in plan.slots] == [False, False, False, True, True]
+
+
+def test_slot_dims_and_strides_come_from_the_layout() -> None:
+    plan = resolved(graph_builder(b=2, hq=8, hkv=2, sq=200, skv=256, d=64))
+    by_name = {s.name: s for s in plan.slots}
+    assert by_name["q"].dims == (2, 8, 200, 64)
+    assert by_name["q"].strides == (200 * 8 * 64, 64, 8 * 64, 1)  # bshd
+    assert by_name["k"].dims == (2, 2, 256, 64)
+    assert by_name["k"].strides == (256 * 2 * 64, 64, 2 * 64, 1)
+    assert by_name["lse"].dims == (2, 8, 200)
+    assert by_name["lse"].strides == (8 * 200, 200, 1)  # contiguous bhs
+
+
+def test_explicit_strides_are_kept_as_given() -> None:
+    k_strides = (2 * 256 * 128, 256 * 128, 128, 1)  # rows padded to 128 elements
+    plan = resolved(graph_builder(strides={"k": k_strides}))
+    assert plan.slots[1].name == "k"
+    assert plan.slots[1].strides == k_strides
+
+
+@pytest.mark.parametrize(("dtype", "align"), [("bf16", 16), ("fp16", 16)])
+def test_slot_alignment_is_16_bytes_for_half_types_and_4_for_fp32(dtype: str, align: int) -> None:
+    plan = resolved(graph_builder(dtype=dtype))
+    assert [(s.dtype, s.align) for s in plan.slots] == [(dtype, align)] * 4 + [("fp32", 4)]
+
+
+def test_no_lse_means_four_slots() -> None:
+    plan = resolved(graph_builder(lse=False))
+    assert [s.name for s in plan.slots] == ["q", "k", "v", "o"]
+
+
+# ------------------------------------------------------------------------------------ launches
+
+
+def test_variant_holds_only_declaration_facts() -> None:
+    plan = resolved(graph_builder(dtype="fp16", d=128, causal=None, lse=False))
+    assert plan.variants == (KernelVariant("fp16", 128, False, False),)
+    assert plan.variants[0].name == "sdpa_fwd_mma.fp16.d128.full"
+    causal = resolved(graph_builder(d=64, causal=True, lse=True))
+    assert causal.variants[0].name == "sdpa_fwd_mma.bf16.d64.causal.lse"
+
+
+def test_args_follow_the_kernel_abi_in_order() -> None:
+    launch = only_launch(resolved(graph_builder()))
+    assert [(a.param, a.kind) for a in launch.args] == param_list()
+
+
+def test_pointer_args_are_bound_to_their_slots() -> None:
+    launch = only_launch(resolved(graph_builder()))
+    pointers = {a.param: a.slot for a in launch.args if a.kind == "ptr"}
+    assert pointers == {"q": 0, "k": 1, "v": 2, "o": 3, "lse": 4}
+
+
+def test_gqa_group_and_sequence_lengths_in_the_args() -> None:
+    values = arg_values(only_launch(resolved(graph_builder(hq=16, hkv=4, sq=300, skv=77))))
+    assert values["group"] == 4
+    assert values["seq_q"] == 300
+    assert values["seq_kv"] == 77
+
+
+def test_mqa_group_is_the_query_head_count() -> None:
+    values = arg_values(only_launch(resolved(graph_builder(hq=8, hkv=1))))
+    assert values["group"] == 8
+
+
+def test_stride_args_are_the_slot_strides_of_b_h_s() -> None:
+    plan = resolved(graph_builder())
+    values = arg_values(only_launch(plan))
+    for slot in plan.slots:
+        got = tuple(values[f"{slot.name}.stride_{x}"] for x in "bhs")
+        assert got == slot.strides[:3], slot.name
+
+
+def test_scale_log2_is_attn_scale_times_log2_e() -> None:
+    values = arg_values(only_launch(resolved(graph_builder(attn_scale=0.1))))
+    assert values["scale_log2"] == pytest.approx(0.1 * math.log2(math.e), rel=1e-15)
+    assert values["scale_log2"] == 0.1 * LOG2_E
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_default_attn_scale_is_one_over_sqrt_head_dim(d: int) -> None:
+    values = arg_values(only_launch(resolved(graph_builder(d=d))))
+    assert values["scale_log2"] == pytest.approx(math.log2(math.e) / math.sqrt(d), rel=1e-15)
+
+
+def test_absent_lse_binds_a_null_pointer_and_zero_strides() -> None:
+    launch = only_launch(resolved(graph_builder(lse=False)))
+    (lse_ptr,) = [a for a in launch.args if a.param == "lse"]
+    assert lse_ptr.kind == "ptr"
+    assert lse_ptr.slot == -1
+    assert lse_ptr.value == 0
+    values = arg_values(launch)
+    assert [values[f"lse.stride_{x}"] for x in "bhs"] == [0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("sq", "hq", "b", "grid"),
+    [(1, 1, 1, (1, 1, 1)), (128, 8, 2, (1, 8, 2)), (129, 8, 2, (2, 8, 2)), (1000, 16, 3, (8, 16, 3))],
+)
+def test_grid_is_query_tiles_by_heads_by_batch(sq: int, hq: int, b: int, grid: tuple[int, int, int]) -> None:
+    launch = only_launch(resolved(graph_builder(sq=sq, hq=hq, hkv=1, b=b)))
+    assert launch.grid == grid
+    assert launch.grid == (math.ceil(sq / 128), hq, b)
+
+
+def test_no_workspace_and_the_node_name_is_kept() -> None:
+    plan = resolved(graph_builder())
+    assert plan.workspace_bytes == 0
+    assert plan.name == "toy"
+    assert plan.target == "sm_90a"
+    assert only_launch(plan).node == "attn"
+
+
+# --------------------------------------------------------------------------- unsupported graphs
+
+
+def test_head_dim_96_is_declined_at_q_dims() -> None:
+    (problem,) = declined(graph_builder(d=96))
+    assert problem.path == "tensors.q.dims[3]"
+    assert "head dim 96 is not supported" in problem.message
+    assert "64, 128" in problem.message
+
+
+def test_head_dim_96_with_explicit_strides_is_declined_at_q_dims() -> None:
+    # rows of 96 elements padded to 104: strides multiples of 8, the head dim innermost
+    strides = {name: (8 * 64 * 104, 64 * 104, 104, 1) for name in ("q", "o")}
+    strides |= {name: (2 * 64 * 104, 64 * 104, 104, 1) for name in ("k", "v")}
+    (problem,) = declined(graph_builder(d=96, sq=64, skv=64, strides=strides))
+    assert problem.path == "tensors.q.dims[3]"
+    assert "96" in problem.message
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "o"])
+def test_head_dim_not_innermost_is_declined_at_its_stride(name: str) -> None:
+    heads = 8 if name in ("q", "o") else 2
+    seq = 200 if name in ("q", "o") else 256
+    # d has stride 2: every other element; b/h/s strides stay multiples of 8
+    strides = {name: (heads * seq * 128, seq * 128, 128, 2)}
+    (problem,) = declined(graph_builder(strides=strides))
+    assert problem.path == f"tensors.{name}.strides[3]"
+    assert "innermost" in problem.message
+    assert "stride 2" in problem.message
+
+
+def test_head_dim_not_innermost_from_a_layout_is_declined() -> None:
+    found = declined(graph_builder(layouts={"k": "bhds"}))  # d before s: s gets stride 1
+    assert [p.path for p in found] == ["tensors.k.strides[3]", "tensors.k.strides[2]"]
+    assert "found stride 256" in found[0].message
+
+
+@pytest.mark.parametrize(
+    ("index", "letter", "strides"),
+    [
+        (0, "b", (8 * 200 * 64 + 4, 200 * 64, 64, 1)),
+        (1, "h", (8 * 200 * 68, 200 * 68 + 4, 64, 1)),
+        (2, "s", (8 * 200 * 68, 200 * 68, 68, 1)),
+    ],
+)
+def test_misaligned_b_h_s_stride_is_declined(index: int, letter: str, strides: tuple[int, ...]) -> None:
+    found = declined(graph_builder(strides={"q": strides}))
+    assert [p.path for p in found] == [f"tensors.q.strides[{index}]"]
+    message = found[0].message
+    assert f"stride {strides[index]} of dim {letter}" in message
+    assert "multiple of 8" in message
+
+
+def test_stride_of_an_extent_1_dim_is_not_checked() -> None:
+    # b == 1 is never stepped along, so its stride may be anything
+    plan = resolved(graph_builder(b=1, strides={"q": (3, 200 * 64, 8 * 64, 1)}))
+    assert plan.slots[0].strides == (3, 200 * 64, 8 * 64, 1)
+
+
+def test_several_problems_are_reported_at_once() -> None:
+    strides = {
+        "k": (2 * 256 * 100, 256 * 100, 100, 1),  # s stride 100 is not a multiple of 8
+        "v": (2 * 256 * 96 * 2, 256 * 96 * 2, 96 * 2, 2),  # d stride 2
+    }
+    found = declined(graph_builder(d=96, strides=strides))
+    assert [p.path for p in found] == ["tensors.q.dims[3]", "tensors.k.strides[2]", "tensors.v.strides[3]"]
+    assert "head dim 96" in found[0].message
+    assert "stride 100 of dim s" in found[1].message
+    assert "innermost" in found[2].message
+
+
+def test_declined_error_message_lists_every_path() -> None:
+    graph = validate(graph_builder(d=96, strides={"o": (8 * 200 * 100, 200 * 100, 100, 1)}).build())
+    with pytest.raises(DescriptionError) as e:
+        resolve(graph)
+    text = str(e.value)
+    assert "tensors.q.dims[3]: head dim 96" in text
+    assert "tensors.o.strides[2]: stride 100" in text

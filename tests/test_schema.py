@@ -1,0 +1,379 @@
+"""The plan file format (frost_runtime.schema): round trips, determinism, the header read alone,
+and every kind of corruption declined with PlanFormatError and never another exception.
+
+Plans here are made by hand with a fake cubin, so nothing is compiled."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import msgpack
+import pytest
+from frost_runtime.schema import (
+    FORMAT_VERSION,
+    MAGIC,
+    Arg,
+    Header,
+    Kernel,
+    Launch,
+    Param,
+    PlanData,
+    PlanFormatError,
+    TensorSlot,
+    decode_plan,
+    encode_plan,
+    read_header,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FAKE_CUBIN = b"\x7fELF" + bytes(range(256)) * 2
+
+
+def make_plan() -> PlanData:
+    """Two slots, one kernel with one parameter of each kind, one launch."""
+    return PlanData(
+        header=Header(
+            name="toy",
+            frostc_version="0.1.0",
+            cutlass_dsl_version="4.8.0",
+            target_arch="sm_90a",
+            min_driver=13000,
+            build_key="ab" * 32,
+        ),
+        slots=(
+            TensorSlot("q", 1, "bf16", (2, 8, 128, 64), (65536, 64, 512, 1), False, 16),
+            TensorSlot("lse", 7, "fp32", (2, 8, 128), (1024, 128, 1), True, 4),
+        ),
+        kernels=(
+            Kernel(
+                name="sdpa_fwd_mma.bf16.d64.causal.lse",
+                entry="kernel_entry_0",
+                cubin=FAKE_CUBIN,
+                params=(Param("q", "ptr"), Param("seq_q", "i32"), Param("q.stride_b", "i64"), Param("scale", "f32")),
+                block=(128, 1, 1),
+                cluster=(1, 1, 1),
+                smem_bytes=49152,
+                grid_rule="(ceil(seq_q / 128), heads_q, batch)",
+                tiles={"block_m": 128, "block_n": 128, "threads": 128},
+            ),
+        ),
+        launches=(
+            Launch(kernel=0, grid=(1, 8, 2), args=(Arg(slot=0), Arg(value=128), Arg(value=65536), Arg(value=0.18))),
+        ),
+        workspace_bytes=0,
+    )
+
+
+@pytest.fixture(scope="module")
+def encoded() -> bytes:
+    return encode_plan(make_plan())
+
+
+def decode_error(data: Any) -> str:
+    """The PlanFormatError message `decode_plan` raises for `data` (any other exception fails)."""
+    with pytest.raises(PlanFormatError) as e:
+        decode_plan(data)
+    return str(e.value)
+
+
+# -------------------------------------------------------------------------- hand-made variants
+
+
+def unpack_top(data: bytes) -> dict:
+    return msgpack.unpackb(data, raw=False)
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True, use_single_float=False)
+
+
+def with_body(data: bytes, edit: Callable[[dict], None]) -> bytes:
+    """`data` with its body edited by hand and the content hash recomputed, so the hash passes
+    and only the body's own checks can catch the edit."""
+    top = unpack_top(data)
+    body = msgpack.unpackb(top["body"], raw=False)
+    edit(body)
+    top["body"] = pack(body)
+    top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
+    return pack(top)
+
+
+def with_top(data: bytes, edit: Callable[[dict], None]) -> bytes:
+    top = unpack_top(data)
+    edit(top)
+    return pack(top)
+
+
+# ------------------------------------------------------------------------------- good plans
+
+
+def test_round_trip_gives_the_same_plan(encoded: bytes) -> None:
+    decoded = decode_plan(encoded)
+    assert decoded == replace(make_plan(), header=decoded.header)
+    assert replace(decoded.header, content_hash="") == make_plan().header
+
+
+def test_round_trip_keeps_value_types(encoded: bytes) -> None:
+    args = decode_plan(encoded).launches[0].args
+    assert [type(a.value) for a in args[1:]] == [int, int, float]
+    assert args[3].value == 0.18  # float64 on the wire: no rounding to float32
+
+
+def test_encoding_is_deterministic() -> None:
+    assert encode_plan(make_plan()) == encode_plan(make_plan())
+
+
+def test_re_encoding_a_decoded_plan_gives_the_same_bytes(encoded: bytes) -> None:
+    assert encode_plan(decode_plan(encoded)) == encoded
+
+
+def test_tiles_order_does_not_change_the_bytes() -> None:
+    plan = make_plan()
+    kernel = replace(plan.kernels[0], tiles={"threads": 128, "block_n": 128, "block_m": 128})
+    assert encode_plan(replace(plan, kernels=(kernel,))) == encode_plan(plan)
+
+
+def test_header_is_readable_alone(encoded: bytes) -> None:
+    header, body = read_header(encoded)
+    assert header.name == "toy"
+    assert header.target_arch == "sm_90a"
+    assert header.min_driver == 13000
+    assert header.build_key == "ab" * 32
+    assert header.content_hash == hashlib.sha256(body).hexdigest()
+
+
+def test_header_does_not_decode_the_body(encoded: bytes) -> None:
+    # a body that is not even msgpack: read_header still works, decode_plan refuses
+    top = unpack_top(encoded)
+    top["body"] = b"\xc1 not msgpack"
+    top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
+    data = pack(top)
+    header, _ = read_header(data)
+    assert header.name == "toy"
+    assert "body: not valid msgpack" in decode_error(data)
+
+
+def test_file_is_one_map_with_magic_and_format(encoded: bytes) -> None:
+    top = unpack_top(encoded)
+    assert list(top) == ["magic", "format", "header", "body"]
+    assert top["magic"] == MAGIC == "frostc-plan"
+    assert top["format"] == FORMAT_VERSION == 1
+
+
+def test_bytearray_and_memoryview_are_accepted(encoded: bytes) -> None:
+    assert decode_plan(bytearray(encoded)) == decode_plan(memoryview(encoded)) == decode_plan(encoded)
+
+
+def test_encode_refuses_an_inconsistent_plan() -> None:
+    plan = make_plan()
+    bad = replace(plan, kernels=(replace(plan.kernels[0], cubin=b"MZ not elf"),))
+    with pytest.raises(PlanFormatError, match="not an ELF cubin"):
+        encode_plan(bad)
+
+
+# ---------------------------------------------------------------------------- corrupt files
+
+
+@pytest.mark.parametrize("cut", [0, 1, 2, 16, 100, -300, -1])
+def test_truncated_file_is_refused(encoded: bytes, cut: int) -> None:
+    decode_error(encoded[:cut])
+
+
+def test_truncation_at_every_point_is_refused(encoded: bytes) -> None:
+    for cut in range(0, len(encoded), 7):
+        with pytest.raises(PlanFormatError):
+            decode_plan(encoded[:cut])
+
+
+def test_trailing_bytes_are_refused(encoded: bytes) -> None:
+    assert "not valid msgpack" in decode_error(encoded + b"\x00")
+
+
+def test_wrong_magic_is_refused(encoded: bytes) -> None:
+    data = with_top(encoded, lambda top: top.update(magic="frostc-plam"))
+    assert "wrong magic" in decode_error(data)
+
+
+def test_a_msgpack_file_that_is_not_a_map_is_refused() -> None:
+    assert "wrong magic" in decode_error(pack(["frostc-plan", 1]))
+
+
+def test_newer_format_says_newer_and_to_rebuild(encoded: bytes) -> None:
+    data = with_top(encoded, lambda top: top.update(format=2))
+    message = decode_error(data)
+    assert "format 2 is newer" in message
+    assert "rebuild" in message
+    with pytest.raises(PlanFormatError, match="newer"):
+        read_header(data)
+
+
+def test_older_format_says_older(encoded: bytes) -> None:
+    assert "older" in decode_error(with_top(encoded, lambda top: top.update(format=0)))
+
+
+def test_format_as_a_string_is_refused(encoded: bytes) -> None:
+    assert "plan.format" in decode_error(with_top(encoded, lambda top: top.update(format="1")))
+
+
+def test_missing_body_is_refused(encoded: bytes) -> None:
+    assert "plan.body: missing" in decode_error(with_top(encoded, lambda top: top.pop("body")))
+
+
+def test_missing_header_field_is_refused(encoded: bytes) -> None:
+    data = with_top(encoded, lambda top: top["header"].pop("min_driver"))
+    assert "header.min_driver: missing" in decode_error(data)
+
+
+def test_flipped_byte_in_the_body_is_a_hash_mismatch(encoded: bytes) -> None:
+    _, body = read_header(encoded)
+    at = encoded.index(body) + len(body) // 2  # inside the fake cubin
+    data = encoded[:at] + bytes([encoded[at] ^ 0x01]) + encoded[at + 1 :]
+    assert "content hash mismatch" in decode_error(data)
+
+
+def test_edited_content_hash_is_a_mismatch(encoded: bytes) -> None:
+    data = with_top(encoded, lambda top: top["header"].update(content_hash="0" * 64))
+    assert "content hash mismatch" in decode_error(data)
+
+
+def set_path(body: dict, path: str, value: Any) -> None:
+    """body["a"][0]["b"] = value for path "a.0.b"."""
+    *parents, last = path.split(".")
+    target: Any = body
+    for key in parents:
+        target = target[int(key)] if key.isdigit() else target[key]
+    target[int(last) if last.isdigit() else last] = value
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "words"),
+    [
+        ("launches.0.args.0", {"slot": 2}, "launches[0].args[0].slot: 2 but the plan has 2 slots"),
+        ("launches.0.args.0", {"slot": 300}, "launches[0].args[0].slot: 300 is outside [0, 255]"),
+        ("launches.0.args.1", {"slot": 0}, "a slot bound to i32 parameter 'seq_q'"),
+        ("launches.0.args.1", {"value": 1.5}, "does not fit i32 parameter 'seq_q'"),
+        ("launches.0.args.1", {"value": 1 << 31}, "does not fit i32 parameter 'seq_q'"),
+        ("launches.0.args.1", {"value": True}, "launches[0].args[1].value: expected int or float, found bool"),
+        ("launches.0.args.3", {"value": "0.18"}, "launches[0].args[3].value: expected int or float, found str"),
+        ("launches.0.args.0", [0], "launches[0].args[0]: expected a map, found list"),
+        ("launches.0.kernel", 1, "launches[0].kernel: 1 but the plan has 1 kernels"),
+        ("launches.0.grid", [1, 8], "launches[0].grid: 2 entries, at least 3 needed"),
+        ("kernels.0.params.1", ["seq_q", "u8"], "kernels[0].params[1]: kind 'u8' is not one of"),
+        ("kernels.0.params.1", ["seq_q"], "kernels[0].params[1]: expected [name, kind]"),
+        ("kernels.0.cubin", b"MZ\x90\x00", "kernels[0].cubin: not an ELF cubin"),
+        ("kernels.0.cubin", "\x7fELF", "kernels[0].cubin: expected bytes, found str"),
+        ("kernels.0.smem_bytes", -1, "kernels[0].smem_bytes: -1 is outside"),
+        ("kernels.0.block", [128, 1, 1.0], "kernels[0].block[2]: expected an integer"),
+        ("kernels.0.tiles", {"block_m": "128"}, "kernels[0].tiles: expected a map of names to integers"),
+        ("slots.0.dims", [2, -8, 128, 64], "slots[0].dims[1]: expected an integer in [1,"),
+        ("slots.0.dims", [], "slots[0].dims: 0 entries, at least 1 needed"),
+        ("slots.0.strides", [65536, 64, 512], "slots[0].strides: 3 entries, at least 4 needed"),
+        ("slots.0.is_output", 1, "slots[0].is_output: expected bool, found int"),
+        ("slots.0.uid", True, "slots[0].uid: expected int, found bool"),
+        ("slots.0.uid", 0, "slots[0].uid: 0 is outside"),
+        ("slots.0.dtype", "int8", "slots[0].dtype: 'int8' is not one of"),
+        ("slots.1.name", "q", "slots[1].name: 'q' appears twice"),
+        ("workspace_bytes", -1, "workspace_bytes: -1 is outside"),
+    ],
+)
+def test_wrong_body_field_is_refused_with_its_path(encoded: bytes, path: str, value: Any, words: str) -> None:
+    data = with_body(encoded, lambda body: set_path(body, path, value))
+    assert words in decode_error(data)
+
+
+def test_fewer_args_than_params_is_refused(encoded: bytes) -> None:
+    data = with_body(encoded, lambda body: body["launches"][0]["args"].pop())
+    assert "launches[0].args: 3 arguments for 4 parameters" in decode_error(data)
+
+
+def test_more_args_than_params_is_refused(encoded: bytes) -> None:
+    data = with_body(encoded, lambda body: body["launches"][0]["args"].append({"value": 0}))
+    assert "5 arguments for 4 parameters" in decode_error(data)
+
+
+def test_missing_body_field_is_refused(encoded: bytes) -> None:
+    data = with_body(encoded, lambda body: body["kernels"][0].pop("entry"))
+    assert "kernels[0].entry: missing" in decode_error(data)
+
+
+def test_body_that_is_not_a_map_is_refused(encoded: bytes) -> None:
+    top = unpack_top(encoded)
+    top["body"] = pack([1, 2, 3])
+    top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
+    assert "body: expected a map, found list" in decode_error(pack(top))
+
+
+@pytest.mark.parametrize("data", ["a plan", None, 42, ["frostc-plan"], {"magic": "frostc-plan"}])
+def test_non_bytes_input_is_refused(data: Any) -> None:
+    assert "a plan is bytes" in decode_error(data)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_garbage_is_refused(seed: int) -> None:
+    rng = random.Random(seed)
+    decode_error(rng.randbytes(rng.randrange(0, 4096)))
+
+
+def test_plan_error_is_a_value_error() -> None:
+    assert issubclass(PlanFormatError, ValueError)
+
+
+# ------------------------------------------------------------------------------ random edits
+
+_EDIT = st.tuples(
+    st.sampled_from(["flip", "insert", "delete", "truncate"]),
+    st.integers(min_value=0, max_value=1 << 20),  # position, taken modulo the length
+    st.integers(min_value=0, max_value=255),  # a byte, or the bit to flip (mod 8)
+)
+
+
+def mutate(data: bytes, edits: list[tuple[str, int, int]]) -> bytes:
+    buf = bytearray(data)
+    for op, position, byte in edits:
+        at = position % (len(buf) + 1)
+        if op == "flip" and at < len(buf):
+            buf[at] ^= 1 << (byte % 8)
+        elif op == "insert":
+            buf[at:at] = bytes([byte])
+        elif op == "delete" and at < len(buf):
+            del buf[at]
+        elif op == "truncate":
+            del buf[at:]
+    return bytes(buf)
+
+
+def decodes_or_refuses(data: bytes) -> None:
+    try:
+        plan = decode_plan(data)
+    except PlanFormatError:
+        return
+    assert isinstance(plan, PlanData)
+
+
+_ENCODED = encode_plan(make_plan())
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_EDIT, min_size=1, max_size=4))
+def test_mutated_file_decodes_or_raises_plan_format_error(edits: list[tuple[str, int, int]]) -> None:
+    decodes_or_refuses(mutate(_ENCODED, edits))
+
+
+_BODY = read_header(_ENCODED)[1]
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_EDIT, min_size=1, max_size=4))
+def test_mutated_body_with_a_matching_hash_decodes_or_raises_plan_format_error(
+    edits: list[tuple[str, int, int]],
+) -> None:
+    # past the hash check: the body's own parsing and checks must hold on their own
+    top = unpack_top(_ENCODED)
+    top["body"] = mutate(_BODY, edits)
+    top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
+    decodes_or_refuses(pack(top))
