@@ -7,6 +7,7 @@ import hashlib
 
 from frost_runtime import schema
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -70,8 +71,8 @@ def print_plan(plan: schema.PlanData, console: Console) -> None:
     s = plan_summary(plan)
     h = s["header"]
     console.print(
-        f"[bold]{h['name']}[/bold]  target {h['target_arch']}  frostc {h['frostc_version']}  "
-        f"cutlass-dsl {h['cutlass_dsl_version']}  min driver {h['min_driver']}"
+        f"[bold]{escape(h['name'])}[/bold]  target {escape(h['target_arch'])}  frostc {escape(h['frostc_version'])}  "
+        f"cutlass-dsl {escape(h['cutlass_dsl_version'])}  min driver {h['min_driver']}"
     )
     console.print(f"content {h['content_hash'][:16]}…  build key {h['build_key'][:16]}…")
     console.print(
@@ -91,10 +92,11 @@ def print_plan(plan: schema.PlanData, console: Console) -> None:
             {"field": "tiles", "value": _kv(k["tiles"])},
             {"field": "cubin", "value": f"{k['cubin_bytes']} B, sha256 {k['cubin_sha256'][:16]}…"},
         ]
-        console.print(_table(f"Kernel {i}: {k['name']}", rows, ["field", "value"]))
+        console.print(_table(f"Kernel {i}: {escape(k['name'])}", rows, ["field", "value"]))
     for i, launch in enumerate(s["launches"]):
         rows = [{"param": k, "value": v} for k, v in launch["args"].items()]
-        console.print(_table(f"Launch {i}: {launch['kernel']}  grid {tuple(launch['grid'])}", rows, ["param", "value"]))
+        title = f"Launch {i}: {escape(launch['kernel'])}  grid {tuple(launch['grid'])}"
+        console.print(_table(title, rows, ["param", "value"]))
     console.print(f"Workspace: {s['workspace_bytes']} bytes")
 
 
@@ -112,8 +114,9 @@ def _table(title: str, rows: list[dict], columns: list[str]) -> Table:
 
 
 def _cell(value) -> str:
+    """Plan contents are data, never rich markup: escape them."""
     if isinstance(value, list):
         return "(" + ", ".join(map(str, value)) + ")"
     if isinstance(value, float):
         return repr(value)
-    return str(value)
+    return escape(str(value))

@@ -271,11 +271,6 @@ def test_inspect_a_hand_made_plan(tmp_path: Path) -> None:
     assert "toy_entry" in result.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="frostc/inspect.py print_plan renders plan strings (names, entry) as rich markup: a slot named "
-    '"[/x]" in a plan file raises rich.errors.MarkupError instead of being printed',
-)
 def test_inspect_prints_names_verbatim(tmp_path: Path) -> None:
     path = tmp_path / "toy.frost"
     path.write_bytes(plan_with_slot_named("[/x]"))
