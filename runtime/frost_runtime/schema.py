@@ -16,6 +16,7 @@ input from outside the process.
 """
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 import msgpack
@@ -23,6 +24,13 @@ import msgpack
 MAGIC = "frostc-plan"
 FORMAT_VERSION = 1
 MAX_PLAN_BYTES = 1 << 30  # a plan is a few hundred KiB; refuse to decode absurd inputs
+MAX_CUBIN_BYTES = 64 << 20  # one kernel's cubin is ~100 KiB
+MAX_PARAM_BYTES = 4096  # the classic CUDA kernel-parameter limit (what every driver accepts)
+MAX_BLOCK = (1024, 1024, 64)  # per-dimension block limits; and at most 1024 threads in all
+MAX_GRID = ((1 << 31) - 1, 65535, 65535)
+MAX_CLUSTER_CTAS = 16  # the non-portable cluster size limit on sm_90
+MAX_SMEM_BYTES = 227 * 1024  # opt-in dynamic shared memory per CTA on sm_90
+F32_MAX = 3.4028234663852886e38
 
 DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}  # name -> element bytes
 PARAM_KINDS = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4}  # name -> bytes (also the alignment)
@@ -253,9 +261,31 @@ def read_header(data: bytes) -> tuple[Header, bytes]:
         build_key=h.str("build_key", 128),
         content_hash=h.str("content_hash", 64),
     )
+    if len(body) > len(data):  # cannot happen with msgpack; kept as the invariant the limits rely on
+        raise PlanFormatError("body: larger than the file")
+    _check_header_text(header)
     if hashlib.sha256(body).hexdigest() != header.content_hash:
         raise PlanFormatError("content hash mismatch: the plan file is corrupt or was edited; rebuild it")
     return header, body
+
+
+# The content hash covers the body only, so the header's text fields are held to their forms:
+# a flipped bit in the header is then refused too (all but one in `min_driver`'s digits).
+_HEADER_FORMS = {
+    "name": re.compile(r"[\x20-\x7e]{1,256}"),
+    "frostc_version": re.compile(r"[0-9A-Za-z.+_-]{1,64}"),
+    "cutlass_dsl_version": re.compile(r"[0-9A-Za-z.+_-]{1,64}"),
+    "target_arch": re.compile(r"sm_[0-9]{2,3}[af]?"),
+    "build_key": re.compile(r"[0-9a-f]{64}"),
+    "content_hash": re.compile(r"[0-9a-f]{64}"),
+}
+
+
+def _check_header_text(header: Header) -> None:
+    for key, form in _HEADER_FORMS.items():
+        value = getattr(header, key)
+        if not form.fullmatch(value):
+            raise PlanFormatError(f"header.{key}: {value[:80]!r} is not of the form {form.pattern}")
 
 
 def _unpack(data: bytes, what: str):
@@ -287,6 +317,8 @@ def decode_plan(data: bytes) -> PlanData:
     kernels = tuple(_read_kernel(_Reader(k, f"kernels[{i}]")) for i, k in enumerate(body.list("kernels", 64)))
     launches = tuple(_read_launch(_Reader(x, f"launches[{i}]")) for i, x in enumerate(body.list("launches", 256)))
     plan = PlanData(header, slots, kernels, launches, body.int("workspace_bytes", 0, I64_MAX))
+    if not launches:
+        raise PlanFormatError("body.launches: a plan launches at least one kernel")
     check_plan(plan)
     return plan
 
@@ -307,20 +339,26 @@ def _read_slot(r: _Reader) -> TensorSlot:
 def _read_kernel(r: _Reader) -> Kernel:
     params = []
     for i, p in enumerate(r.list("params", 512)):
-        if not (isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)):
-            raise PlanFormatError(f"{r.path}.params[{i}]: expected [name, kind]")
+        if not (isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and 0 < len(x) <= 128 for x in p)):
+            raise PlanFormatError(f"{r.path}.params[{i}]: expected [name, kind], two short non-empty strings")
         params.append(Param(p[0], p[1]))
     tiles = r.get("tiles", dict)
-    if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in tiles.items()):
-        raise PlanFormatError(f"{r.path}.tiles: expected a map of names to integers")
+    if len(tiles) > 64 or not all(
+        isinstance(k, str) and len(k) <= 64 and isinstance(v, int) and not isinstance(v, bool) and abs(v) <= I64_MAX
+        for k, v in tiles.items()
+    ):
+        raise PlanFormatError(f"{r.path}.tiles: expected a map of names to integers (at most 64, each within int64)")
+    cubin = r.get("cubin", bytes)
+    if len(cubin) > MAX_CUBIN_BYTES:
+        raise PlanFormatError(f"{r.path}.cubin: {len(cubin)} bytes, at most {MAX_CUBIN_BYTES} allowed")
     return Kernel(
         name=r.str("name"),
         entry=r.str("entry", 1024),
-        cubin=r.get("cubin", bytes),
+        cubin=cubin,
         params=tuple(params),
         block=r.ints("block", (3, 3), 1, 1024),
-        cluster=r.ints("cluster", (3, 3), 1, 16),
-        smem_bytes=r.int("smem_bytes", 0, 256 * 1024),
+        cluster=r.ints("cluster", (3, 3), 1, MAX_CLUSTER_CTAS),
+        smem_bytes=r.int("smem_bytes", 0, MAX_SMEM_BYTES),
         grid_rule=r.str("grid_rule"),
         tiles=tiles,
     )
@@ -330,13 +368,15 @@ def _read_launch(r: _Reader) -> Launch:
     args = []
     for i, a in enumerate(r.list("args", 512)):
         ar = _Reader(a, f"{r.path}.args[{i}]")
+        if len(a) != 1:
+            raise PlanFormatError(f"{ar.path}: expected exactly one of slot or value")
         if "slot" in a:
             args.append(Arg(slot=ar.int("slot", 0, 255)))
         else:
             args.append(Arg(value=ar.get("value", (int, float))))
     return Launch(
         kernel=r.int("kernel", 0, 63),
-        grid=r.ints("grid", (3, 3), 1, (1 << 31) - 1),
+        grid=r.ints("grid", (3, 3), 1, MAX_GRID[0]),
         args=tuple(args),
     )
 
@@ -356,16 +396,43 @@ def check_plan(plan: PlanData) -> None:
         if s.name in names:
             raise PlanFormatError(f"{where}.name: {s.name!r} appears twice")
         names.add(s.name)
+        if not s.name:
+            raise PlanFormatError(f"{where}.name: empty")
+        if any(d < 1 for d in s.dims) or any(st < 0 for st in s.strides):
+            raise PlanFormatError(f"{where}: dims must be positive and strides non-negative")
+        # the furthest element any kernel may address, in bytes, must fit int64 (pointer arithmetic)
+        extent = (sum((d - 1) * st for d, st in zip(s.dims, s.strides)) + 1) * DTYPES[s.dtype]
+        if extent > I64_MAX:
+            raise PlanFormatError(f"{where}: dims {s.dims} with strides {s.strides} span more than 2**63 bytes")
+        if s.align & (s.align - 1) or s.align < 1:
+            raise PlanFormatError(f"{where}.align: {s.align} is not a power of two")
     for i, k in enumerate(plan.kernels):
         where = f"kernels[{i}]"
+        param_bytes = 0
         for j, p in enumerate(k.params):
             if p.kind not in PARAM_KINDS:
                 raise PlanFormatError(f"{where}.params[{j}]: kind {p.kind!r} is not one of {sorted(PARAM_KINDS)}")
+            size = PARAM_KINDS[p.kind]
+            param_bytes = (param_bytes + size - 1) // size * size + size
+        if param_bytes > MAX_PARAM_BYTES:
+            raise PlanFormatError(f"{where}.params: {param_bytes} bytes of parameters, at most {MAX_PARAM_BYTES}")
         if not k.cubin.startswith(b"\x7fELF"):
             raise PlanFormatError(f"{where}.cubin: not an ELF cubin")
+        if not k.entry or "\0" in k.entry:
+            raise PlanFormatError(f"{where}.entry: the kernel's function name must be a non-empty string")
+        if len(k.block) != 3 or any(not 1 <= b <= hi for b, hi in zip(k.block, MAX_BLOCK)):
+            raise PlanFormatError(f"{where}.block: {k.block} is outside CUDA's limits {MAX_BLOCK}")
+        if k.block[0] * k.block[1] * k.block[2] > 1024:
+            raise PlanFormatError(f"{where}.block: {k.block} is more than 1024 threads")
+        if len(k.cluster) != 3 or min(k.cluster) < 1 or k.cluster[0] * k.cluster[1] * k.cluster[2] > MAX_CLUSTER_CTAS:
+            raise PlanFormatError(f"{where}.cluster: {k.cluster} is more than {MAX_CLUSTER_CTAS} CTAs")
+        if not 0 <= k.smem_bytes <= MAX_SMEM_BYTES:
+            raise PlanFormatError(f"{where}.smem_bytes: {k.smem_bytes} is outside [0, {MAX_SMEM_BYTES}]")
     for i, launch in enumerate(plan.launches):
         where = f"launches[{i}]"
-        if launch.kernel >= len(plan.kernels):
+        if len(launch.grid) != 3 or any(not 1 <= g <= hi for g, hi in zip(launch.grid, MAX_GRID)):
+            raise PlanFormatError(f"{where}.grid: {launch.grid} is outside CUDA's limits {MAX_GRID}")
+        if not 0 <= launch.kernel < len(plan.kernels):
             raise PlanFormatError(f"{where}.kernel: {launch.kernel} but the plan has {len(plan.kernels)} kernels")
         params = plan.kernels[launch.kernel].params
         if len(launch.args) != len(params):
@@ -378,13 +445,14 @@ def _check_arg(arg: Arg, param: Param, n_slots: int, where: str) -> None:
     if arg.slot >= 0:
         if param.kind != "ptr":
             raise PlanFormatError(f"{where}: a slot bound to {param.kind} parameter {param.name!r}")
-        if arg.slot >= n_slots:
+        if not 0 <= arg.slot < n_slots:
             raise PlanFormatError(f"{where}.slot: {arg.slot} but the plan has {n_slots} slots")
         return
     value = arg.value
     if param.kind == "f32":
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise PlanFormatError(f"{where}.value: expected a number for {param.name!r}")
+        # a finite value that a float32 can hold: NaN/inf or overflow would poison every result
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not abs(value) <= F32_MAX:
+            raise PlanFormatError(f"{where}.value: expected a finite float32 for {param.name!r}, found {value!r}")
         return
     lo, hi = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), I64_MAX), "ptr": (0, U64_MAX)}[param.kind]
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
