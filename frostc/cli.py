@@ -1,4 +1,5 @@
-"""`frostc build` and `frostc inspect`. Exit codes: 0 success, 2 bad input (nothing written)."""
+"""`frostc build`, `inspect`, `diff` and `check`. Exit codes: 0 success, 2 bad input (nothing written);
+`diff` and `check` also use 1 (different / not runnable here)."""
 
 import json
 import sys
@@ -106,6 +107,43 @@ def _read_plan(path: Path) -> schema.PlanData:
         _fail(f"{path}: no such file")
     except schema.PlanFormatError as exc:
         _fail(f"{path}: {exc}")
+
+
+@app.command()
+def diff(
+    a: Path = typer.Argument(..., help="Plan file, or a `frostc inspect --json` rendering."),
+    b: Path = typer.Argument(..., help="Plan file, or a `frostc inspect --json` rendering."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable differences."),
+) -> None:
+    """Compare two plans field by field (header first). Exit 0 equal, 1 different, 2 unreadable."""
+    from frostc.diff import PlanInputError, diff_files, diff_report, print_diff
+
+    try:
+        diffs = diff_files(a, b)
+    except PlanInputError as exc:
+        _fail(str(exc))
+    if as_json:
+        sys.stdout.write(json.dumps(diff_report(diffs, str(a), str(b)), indent=2) + "\n")
+    else:
+        print_diff(diffs, out, str(a), str(b))
+    raise typer.Exit(1 if diffs else 0)
+
+
+@app.command()
+def check(
+    plan: Path = typer.Argument(..., help="Plan file (.frost)."),
+    as_json: bool = typer.Option(False, "--json", help="The verdict as JSON."),
+) -> None:
+    """Validate a plan and say whether it can run on this machine's GPU and driver; launches
+    nothing. Exit 0 runnable, 1 valid but not runnable here, 2 invalid or unreadable."""
+    from frostc.check import check_plan_file, print_check
+
+    result = check_plan_file(plan)
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        print_check(result, out if result["valid"] else err)
+    raise typer.Exit(result["exit_code"])
 
 
 def main() -> None:

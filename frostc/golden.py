@@ -1,0 +1,108 @@
+"""Golden plans: `python -m frostc.golden [--update]`.
+
+Every description in plans/golden/*.toml is rebuilt and its canonical rendering (exactly what
+`frostc inspect --json` prints) compared, through `frostc.diff`, with the committed
+plans/golden/<name>.json. The differences are printed; the exit code is 1 on any, 2 when a
+description does not build. `--update` rewrites the JSON files instead (review the diff, commit).
+
+Renderings, not plan files, are committed: a plan is ~90 KB of cubin that changes with every
+kernel edit; its rendering holds the cubin's SHA-256 and size, which show such a change as well.
+
+Compared: everything in the rendering except `header.build_key`. The build key hashes the
+compiler's own sources, so any commit that touches frostc/ changes it, even one that leaves
+every plan byte-identical; comparing it would force regenerating the goldens on every commit.
+What a source change does to a plan shows in the fields that matter: cubin hashes, geometry,
+parameters, and `header.content_hash` (the SHA-256 of the body, which the build key is not part
+of). The rendering holds no machine-dependent values (no paths, no times), and builds are
+deterministic (tests/test_determinism.py), so the goldens hold on any build machine with the
+same frostc and DSL versions.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from frost_runtime import schema
+from rich.console import Console
+
+from frostc.diff import diff_summaries, print_diff
+from frostc.errors import FrostcError
+from frostc.inspect import plan_summary
+
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "plans" / "golden"
+IGNORED = ("header.build_key",)
+
+
+def render(plan: schema.PlanData) -> str:
+    """The canonical JSON, byte for byte what `frostc inspect --json` prints."""
+    return json.dumps(plan_summary(plan), indent=2) + "\n"
+
+
+def build_rendering(description: Path) -> str:
+    from frostc.build import build
+    from frostc.description import load_description
+
+    return render(schema.decode_plan(build(load_description(description))))
+
+
+def run(folder: Path = GOLDEN_DIR, update: bool = False, console: Console | None = None) -> int:
+    console = console or Console()
+    descriptions = sorted(folder.glob("*.toml"))
+    if not descriptions:
+        console.print(f"no golden descriptions (*.toml) in {folder}", highlight=False)
+        return 2
+    failed = broken = 0
+    for desc in descriptions:
+        golden = desc.with_suffix(".json")
+        try:
+            fresh = build_rendering(desc)
+        except FrostcError as exc:
+            console.print(f"[bold red]{desc.name}: does not build[/bold red]\n{exc}", highlight=False)
+            broken += 1
+            continue
+        if update:
+            if not golden.exists() or golden.read_text() != fresh:
+                golden.write_text(fresh)
+                console.print(f"updated {golden.name}", highlight=False)
+            else:
+                console.print(f"unchanged {golden.name}", highlight=False)
+            continue
+        if not golden.exists():
+            console.print(f"[bold red]{golden.name}: missing[/bold red] (run with --update)", highlight=False)
+            failed += 1
+            continue
+        try:
+            committed = json.loads(golden.read_text())
+        except json.JSONDecodeError as exc:
+            console.print(f"[bold red]{golden.name}: not valid JSON[/bold red] ({exc})", highlight=False)
+            failed += 1
+            continue
+        diffs = diff_summaries(committed, json.loads(fresh), ignore=IGNORED)
+        if diffs:
+            failed += 1
+            console.print(f"[bold red]{desc.stem}: differs from {golden.name}[/bold red]", highlight=False)
+            print_diff(diffs, console, a=f"{golden.name} (committed)", b="fresh build")
+        else:
+            console.print(f"{desc.stem}: matches {golden.name}", highlight=False)
+    if broken:
+        return 2
+    if failed:
+        console.print(
+            f"{failed} golden plan(s) differ; if the change is intended: python -m frostc.golden --update",
+            highlight=False,
+        )
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m frostc.golden", description=__doc__.split("\n\n")[1])
+    parser.add_argument("--update", action="store_true", help="rewrite the committed JSON renderings")
+    parser.add_argument("--dir", type=Path, default=GOLDEN_DIR, help="folder of golden descriptions")
+    args = parser.parse_args(argv)
+    return run(args.dir, args.update)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
