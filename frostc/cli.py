@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from frost_runtime import schema
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from frostc.errors import FrostcError
@@ -23,7 +24,8 @@ err = Console(stderr=True)
 
 
 def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/bold red] {message}", highlight=False)
+    # the message quotes the user's values: print them verbatim, never as rich markup
+    err.print("[bold red]error:[/bold red] " + escape(message), highlight=False)
     raise typer.Exit(2)
 
 
@@ -44,11 +46,12 @@ def build(
         desc = load_description(description)
         with _progress(quiet) as report:
             data = run_pipeline(desc, progress=report, dump_dir=dump)
-    except FileNotFoundError as exc:
-        _fail(f"{exc.filename}: no such file")
     except FrostcError as exc:
         _fail(f"{description} is not a plan frostc can build:\n{exc}")
-    write_atomic(output, data)
+    try:
+        write_atomic(output, data)
+    except OSError as exc:
+        _fail(f"{output}: cannot write the plan: {exc.strerror or exc}")
     if not quiet:
         print_plan(schema.decode_plan(data), out)
         out.print(f"wrote {output} ({len(data)} bytes)")
@@ -105,6 +108,8 @@ def _read_plan(path: Path) -> schema.PlanData:
         return schema.decode_plan(path.read_bytes())
     except FileNotFoundError:
         _fail(f"{path}: no such file")
+    except OSError as exc:
+        _fail(f"{path}: cannot read: {exc.strerror or exc}")
     except schema.PlanFormatError as exc:
         _fail(f"{path}: {exc}")
 

@@ -148,11 +148,6 @@ def test_invalid_toml_exits_2(tmp_path: Path) -> None:
     assert "invalid TOML" in result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="frostc/cli.py _fail prints the message as rich markup: a user's value such as dtype "
-    '"[red]fp32" is shown as "fp32" (the part in brackets is swallowed as a style)',
-)
 def test_error_message_shows_user_values_verbatim(tmp_path: Path) -> None:
     desc = described(tmp_path, 'dtype = "fp32"', 'dtype = "[red]fp32"')
     result = frostc("build", desc, "-o", tmp_path / "out.frost")
@@ -160,11 +155,6 @@ def test_error_message_shows_user_values_verbatim(tmp_path: Path) -> None:
     assert 'unknown dtype "[red]fp32"' in result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="frostc/cli.py _fail prints the message as rich markup: a user's value containing a closing "
-    'tag such as dtype "[/x]" raises rich.errors.MarkupError, a traceback with exit code 1',
-)
 def test_error_message_with_a_closing_tag_exits_2(tmp_path: Path) -> None:
     desc = described(tmp_path, 'dtype = "fp32"', 'dtype = "[/x]"')
     result = frostc("build", desc, "-o", tmp_path / "out.frost")
@@ -172,11 +162,6 @@ def test_error_message_with_a_closing_tag_exits_2(tmp_path: Path) -> None:
     assert 'unknown dtype "[/x]"' in result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="frostc/cli.py build: write_atomic's OSError (output path is a folder) is not caught; "
-    "it escapes as a traceback with exit code 1 instead of an error line and exit code 2",
-)
 def test_output_path_that_is_a_folder_exits_2(tmp_path: Path, plan_file: Path) -> None:
     folder = tmp_path / "a_folder"
     folder.mkdir()
@@ -285,11 +270,6 @@ def test_inspect_missing_file_exits_2(tmp_path: Path) -> None:
     assert "no such file" in result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="frostc/cli.py _read_plan catches only FileNotFoundError: a folder (IsADirectoryError) or an "
-    "unreadable file (PermissionError) escapes as a traceback with exit code 1",
-)
 def test_inspect_a_folder_exits_2(tmp_path: Path) -> None:
     result = frostc("inspect", tmp_path)
     assert result.exit_code == 2
