@@ -13,17 +13,8 @@ from rich.table import Table
 
 def plan_summary(plan: schema.PlanData) -> dict:
     """A canonical, diffable rendering: everything but the raw cubin bytes (hashed instead)."""
-    h = plan.header
     return {
-        "header": {
-            "name": h.name,
-            "frostc_version": h.frostc_version,
-            "cutlass_dsl_version": h.cutlass_dsl_version,
-            "target_arch": h.target_arch,
-            "min_driver": h.min_driver,
-            "build_key": h.build_key,
-            "content_hash": h.content_hash,
-        },
+        "header": schema.header_map(plan.header),
         "slots": [
             {
                 "slot": i,

@@ -110,7 +110,8 @@ class PlanData:
 # ------------------------------------------------------------------------------- encoding
 
 
-def _header_map(h: Header) -> dict:
+def header_map(h: Header) -> dict:
+    """The header as written to the file (also what `frostc inspect` shows)."""
     return {
         "name": h.name,
         "frostc_version": h.frostc_version,
@@ -170,7 +171,7 @@ def encode_plan(plan: PlanData) -> bytes:
     """Serialize; the header's content hash is computed here from the body bytes."""
     check_plan(plan)
     body = _pack(_body_map(plan))
-    header = _header_map(plan.header) | {"content_hash": hashlib.sha256(body).hexdigest()}
+    header = header_map(plan.header) | {"content_hash": hashlib.sha256(body).hexdigest()}
     return _pack({"magic": MAGIC, "format": FORMAT_VERSION, "header": header, "body": body})
 
 
