@@ -95,6 +95,7 @@ def run() -> int:
 
         return call
 
+    bound = plan.bind(q, k, v, o)
     graph = torch.cuda.CUDAGraph()
     plan.execute(q, k, v, o)
     with torch.cuda.graph(graph):
@@ -104,6 +105,7 @@ def run() -> int:
         ("floor: cuLaunchKernel (cuda-bindings), empty kernel", host_us(floor_cuda_bindings)),
         ("frostc execute(q, k, v, o)", host_us(lambda: plan.execute(q, k, v, o))),
         ("frostc execute_named(q=..., ...)", host_us(lambda: plan.execute_named(named))),
+        ("frostc bound.execute() (plan.bind(q, k, v, o) once)", host_us(bound.execute)),
         ("CUDA graph replay of a captured execute", host_us(graph.replay)),
         ("torch SDPA, cuDNN backend", host_us(torch_sdpa(SDPBackend.CUDNN_ATTENTION))),
         ("torch SDPA, flash backend", host_us(torch_sdpa(SDPBackend.FLASH_ATTENTION))),

@@ -7,11 +7,12 @@ plan.execute_named(q=q, k=k, v=v, o=o, lse=lse, stream=s)
 
 import os
 
-from frost_runtime.plan import BindError, CompatibilityError, Plan
+from frost_runtime.plan import BindError, BoundPlan, CompatibilityError, Plan
 from frost_runtime.schema import PlanData, PlanFormatError, decode_plan, read_header
 
 __all__ = [
     "BindError",
+    "BoundPlan",
     "CompatibilityError",
     "Plan",
     "PlanData",

@@ -107,6 +107,35 @@ class Plan:
         or None for torch's current stream on the plan's device (the default stream without
         torch). Returns as soon as the work is queued.
         """
+        pointers = self._validated_pointers(buffers, workspace)
+        handle = self._raw_stream(self._device_index) if stream is None else _stream_handle(stream)
+        launch, success = self._launch, driver.SUCCESS
+        with self._lock:
+            for packed in self._launches:
+                for slot, field in packed.slot_fields:
+                    field.value = pointers[slot]
+                (code,) = launch(packed.function, *packed.geometry, handle, packed.param_address, 0)
+                if code != success:
+                    driver.check_launch(code)
+
+    def bind(self, *buffers, workspace=None) -> "BoundPlan":
+        """Check `buffers` (slot order) once and return a launcher with their pointers packed in.
+
+        For serving loops that reuse the same buffers (as CUDA graphs do): `bound.execute()`
+        only launches. The contract is a graph's: the bound tensors keep their storage, shape
+        and strides while the binding is used (the binding keeps them alive).
+        """
+        pointers = self._validated_pointers(buffers, workspace)
+        return BoundPlan(self, buffers, [self._pack(pointers, i) for i in range(len(self._launches))])
+
+    def _pack(self, pointers: list[int], index: int) -> "_PackedLaunch":
+        launch = self.data.launches[index]
+        packed = _PackedLaunch(launch, self.data.kernels[launch.kernel], self._loaded[launch.kernel])
+        for slot, field in packed.slot_fields:
+            field.value = pointers[slot]
+        return packed
+
+    def _validated_pointers(self, buffers: tuple, workspace) -> list[int]:
         if len(buffers) != len(self._checks):
             raise BindError(
                 f"execute takes {len(self._checks)} buffers in slot order {list(self.slots)}, got {len(buffers)}"
@@ -122,15 +151,7 @@ class Plan:
             pointers.append(self._pointer(check, buf))
         if self.workspace_bytes:
             self._check_workspace(workspace)
-        handle = self._raw_stream(self._device_index) if stream is None else _stream_handle(stream)
-        launch, success = self._launch, driver.SUCCESS
-        with self._lock:
-            for packed in self._launches:
-                for slot, field in packed.slot_fields:
-                    field.value = pointers[slot]
-                (code,) = launch(packed.function, *packed.geometry, handle, packed.param_address, 0)
-                if code != success:
-                    driver.check_launch(code)
+        return pointers
 
     def execute_named(self, buffers: Mapping | None = None, /, *, stream=None, workspace=None, **named) -> None:
         """`execute` with buffers given by slot name (a mapping, keywords, or both)."""
@@ -274,3 +295,23 @@ def _current_stream_reader():
     if raw is None:  # older torch: the wrapper is slower but correct
         return lambda device: torch.cuda.current_stream(device).cuda_stream
     return raw
+
+
+class BoundPlan:
+    """A plan with its buffers bound (see `Plan.bind`): `execute` only launches."""
+
+    def __init__(self, plan: Plan, buffers: tuple, launches: list[_PackedLaunch]):
+        self.plan = plan
+        self.buffers = buffers  # held so the bound memory outlives the binding
+        self._launches = launches  # immutable after packing: no lock needed
+        self._calls = [(p.function, p.geometry, p.param_address) for p in launches]
+        self._raw_stream, self._device_index = plan._raw_stream, plan._device_index
+
+    def execute(self, stream=None) -> None:
+        """Launch on `stream` (as for `Plan.execute`; None: torch's current stream)."""
+        handle = self._raw_stream(self._device_index) if stream is None else _stream_handle(stream)
+        launch, success = driver.launch_kernel, driver.SUCCESS
+        for function, geometry, params in self._calls:
+            (code,) = launch(function, *geometry, handle, params, 0)
+            if code != success:
+                driver.check_launch(code)

@@ -131,10 +131,12 @@ def banned_host_reads(monkeypatch):
 
 def test_execute_reads_nothing_back_and_never_synchronizes(case, monkeypatch):
     plan, buffers = _load(case), Buffers(case)
+    bound = plan.bind(*buffers.all)
     torch.cuda.synchronize()
     with banned_host_reads(monkeypatch):
         plan.execute(*buffers.all)
         plan.execute_named(dict(zip(plan.slots, buffers.all)))
+        bound.execute()
     torch.cuda.synchronize()
     buffers.assert_correct()
 
@@ -160,6 +162,19 @@ def test_captured_execute_replays_on_new_inputs(case, explicit_stream):
     with torch.cuda.graph(graph, stream=stream):
         plan.execute(*buffers.all, stream=stream if explicit_stream else None)
     for _ in range(3):
+        buffers.refill()
+        graph.replay()
+        torch.cuda.synchronize()
+        buffers.assert_correct()
+
+
+def test_captured_bound_execute_replays_on_new_inputs(case):
+    plan, buffers = _load(case), Buffers(case)
+    bound = plan.bind(*buffers.all)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bound.execute()
+    for _ in range(2):
         buffers.refill()
         graph.replay()
         torch.cuda.synchronize()
@@ -208,8 +223,12 @@ def test_four_threads_on_four_streams(case):
 
     def worker(buffers, stream):
         try:
-            for _ in range(50):
-                plan.execute(*buffers.all, stream=stream)
+            bound = plan.bind(*buffers.all)
+            for i in range(50):
+                if i % 2:
+                    plan.execute(*buffers.all, stream=stream)
+                else:
+                    bound.execute(stream=stream)
         except Exception as exc:  # reported in the main thread
             errors.append(exc)
 

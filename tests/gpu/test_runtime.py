@@ -106,6 +106,25 @@ def test_named_form_and_explicit_stream_match_positional(plan, case):
     assert torch.equal(buffers[3], expected_o) and torch.equal(buffers[4], expected_lse)
 
 
+def test_bind_checks_like_execute(plan, case):
+    import frost_runtime
+
+    buffers = _buffers(case)
+    buffers[4] = buffers[4].double()
+    with pytest.raises(frost_runtime.BindError, match="slot 4 'lse'.*dtype"):
+        plan.bind(*buffers)
+
+
+def test_bound_execute_matches_execute(plan, case):
+    buffers = _buffers(case)
+    plan.execute(*buffers)
+    expected = buffers[3].clone()
+    buffers[3].fill_(float("nan"))
+    plan.bind(*buffers).execute()
+    torch.cuda.synchronize()
+    assert torch.equal(buffers[3], expected)
+
+
 def test_unknown_and_missing_names_are_listed(plan, case):
     import frost_runtime
 
