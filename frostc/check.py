@@ -15,18 +15,9 @@ from pathlib import Path
 
 import frost_runtime
 from frost_runtime import schema
+from frost_runtime.driver import Device as GpuDevice  # what compatibility_problems reads
 
 RUNNABLE, NOT_RUNNABLE, INVALID = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class GpuDevice:
-    """What `compatibility_problems` reads from a device (the runtime's Device has the same fields)."""
-
-    ordinal: int
-    name: str
-    compute_capability: tuple[int, int]
-    driver_version: int
 
 
 @dataclass
@@ -53,15 +44,9 @@ def probe_gpus() -> Probe:
         err2, count = cu.cuDeviceGetCount()
         if err2 != cu.CUresult.CUDA_SUCCESS or count == 0:
             return Probe(driver_version=int(version), reason="no GPU/driver found (the driver sees no CUDA device)")
-        attr = cu.CUdevice_attribute
-        devices = []
-        for i in range(count):
-            _, dev = cu.cuDeviceGet(i)
-            _, major = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-            _, minor = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-            _, name = cu.cuDeviceGetName(256, dev)
-            name = name.split(b"\0", 1)[0].decode(errors="replace") if isinstance(name, bytes) else str(name)
-            devices.append(GpuDevice(i, name, (int(major), int(minor)), int(version)))
+        from frost_runtime.driver import describe_device
+
+        devices = [describe_device(cu.cuDeviceGet(i)[1]) for i in range(count)]
         return Probe(devices=devices, driver_version=int(version))
     except Exception as exc:
         return Probe(reason=f"no GPU/driver found (querying the devices failed: {_first_line(exc)})")

@@ -288,10 +288,16 @@ class SdpaForwardMma:
 
     # ---------------------------------------------------------------- building blocks
     def _g2s_tiled_copy(self):
+        op = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
+        return self._row_tiled_copy(cute.make_copy_atom(op, self.dtype, num_bits_per_copy=128))
+
+    def _s2g_tiled_copy(self):
+        op = cute.nvgpu.CopyUniversalOp()
+        return self._row_tiled_copy(cute.make_copy_atom(op, self.dtype, num_bits_per_copy=128))
+
+    def _row_tiled_copy(self, atom):
+        """16-byte pieces, 8 threads per 64-element row chunk: coalesced, matching the smem swizzle atom."""
         elems = 128 // self.dtype.width
-        atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
-        )
         per_row = 64 // elems
         threads = cute.make_layout((self.tiles.num_threads // per_row, per_row), stride=(per_row, 1))
         return cute.make_tiled_copy_tv(atom, threads, cute.make_layout((1, elems)))
@@ -452,13 +458,6 @@ class SdpaForwardMma:
         for m in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
             if tOcO[0, m, 0][0] < ctx.seq_q:
                 cute.copy(s2g, tOrO[None, m, None], tOgO[None, m, None])
-
-    def _s2g_tiled_copy(self):
-        elems = 128 // self.dtype.width
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        per_row = 64 // elems
-        threads = cute.make_layout((self.tiles.num_threads // per_row, per_row), stride=(per_row, 1))
-        return cute.make_tiled_copy_tv(atom, threads, cute.make_layout((1, elems)))
 
 
 class _Fragments:

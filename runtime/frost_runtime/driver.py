@@ -50,13 +50,17 @@ def current_context_device() -> Device:
         ordinal = _torch_current_device()
         ctx = check(cu.cuDevicePrimaryCtxRetain(check(cu.cuDeviceGet(ordinal))))
         check(cu.cuCtxSetCurrent(ctx))
-    dev = check(cu.cuCtxGetDevice())
+    return describe_device(check(cu.cuCtxGetDevice()))
+
+
+def describe_device(dev) -> Device:
+    """Name, compute capability and driver version of a CUdevice (what compatibility needs)."""
     attr = cu.CUdevice_attribute
     major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
     minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
     name = check(cu.cuDeviceGetName(256, dev))
-    name = name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)
-    return Device(int(dev), name, (major, minor), check(cu.cuDriverGetVersion()))
+    name = name.split(b"\0", 1)[0].decode(errors="replace") if isinstance(name, bytes) else str(name)
+    return Device(int(dev), name, (int(major), int(minor)), int(check(cu.cuDriverGetVersion())))
 
 
 def _torch_current_device() -> int:
