@@ -61,10 +61,10 @@ def _compile_sdpa(variant: KernelVariant) -> CompiledKernel:
     from cutlass.cute.runtime import make_fake_stream, make_ptr
     from cutlass.cute.typing import AddressSpace
 
-    from frostc.kernels import sdpa_fwd_mma as mma
+    from frostc.kernels.sdpa_common import param_list
 
     dtype = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[variant.dtype]
-    kernel = mma.SdpaForwardMma(dtype, variant.head_dim, variant.causal, variant.has_lse)
+    kernel = variant.module.Kernel(dtype, variant.head_dim, variant.causal, variant.has_lse)
 
     def pointer(elem, align: int):
         return make_ptr(elem, 0, AddressSpace.gmem, assumed_align=align)
@@ -89,7 +89,7 @@ def _compile_sdpa(variant: KernelVariant) -> CompiledKernel:
     entries = list(compiled.kernel_info)
     if len(entries) != 1 or not isinstance(compiled.__cubin__, bytes):
         raise CompileError(f"{variant.name}: expected one kernel and its cubin, got entries {entries}")
-    params = tuple(mma.param_list())
+    params = tuple(param_list())
     check_abi(variant.name, compiled.__ptx__, entries[0], params)
     tiles = kernel.tiles
     return CompiledKernel(
@@ -99,8 +99,8 @@ def _compile_sdpa(variant: KernelVariant) -> CompiledKernel:
         params=params,
         block=(tiles.num_threads, 1, 1),
         smem_bytes=kernel.smem_bytes,
-        grid_rule=mma.describe_grid(tiles),
-        tiles={"block_m": tiles.block_m, "block_n": tiles.block_n, "threads": tiles.num_threads},
+        grid_rule=variant.grid_rule,
+        tiles=tiles.as_dict(),
     )
 
 

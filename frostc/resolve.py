@@ -7,13 +7,17 @@ support is checked here, against the user's field paths, so an unsupported graph
 at build time and never reaches a GPU.
 """
 
+import importlib
 from dataclasses import dataclass
 
 from frostc.errors import DescriptionError, Problem
-from frostc.kernels import sdpa_fwd_mma as mma
+from frostc.kernels.sdpa_common import LOG2_E, param_list
 from frostc.validate import Graph, Sdpa, Tensor
 
 ROW_ALIGN_ELEMS = 8  # 16-byte cp.async rows of 2-byte elements
+# The kernel each head dim gets, by measurement on the H200 (bench/NOTES.md): WGMMA wins at
+# d=128; at d=64 the mma.sync kernel is as fast or faster.
+KERNEL_FOR_HEAD_DIM = {64: "mma", 128: "wgmma"}
 GRID_YZ_MAX = 65535
 INT32_MAX = (1 << 31) - 1
 
@@ -36,6 +40,7 @@ class Slot:
 class KernelVariant:
     """The compile key of one kernel: declaration facts only (no shapes, which are arguments)."""
 
+    family: str  # "mma" | "wgmma": the kernel file frostc/kernels/sdpa_fwd_<family>.py
     dtype: str
     head_dim: int
     causal: bool
@@ -43,13 +48,24 @@ class KernelVariant:
 
     @property
     def name(self) -> str:
-        return f"sdpa_fwd_mma.{self.dtype}.d{self.head_dim}.{'causal' if self.causal else 'full'}" + (
-            ".lse" if self.has_lse else ""
-        )
+        mask = "causal" if self.causal else "full"
+        return f"sdpa_fwd_{self.family}.{self.dtype}.d{self.head_dim}.{mask}" + (".lse" if self.has_lse else "")
 
     @property
-    def tiles(self) -> mma.SdpaFwdTiles:
-        return mma.SdpaFwdTiles.for_head_dim(self.head_dim)
+    def module(self):
+        return importlib.import_module(f"frostc.kernels.sdpa_fwd_{self.family}")
+
+    @property
+    def tiles(self):
+        """The kernel's named tile parameters for this head dim (block_m, block_n, num_threads, ...)."""
+        return self.module.tiles_for_head_dim(self.head_dim)
+
+    @property
+    def grid_rule(self) -> str:
+        return f"(ceil(seq_q / {self.tiles.block_m}), heads_q, batch)"
+
+    def grid(self, batch: int, heads_q: int, seq_q: int) -> tuple[int, int, int]:
+        return (-(-seq_q // self.tiles.block_m), heads_q, batch)
 
 
 @dataclass(frozen=True)
@@ -140,12 +156,10 @@ def _slots(graph: Graph) -> tuple[Slot, ...]:
 
 def _check_supported(graph: Graph, node: Sdpa, problems: list[Problem]) -> None:
     q = graph.tensor(node.q)
-    if node.head_dim not in mma.head_dims():
+    if node.head_dim not in KERNEL_FOR_HEAD_DIM:
+        supported = ", ".join(map(str, KERNEL_FOR_HEAD_DIM))
         problems.append(
-            Problem(
-                f"{q.path}.dims[3]",
-                f"head dim {node.head_dim} is not supported yet; supported: {', '.join(map(str, mma.head_dims()))}",
-            )
+            Problem(f"{q.path}.dims[3]", f"head dim {node.head_dim} is not supported yet; supported: {supported}")
         )
     if graph.target != "sm_90a":
         problems.append(Problem("target", f'target {graph.target!r} is not supported; use "sm_90a"'))
@@ -190,24 +204,25 @@ def _check_row_layout(t: Tensor, problems: list[Problem]) -> None:
 
 
 def _sdpa_launch(node: Sdpa, slots: dict[str, Slot]) -> ResolvedLaunch:
-    variant = KernelVariant(slots[node.q].dtype, node.head_dim, node.causal, node.lse is not None)
+    family = KERNEL_FOR_HEAD_DIM[node.head_dim]
+    variant = KernelVariant(family, slots[node.q].dtype, node.head_dim, node.causal, node.lse is not None)
     tensors = {"q": node.q, "k": node.k, "v": node.v, "o": node.o, "lse": node.lse}
     values: dict[str, int | float] = {
         "seq_q": node.seq_q,
         "seq_kv": node.seq_kv,
         "group": node.heads_q // node.heads_kv,
-        "scale_log2": node.attn_scale * mma.LOG2_E,
+        "scale_log2": node.attn_scale * LOG2_E,
     }
     for role, name in tensors.items():
         strides = slots[name].strides[:3] if name is not None else (0, 0, 0)
         values |= {f"{role}.stride_b": strides[0], f"{role}.stride_h": strides[1], f"{role}.stride_s": strides[2]}
     args = []
-    for param, kind in mma.param_list():
+    for param, kind in param_list():
         if kind == "ptr":
             name = tensors[param]
             # an absent LSE: the variant never touches its pointer, so a null constant is bound
             args.append(Arg(param, kind, slot=slots[name].index) if name is not None else Arg(param, kind, value=0))
         else:
             args.append(Arg(param, kind, value=values[param]))
-    grid = mma.grid_for(variant.tiles, node.batch, node.heads_q, node.seq_q)
+    grid = variant.grid(node.batch, node.heads_q, node.seq_q)
     return ResolvedLaunch(node.name, variant, grid, tuple(args))

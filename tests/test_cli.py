@@ -77,7 +77,7 @@ def test_build_leaves_no_temp_file(plan_file: Path) -> None:
 
 def test_build_reports_the_compile_on_stderr(built: tuple[Result, Path]) -> None:
     result, _ = built
-    assert "sdpa_fwd_mma.bf16.d128.causal.lse" in result.stderr
+    assert "sdpa_fwd_wgmma.bf16.d128.causal.lse" in result.stderr
 
 
 def test_build_quiet_prints_nothing(tmp_path: Path, plan_file: Path) -> None:
@@ -180,8 +180,8 @@ def test_inspect_prints_slots_and_kernel(plan_file: Path) -> None:
     assert "Slots" in text
     for name in ("q", "k", "v", "o", "lse"):
         assert f"│ {name} " in text, name
-    assert "sdpa_fwd_mma.bf16.d128.causal.lse" in text
-    assert "65536 B" in text
+    assert "sdpa_fwd_wgmma.bf16.d128.causal.lse" in text
+    assert "163840 B" in text
     assert "sm_90a" in text
 
 
@@ -192,8 +192,8 @@ def test_inspect_json_is_valid_json_with_every_section(plan_file: Path) -> None:
     assert list(summary) == ["header", "slots", "kernels", "launches", "workspace_bytes"]
     assert [s["name"] for s in summary["slots"]] == ["q", "k", "v", "o", "lse"]
     assert [s["io"] for s in summary["slots"]] == ["input"] * 3 + ["output"] * 2
-    assert summary["kernels"][0]["name"] == "sdpa_fwd_mma.bf16.d128.causal.lse"
-    assert summary["kernels"][0]["smem_bytes"] == 65536
+    assert summary["kernels"][0]["name"] == "sdpa_fwd_wgmma.bf16.d128.causal.lse"
+    assert summary["kernels"][0]["smem_bytes"] == 163840
     assert summary["launches"][0]["grid"] == [8, 16, 2]
     assert summary["launches"][0]["args"]["lse"] == "slot 4 (lse)"
     assert summary["workspace_bytes"] == 0

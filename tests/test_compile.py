@@ -16,12 +16,12 @@ import frostc.compile
 from frostc.build import build
 from frostc.compile import CompileError, check_abi
 from frostc.description import load_description
-from frostc.kernels.sdpa_fwd_mma import param_list
+from frostc.kernels.sdpa_common import param_list
 from frostc.planfile import build_key
 from frostc.resolve import KernelVariant
 
 DEFAULT = Path(__file__).resolve().parent.parent / "plans" / "examples" / "default.toml"
-VARIANT = KernelVariant("bf16", 128, True, True)
+VARIANT = KernelVariant("wgmma", "bf16", 128, True, True)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def plan(plan_bytes: bytes) -> PlanData:
 
 
 def test_one_kernel_of_the_expected_variant(plan: PlanData) -> None:
-    assert [k.name for k in plan.kernels] == ["sdpa_fwd_mma.bf16.d128.causal.lse"]
+    assert [k.name for k in plan.kernels] == ["sdpa_fwd_wgmma.bf16.d128.causal.lse"]
 
 
 def test_cubin_is_an_elf_file(plan: PlanData) -> None:
@@ -53,10 +53,10 @@ def test_entry_name_is_in_the_cubin(plan: PlanData) -> None:
 
 def test_launch_geometry(plan: PlanData) -> None:
     kernel = plan.kernels[0]
-    assert kernel.smem_bytes == 65536  # Q 32 KiB + K and V 16 KiB each
-    assert kernel.block == (128, 1, 1)
+    assert kernel.smem_bytes == 163840  # Q 32 KiB + two stages of 32 KiB K and 32 KiB V
+    assert kernel.block == (256, 1, 1)  # two consumer warpgroups
     assert kernel.cluster == (1, 1, 1)
-    assert kernel.tiles == {"block_m": 128, "block_n": 64, "threads": 128}
+    assert kernel.tiles == {"block_m": 128, "block_n": 128, "threads": 256, "warpgroups": 2, "stages": 2}
     assert kernel.grid_rule == "(ceil(seq_q / 128), heads_q, batch)"
 
 
@@ -191,7 +191,7 @@ def test_dump_writes_every_stage(tmp_path: Path, plan: PlanData) -> None:
         "1-description.toml",
         "2-graph.json",
         "3-resolved.json",
-        "4-sdpa_fwd_mma.bf16.d128.causal.lse.cubin",
+        "4-sdpa_fwd_wgmma.bf16.d128.causal.lse.cubin",
     ]
     assert (tmp_path / "stages" / names[-1]).read_bytes() == plan.kernels[0].cubin
     assert load_description(tmp_path / "stages" / "1-description.toml") == load_description(DEFAULT)

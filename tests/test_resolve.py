@@ -8,7 +8,7 @@ import math
 import pytest
 
 from frostc import DescriptionError, GraphBuilder, Problem, validate
-from frostc.kernels.sdpa_fwd_mma import LOG2_E, param_list
+from frostc.kernels.sdpa_common import LOG2_E, param_list
 from frostc.resolve import KernelVariant, ResolvedLaunch, ResolvedPlan, resolve
 
 
@@ -138,8 +138,8 @@ def test_no_lse_means_four_slots() -> None:
 
 def test_variant_holds_only_declaration_facts() -> None:
     plan = resolved(graph_builder(dtype="fp16", d=128, causal=None, lse=False))
-    assert plan.variants == (KernelVariant("fp16", 128, False, False),)
-    assert plan.variants[0].name == "sdpa_fwd_mma.fp16.d128.full"
+    assert plan.variants == (KernelVariant("wgmma", "fp16", 128, False, False),)
+    assert plan.variants[0].name == "sdpa_fwd_wgmma.fp16.d128.full"
     causal = resolved(graph_builder(d=64, causal=True, lse=True))
     assert causal.variants[0].name == "sdpa_fwd_mma.bf16.d64.causal.lse"
 

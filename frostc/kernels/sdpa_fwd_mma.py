@@ -15,36 +15,16 @@ Constraints: fp16 / bf16; head dim 64 or 128 (static); rows of Q, K, V, O 16-byt
 top-left aligned (query row i sees keys 0..i), like torch SDPA's `is_causal`.
 
 The kernel's parameters are plain scalars (pointers, int32, int64, float32) listed in
-`PARAMS`; the runtime fills them from the plan without knowing anything about CuTe.
+`sdpa_common.param_list`; the runtime fills them from the plan without knowing anything about CuTe.
 """
 
-import math
 from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-LOG2_E = 1.4426950408889634
-LN_2 = 0.6931471805599453
-
-# (name, kind) in kernel-argument order; kinds are the runtime's parameter kinds.
-_TENSORS = ("q", "k", "v", "o", "lse")
-_STRIDE_NAMES = ("stride_b", "stride_h", "stride_s")
-
-
-def param_list() -> list[tuple[str, str]]:
-    """The kernel's parameter ABI, in order: `tensor.stride_x` are element strides.
-
-    The LSE pointer and strides are always present (zero when the variant writes no LSE), so
-    every variant shares one ABI.
-    """
-    params: list[tuple[str, str]] = [(name, "ptr") for name in _TENSORS]
-    params += [("seq_q", "i32"), ("seq_kv", "i32"), ("group", "i32")]
-    for name in _TENSORS:
-        params += [(f"{name}.{s}", "i64") for s in _STRIDE_NAMES]
-    params.append(("scale_log2", "f32"))
-    return params
+from frostc.kernels.sdpa_common import LN_2, STRIDE_NAMES, quad_max, quad_sum
 
 
 @dataclass(frozen=True)
@@ -55,10 +35,13 @@ class SdpaFwdTiles:
     block_n: int  # key rows per inner step
     num_threads: int  # 4 warps; each warp owns 16-row slices of the query tile
 
-    @staticmethod
-    def for_head_dim(head_dim: int) -> "SdpaFwdTiles":
-        # d=128: Q 32 KiB + K, V 16 KiB each; d=64: 128-key blocks keep the MMAs fed.
-        return SdpaFwdTiles(block_m=128, block_n=64 if head_dim == 128 else 128, num_threads=128)
+    def as_dict(self) -> dict[str, int]:
+        return {"block_m": self.block_m, "block_n": self.block_n, "threads": self.num_threads}
+
+
+def tiles_for_head_dim(head_dim: int) -> SdpaFwdTiles:
+    # d=128: Q 32 KiB + K, V 16 KiB each; d=64: 128-key blocks keep the MMAs fed.
+    return SdpaFwdTiles(block_m=128, block_n=64 if head_dim == 128 else 128, num_threads=128)
 
 
 class SdpaForwardMma:
@@ -69,7 +52,7 @@ class SdpaForwardMma:
         self.head_dim = head_dim
         self.causal = causal
         self.has_lse = has_lse
-        self.tiles = SdpaFwdTiles.for_head_dim(head_dim)
+        self.tiles = tiles_for_head_dim(head_dim)
         self.smem_bytes = 0  # filled while tracing
 
     # ---------------------------------------------------------------- host side (traced once)
@@ -177,7 +160,7 @@ class SdpaForwardMma:
 
         def rows_of(name, rows, h):
             # strides are multiples of 8 elements (checked at build): rows stay 16-byte aligned
-            sb, sh, ss = (cute.assume(p[f"{name}.{s}"], divby=8) for s in _STRIDE_NAMES)
+            sb, sh, ss = (cute.assume(p[f"{name}.{s}"], divby=8) for s in STRIDE_NAMES)
             base = p[name] + (batch * sb + h * sh)
             return cute.make_tensor(base, cute.make_layout((rows, self.head_dim), stride=(ss, 1)))
 
@@ -200,7 +183,7 @@ class SdpaForwardMma:
         )
         cKV = cute.local_tile(cute.make_identity_tensor((seq_kv, self.head_dim)), (t.block_n, self.head_dim), (None, 0))
 
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         sQ = storage.sQ.get_tensor(self._smem_layout(t.block_m))
         sK = storage.sK.get_tensor(self._smem_layout(t.block_n))
         sV = storage.sV.get_tensor(self._smem_layout(t.block_n))
@@ -398,7 +381,7 @@ class SdpaForwardMma:
                     if c_mn[r, c][1] >= col_limit:
                         s_mn[r, c] = -cutlass.Float32.inf
             row = s_mn[r, None].load()
-            new_max = _quad_max(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
+            new_max = quad_max(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
             prev_max = ctx.row_max[r]
             if cutlass.const_expr(not is_first):
                 new_max = cute.arch.fmax(prev_max, new_max)
@@ -420,7 +403,7 @@ class SdpaForwardMma:
         t = self.tiles
         o_mn = _rows_by_cols(ctx.acc_O)
         for r in cutlass.range_constexpr(cute.size(ctx.row_sum)):
-            total = _quad_sum(ctx.row_sum[r])
+            total = quad_sum(ctx.row_sum[r])
             ctx.row_sum[r] = total
             inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
             o_mn[r, None] = o_mn[r, None].load() * inv
@@ -481,32 +464,4 @@ def _rows_by_cols(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, rows_cols))
 
 
-def _quad_reduce(value, combine):
-    # the 4 threads of a quad hold the same C-fragment rows
-    for offset in (2, 1):
-        value = combine(value, cute.arch.shuffle_sync_bfly(value, offset=offset, mask=-1, mask_and_clamp=31))
-    return value
-
-
-def _quad_max(value):
-    return _quad_reduce(value, cute.arch.fmax)
-
-
-def _quad_sum(value):
-    return _quad_reduce(value, lambda a, b: a + b)
-
-
-def default_scale_log2(attn_scale: float) -> float:
-    return attn_scale * LOG2_E
-
-
-def head_dims() -> tuple[int, ...]:
-    return (64, 128)
-
-
-def describe_grid(tiles: SdpaFwdTiles) -> str:
-    return f"(ceil(seq_q / {tiles.block_m}), heads_q, batch)"
-
-
-def grid_for(tiles: SdpaFwdTiles, batch: int, heads_q: int, seq_q: int) -> tuple[int, int, int]:
-    return (math.ceil(seq_q / tiles.block_m), heads_q, batch)
+Kernel = SdpaForwardMma
