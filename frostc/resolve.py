@@ -15,9 +15,9 @@ from frostc.kernels.sdpa_common import LOG2_E, param_list
 from frostc.validate import Graph, Sdpa, Tensor
 
 ROW_ALIGN_ELEMS = 8  # 16-byte cp.async rows of 2-byte elements
-# The kernel each head dim gets, by measurement on the H200 (bench/NOTES.md): WGMMA wins at
-# d=128; at d=64 the mma.sync kernel is as fast or faster.
-KERNEL_FOR_HEAD_DIM = {64: "mma", 128: "wgmma"}
+# The kernel file each head dim gets (frostc/kernels/sdpa_fwd_<family>.py); bench/NOTES.md
+# records the measurements that chose it.
+KERNEL_FOR_HEAD_DIM = {64: "wgmma", 128: "wgmma"}
 GRID_YZ_MAX = 65535
 INT32_MAX = (1 << 31) - 1
 
@@ -40,7 +40,7 @@ class Slot:
 class KernelVariant:
     """The compile key of one kernel: declaration facts only (no shapes, which are arguments)."""
 
-    family: str  # "mma" | "wgmma": the kernel file frostc/kernels/sdpa_fwd_<family>.py
+    family: str  # the kernel file: frostc/kernels/sdpa_fwd_<family>.py
     dtype: str
     head_dim: int
     causal: bool

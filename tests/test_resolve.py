@@ -141,7 +141,7 @@ def test_variant_holds_only_declaration_facts() -> None:
     assert plan.variants == (KernelVariant("wgmma", "fp16", 128, False, False),)
     assert plan.variants[0].name == "sdpa_fwd_wgmma.fp16.d128.full"
     causal = resolved(graph_builder(d=64, causal=True, lse=True))
-    assert causal.variants[0].name == "sdpa_fwd_mma.bf16.d64.causal.lse"
+    assert causal.variants[0].name == "sdpa_fwd_wgmma.bf16.d64.causal.lse"
 
 
 def test_args_follow_the_kernel_abi_in_order() -> None:

@@ -28,7 +28,7 @@ def param_list() -> list[tuple[str, str]]:
 
 
 def quad_reduce(value, combine):
-    # the 4 threads of a quad hold the same accumulator rows (mma.sync and WGMMA alike)
+    # the 4 threads of a quad hold the same accumulator rows
     for offset in (2, 1):
         value = combine(value, cute.arch.shuffle_sync_bfly(value, offset=offset, mask=-1, mask_and_clamp=31))
     return value
