@@ -181,7 +181,7 @@ def test_inspect_prints_slots_and_kernel(plan_file: Path) -> None:
     for name in ("q", "k", "v", "o", "lse"):
         assert f"│ {name} " in text, name
     assert "sdpa_fwd_wgmma.bf16.d128.causal.lse" in text
-    assert "164864 B" in text
+    assert "230400 B" in text
     assert "sm_90a" in text
 
 
@@ -193,7 +193,7 @@ def test_inspect_json_is_valid_json_with_every_section(plan_file: Path) -> None:
     assert [s["name"] for s in summary["slots"]] == ["q", "k", "v", "o", "lse"]
     assert [s["io"] for s in summary["slots"]] == ["input"] * 3 + ["output"] * 2
     assert summary["kernels"][0]["name"] == "sdpa_fwd_wgmma.bf16.d128.causal.lse"
-    assert summary["kernels"][0]["smem_bytes"] == 164864
+    assert summary["kernels"][0]["smem_bytes"] == 230400
     assert summary["launches"][0]["grid"] == [8, 16, 2]
     assert summary["launches"][0]["args"]["lse"] == "slot 4 (lse)"
     assert summary["workspace_bytes"] == 0

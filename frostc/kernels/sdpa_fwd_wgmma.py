@@ -58,8 +58,9 @@ class WsTiles:
 
 
 def tiles_for_head_dim(head_dim: int) -> WsTiles:
-    # d=128: Q 32 KiB + 2 stages of 32 KiB K and V = 160 KiB; d=64 halves every buffer.
-    return WsTiles(block_m=128, block_n=128, consumers=2, stages=2)
+    # d=128: Q 32 KiB + 3 stages of 32 KiB K and V = 224 KiB (the limit is 227); d=64 halves
+    # every buffer. Three stages let the producer keep two blocks in flight.
+    return WsTiles(block_m=128, block_n=128, consumers=2, stages=3)
 
 
 class SdpaForwardWgmma:
@@ -176,6 +177,11 @@ class SdpaForwardWgmma:
         d = self.head_dim
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.causal):
+            # longest first: the last query tiles see the most keys, so they start first and
+            # the short ones fill the tail of the grid
+            m_blocks, _, _ = cute.arch.grid_dim()
+            m_block = m_blocks - 1 - m_block
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_tidx = tidx % 128
         head_kv = head // group
@@ -232,6 +238,7 @@ class SdpaForwardWgmma:
         tKgK, tKsK = copy.partition_S(gK), copy.partition_D(sK)
         tVgV, tVsV = copy.partition_S(gV), copy.partition_D(sV_rows)
         tKVcKV = copy.partition_S(cKV)
+        # two blocks in flight: block j is published once block j+1's copies are issued
         for step in range(0, n_block_max, 1):
             n_block = n_block_max - 1 - step
             stage = step % t.stages
@@ -248,10 +255,15 @@ class SdpaForwardWgmma:
                 tKVcKV[None, None, None, n_block], seq_kv,
             )  # fmt: skip
             cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(1)
-            self._publish_landed(k_pipe, stage)
-            cute.arch.cp_async_wait_group(0)
-            self._publish_landed(v_pipe, stage)
+            if step > 0:
+                cute.arch.cp_async_wait_group(2)
+                previous = (step - 1) % t.stages
+                self._publish_landed(k_pipe, previous)
+                self._publish_landed(v_pipe, previous)
+        cute.arch.cp_async_wait_group(0)
+        last_stage = (n_block_max - 1) % t.stages
+        self._publish_landed(k_pipe, last_stage)
+        self._publish_landed(v_pipe, last_stage)
 
     @cute.jit
     def _publish(self, pipe, stage):
@@ -314,59 +326,94 @@ class SdpaForwardWgmma:
         if cw == 1:
             their_turn.arrive()  # consumer 0 goes first
 
-        q_pipe.sync_object_full.wait(0, 0)
+        s_shape = qk_thr.partition_shape_C((wg_m, t.block_n))
+        rP = cute.make_rmem_tensor(_c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
+        correction = cute.make_rmem_tensor(rows, cutlass.Float32)
         mask_steps = 1
         if cutlass.const_expr(self.causal):
             mask_steps = cute.ceil_div(t.block_m, t.block_n)
-        for step in range(0, n_block_max, 1):
-            n_block = n_block_max - 1 - step
-            stage = step % t.stages
-            full_phase = (step // t.stages) % 2
-            last = step == n_block_max - 1
+        q_pipe.sync_object_full.wait(0, 0)
 
-            acc_S = qk_thr.make_fragment_C(qk_thr.partition_shape_C((wg_m, t.block_n)))
+        # Software pipeline: step j issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} together, then
+        # runs softmax(S_j) while P V is still on the tensor cores.
+        acc_S = qk_thr.make_fragment_C(s_shape)
+        acc_S.fill(0.0)
+        k_pipe.sync_object_full.wait(0, 0)
+        my_turn.arrive_and_wait()
+        warpgroup.fence()
+        self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, 0)
+        warpgroup.commit_group()
+        their_turn.arrive()
+        warpgroup.wait_group(0)
+        k_pipe.sync_object_empty.arrive(0, None)
+        self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block_max - 1,
+                             seq_q, seq_kv, True)  # fmt: skip
+        cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+
+        for step in range(1, n_block_max, 1):
+            n_block = n_block_max - 1 - step
+            stage, phase = step % t.stages, (step // t.stages) % 2
+            prev_stage, prev_phase = (step - 1) % t.stages, ((step - 1) // t.stages) % 2
+            acc_S = qk_thr.make_fragment_C(s_shape)
             acc_S.fill(0.0)
-            k_pipe.sync_object_full.wait(stage, full_phase)
+            k_pipe.sync_object_full.wait(stage, phase)
+            v_pipe.sync_object_full.wait(prev_stage, prev_phase)
             my_turn.arrive_and_wait()
             warpgroup.fence()
-            for kk in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
-                cute.gemm(qk_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk, stage], acc_S)
+            self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
+            warpgroup.commit_group()
+            self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage)
             warpgroup.commit_group()
             their_turn.arrive()
-            warpgroup.wait_group(0)
+            warpgroup.wait_group(1)  # S_j is ready; P V may still run
             k_pipe.sync_object_empty.arrive(stage, None)
-
             if step < mask_steps:
-                self._online_softmax(qk_thr, acc_S, acc_O, row_max, row_sum, scale_log2, row_tile, n_block,
+                self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block,
                                      seq_q, seq_kv, True)  # fmt: skip
             else:
-                self._online_softmax(qk_thr, acc_S, acc_O, row_max, row_sum, scale_log2, row_tile, n_block,
+                self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block,
                                      seq_q, seq_kv, False)  # fmt: skip
-            rP = cute.make_rmem_tensor(_c_to_a_layout(acc_S.layout), self.dtype)
+            warpgroup.wait_group(0)  # O and P_{j-1} are free again
+            v_pipe.sync_object_empty.arrive(prev_stage, None)
+            o_mn = _wgmma_rows_by_cols(acc_O)
+            for r in cutlass.range_constexpr(cute.size(row_max)):
+                o_mn[r, None] = o_mn[r, None].load() * correction[r]
             cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
 
-            v_pipe.sync_object_full.wait(stage, full_phase)
-            my_turn.arrive_and_wait()
-            warpgroup.fence()
-            for kk in cutlass.range_constexpr(cute.size(rP.shape[2])):
-                cute.gemm(pv_mma, acc_O, rP[None, None, kk], tOrV[None, None, kk, stage], acc_O)
-            warpgroup.commit_group()
-            if not (last and cw == 1):  # every arrive must meet a wait before the CTA exits
-                their_turn.arrive()
-            warpgroup.wait_group(0)
-            v_pipe.sync_object_empty.arrive(stage, None)
+        last_stage, last_phase = (n_block_max - 1) % t.stages, ((n_block_max - 1) // t.stages) % 2
+        v_pipe.sync_object_full.wait(last_stage, last_phase)
+        my_turn.arrive_and_wait()
+        warpgroup.fence()
+        self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
+        warpgroup.commit_group()
+        if cw == 0:  # consumer 1's last turn needs no successor: every arrive meets a wait
+            their_turn.arrive()
+        warpgroup.wait_group(0)
+        v_pipe.sync_object_empty.arrive(last_stage, None)
 
         self._epilogue(pv_thr, acc_O, row_max, row_sum, mO, lse, lse_sb, lse_sh, lse_ss, batch, head,
                        row_tile, seq_q, scale_log2, wg_tidx)  # fmt: skip
 
     @cute.jit
+    def _gemm_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage):
+        for kk in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
+            cute.gemm(qk_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk, stage], acc_S)
+
+    @cute.jit
+    def _gemm_pv(self, pv_mma, acc_O, rP, tOrV, stage):
+        for kk in cutlass.range_constexpr(cute.size(rP.shape[2])):
+            cute.gemm(pv_mma, acc_O, rP[None, None, kk], tOrV[None, None, kk, stage], acc_O)
+
+    @cute.jit
     def _online_softmax(
-        self, qk_thr, acc_S, acc_O, row_max, row_sum, scale_log2, row_tile, n_block, seq_q, seq_kv,
+        self, qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block, seq_q, seq_kv,
         masked: cutlass.Constexpr,
     ):  # fmt: skip
+        """S -> unnormalized probabilities in place; running max and sum updated; the factor
+        the output accumulated so far must be scaled by goes to `correction` (applied by the
+        caller once the P V gemm that writes the output has finished)."""
         t = self.tiles
         s_mn = _wgmma_rows_by_cols(acc_S)
-        o_mn = _wgmma_rows_by_cols(acc_O)
         if cutlass.const_expr(masked):
             cS = cute.local_tile(
                 cute.make_identity_tensor((seq_q, seq_kv)), (t.block_m // t.consumers, t.block_n), (row_tile, n_block)
@@ -383,12 +430,13 @@ class SdpaForwardWgmma:
             row = s_mn[r, None].load()
             prev_max = row_max[r]
             new_max = cute.arch.fmax(prev_max, quad_max(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)))
+            # a row with every key masked so far keeps max -inf; exponentiate against 0 instead
             safe_max = 0.0 if new_max == -cutlass.Float32.inf else new_max
             shift = safe_max * scale_log2
             probs = cute.math.exp2(row * scale_log2 - shift, fastmath=True)
-            correction = cute.math.exp2(prev_max * scale_log2 - shift, fastmath=True)
-            row_sum[r] = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0) + row_sum[r] * correction
-            o_mn[r, None] = o_mn[r, None].load() * correction
+            factor = cute.math.exp2(prev_max * scale_log2 - shift, fastmath=True)
+            row_sum[r] = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0) + row_sum[r] * factor
+            correction[r] = factor
             row_max[r] = new_max
             s_mn[r, None] = probs
 
