@@ -278,13 +278,12 @@ class SdpaForwardWgmma:
         cute.arch.fence_proxy("async.shared", space="cta")
         pipe.sync_object_full.arrive(stage, None)
 
-    def _row_copy(self):
-        """16-byte cp.async pieces along d, the producer's 128 threads spread over rows."""
+    def _row_copy(self, op=None):
+        """16-byte pieces along d (cp.async by default), 128 threads spread over rows."""
         elems = 128 // self.dtype.width
         per_row = self.head_dim // elems
-        atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
-        )
+        op = op if op is not None else cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
+        atom = cute.make_copy_atom(op, self.dtype, num_bits_per_copy=128)
         layout = cute.make_layout((128 // per_row, per_row), stride=(per_row, 1))
         return cute.make_tiled_copy_tv(atom, layout, cute.make_layout((1, elems)))
 
@@ -391,8 +390,8 @@ class SdpaForwardWgmma:
         warpgroup.wait_group(0)
         v_pipe.sync_object_empty.arrive(last_stage, None)
 
-        self._epilogue(pv_thr, acc_O, row_max, row_sum, mO, lse, lse_sb, lse_sh, lse_ss, batch, head,
-                       row_tile, seq_q, scale_log2, wg_tidx)  # fmt: skip
+        self._epilogue(pv_mma, acc_O, row_max, row_sum, sQ[None, None, cw], mO, lse, lse_sb, lse_sh, lse_ss,
+                       batch, head, row_tile, seq_q, scale_log2, cw, wg_tidx)  # fmt: skip
 
     @cute.jit
     def _gemm_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage):
@@ -442,9 +441,11 @@ class SdpaForwardWgmma:
 
     @cute.jit
     def _epilogue(
-        self, pv_thr, acc_O, row_max, row_sum, mO, lse, lse_sb, lse_sh, lse_ss, batch, head,
-        row_tile, seq_q, scale_log2, wg_tidx,
+        self, pv_mma, acc_O, row_max, row_sum, sO, mO, lse, lse_sb, lse_sh, lse_ss, batch, head,
+        row_tile, seq_q, scale_log2, cw, wg_tidx,
     ):  # fmt: skip
+        """Normalize O, stage it through this warpgroup's Q buffer (its last S = Q Kᵀ is done)
+        and store whole 16-byte row pieces; write the LSE."""
         t = self.tiles
         wg_m = t.block_m // t.consumers
         d = self.head_dim
@@ -454,17 +455,25 @@ class SdpaForwardWgmma:
             row_sum[r] = total
             inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
             o_mn[r, None] = o_mn[r, None].load() * inv
-        cO = cute.local_tile(cute.make_identity_tensor((seq_q, d)), (wg_m, d), (row_tile, 0))
-        c_mn = _wgmma_rows_by_cols(pv_thr.partition_C(cO))
-        tOgO = _wgmma_rows_by_cols(pv_thr.partition_C(cute.local_tile(mO, (wg_m, d), (row_tile, 0))))
         rO = cute.make_fragment_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
-        rO_mn = _wgmma_rows_by_cols(rO)
-        for r in cutlass.range_constexpr(cute.size(row_sum)):
-            if c_mn[r, 0][0] < seq_q:
-                for c in cutlass.range_constexpr(cute.size(rO_mn.shape[1])):
-                    tOgO[r, c] = rO_mn[r, c]
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), pv_mma)
+        r2s_thr = r2s.get_slice(wg_tidx)
+        cute.copy(r2s, r2s_thr.retile(rO), r2s_thr.partition_D(sO))
+        pipeline.NamedBarrier(barrier_id=4 + cw, num_threads=128).arrive_and_wait()
+
+        s2g = self._row_copy(cute.nvgpu.CopyUniversalOp()).get_slice(wg_tidx)
+        gO = cute.local_tile(mO, (wg_m, d), (row_tile, 0))
+        cO = cute.local_tile(cute.make_identity_tensor((seq_q, d)), (wg_m, d), (row_tile, 0))
+        tOsO, tOgO, tOcO = s2g.partition_S(sO), s2g.partition_D(gO), s2g.partition_D(cO)
+        tOrO = cute.make_fragment_like(tOgO, self.dtype)
+        cute.copy(s2g, tOsO, tOrO)
+        for m in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
+            if tOcO[0, m, 0][0] < seq_q:
+                cute.copy(s2g, tOrO[None, m, None], tOgO[None, m, None])
+
         if cutlass.const_expr(self.has_lse):
+            c_mn = _wgmma_rows_by_cols(pv_mma.get_slice(wg_tidx).partition_C(cO))
             mLSE = cute.make_tensor(lse + (batch * lse_sb + head * lse_sh), cute.make_layout(seq_q, stride=lse_ss))
             for r in cutlass.range_constexpr(cute.size(row_sum)):
                 row = c_mn[r, 0][0]
