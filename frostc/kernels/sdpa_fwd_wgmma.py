@@ -230,7 +230,7 @@ class SdpaForwardWgmma:
             self._copy_rows(
                 copy, copy.partition_S(gQ), copy.partition_D(sQ[None, None, c]), copy.partition_S(cQ), seq_q
             )
-        self._publish(q_pipe, 0)
+        cute.arch.cp_async_commit_group()  # Q is published as soon as it lands, below
 
         gK = cute.local_tile(mK, (t.block_n, d), (None, 0))
         gV = cute.local_tile(mV, (t.block_n, d), (None, 0))
@@ -238,7 +238,8 @@ class SdpaForwardWgmma:
         tKgK, tKsK = copy.partition_S(gK), copy.partition_D(sK)
         tVgV, tVsV = copy.partition_S(gV), copy.partition_D(sV_rows)
         tKVcKV = copy.partition_S(cKV)
-        # two blocks in flight: block j is published once block j+1's copies are issued
+        # Q, K_0 and V_0 load together; then two blocks in flight: block j is published once
+        # block j+1's copies are issued and block j's have landed
         for step in range(0, n_block_max, 1):
             n_block = n_block_max - 1 - step
             stage = step % t.stages
@@ -255,7 +256,10 @@ class SdpaForwardWgmma:
                 tKVcKV[None, None, None, n_block], seq_kv,
             )  # fmt: skip
             cute.arch.cp_async_commit_group()
-            if step > 0:
+            if step == 0:
+                cute.arch.cp_async_wait_group(2)  # in flight: Q, K_0, V_0; Q has landed
+                self._publish_landed(q_pipe, 0)
+            else:
                 cute.arch.cp_async_wait_group(2)
                 previous = (step - 1) % t.stages
                 self._publish_landed(k_pipe, previous)
@@ -264,12 +268,6 @@ class SdpaForwardWgmma:
         last_stage = (n_block_max - 1) % t.stages
         self._publish_landed(k_pipe, last_stage)
         self._publish_landed(v_pipe, last_stage)
-
-    @cute.jit
-    def _publish(self, pipe, stage):
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(0)
-        self._publish_landed(pipe, stage)
 
     @cute.jit
     def _publish_landed(self, pipe, stage):
