@@ -1,12 +1,15 @@
 """SDPA forward for sm_90a, warp-specialized: a producer warpgroup loads, two consumer
 warpgroups compute with WGMMA, taking turns on the tensor cores (ping-pong).
 
-- Producer (warpgroup 0, few registers): cp.async Q once, then K and V blocks into a
-  `stages`-deep ring; a stage is published on its "full" mbarrier once the producer's own
-  copies landed, and reused after both consumers released it on its "empty" mbarrier.
-- Consumers (warpgroups 1 and 2, 64 query rows each): S = Q Kᵀ and O += P V with warpgroup
-  MMAs, P kept in registers. Two named barriers order their GEMM issues so that one
-  warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+- Producer (warpgroup 0, 40 registers): cp.async Q (together with the first K and V), then K
+  and V blocks into a `stages`-deep ring, two blocks in flight; a stage is published on its
+  "full" mbarrier once the producer's own copies landed, and refilled after both consumers
+  released it on its "empty" mbarrier.
+- Consumers (warpgroups 1 and 2, 232 registers, 64 query rows each): S = Q Kᵀ and O += P V
+  with warpgroup MMAs, P kept in registers. Each turn issues S_j together with
+  P_(j-1) V_(j-1) and runs softmax(S_j) while P V still runs; two named barriers make the
+  consumers take turns, so one's softmax also hides under the other's GEMMs. O leaves
+  through the consumer's Q buffer in 16-byte stores.
 
 Modes as the kernel sees them (element strides; the innermost head-dim stride is 1, checked
 at build time), the parameter ABI being `sdpa_common.param_list`:
@@ -35,7 +38,7 @@ CONSUMER_REGS = 232
 
 
 @dataclass(frozen=True)
-class WsTiles:
+class WgmmaTiles:
     """The named tile parameters of one compiled variant."""
 
     block_m: int  # query rows per CTA (64 per consumer warpgroup)
@@ -57,10 +60,10 @@ class WsTiles:
         }
 
 
-def tiles_for_head_dim(head_dim: int) -> WsTiles:
+def tiles_for_head_dim(head_dim: int) -> WgmmaTiles:
     # d=128: Q 32 KiB + 3 stages of 32 KiB K and V = 224 KiB (the limit is 227); d=64 halves
     # every buffer. Three stages let the producer keep two blocks in flight.
-    return WsTiles(block_m=128, block_n=128, consumers=2, stages=3)
+    return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=3)
 
 
 class SdpaForwardWgmma:
