@@ -75,8 +75,6 @@ def _torch_current_device() -> int:
 class LoadedKernel:
     module: object  # CUmodule; kept so the module outlives its functions
     function: object  # CUfunction
-    num_regs: int
-    local_bytes: int
 
 
 def load_kernel(cubin: bytes, entry: str, smem_bytes: int) -> LoadedKernel:
@@ -85,13 +83,7 @@ def load_kernel(cubin: bytes, entry: str, smem_bytes: int) -> LoadedKernel:
     attr = cu.CUfunction_attribute
     if smem_bytes > 48 * 1024:  # above 48 KiB a kernel must opt in
         check(cu.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes))
-    regs = check(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, function))
-    local = check(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, function))
-    return LoadedKernel(module, function, regs, local)
-
-
-def unload(kernel: LoadedKernel) -> None:
-    cu.cuModuleUnload(kernel.module)
+    return LoadedKernel(module, function)
 
 
 SUCCESS = cu.CUresult.CUDA_SUCCESS

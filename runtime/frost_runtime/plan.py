@@ -40,6 +40,7 @@ class _SlotCheck:
     name: str
     torch_dtype: object | None
     typestr: str  # __cuda_array_interface__ form
+    itemsize: int
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     align: int
@@ -62,9 +63,8 @@ class _PackedLaunch:
                 self.slot_fields.append((arg.slot, field))
             else:
                 field.value = arg.value
-        self.function = loaded.function
+        self.function = loaded.function  # the Plan holds the module, so the function stays valid
         self.geometry = (*launch.grid, *kernel.block, kernel.smem_bytes)
-        self.loaded = loaded
 
 
 def _param_offsets(kernel: Kernel) -> tuple[list[int], int]:
@@ -172,12 +172,8 @@ class Plan:
         return _cai_pointer(check, buf)
 
     def _check_workspace(self, workspace) -> None:
-        if self.workspace_bytes and workspace is None:
+        if workspace is None:
             raise BindError(f"this plan needs a workspace of {self.workspace_bytes} bytes")
-
-    def describe(self) -> str:
-        kernels = ", ".join(f"{k.name} ({lk.num_regs} regs)" for k, lk in zip(self.data.kernels, self._loaded))
-        return f"plan {self.header.name!r} on {self.device.name}: slots {list(self.slots)}; kernels {kernels}"
 
 
 def _slot_check(index: int, slot: TensorSlot, device: int) -> _SlotCheck:
@@ -188,6 +184,7 @@ def _slot_check(index: int, slot: TensorSlot, device: int) -> _SlotCheck:
         name=slot.name,
         torch_dtype=torch_dtype,
         typestr={"bf16": "<V2", "fp16": "<f2", "fp32": "<f4"}[slot.dtype],
+        itemsize=DTYPES[slot.dtype],
         shape=slot.dims,
         strides=slot.strides,
         align=slot.align,
@@ -252,19 +249,14 @@ def _cai_pointer(check: _SlotCheck, buf) -> int:
         raise BindError(f"{_where(check)}: typestr {cai['typestr']}, the plan expects {check.typestr}")
     if tuple(cai["shape"]) != check.shape:
         raise BindError(f"{_where(check)}: shape {tuple(cai['shape'])}, the plan expects {check.shape}")
-    itemsize = DTYPES[_dtype_of_typestr(check.typestr)]
     strides = cai.get("strides")
-    strides = _contiguous(check.shape) if strides is None else tuple(s // itemsize for s in strides)
+    strides = _contiguous(check.shape) if strides is None else tuple(s // check.itemsize for s in strides)
     if strides != check.strides:
         raise BindError(f"{_where(check)}: strides {strides}, the plan expects {check.strides}")
     pointer = cai["data"][0]
     if pointer % check.align:
         raise BindError(f"{_where(check)}: data pointer {pointer:#x} is not {check.align}-byte aligned")
     return pointer
-
-
-def _dtype_of_typestr(typestr: str) -> str:
-    return {"<V2": "bf16", "<f2": "fp16", "<f4": "fp32"}[typestr]
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
