@@ -208,6 +208,8 @@ def _sdpa_launch(node: Sdpa, slots: dict[str, Slot]) -> ResolvedLaunch:
     variant = KernelVariant(family, slots[node.q].dtype, node.head_dim, node.causal, node.lse is not None)
     tensors = {"q": node.q, "k": node.k, "v": node.v, "o": node.o, "lse": node.lse}
     values: dict[str, int | float] = {
+        "batch": node.batch,
+        "heads_q": node.heads_q,
         "seq_q": node.seq_q,
         "seq_kv": node.seq_kv,
         "group": node.heads_q // node.heads_kv,

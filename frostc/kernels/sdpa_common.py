@@ -20,7 +20,7 @@ def param_list() -> list[tuple[str, str]]:
     every variant shares one ABI.
     """
     params: list[tuple[str, str]] = [(name, "ptr") for name in TENSORS]
-    params += [("seq_q", "i32"), ("seq_kv", "i32"), ("group", "i32")]
+    params += [("batch", "i32"), ("heads_q", "i32"), ("seq_q", "i32"), ("seq_kv", "i32"), ("group", "i32")]
     for name in TENSORS:
         params += [(f"{name}.{s}", "i64") for s in STRIDE_NAMES]
     params.append(("scale_log2", "f32"))

@@ -1,15 +1,22 @@
-"""SDPA forward for sm_90a, warp-specialized: a producer warpgroup loads, two consumer
-warpgroups compute with WGMMA, taking turns on the tensor cores (ping-pong).
+"""SDPA forward for sm_90a, warp-specialized and persistent: a producer warpgroup loads, two
+consumer warpgroups compute with WGMMA, taking turns on the tensor cores (ping-pong).
 
-- Producer (warpgroup 0, 40 registers): cp.async Q (together with the first K and V), then K
-  and V blocks into a `stages`-deep ring, two blocks in flight; a stage is published on its
-  "full" mbarrier once the producer's own copies landed, and refilled after both consumers
-  released it on its "empty" mbarrier.
+- Tiles: a tile is `block_m` query rows of one (batch, head). The grid is at most one CTA per
+  SM (the runtime caps it, `ctas_per_sm`); each CTA walks the tiles blockIdx.x,
+  blockIdx.x + gridDim.x, ... so the next tile's loads overlap the current tile's last
+  blocks and epilogue instead of waiting for a fresh CTA. Causal tiles are ordered longest
+  first (last query block of every head, then the one before, ...).
+- Producer (warpgroup 0, 40 registers): cp.async Q into its buffer once the consumers released
+  the previous tile's Q, then K and V blocks into a `stages`-deep ring; a stage is published
+  on its "full" mbarrier once the producer's own copies landed (two blocks in flight) and
+  refilled after both consumers released it on its "empty" mbarrier. The ring's position
+  carries over from tile to tile.
 - Consumers (warpgroups 1 and 2, 232 registers, 64 query rows each): S = Q Kᵀ and O += P V
   with warpgroup MMAs, P kept in registers. Each turn issues S_j together with
   P_(j-1) V_(j-1) and runs softmax(S_j) while P V still runs; two named barriers make the
   consumers take turns, so one's softmax also hides under the other's GEMMs. O leaves
-  through the consumer's Q buffer in 16-byte stores.
+  through shared memory in 16-byte stores: its own buffer where it fits (then Q is released
+  right after the tile's last S = Q Kᵀ), else the consumer's Q buffer (released after the store).
 
 Modes as the kernel sees them (element strides; the innermost head-dim stride is 1, checked
 at build time), the parameter ABI being `sdpa_common.param_list`:
@@ -17,9 +24,9 @@ at build time), the parameter ABI being `sdpa_common.param_list`:
   K, V : (s_kv, d)  at base + b * stride_b + (h_q // group) * stride_h     (GQA / MQA)
   LSE  : (s_q,)     fp32, natural log of the row's sum of exp(scaled score), optional
 
-Constraints: fp16 / bf16; head dim 64 or 128 (static); rows of Q, K, V, O 16-byte aligned;
-any s_q, s_kv >= 1; causal is top-left aligned (query row i sees keys 0..i), like torch's
-`is_causal`. Key blocks are visited last to first, so only the first ones need masks.
+Constraints: fp16 / bf16; head dim 64, 128 or 256 (static); rows of Q, K, V, O 16-byte
+aligned; any s_q, s_kv >= 1; causal is top-left aligned (query row i sees keys 0..i), like
+torch's `is_causal`. Key blocks are visited last to first, so only the first ones need masks.
 """
 
 from dataclasses import dataclass
@@ -35,16 +42,19 @@ from frostc.kernels.sdpa_common import LN_2, quad_max, quad_sum
 
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
+SMEM_LIMIT = 227 * 1024  # sm_90's opt-in maximum per CTA
 
 
 @dataclass(frozen=True)
 class WgmmaTiles:
     """The named tile parameters of one compiled variant."""
 
-    block_m: int  # query rows per CTA (64 per consumer warpgroup)
+    block_m: int  # query rows per tile (64 per consumer warpgroup)
     block_n: int  # key rows per step
     consumers: int  # consumer warpgroups
     stages: int  # K/V shared-memory ring depth
+    o_buffer: bool  # O staged in its own buffer (else in the Q buffer)
+    ctas_per_sm: int = 1  # persistent grid: the runtime launches min(tiles, SMs * this) CTAs
 
     @property
     def num_threads(self) -> int:
@@ -57,49 +67,66 @@ class WgmmaTiles:
             "threads": self.num_threads,
             "consumer_warpgroups": self.consumers,
             "stages": self.stages,
+            "o_buffer": int(self.o_buffer),
+            "ctas_per_sm": self.ctas_per_sm,
         }
 
 
 def tiles_for_head_dim(head_dim: int) -> WgmmaTiles:
-    # d=128: Q 32 KiB + 3 stages of 32 KiB K and V = 224 KiB (the limit is 227); d=64 halves
-    # every buffer. Three stages let the producer keep two blocks in flight.
-    return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=3)
+    """Shared memory decides (227 KiB): Q and O buffers are 128·d, a ring stage 2·block_n·d
+    two-byte elements. bench/NOTES.md has the measurements behind each choice."""
+    if head_dim == 256:
+        # 64 KiB Q + 2 stages of 2·32 KiB: O must go through Q's buffer
+        return WgmmaTiles(block_m=128, block_n=64, consumers=2, stages=2, o_buffer=False)
+    if head_dim == 128:
+        # 32 KiB Q + 32 KiB O + 2 stages of 64 KiB = 192 KiB
+        return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=2, o_buffer=True)
+    # d=64: 16 KiB Q + 16 KiB O + 4 stages of 32 KiB = 160 KiB
+    return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=4, o_buffer=True)
 
 
 class SdpaForwardWgmma:
     """Compile-time configuration of one variant: dtype, head dim, causal, LSE or not."""
 
-    def __init__(self, dtype, head_dim: int, causal: bool, has_lse: bool):
+    def __init__(self, dtype, head_dim: int, causal: bool, has_lse: bool, tiles: WgmmaTiles | None = None):
         self.dtype = dtype
         self.head_dim = head_dim
         self.causal = causal
         self.has_lse = has_lse
-        self.tiles = tiles_for_head_dim(head_dim)
+        self.tiles = tiles if tiles is not None else tiles_for_head_dim(head_dim)
         self.smem_bytes = 0
 
     # ---------------------------------------------------------------- host side
     @cute.jit
     def __call__(self, q, k, v, o, lse, batch, heads_q, seq_q, seq_kv, group, strides: tuple, scale_log2, stream):
+        self.shared_storage = self._shared_storage()
+        self.smem_bytes = self.shared_storage.size_in_bytes()
+        # the runtime caps this at the device's SM count; every tile is visited with any grid
+        grid = (cute.ceil_div(seq_q, self.tiles.block_m) * heads_q * batch, 1, 1)
+        self.kernel(q, k, v, o, lse, batch, heads_q, seq_q, seq_kv, group, *strides, scale_log2).launch(
+            grid=grid, block=[self.tiles.num_threads, 1, 1], smem=self.smem_bytes, stream=stream, min_blocks_per_mp=1
+        )
+
+    def _shared_storage(self):
         t = self.tiles
         dtype = self.dtype
         q_elems, k_elems, v_elems = (cute.cosize(x) for x in self._smem_layouts())
+        o_elems = q_elems if t.o_buffer else 8  # unused placeholder when O goes through Q
         stages = t.stages
 
         @cute.struct
         class SharedStorage:
-            q_full: cute.struct.MemRange[cutlass.Int64, 2]
+            q_bars: cute.struct.MemRange[cutlass.Int64, 2]
             k_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             v_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dtype, k_elems], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, v_elems], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[dtype, o_elems], 1024]
 
-        self.shared_storage = SharedStorage
-        self.smem_bytes = SharedStorage.size_in_bytes()
-        grid = (cute.ceil_div(seq_q, t.block_m), heads_q, batch)
-        self.kernel(q, k, v, o, lse, seq_q, seq_kv, group, *strides, scale_log2).launch(
-            grid=grid, block=[t.num_threads, 1, 1], smem=self.smem_bytes, stream=stream, min_blocks_per_mp=1
-        )
+        if SharedStorage.size_in_bytes() > SMEM_LIMIT:
+            raise ValueError(f"{t} needs {SharedStorage.size_in_bytes()} bytes of shared memory, over {SMEM_LIMIT}")
+        return SharedStorage
 
     def _mmas(self):
         t = self.tiles
@@ -137,7 +164,9 @@ class SdpaForwardWgmma:
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * t.consumers)
 
         def make(bars, stages):
-            return pipeline.PipelineAsync.create(
+            # "full" completes through cp.async.mbarrier.arrive.noinc: each producer thread's
+            # arrival fires once its own copies landed, so the producer never waits for them
+            return pipeline.PipelineCpAsync.create(
                 barrier_storage=bars.data_ptr(),
                 num_stages=stages,
                 producer_group=producer,
@@ -145,7 +174,7 @@ class SdpaForwardWgmma:
                 defer_sync=True,
             )
 
-        return make(storage.q_full, 1), make(storage.k_bars, t.stages), make(storage.v_bars, t.stages)
+        return make(storage.q_bars, 1), make(storage.k_bars, t.stages), make(storage.v_bars, t.stages)
 
     # ---------------------------------------------------------------- device side
     @cute.kernel
@@ -156,6 +185,8 @@ class SdpaForwardWgmma:
         v: cute.Pointer,
         o: cute.Pointer,
         lse: cute.Pointer,
+        batch: cutlass.Int32,
+        heads_q: cutlass.Int32,
         seq_q: cutlass.Int32,
         seq_kv: cutlass.Int32,
         group: cutlass.Int32,
@@ -176,23 +207,9 @@ class SdpaForwardWgmma:
         lse_ss: cutlass.Int64,
         scale_log2: cutlass.Float32,
     ):
-        t = self.tiles
-        d = self.head_dim
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.causal):
-            # longest first: the last query tiles see the most keys, so they start first and
-            # the short ones fill the tail of the grid
-            m_blocks, _, _ = cute.arch.grid_dim()
-            m_block = m_blocks - 1 - m_block
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_tidx = tidx % 128
-        head_kv = head // group
-
-        n_block_count = cute.ceil_div(seq_kv, t.block_n)
-        n_block_max = n_block_count
-        if cutlass.const_expr(self.causal):
-            n_block_max = min(cute.ceil_div((m_block + 1) * t.block_m, t.block_n), n_block_count)
 
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         q_pipe, k_pipe, v_pipe = self._pipelines(storage)
@@ -200,82 +217,108 @@ class SdpaForwardWgmma:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sO = sQ
+        if cutlass.const_expr(self.tiles.o_buffer):
+            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        mQ = _rows_of(q, q_sb, q_sh, q_ss, seq_q, batch, head, d)
-        mK = _rows_of(k, k_sb, k_sh, k_ss, seq_kv, batch, head_kv, d)
-        mV = _rows_of(v, v_sb, v_sh, v_ss, seq_kv, batch, head_kv, d)
-        mO = _rows_of(o, o_sb, o_sh, o_ss, seq_q, batch, head, d)
+        shape = TileSpace(
+            cute.ceil_div(seq_q, self.tiles.block_m), heads_q, batch, seq_q, seq_kv, group,
+            cute.ceil_div(seq_kv, self.tiles.block_n),
+        )  # fmt: skip
         if wg == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
-            self._produce(q_pipe, k_pipe, v_pipe, mQ, mK, mV, sQ, sK, sV, m_block, n_block_max, seq_q, seq_kv, wg_tidx)
+            self._produce(
+                q_pipe, k_pipe, v_pipe, sQ, sK, sV, shape,
+                (q, q_sb, q_sh, q_ss), (k, k_sb, k_sh, k_ss), (v, v_sb, v_sh, v_ss), wg_tidx,
+            )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self._consume(
-                q_pipe, k_pipe, v_pipe, sQ, sK, sV, mO, lse, lse_sb, lse_sh, lse_ss,
-                m_block, n_block_max, seq_q, seq_kv, batch, head, wg - 1, wg_tidx, scale_log2,
+                q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, shape, (o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss),
+                wg - 1, wg_tidx, scale_log2,
             )  # fmt: skip
+
+    @cute.jit
+    def _tile(self, tile, shape):
+        """Tile index -> (query block, head, batch). Non-causal: query blocks of one head are
+        neighbours (they share K and V in L2). Causal: longest first, so the short tiles
+        fill the end of the schedule."""
+        heads_batch = shape.heads_q * shape.batch
+        m_block, hb = tile % shape.m_blocks, tile // shape.m_blocks
+        if cutlass.const_expr(self.causal):
+            m_block, hb = shape.m_blocks - 1 - tile // heads_batch, tile % heads_batch
+        return m_block, hb % shape.heads_q, hb // shape.heads_q
+
+    @cute.jit
+    def _key_blocks(self, m_block, shape):
+        """Key blocks a tile visits (causal: up to its last query row)."""
+        n_block_max = shape.n_blocks
+        if cutlass.const_expr(self.causal):
+            n_block_max = min(cute.ceil_div((m_block + 1) * self.tiles.block_m, self.tiles.block_n), shape.n_blocks)
+        return n_block_max
 
     # ---------------------------------------------------------------- producer
     @cute.jit
-    def _produce(self, q_pipe, k_pipe, v_pipe, mQ, mK, mV, sQ, sK, sV, m_block, n_block_max, seq_q, seq_kv, ptidx):
+    def _produce(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, shape, q_args, k_args, v_args, ptidx):
         t = self.tiles
         d = self.head_dim
         wg_m = t.block_m // t.consumers
         copy = self._row_copy().get_slice(ptidx)
         # (keys, d, stage) view of V's (d, keys, stage) buffer, for row copies
         sV_rows = cute.composition(sV, cute.make_layout((t.block_n, d, t.stages), stride=(d, 1, d * t.block_n)))
-        for c in cutlass.range_constexpr(t.consumers):
-            tile = m_block * t.consumers + c
-            gQ = cute.local_tile(mQ, (wg_m, d), (tile, 0))
-            cQ = cute.local_tile(cute.make_identity_tensor((seq_q, d)), (wg_m, d), (tile, 0))
-            self._copy_rows(
-                copy, copy.partition_S(gQ), copy.partition_D(sQ[None, None, c]), copy.partition_S(cQ), seq_q
-            )
-        cute.arch.cp_async_commit_group()  # Q is published as soon as it lands, below
-
-        gK = cute.local_tile(mK, (t.block_n, d), (None, 0))
-        gV = cute.local_tile(mV, (t.block_n, d), (None, 0))
-        cKV = cute.local_tile(cute.make_identity_tensor((seq_kv, d)), (t.block_n, d), (None, 0))
-        tKgK, tKsK = copy.partition_S(gK), copy.partition_D(sK)
-        tVgV, tVsV = copy.partition_S(gV), copy.partition_D(sV_rows)
+        tKsK, tVsV = copy.partition_D(sK), copy.partition_D(sV_rows)
+        cKV = cute.local_tile(cute.make_identity_tensor((shape.seq_kv, d)), (t.block_n, d), (None, 0))
         tKVcKV = copy.partition_S(cKV)
-        # Q, K_0 and V_0 load together; then two blocks in flight: block j is published once
-        # block j+1's copies are issued and block j's have landed
-        for step in range(0, n_block_max, 1):
-            n_block = n_block_max - 1 - step
-            stage = step % t.stages
-            empty_phase = (step // t.stages) % 2 ^ 1
-            k_pipe.sync_object_empty.wait(stage, empty_phase)
-            self._copy_rows(
-                copy, tKgK[None, None, None, n_block], tKsK[None, None, None, stage],
-                tKVcKV[None, None, None, n_block], seq_kv,
-            )  # fmt: skip
-            cute.arch.cp_async_commit_group()
-            v_pipe.sync_object_empty.wait(stage, empty_phase)
-            self._copy_rows(
-                copy, tVgV[None, None, None, n_block], tVsV[None, None, None, stage],
-                tKVcKV[None, None, None, n_block], seq_kv,
-            )  # fmt: skip
-            cute.arch.cp_async_commit_group()
-            if step == 0:
-                cute.arch.cp_async_wait_group(2)  # in flight: Q, K_0, V_0; Q has landed
-                self._publish_landed(q_pipe, 0)
-            else:
-                cute.arch.cp_async_wait_group(2)
-                previous = (step - 1) % t.stages
-                self._publish_landed(k_pipe, previous)
-                self._publish_landed(v_pipe, previous)
-        cute.arch.cp_async_wait_group(0)
-        last_stage = (n_block_max - 1) % t.stages
-        self._publish_landed(k_pipe, last_stage)
-        self._publish_landed(v_pipe, last_stage)
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        num_tiles = shape.m_blocks * shape.heads_q * shape.batch
+        loaded = cutlass.Int32(0)  # K/V blocks issued so far: the ring position
+        tile_count = cutlass.Int32(0)
+        for tile in range(bidx, num_tiles, grid):
+            m_block, head, batch = self._tile(tile, shape)
+            n_block_max = self._key_blocks(m_block, shape)
+            mQ = _rows_of(*q_args, shape.seq_q, batch, head, d)
+            mK = _rows_of(*k_args, shape.seq_kv, batch, head // shape.group, d)
+            mV = _rows_of(*v_args, shape.seq_kv, batch, head // shape.group, d)
+
+            q_pipe.sync_object_empty.wait(0, tile_count % 2 ^ 1)
+            for c in cutlass.range_constexpr(t.consumers):
+                row_tile = m_block * t.consumers + c
+                gQ = cute.local_tile(mQ, (wg_m, d), (row_tile, 0))
+                cQ = cute.local_tile(cute.make_identity_tensor((shape.seq_q, d)), (wg_m, d), (row_tile, 0))
+                self._copy_rows(
+                    copy, copy.partition_S(gQ), copy.partition_D(sQ[None, None, c]), copy.partition_S(cQ),
+                    shape.seq_q,
+                )  # fmt: skip
+            self._publish_when_landed(q_pipe, 0)
+
+            tKgK = copy.partition_S(cute.local_tile(mK, (t.block_n, d), (None, 0)))
+            tVgV = copy.partition_S(cute.local_tile(mV, (t.block_n, d), (None, 0)))
+            for step in range(0, n_block_max, 1):
+                n_block = n_block_max - 1 - step
+                stage, phase = (loaded + step) % t.stages, (loaded + step) // t.stages % 2
+                k_pipe.sync_object_empty.wait(stage, phase ^ 1)
+                self._copy_rows(
+                    copy, tKgK[None, None, None, n_block], tKsK[None, None, None, stage],
+                    tKVcKV[None, None, None, n_block], shape.seq_kv,
+                )  # fmt: skip
+                self._publish_when_landed(k_pipe, stage)
+                v_pipe.sync_object_empty.wait(stage, phase ^ 1)
+                self._copy_rows(
+                    copy, tVgV[None, None, None, n_block], tVsV[None, None, None, stage],
+                    tKVcKV[None, None, None, n_block], shape.seq_kv,
+                )  # fmt: skip
+                self._publish_when_landed(v_pipe, stage)
+            loaded += n_block_max
+            tile_count += 1
 
     @cute.jit
-    def _publish_landed(self, pipe, stage):
-        # shared memory written by this thread (cp.async and zero fills) is read next by WGMMA,
-        # i.e. through the async proxy: fence before the release
+    def _publish_when_landed(self, pipe, stage):
+        # the zero fills of rows past the end are plain stores: fence them towards the async
+        # proxy (WGMMA reads them) before the arrival, which fires once this thread's cp.asyncs
+        # landed
         cute.arch.fence_proxy("async.shared", space="cta")
         pipe.sync_object_full.arrive(stage, None)
 
@@ -298,10 +341,7 @@ class SdpaForwardWgmma:
 
     # ---------------------------------------------------------------- consumers
     @cute.jit
-    def _consume(
-        self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, mO, lse, lse_sb, lse_sh, lse_ss,
-        m_block, n_block_max, seq_q, seq_kv, batch, head, cw, wg_tidx, scale_log2,
-    ):  # fmt: skip
+    def _consume(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, shape, o_args, lse_args, cw, wg_tidx, scale_log2):
         t = self.tiles
         wg_m = t.block_m // t.consumers
         qk_mma, pv_mma = self._mmas()
@@ -312,13 +352,15 @@ class SdpaForwardWgmma:
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N, K, stage)
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
         acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((wg_m, self.head_dim)))
-        acc_O.fill(0.0)
         rows = _wgmma_rows(acc_O.layout)
         row_max = cute.make_rmem_tensor(rows, cutlass.Float32)
         row_sum = cute.make_rmem_tensor(rows, cutlass.Float32)
-        row_max.fill(-cutlass.Float32.inf)
-        row_sum.fill(0.0)
-        row_tile = m_block * t.consumers + cw
+        correction = cute.make_rmem_tensor(rows, cutlass.Float32)
+        s_shape = qk_thr.partition_shape_C((wg_m, t.block_n))
+        rP = cute.make_rmem_tensor(_c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
+        mask_steps = 1
+        if cutlass.const_expr(self.causal):
+            mask_steps = cute.ceil_div(t.block_m, t.block_n)
 
         # ping-pong: consumer c issues its GEMMs after the other one issued its own
         my_turn = pipeline.NamedBarrier(barrier_id=2 + cw, num_threads=256)
@@ -326,74 +368,97 @@ class SdpaForwardWgmma:
         if cw == 1:
             their_turn.arrive()  # consumer 0 goes first
 
-        s_shape = qk_thr.partition_shape_C((wg_m, t.block_n))
-        rP = cute.make_rmem_tensor(_c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
-        correction = cute.make_rmem_tensor(rows, cutlass.Float32)
-        mask_steps = 1
-        if cutlass.const_expr(self.causal):
-            mask_steps = cute.ceil_div(t.block_m, t.block_n)
-        q_pipe.sync_object_full.wait(0, 0)
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        num_tiles = shape.m_blocks * shape.heads_q * shape.batch
+        consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
+        tile_count = cutlass.Int32(0)
+        for tile in range(bidx, num_tiles, grid):
+            m_block, head, batch = self._tile(tile, shape)
+            n_block_max = self._key_blocks(m_block, shape)
+            row_tile = m_block * t.consumers + cw
+            acc_O.fill(0.0)
+            row_max.fill(-cutlass.Float32.inf)
+            row_sum.fill(0.0)
+            q_pipe.sync_object_full.wait(0, tile_count % 2)
 
-        # Software pipeline: step j issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} together, then
-        # runs softmax(S_j) while P V is still on the tensor cores.
-        acc_S = qk_thr.make_fragment_C(s_shape)
-        acc_S.fill(0.0)
-        k_pipe.sync_object_full.wait(0, 0)
-        my_turn.arrive_and_wait()
-        warpgroup.fence()
-        self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, 0)
-        warpgroup.commit_group()
-        their_turn.arrive()
-        warpgroup.wait_group(0)
-        k_pipe.sync_object_empty.arrive(0, None)
-        self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block_max - 1,
-                             seq_q, seq_kv, True)  # fmt: skip
-        cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
-
-        for step in range(1, n_block_max, 1):
-            n_block = n_block_max - 1 - step
-            stage, phase = step % t.stages, (step // t.stages) % 2
-            prev_stage, prev_phase = (step - 1) % t.stages, ((step - 1) // t.stages) % 2
+            # Software pipeline: step j issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} together,
+            # then runs softmax(S_j) while P V is still on the tensor cores.
             acc_S = qk_thr.make_fragment_C(s_shape)
             acc_S.fill(0.0)
+            stage, phase = consumed % t.stages, consumed // t.stages % 2
             k_pipe.sync_object_full.wait(stage, phase)
-            v_pipe.sync_object_full.wait(prev_stage, prev_phase)
+            _async_proxy_fence()
             my_turn.arrive_and_wait()
             warpgroup.fence()
             self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
             warpgroup.commit_group()
-            self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage)
-            warpgroup.commit_group()
             their_turn.arrive()
-            warpgroup.wait_group(1)  # S_j is ready; P V may still run
+            warpgroup.wait_group(0)
             k_pipe.sync_object_empty.arrive(stage, None)
-            if step < mask_steps:
-                self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block,
-                                     seq_q, seq_kv, True)  # fmt: skip
-            else:
-                self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block,
-                                     seq_q, seq_kv, False)  # fmt: skip
-            warpgroup.wait_group(0)  # O and P_{j-1} are free again
-            v_pipe.sync_object_empty.arrive(prev_stage, None)
-            o_mn = _wgmma_rows_by_cols(acc_O)
-            for r in cutlass.range_constexpr(cute.size(row_max)):
-                o_mn[r, None] = o_mn[r, None].load() * correction[r]
+            if cutlass.const_expr(t.o_buffer):
+                if n_block_max == 1:
+                    q_pipe.sync_object_empty.arrive(0, None)  # the tile's last read of Q
+            self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block_max - 1,
+                                 shape, True)  # fmt: skip
             cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
 
-        last_stage, last_phase = (n_block_max - 1) % t.stages, ((n_block_max - 1) // t.stages) % 2
-        v_pipe.sync_object_full.wait(last_stage, last_phase)
-        my_turn.arrive_and_wait()
-        warpgroup.fence()
-        self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
-        warpgroup.commit_group()
-        if cw == 0:  # consumer 1's last turn needs no successor: every arrive meets a wait
-            their_turn.arrive()
-        warpgroup.wait_group(0)
-        v_pipe.sync_object_empty.arrive(last_stage, None)
+            for step in range(1, n_block_max, 1):
+                n_block = n_block_max - 1 - step
+                stage, phase = (consumed + step) % t.stages, (consumed + step) // t.stages % 2
+                prev_stage, prev_phase = (consumed + step - 1) % t.stages, (consumed + step - 1) // t.stages % 2
+                acc_S = qk_thr.make_fragment_C(s_shape)
+                acc_S.fill(0.0)
+                k_pipe.sync_object_full.wait(stage, phase)
+                v_pipe.sync_object_full.wait(prev_stage, prev_phase)
+                _async_proxy_fence()
+                my_turn.arrive_and_wait()
+                warpgroup.fence()
+                self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
+                warpgroup.commit_group()
+                self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage)
+                warpgroup.commit_group()
+                their_turn.arrive()
+                warpgroup.wait_group(1)  # S_j is ready; P V may still run
+                k_pipe.sync_object_empty.arrive(stage, None)
+                if cutlass.const_expr(t.o_buffer):
+                    if step == n_block_max - 1:
+                        q_pipe.sync_object_empty.arrive(0, None)
+                if step < mask_steps:
+                    self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block,
+                                         shape, True)  # fmt: skip
+                else:
+                    self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block,
+                                         shape, False)  # fmt: skip
+                warpgroup.wait_group(0)  # O and P_{j-1} are free again
+                v_pipe.sync_object_empty.arrive(prev_stage, None)
+                o_mn = _wgmma_rows_by_cols(acc_O)
+                for r in cutlass.range_constexpr(cute.size(row_max)):
+                    o_mn[r, None] = o_mn[r, None].load() * correction[r]
+                cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
 
-        self._epilogue(pv_mma, acc_O, row_max, row_sum, sQ[None, None, cw], mO, lse, lse_sb, lse_sh, lse_ss,
-                       batch, head, row_tile, seq_q, scale_log2, cw, wg_tidx)  # fmt: skip
+            last = consumed + n_block_max - 1
+            last_stage, last_phase = last % t.stages, last // t.stages % 2
+            v_pipe.sync_object_full.wait(last_stage, last_phase)
+            _async_proxy_fence()
+            my_turn.arrive_and_wait()
+            warpgroup.fence()
+            self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
+            warpgroup.commit_group()
+            # every arrive meets a wait: consumer 1's very last turn has no successor
+            if cw == 0:
+                their_turn.arrive()
+            elif tile + grid < num_tiles:
+                their_turn.arrive()
+            warpgroup.wait_group(0)
+            v_pipe.sync_object_empty.arrive(last_stage, None)
 
+            self._epilogue(pv_mma, acc_O, row_max, row_sum, sO[None, None, cw], o_args, lse_args,
+                           batch, head, row_tile, shape.seq_q, scale_log2, cw, wg_tidx)  # fmt: skip
+            if cutlass.const_expr(not t.o_buffer):
+                q_pipe.sync_object_empty.arrive(0, None)  # O has left the Q buffer
+            consumed += n_block_max
+            tile_count += 1
     @cute.jit
     def _gemm_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage):
         for kk in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
@@ -406,7 +471,7 @@ class SdpaForwardWgmma:
 
     @cute.jit
     def _online_softmax(
-        self, qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block, seq_q, seq_kv,
+        self, qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block, shape,
         masked: cutlass.Constexpr,
     ):  # fmt: skip
         """S -> unnormalized probabilities in place; running max and sum updated; the factor
@@ -416,14 +481,14 @@ class SdpaForwardWgmma:
         s_mn = _wgmma_rows_by_cols(acc_S)
         if cutlass.const_expr(masked):
             cS = cute.local_tile(
-                cute.make_identity_tensor((seq_q, seq_kv)), (t.block_m // t.consumers, t.block_n), (row_tile, n_block)
+                cute.make_identity_tensor((shape.seq_q, shape.seq_kv)), (t.block_m // t.consumers, t.block_n), (row_tile, n_block)
             )
             c_mn = _wgmma_rows_by_cols(qk_thr.partition_C(cS))
         for r in cutlass.range_constexpr(cute.size(row_max)):
             if cutlass.const_expr(masked):
-                col_limit = seq_kv
+                col_limit = shape.seq_kv
                 if cutlass.const_expr(self.causal):
-                    col_limit = min(c_mn[r, 0][0] + 1, seq_kv)
+                    col_limit = min(c_mn[r, 0][0] + 1, shape.seq_kv)
                 for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
                     if c_mn[r, c][1] >= col_limit:
                         s_mn[r, c] = -cutlass.Float32.inf
@@ -442,14 +507,15 @@ class SdpaForwardWgmma:
 
     @cute.jit
     def _epilogue(
-        self, pv_mma, acc_O, row_max, row_sum, sO, mO, lse, lse_sb, lse_sh, lse_ss, batch, head,
-        row_tile, seq_q, scale_log2, cw, wg_tidx,
+        self, pv_mma, acc_O, row_max, row_sum, sO, o_args, lse_args, batch, head, row_tile, seq_q, scale_log2,
+        cw, wg_tidx,
     ):  # fmt: skip
-        """Normalize O, stage it through this warpgroup's Q buffer (its last S = Q Kᵀ is done)
-        and store whole 16-byte row pieces; write the LSE."""
+        """Normalize O, stage it through shared memory (its own buffer, or this warpgroup's Q
+        buffer, whose last S = Q Kᵀ is done) and store whole 16-byte row pieces; write the LSE."""
         t = self.tiles
         wg_m = t.block_m // t.consumers
         d = self.head_dim
+        mO = _rows_of(*o_args, seq_q, batch, head, d)
         o_mn = _wgmma_rows_by_cols(acc_O)
         for r in cutlass.range_constexpr(cute.size(row_sum)):
             total = quad_sum(row_sum[r])
@@ -475,11 +541,18 @@ class SdpaForwardWgmma:
 
         if cutlass.const_expr(self.has_lse):
             c_mn = _wgmma_rows_by_cols(pv_mma.get_slice(wg_tidx).partition_C(cO))
+            lse, lse_sb, lse_sh, lse_ss = lse_args
             mLSE = cute.make_tensor(lse + (batch * lse_sb + head * lse_sh), cute.make_layout(seq_q, stride=lse_ss))
             for r in cutlass.range_constexpr(cute.size(row_sum)):
                 row = c_mn[r, 0][0]
                 if wg_tidx % 4 == 0 and row < seq_q:
                     mLSE[row] = (row_max[r] * scale_log2 + cute.math.log2(row_sum[r])) * LN_2
+
+
+def _async_proxy_fence():
+    """The consumer's side of a stage hand-over: cp.async wrote the stage through the generic
+    proxy, WGMMA reads it through the async proxy."""
+    cute.arch.fence_proxy("async.shared", space="cta")
 
 
 def _wgmma_rows(acc_layout) -> int:
@@ -504,6 +577,19 @@ def _c_to_a_layout(c):
         ((c.shape[0][0], c.shape[0][1], 2), c.shape[1], c.shape[0][2] // 2),
         stride=((c.stride[0][0], c.stride[0][1], c.stride[0][2]), c.stride[1], c.stride[0][2] * 2),
     )
+
+
+@dataclass(frozen=True)
+class TileSpace:
+    """The problem's extents in tiles and rows, as the kernel loops over them."""
+
+    m_blocks: cutlass.Int32  # query blocks per (batch, head)
+    heads_q: cutlass.Int32
+    batch: cutlass.Int32
+    seq_q: cutlass.Int32
+    seq_kv: cutlass.Int32
+    group: cutlass.Int32  # query heads per K/V head
+    n_blocks: cutlass.Int32  # key blocks per (batch, head)
 
 
 def _rows_of(base, sb, sh, ss, rows, batch, h, d: int):
