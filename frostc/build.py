@@ -1,6 +1,7 @@
 """The pipeline, stage by stage:
 
-    description --validate--> graph --resolve--> resolved plan --compile--> kernels --assemble--> plan file
+    description --validate--> graph --resolve--> resolved plan --compile--> kernels + tensor maps
+        --assemble--> plan file
 
 Each stage is a module of its own; this one only runs them in order, reports progress and,
 with `dump_dir`, writes each stage's text form so every stage can be read and tested alone.
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from frost_runtime import schema
 
-from frostc.compile import compile_kernels
+from frostc.compile import compile_kernels, encode_tensor_maps
 from frostc.description import Description, to_toml
 from frostc.planfile import assemble
 from frostc.resolve import KernelVariant, resolve
@@ -32,7 +33,8 @@ def build(desc: Description, progress: Progress | None = None, dump_dir: str | P
         on_start=lambda v: report("start", v),
         on_done=lambda v: report("done", v),
     )
-    plan = assemble(resolved, kernels, desc.to_dict())
+    tensor_maps = [encode_tensor_maps(launch.variant, launch.shape) for launch in resolved.launches]
+    plan = assemble(resolved, kernels, tensor_maps, desc.to_dict())
     data = schema.encode_plan(plan)
     if dump_dir is not None:
         _dump(Path(dump_dir), desc, graph, resolved, kernels)

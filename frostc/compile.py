@@ -1,8 +1,14 @@
-"""Stage 4: compile each kernel variant with the CuTe DSL for sm_90a, on a machine without a GPU.
+"""Stage 4: compile each kernel variant with the CuTe DSL for sm_90a, on a machine without a GPU,
+and encode each launch's TMA tensor maps.
 
 Nothing real is needed: pointers and scalars are stand-ins whose types (and alignment) are all
 the DSL uses. The parameter ABI the runtime will pack is checked against the PTX entry's own
 signature, so a kernel edit that changes its parameters fails here, not on the GPU.
+
+Tensor maps: the DSL's host code encodes a TMA descriptor itself (no driver call), so it runs
+here, on the CPU, for each launch's extents and strides. Only the global address differs from
+call to call; the runtime writes it into the map's first 8 bytes, which is checked here by
+encoding every map at two addresses.
 """
 
 import importlib.metadata
@@ -11,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from frostc.errors import FrostcError
-from frostc.resolve import KernelVariant
+from frostc.resolve import KernelVariant, LaunchShape
 
 MIN_DRIVER = 13000  # CUDA 13.0: the oldest driver these cubins were run on
 
@@ -55,6 +61,12 @@ def compile_kernels(
     return out
 
 
+def _dsl_dtype(name: str):
+    import cutlass
+
+    return {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[name]
+
+
 def _compile_sdpa(variant: KernelVariant) -> CompiledKernel:
     import cutlass
     import cutlass.cute as cute
@@ -63,7 +75,7 @@ def _compile_sdpa(variant: KernelVariant) -> CompiledKernel:
 
     from frostc.kernels.sdpa_common import param_list
 
-    dtype = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[variant.dtype]
+    dtype = _dsl_dtype(variant.dtype)
     kernel = variant.module.Kernel(dtype, variant.head_dim, variant.causal, variant.has_lse)
 
     def pointer(elem, align: int):
@@ -104,7 +116,14 @@ def _compile_sdpa(variant: KernelVariant) -> CompiledKernel:
     )
 
 
-_PTX_KIND = {"ptr": r"\.u64 \.ptr", "i32": r"\.u32", "i64": r"\.u64(?! \.ptr)", "f32": r"\.f32"}
+_PTX_KIND = {
+    "ptr": r"\.u64 \.ptr",
+    "i32": r"\.u32",
+    "i64": r"\.u64(?! \.ptr)",
+    "f32": r"\.f32",
+    "tmap": r"\.align 64 \.b8 \S+\[128\]",
+    "i32x3": r"\.align 4 \.b8 \S+\[12\]",
+}
 
 
 def check_abi(name: str, ptx: str, entry: str, params: tuple[tuple[str, str], ...]) -> None:
@@ -116,5 +135,76 @@ def check_abi(name: str, ptx: str, entry: str, params: tuple[tuple[str, str], ..
     if len(declared) != len(params):
         raise CompileError(f"{name}: the PTX entry has {len(declared)} parameters, the ABI lists {len(params)}")
     for i, ((pname, kind), text) in enumerate(zip(params, declared)):
-        if not re.match(rf"\.param {_PTX_KIND[kind]}\b", text):
+        if not re.match(rf"\.param {_PTX_KIND[kind]}(?!\w)", text):
             raise CompileError(f"{name}: parameter {i} ({pname}) is declared {kind} but the PTX has {text!r}")
+
+
+# ------------------------------------------------------------------------------ tensor maps
+
+TMAP_BYTES = 128
+_encoders: dict[KernelVariant, Callable] = {}
+
+
+def encode_tensor_maps(variant: KernelVariant, shape: LaunchShape) -> dict[str, bytes]:
+    """The 128-byte tensor maps of Q, K and V for one launch, global address zero (patched per
+    call by the runtime), keyed by parameter name (`q.tmap`, ...)."""
+    first = _encode(variant, shape, base=0x10000)
+    second = _encode(variant, shape, base=0x7F00_0000_0000)
+    maps = {}
+    for i, name in enumerate(("q", "k", "v")):
+        a, b = (blob[i * TMAP_BYTES : (i + 1) * TMAP_BYTES] for blob in (first, second))
+        addr_a, addr_b = (int.from_bytes(x[:8], "little") for x in (a, b))
+        base_a, base_b = (0x10000 + i * 0x1000, 0x7F00_0000_0000 + i * 0x1000)
+        if a[8:] != b[8:] or (addr_a, addr_b) != (base_a, base_b):
+            raise CompileError(
+                f"{variant.name}: the DSL's tensor map for {name} does not hold its global address in "
+                "bytes 0..7; the runtime could not patch it (a DSL upgrade changed the encoding?)"
+            )
+        maps[f"{name}.tmap"] = bytes(8) + a[8:]
+    return maps
+
+
+def _encode(variant: KernelVariant, shape: LaunchShape, base: int) -> bytes:
+    import ctypes
+
+    import cutlass
+    from cutlass.cute.runtime import make_ptr
+    from cutlass.cute.typing import AddressSpace
+
+    encoder = _encoders.get(variant) or _compile_encoder(variant)
+    _encoders[variant] = encoder
+    raw = (ctypes.c_uint8 * (3 * TMAP_BYTES + 64))()
+    out_addr = (ctypes.addressof(raw) + 63) // 64 * 64
+    dtype = _dsl_dtype(variant.dtype)
+    pointers = [make_ptr(dtype, base + i * 0x1000, AddressSpace.gmem, assumed_align=16) for i in range(3)]
+    out = make_ptr(cutlass.Uint8, out_addr, AddressSpace.gmem, assumed_align=64)
+    strides = tuple(cutlass.Int64(x) for triple in shape.strides for x in triple)
+    i32 = cutlass.Int32
+    try:
+        encoder(
+            *pointers, out, i32(shape.batch), i32(shape.heads_q), i32(shape.seq_q), i32(shape.seq_kv),
+            i32(shape.group), strides,
+        )  # fmt: skip
+    except Exception as exc:
+        raise CompileError(f"{variant.name}: encoding the tensor maps failed: {exc}") from exc
+    return bytes((ctypes.c_uint8 * (3 * TMAP_BYTES)).from_address(out_addr))
+
+
+def _compile_encoder(variant: KernelVariant):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+    from cutlass.cute.typing import AddressSpace
+
+    dtype = _dsl_dtype(variant.dtype)
+    kernel = variant.module.Kernel(dtype, variant.head_dim, variant.causal, variant.has_lse)
+    i32, i64 = cutlass.Int32, cutlass.Int64
+    fake = [make_ptr(dtype, 0x10000, AddressSpace.gmem, assumed_align=16) for _ in range(3)]
+    out = make_ptr(cutlass.Uint8, 0x10000, AddressSpace.gmem, assumed_align=64)
+    try:
+        return cute.compile(
+            kernel.encode_tensor_maps, *fake, out, i32(1), i32(1), i32(1), i32(1), i32(1),
+            tuple(i64(8) for _ in range(15)),
+        )  # fmt: skip
+    except Exception as exc:
+        raise CompileError(f"compiling the tensor-map encoder of {variant.name} failed: {exc}") from exc

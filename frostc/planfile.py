@@ -12,10 +12,16 @@ from frost_runtime import schema
 
 import frostc
 from frostc.compile import MIN_DRIVER, CompiledKernel, dsl_version
-from frostc.resolve import KernelVariant, ResolvedPlan
+from frostc.resolve import Arg, KernelVariant, ResolvedPlan
 
 
-def assemble(plan: ResolvedPlan, kernels: dict[KernelVariant, CompiledKernel], description: dict) -> schema.PlanData:
+def assemble(
+    plan: ResolvedPlan,
+    kernels: dict[KernelVariant, CompiledKernel],
+    tensor_maps: list[dict[str, bytes]],
+    description: dict,
+) -> schema.PlanData:
+    """`tensor_maps[i]`: launch i's tensor maps by parameter name (compile.encode_tensor_maps)."""
     variants = plan.variants
     index = {v: i for i, v in enumerate(variants)}
     header = schema.Header(
@@ -36,12 +42,20 @@ def assemble(plan: ResolvedPlan, kernels: dict[KernelVariant, CompiledKernel], d
             schema.Launch(
                 kernel=index[launch.variant],
                 grid=launch.grid,
-                args=tuple(schema.Arg(slot=a.slot) if a.slot >= 0 else schema.Arg(value=a.value) for a in launch.args),
+                args=tuple(_arg(a, maps) for a in launch.args),
             )
-            for launch in plan.launches
+            for launch, maps in zip(plan.launches, tensor_maps, strict=True)
         ),
         workspace_bytes=plan.workspace_bytes,
     )
+
+
+def _arg(a: Arg, maps: dict[str, bytes]) -> schema.Arg:
+    if a.kind == "tmap":
+        return schema.Arg(slot=a.slot, tmap=maps[a.param])
+    if a.slot >= 0:
+        return schema.Arg(slot=a.slot)
+    return schema.Arg(value=a.value)
 
 
 def _kernel(k: CompiledKernel) -> schema.Kernel:
@@ -55,6 +69,7 @@ def _kernel(k: CompiledKernel) -> schema.Kernel:
         smem_bytes=k.smem_bytes,
         grid_rule=k.grid_rule,
         tiles=k.tiles,
+        ctas_per_sm=k.tiles.get("ctas_per_sm", 0),
     )
 
 

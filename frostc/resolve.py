@@ -17,7 +17,7 @@ from frostc.validate import Graph, Sdpa, Tensor
 ROW_ALIGN_ELEMS = 8  # 16-byte cp.async rows of 2-byte elements
 # The kernel file each head dim gets (frostc/kernels/sdpa_fwd_<family>.py); bench/NOTES.md
 # records the measurements that chose it.
-KERNEL_FOR_HEAD_DIM = {64: "wgmma", 128: "wgmma"}
+KERNEL_FOR_HEAD_DIM = {64: "wgmma", 128: "wgmma", 256: "wgmma"}
 GRID_YZ_MAX = 65535
 INT32_MAX = (1 << 31) - 1
 
@@ -62,20 +62,34 @@ class KernelVariant:
 
     @property
     def grid_rule(self) -> str:
-        return f"(ceil(seq_q / {self.tiles.block_m}), heads_q, batch)"
+        tiles = f"ceil(seq_q / {self.tiles.block_m}) * heads_q * batch"
+        return f"(min({tiles}, SMs * {self.tiles.ctas_per_sm}), 1, 1), persistent over the tiles"
 
     def grid(self, batch: int, heads_q: int, seq_q: int) -> tuple[int, int, int]:
-        return (-(-seq_q // self.tiles.block_m), heads_q, batch)
+        """Tiles; the runtime caps the CTAs at the device's SM count (ctas_per_sm)."""
+        return (-(-seq_q // self.tiles.block_m) * heads_q * batch, 1, 1)
 
 
 @dataclass(frozen=True)
 class Arg:
-    """One kernel parameter's value: a slot's base pointer (slot >= 0) or a constant."""
+    """One kernel parameter's value: a slot's base pointer or tensor map (slot >= 0) or a constant."""
 
     param: str
     kind: str
     slot: int = -1
-    value: int | float = 0
+    value: int | float | tuple[int, ...] = 0
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """The extents and element strides a launch's tensor maps are encoded from."""
+
+    batch: int
+    heads_q: int
+    seq_q: int
+    seq_kv: int
+    group: int
+    strides: tuple[tuple[int, int, int], ...]  # (b, h, s) of q, k, v, o, lse (zeros for no LSE)
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,7 @@ class ResolvedLaunch:
     variant: KernelVariant
     grid: tuple[int, int, int]
     args: tuple[Arg, ...]
+    shape: LaunchShape
 
 
 @dataclass(frozen=True)
@@ -207,24 +222,39 @@ def _sdpa_launch(node: Sdpa, slots: dict[str, Slot]) -> ResolvedLaunch:
     family = KERNEL_FOR_HEAD_DIM[node.head_dim]
     variant = KernelVariant(family, slots[node.q].dtype, node.head_dim, node.causal, node.lse is not None)
     tensors = {"q": node.q, "k": node.k, "v": node.v, "o": node.o, "lse": node.lse}
-    values: dict[str, int | float] = {
+    heads_kv = node.heads_kv
+    values: dict[str, int | float | tuple[int, ...]] = {
         "batch": node.batch,
         "heads_q": node.heads_q,
         "seq_q": node.seq_q,
         "seq_kv": node.seq_kv,
         "group": node.heads_q // node.heads_kv,
         "scale_log2": node.attn_scale * LOG2_E,
+        "q.extents": (node.seq_q, node.heads_q, node.batch),
+        "k.extents": (node.seq_kv, heads_kv, node.batch),
+        "v.extents": (node.seq_kv, heads_kv, node.batch),
     }
+    strides = {}
     for role, name in tensors.items():
-        strides = slots[name].strides[:3] if name is not None else (0, 0, 0)
-        values |= {f"{role}.stride_b": strides[0], f"{role}.stride_h": strides[1], f"{role}.stride_s": strides[2]}
+        strides[role] = _tma_strides(slots[name]) if name is not None else (0, 0, 0)
+        values |= dict(zip((f"{role}.{s}" for s in ("stride_b", "stride_h", "stride_s")), strides[role]))
     args = []
     for param, kind in param_list():
-        if kind == "ptr":
-            name = tensors[param]
+        if kind in ("ptr", "tmap"):
+            name = tensors[param.split(".")[0]]
             # an absent LSE: the variant never touches its pointer, so a null constant is bound
             args.append(Arg(param, kind, slot=slots[name].index) if name is not None else Arg(param, kind, value=0))
         else:
             args.append(Arg(param, kind, value=values[param]))
+    shape = LaunchShape(
+        node.batch, node.heads_q, node.seq_q, node.seq_kv, node.heads_q // node.heads_kv,
+        tuple(strides[role] for role in tensors),
+    )  # fmt: skip
     grid = variant.grid(node.batch, node.heads_q, node.seq_q)
-    return ResolvedLaunch(node.name, variant, grid, tuple(args))
+    return ResolvedLaunch(node.name, variant, grid, tuple(args), shape)
+
+
+def _tma_strides(slot: Slot) -> tuple[int, int, int]:
+    """(b, h, s) element strides; a dim of extent 1 is never stepped over, so its stride (which
+    the description may leave at any value) becomes one TMA accepts (16 bytes)."""
+    return tuple(st if extent > 1 else ROW_ALIGN_ELEMS for extent, st in zip(slot.dims[:3], slot.strides[:3]))

@@ -9,19 +9,25 @@ import cutlass.cute as cute
 LOG2_E = 1.4426950408889634
 LN_2 = 0.6931471805599453
 
-TENSORS = ("q", "k", "v", "o", "lse")
+LOADED = ("q", "k", "v")  # read through TMA tensor maps
+STORED = ("o", "lse")  # written through plain pointers
 STRIDE_NAMES = ("stride_b", "stride_h", "stride_s")
 
 
 def param_list() -> list[tuple[str, str]]:
-    """The kernels' parameter ABI, in order: `tensor.stride_x` are element strides.
+    """The kernels' parameter ABI, in order.
 
-    The LSE pointer and strides are always present (zero when the variant writes no LSE), so
-    every variant shares one ABI.
+    `x.tmap` is the TMA tensor map of slot x (its address is patched per call); `x.extents` are
+    the dynamic extents (rows, heads, batch) of its coordinate tensor; `x.stride_*` are element
+    strides. The LSE pointer and strides are always present (zero when the variant writes no
+    LSE), so every variant shares one ABI.
     """
-    params: list[tuple[str, str]] = [(name, "ptr") for name in TENSORS]
+    params: list[tuple[str, str]] = []
+    for name in LOADED:
+        params += [(f"{name}.tmap", "tmap"), (f"{name}.extents", "i32x3")]
+    params += [(name, "ptr") for name in STORED]
     params += [("batch", "i32"), ("heads_q", "i32"), ("seq_q", "i32"), ("seq_kv", "i32"), ("group", "i32")]
-    for name in TENSORS:
+    for name in STORED:
         params += [(f"{name}.{s}", "i64") for s in STRIDE_NAMES]
     params.append(("scale_log2", "f32"))
     return params

@@ -101,11 +101,43 @@ class SdpaForwardWgmma:
     def __call__(self, q, k, v, o, lse, batch, heads_q, seq_q, seq_kv, group, strides: tuple, scale_log2, stream):
         self.shared_storage = self._shared_storage()
         self.smem_bytes = self.shared_storage.size_in_bytes()
+        (q_tma, mQ), (k_tma, mK), (v_tma, mV) = self.tma_loads(q, k, v, batch, heads_q, seq_q, seq_kv, group, strides)
         # the runtime caps this at the device's SM count; every tile is visited with any grid
         grid = (cute.ceil_div(seq_q, self.tiles.block_m) * heads_q * batch, 1, 1)
-        self.kernel(q, k, v, o, lse, batch, heads_q, seq_q, seq_kv, group, *strides, scale_log2).launch(
+        self.kernel(
+            q_tma, mQ, k_tma, mK, v_tma, mV, o, lse, batch, heads_q, seq_q, seq_kv, group, *strides[9:], scale_log2
+        ).launch(
             grid=grid, block=[self.tiles.num_threads, 1, 1], smem=self.smem_bytes, stream=stream, min_blocks_per_mp=1
         )
+
+    @cute.jit
+    def tma_loads(self, q, k, v, batch, heads_q, seq_q, seq_kv, group, strides: tuple):
+        """TMA atoms (their tensor maps are kernel parameters) and coordinate tensors for Q, K
+        and V as 4-d tensors (rows, d, heads, batch); V is viewed (d, rows, ...) to match its
+        d-major shared-memory tile. The build also runs this on the CPU to write each launch's
+        tensor maps into the plan."""
+        t = self.tiles
+        d = self.head_dim
+        wg_m = t.block_m // t.consumers
+        q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss = (cute.assume(x, divby=8) for x in strides[:9])
+        heads_kv = heads_q // group
+        sQ, sK, sV = self._smem_layouts()
+        op = cpasync.CopyBulkTensorTileG2SOp()
+        gQ = cute.make_tensor(q, cute.make_layout((seq_q, d, heads_q, batch), stride=(q_ss, 1, q_sh, q_sb)))
+        gK = cute.make_tensor(k, cute.make_layout((seq_kv, d, heads_kv, batch), stride=(k_ss, 1, k_sh, k_sb)))
+        gV = cute.make_tensor(v, cute.make_layout((d, seq_kv, heads_kv, batch), stride=(1, v_ss, v_sh, v_sb)))
+        q_info = cpasync.make_tiled_tma_atom(op, gQ, cute.select(sQ, mode=[0, 1]), (wg_m, d))
+        k_info = cpasync.make_tiled_tma_atom(op, gK, cute.select(sK, mode=[0, 1]), (t.block_n, d))
+        v_info = cpasync.make_tiled_tma_atom(op, gV, cute.select(sV, mode=[0, 1]), (d, t.block_n))
+        return (q_info[0], q_info[1]), (k_info[0], k_info[1]), (v_info[0], v_info[1])
+
+    @cute.jit
+    def encode_tensor_maps(self, q, k, v, out, batch, heads_q, seq_q, seq_kv, group, strides: tuple):
+        """Host only, at build time: write the Q, K and V tensor maps (128 bytes each) to `out`."""
+        (q_tma, _), (k_tma, _), (v_tma, _) = self.tma_loads(q, k, v, batch, heads_q, seq_q, seq_kv, group, strides)
+        cpasync.copy_tensormap(q_tma, out)
+        cpasync.copy_tensormap(k_tma, out + 128)
+        cpasync.copy_tensormap(v_tma, out + 256)
 
     def _shared_storage(self):
         t = self.tiles
@@ -157,32 +189,39 @@ class SdpaForwardWgmma:
         return sQ, sK, sV
 
     def _pipelines(self, storage):
-        """Q: one stage; K and V: `stages` each. Producers: the 128 producer threads; consumers:
-        the 256 consumer threads."""
+        """Q: one stage; K and V: `stages` each. "full" is armed by the producer thread with the
+        stage's byte count and completed by TMA; "empty" takes the 256 consumer threads."""
         t = self.tiles
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 128)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * t.consumers)
+        elem = self.dtype.width // 8
 
-        def make(bars, stages):
-            # "full" completes through cp.async.mbarrier.arrive.noinc: each producer thread's
-            # arrival fires once its own copies landed, so the producer never waits for them
-            return pipeline.PipelineCpAsync.create(
+        def make(bars, stages, rows):
+            return pipeline.PipelineTmaAsync.create(
                 barrier_storage=bars.data_ptr(),
                 num_stages=stages,
                 producer_group=producer,
                 consumer_group=consumers,
+                tx_count=rows * self.head_dim * elem,
                 defer_sync=True,
             )
 
-        return make(storage.q_bars, 1), make(storage.k_bars, t.stages), make(storage.v_bars, t.stages)
+        return (
+            make(storage.q_bars, 1, t.block_m),
+            make(storage.k_bars, t.stages, t.block_n),
+            make(storage.v_bars, t.stages, t.block_n),
+        )
 
     # ---------------------------------------------------------------- device side
     @cute.kernel
     def kernel(
         self,
-        q: cute.Pointer,
-        k: cute.Pointer,
-        v: cute.Pointer,
+        q_tma: cute.CopyAtom,
+        mQ: cute.Tensor,
+        k_tma: cute.CopyAtom,
+        mK: cute.Tensor,
+        v_tma: cute.CopyAtom,
+        mV: cute.Tensor,
         o: cute.Pointer,
         lse: cute.Pointer,
         batch: cutlass.Int32,
@@ -190,15 +229,6 @@ class SdpaForwardWgmma:
         seq_q: cutlass.Int32,
         seq_kv: cutlass.Int32,
         group: cutlass.Int32,
-        q_sb: cutlass.Int64,
-        q_sh: cutlass.Int64,
-        q_ss: cutlass.Int64,
-        k_sb: cutlass.Int64,
-        k_sh: cutlass.Int64,
-        k_ss: cutlass.Int64,
-        v_sb: cutlass.Int64,
-        v_sh: cutlass.Int64,
-        v_ss: cutlass.Int64,
         o_sb: cutlass.Int64,
         o_sh: cutlass.Int64,
         o_ss: cutlass.Int64,
@@ -229,10 +259,8 @@ class SdpaForwardWgmma:
         )  # fmt: skip
         if wg == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
-            self._produce(
-                q_pipe, k_pipe, v_pipe, sQ, sK, sV, shape,
-                (q, q_sb, q_sh, q_ss), (k, k_sb, k_sh, k_ss), (v, v_sb, v_sh, v_ss), wg_tidx,
-            )  # fmt: skip
+            if wg_tidx == 0:  # one thread issues every TMA load
+                self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, shape, (q_tma, mQ), (k_tma, mK), (v_tma, mV))
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self._consume(
@@ -261,16 +289,12 @@ class SdpaForwardWgmma:
 
     # ---------------------------------------------------------------- producer
     @cute.jit
-    def _produce(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, shape, q_args, k_args, v_args, ptidx):
+    def _produce(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, shape, q_load, k_load, v_load):
         t = self.tiles
         d = self.head_dim
         wg_m = t.block_m // t.consumers
-        copy = self._row_copy().get_slice(ptidx)
-        # (keys, d, stage) view of V's (d, keys, stage) buffer, for row copies
-        sV_rows = cute.composition(sV, cute.make_layout((t.block_n, d, t.stages), stride=(d, 1, d * t.block_n)))
-        tKsK, tVsV = copy.partition_D(sK), copy.partition_D(sV_rows)
-        cKV = cute.local_tile(cute.make_identity_tensor((shape.seq_kv, d)), (t.block_n, d), (None, 0))
-        tKVcKV = copy.partition_S(cKV)
+        (q_tma, mQ), (k_tma, mK), (v_tma, mV) = q_load, k_load, v_load
+        one = cute.make_layout(1)
         bidx, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
         num_tiles = shape.m_blocks * shape.heads_q * shape.batch
@@ -278,68 +302,48 @@ class SdpaForwardWgmma:
         tile_count = cutlass.Int32(0)
         for tile in range(bidx, num_tiles, grid):
             m_block, head, batch = self._tile(tile, shape)
+            head_kv = head // shape.group
             n_block_max = self._key_blocks(m_block, shape)
-            mQ = _rows_of(*q_args, shape.seq_q, batch, head, d)
-            mK = _rows_of(*k_args, shape.seq_kv, batch, head // shape.group, d)
-            mV = _rows_of(*v_args, shape.seq_kv, batch, head // shape.group, d)
+            # rows past the end of a sequence arrive as zeros (TMA's out-of-bounds fill)
+            gK = cute.local_tile(mK[None, None, head_kv, batch], (t.block_n, d), (None, 0))  # (n, d, blocks)
+            gV = cute.local_tile(mV[None, None, head_kv, batch], (d, t.block_n), (0, None))  # (d, n, blocks)
+            tKsK, tKgK = cpasync.tma_partition(k_tma, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(v_tma, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
             q_pipe.sync_object_empty.wait(0, tile_count % 2 ^ 1)
+            q_pipe.sync_object_full.arrive(0, None)  # expects both halves' bytes
             for c in cutlass.range_constexpr(t.consumers):
-                row_tile = m_block * t.consumers + c
-                gQ = cute.local_tile(mQ, (wg_m, d), (row_tile, 0))
-                cQ = cute.local_tile(cute.make_identity_tensor((shape.seq_q, d)), (wg_m, d), (row_tile, 0))
-                self._copy_rows(
-                    copy, copy.partition_S(gQ), copy.partition_D(sQ[None, None, c]), copy.partition_S(cQ),
-                    shape.seq_q,
-                )  # fmt: skip
-            self._publish_when_landed(q_pipe, 0)
+                gQ = cute.local_tile(mQ[None, None, head, batch], (wg_m, d), (m_block * t.consumers + c, 0))
+                tQsQ, tQgQ = cpasync.tma_partition(
+                    q_tma, 0, one, cute.group_modes(sQ[None, None, c], 0, 2), cute.group_modes(gQ, 0, 2)
+                )
+                cute.copy(q_tma, tQgQ, tQsQ, tma_bar_ptr=q_pipe.sync_object_full.get_barrier(0))
 
-            tKgK = copy.partition_S(cute.local_tile(mK, (t.block_n, d), (None, 0)))
-            tVgV = copy.partition_S(cute.local_tile(mV, (t.block_n, d), (None, 0)))
             for step in range(0, n_block_max, 1):
                 n_block = n_block_max - 1 - step
                 stage, phase = (loaded + step) % t.stages, (loaded + step) // t.stages % 2
                 k_pipe.sync_object_empty.wait(stage, phase ^ 1)
-                self._copy_rows(
-                    copy, tKgK[None, None, None, n_block], tKsK[None, None, None, stage],
-                    tKVcKV[None, None, None, n_block], shape.seq_kv,
-                )  # fmt: skip
-                self._publish_when_landed(k_pipe, stage)
+                k_pipe.sync_object_full.arrive(stage, None)
+                cute.copy(
+                    k_tma, tKgK[None, n_block], tKsK[None, stage], tma_bar_ptr=k_pipe.sync_object_full.get_barrier(stage)
+                )
                 v_pipe.sync_object_empty.wait(stage, phase ^ 1)
-                self._copy_rows(
-                    copy, tVgV[None, None, None, n_block], tVsV[None, None, None, stage],
-                    tKVcKV[None, None, None, n_block], shape.seq_kv,
-                )  # fmt: skip
-                self._publish_when_landed(v_pipe, stage)
+                v_pipe.sync_object_full.arrive(stage, None)
+                cute.copy(
+                    v_tma, tVgV[None, n_block], tVsV[None, stage], tma_bar_ptr=v_pipe.sync_object_full.get_barrier(stage)
+                )
             loaded += n_block_max
             tile_count += 1
 
-    @cute.jit
-    def _publish_when_landed(self, pipe, stage):
-        # the zero fills of rows past the end are plain stores: fence them towards the async
-        # proxy (WGMMA reads them) before the arrival, which fires once this thread's cp.asyncs
-        # landed
-        cute.arch.fence_proxy("async.shared", space="cta")
-        pipe.sync_object_full.arrive(stage, None)
-
-    def _row_copy(self, op=None):
-        """16-byte pieces along d (cp.async by default), 128 threads spread over rows."""
+    # ---------------------------------------------------------------- consumers
+    def _row_copy(self):
+        """16-byte pieces along d, 128 threads spread over rows (the O store)."""
         elems = 128 // self.dtype.width
         per_row = self.head_dim // elems
-        op = op if op is not None else cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
-        atom = cute.make_copy_atom(op, self.dtype, num_bits_per_copy=128)
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         layout = cute.make_layout((128 // per_row, per_row), stride=(per_row, 1))
         return cute.make_tiled_copy_tv(atom, layout, cute.make_layout((1, elems)))
 
-    @cute.jit
-    def _copy_rows(self, copy, src, dst, coords, rows: cutlass.Int32):
-        for m in cutlass.range_constexpr(cute.size(dst.shape[1])):
-            if coords[0, m, 0][0] < rows:
-                cute.copy(copy, src[None, m, None], dst[None, m, None])
-            else:
-                dst[None, m, None].fill(0)
-
-    # ---------------------------------------------------------------- consumers
     @cute.jit
     def _consume(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, shape, o_args, lse_args, cw, wg_tidx, scale_log2):
         t = self.tiles
@@ -388,7 +392,6 @@ class SdpaForwardWgmma:
             acc_S.fill(0.0)
             stage, phase = consumed % t.stages, consumed // t.stages % 2
             k_pipe.sync_object_full.wait(stage, phase)
-            _async_proxy_fence()
             my_turn.arrive_and_wait()
             warpgroup.fence()
             self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
@@ -411,7 +414,6 @@ class SdpaForwardWgmma:
                 acc_S.fill(0.0)
                 k_pipe.sync_object_full.wait(stage, phase)
                 v_pipe.sync_object_full.wait(prev_stage, prev_phase)
-                _async_proxy_fence()
                 my_turn.arrive_and_wait()
                 warpgroup.fence()
                 self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
@@ -440,7 +442,6 @@ class SdpaForwardWgmma:
             last = consumed + n_block_max - 1
             last_stage, last_phase = last % t.stages, last // t.stages % 2
             v_pipe.sync_object_full.wait(last_stage, last_phase)
-            _async_proxy_fence()
             my_turn.arrive_and_wait()
             warpgroup.fence()
             self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
@@ -529,7 +530,7 @@ class SdpaForwardWgmma:
         cute.copy(r2s, r2s_thr.retile(rO), r2s_thr.partition_D(sO))
         pipeline.NamedBarrier(barrier_id=4 + cw, num_threads=128).arrive_and_wait()
 
-        s2g = self._row_copy(cute.nvgpu.CopyUniversalOp()).get_slice(wg_tidx)
+        s2g = self._row_copy().get_slice(wg_tidx)
         gO = cute.local_tile(mO, (wg_m, d), (row_tile, 0))
         cO = cute.local_tile(cute.make_identity_tensor((seq_q, d)), (wg_m, d), (row_tile, 0))
         tOsO, tOgO, tOcO = s2g.partition_S(sO), s2g.partition_D(gO), s2g.partition_D(cO)
@@ -547,12 +548,6 @@ class SdpaForwardWgmma:
                 row = c_mn[r, 0][0]
                 if wg_tidx % 4 == 0 and row < seq_q:
                     mLSE[row] = (row_max[r] * scale_log2 + cute.math.log2(row_sum[r])) * LN_2
-
-
-def _async_proxy_fence():
-    """The consumer's side of a stage hand-over: cp.async wrote the stage through the generic
-    proxy, WGMMA reads it through the async proxy."""
-    cute.arch.fence_proxy("async.shared", space="cta")
 
 
 def _wgmma_rows(acc_layout) -> int:

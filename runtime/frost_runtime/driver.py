@@ -40,6 +40,7 @@ class Device:
     name: str
     compute_capability: tuple[int, int]
     driver_version: int
+    sm_count: int = 0  # streaming multiprocessors: persistent grids start at most this many CTAs
 
 
 def current_context_device() -> Device:
@@ -60,7 +61,8 @@ def describe_device(dev) -> Device:
     minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
     name = check(cu.cuDeviceGetName(256, dev))
     name = name.split(b"\0", 1)[0].decode(errors="replace") if isinstance(name, bytes) else str(name)
-    return Device(int(dev), name, (int(major), int(minor)), int(check(cu.cuDriverGetVersion())))
+    sms = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+    return Device(int(dev), name, (int(major), int(minor)), int(check(cu.cuDriverGetVersion())), int(sms))
 
 
 def _torch_current_device() -> int:

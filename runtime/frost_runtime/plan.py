@@ -19,9 +19,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from frost_runtime import driver
-from frost_runtime.schema import DTYPES, PARAM_KINDS, Kernel, Launch, PlanData, TensorSlot
+from frost_runtime.schema import DTYPES, PARAM_ALIGN, PARAM_KINDS, Kernel, Launch, PlanData, TensorSlot
 
-_CTYPES = {"ptr": ctypes.c_uint64, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float}
+_CTYPES = {
+    "ptr": ctypes.c_uint64,
+    "i32": ctypes.c_int32,
+    "i64": ctypes.c_int64,
+    "f32": ctypes.c_float,
+    "tmap": ctypes.c_uint64,  # the field is the tensor map's address; the other 120 bytes are constant
+    "i32x3": ctypes.c_int32 * 3,
+}
 
 
 class BindError(ValueError):
@@ -50,9 +57,12 @@ class _SlotCheck:
 class _PackedLaunch:
     """One kernel launch with its parameter block packed once; only pointer fields change."""
 
-    def __init__(self, launch: Launch, kernel: Kernel, loaded: driver.LoadedKernel):
+    def __init__(self, launch: Launch, kernel: Kernel, loaded: driver.LoadedKernel, sm_count: int):
         offsets, size = _param_offsets(kernel)
         self.buffer = (ctypes.c_byte * max(size, 1))()
+        for off, arg in zip(offsets, launch.args):
+            if arg.tmap:
+                ctypes.memmove(ctypes.addressof(self.buffer) + off, arg.tmap, len(arg.tmap))
         self.fields = [_CTYPES[p.kind].from_buffer(self.buffer, off) for p, off in zip(kernel.params, offsets)]
         pointers = [ctypes.addressof(self.buffer) + off for off in offsets]
         self.param_array = (ctypes.c_void_p * max(len(pointers), 1))(*pointers)
@@ -61,18 +71,23 @@ class _PackedLaunch:
         for field, arg in zip(self.fields, launch.args):
             if arg.slot >= 0:
                 self.slot_fields.append((arg.slot, field))
+            elif isinstance(arg.value, tuple):
+                field[:] = arg.value
             else:
                 field.value = arg.value
         self.function = loaded.function  # the Plan holds the module, so the function stays valid
-        self.geometry = (*launch.grid, *kernel.block, kernel.smem_bytes)
+        grid = launch.grid
+        if kernel.ctas_per_sm:  # persistent: one wave of CTAs loops over the tiles
+            grid = (min(grid[0], sm_count * kernel.ctas_per_sm), *grid[1:])
+        self.geometry = (*grid, *kernel.block, kernel.smem_bytes)
 
 
 def _param_offsets(kernel: Kernel) -> tuple[list[int], int]:
-    """Natural alignment, as the kernel's parameter struct lays them out."""
+    """Each parameter at its alignment, as the kernel's parameter struct lays them out."""
     offsets, cursor = [], 0
     for p in kernel.params:
-        size = PARAM_KINDS[p.kind]
-        cursor = (cursor + size - 1) // size * size
+        size, align = PARAM_KINDS[p.kind], PARAM_ALIGN[p.kind]
+        cursor = (cursor + align - 1) // align * align
         offsets.append(cursor)
         cursor += size
     return offsets, cursor
@@ -91,7 +106,8 @@ class Plan:
         self._checks = tuple(_slot_check(i, s, device.ordinal) for i, s in enumerate(data.slots))
         self._loaded = [driver.load_kernel(k.cubin, k.entry, k.smem_bytes) for k in data.kernels]
         self._launches = [
-            _PackedLaunch(launch, data.kernels[launch.kernel], self._loaded[launch.kernel]) for launch in data.launches
+            _PackedLaunch(launch, data.kernels[launch.kernel], self._loaded[launch.kernel], device.sm_count)
+            for launch in data.launches
         ]
         self._launch = driver.launch_kernel
         self._lock = threading.Lock()  # parameter blocks are shared: patch + launch is atomic
@@ -130,7 +146,7 @@ class Plan:
 
     def _pack(self, pointers: list[int], index: int) -> "_PackedLaunch":
         launch = self.data.launches[index]
-        packed = _PackedLaunch(launch, self.data.kernels[launch.kernel], self._loaded[launch.kernel])
+        packed = _PackedLaunch(launch, self.data.kernels[launch.kernel], self._loaded[launch.kernel], self.device.sm_count)
         for slot, field in packed.slot_fields:
             field.value = pointers[slot]
         return packed

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 MAGIC = "frostc-plan"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: tensor-map and i32x3 parameters, persistent grids (ctas_per_sm)
 MAX_PLAN_BYTES = 1 << 30  # a plan is a few hundred KiB; refuse to decode absurd inputs
 MAX_CUBIN_BYTES = 64 << 20  # one kernel's cubin is ~100 KiB
 MAX_PARAM_BYTES = 4096  # the classic CUDA kernel-parameter limit (what every driver accepts)
@@ -33,7 +33,11 @@ MAX_SMEM_BYTES = 227 * 1024  # opt-in dynamic shared memory per CTA on sm_90
 F32_MAX = 3.4028234663852886e38
 
 DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}  # name -> element bytes
-PARAM_KINDS = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4}  # name -> bytes (also the alignment)
+# name -> bytes. "tmap": a TMA tensor map (CUtensorMap) passed by value, its global address
+# (bytes 0..7) patched from a slot's pointer; "i32x3": three int32 (a coordinate tensor's extents)
+PARAM_KINDS = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4, "tmap": 128, "i32x3": 12}
+PARAM_ALIGN = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4, "tmap": 64, "i32x3": 4}
+TMAP_ADDRESS_BYTES = slice(0, 8)  # where a tensor map holds its global address (checked at build)
 
 
 class PlanFormatError(ValueError):
@@ -81,14 +85,18 @@ class Kernel:
     smem_bytes: int  # dynamic shared memory per CTA
     grid_rule: str  # how the grid follows from the shapes (for people; launches hold the numbers)
     tiles: dict[str, int] = field(default_factory=dict)  # named tile parameters, for inspect
+    # persistent kernels: a launch's grid x counts tiles and the runtime starts at most
+    # SMs * ctas_per_sm CTAs, each looping over tiles; 0: launch the grid as written
+    ctas_per_sm: int = 0
 
 
 @dataclass(frozen=True)
 class Arg:
     """Where one kernel parameter's value comes from: a slot's pointer or a constant."""
 
-    slot: int = -1  # >= 0: the base pointer of that slot's buffer
-    value: int | float = 0  # the constant when slot < 0
+    slot: int = -1  # >= 0: the base pointer of that slot's buffer (or a tensor map's address)
+    value: int | float | tuple[int, ...] = 0  # the constant when slot < 0 (three ints for i32x3)
+    tmap: bytes = b""  # a tmap parameter's 128 bytes; its address field is patched per call
 
 
 @dataclass(frozen=True)
@@ -148,6 +156,7 @@ def _body_map(plan: PlanData) -> dict:
                 "smem_bytes": k.smem_bytes,
                 "grid_rule": k.grid_rule,
                 "tiles": dict(sorted(k.tiles.items())),
+                "ctas_per_sm": k.ctas_per_sm,
             }
             for k in plan.kernels
         ],
@@ -155,12 +164,20 @@ def _body_map(plan: PlanData) -> dict:
             {
                 "kernel": launch.kernel,
                 "grid": list(launch.grid),
-                "args": [{"slot": a.slot} if a.slot >= 0 else {"value": a.value} for a in launch.args],
+                "args": [_arg_map(a) for a in launch.args],
             }
             for launch in plan.launches
         ],
         "workspace_bytes": plan.workspace_bytes,
     }
+
+
+def _arg_map(a: Arg) -> dict:
+    if a.tmap:
+        return {"slot": a.slot, "tmap": a.tmap}
+    if a.slot >= 0:
+        return {"slot": a.slot}
+    return {"value": list(a.value) if isinstance(a.value, tuple) else a.value}
 
 
 def _pack(obj) -> bytes:
@@ -362,6 +379,7 @@ def _read_kernel(r: _Reader) -> Kernel:
         smem_bytes=r.int("smem_bytes", 0, MAX_SMEM_BYTES),
         grid_rule=r.str("grid_rule"),
         tiles=tiles,
+        ctas_per_sm=r.int("ctas_per_sm", 0, 64),
     )
 
 
@@ -369,12 +387,19 @@ def _read_launch(r: _Reader) -> Launch:
     args = []
     for i, a in enumerate(r.list("args", 512)):
         ar = _Reader(a, f"{r.path}.args[{i}]")
-        if len(a) != 1:
+        if not isinstance(a, dict):
+            raise PlanFormatError(f"{ar.path}: expected a map")
+        if "tmap" in a:
+            if set(a) != {"slot", "tmap"}:
+                raise PlanFormatError(f"{ar.path}: a tensor map takes exactly slot and tmap")
+            args.append(Arg(slot=ar.int("slot", 0, 255), tmap=ar.get("tmap", bytes)))
+        elif len(a) != 1:
             raise PlanFormatError(f"{ar.path}: expected exactly one of slot or value")
-        if "slot" in a:
+        elif "slot" in a:
             args.append(Arg(slot=ar.int("slot", 0, 255)))
         else:
-            args.append(Arg(value=ar.get("value", (int, float))))
+            value = ar.get("value", (int, float, list))
+            args.append(Arg(value=tuple(value) if isinstance(value, list) else value))
     return Launch(
         kernel=r.int("kernel", 0, 63),
         grid=r.ints("grid", (3, 3), 1, MAX_GRID[0]),
@@ -413,8 +438,8 @@ def check_plan(plan: PlanData) -> None:
         for j, p in enumerate(k.params):
             if p.kind not in PARAM_KINDS:
                 raise PlanFormatError(f"{where}.params[{j}]: kind {p.kind!r} is not one of {sorted(PARAM_KINDS)}")
-            size = PARAM_KINDS[p.kind]
-            param_bytes = (param_bytes + size - 1) // size * size + size
+            size, align = PARAM_KINDS[p.kind], PARAM_ALIGN[p.kind]
+            param_bytes = (param_bytes + align - 1) // align * align + size
         if param_bytes > MAX_PARAM_BYTES:
             raise PlanFormatError(f"{where}.params: {param_bytes} bytes of parameters, at most {MAX_PARAM_BYTES}")
         if not k.cubin.startswith(b"\x7fELF"):
@@ -443,6 +468,23 @@ def check_plan(plan: PlanData) -> None:
 
 
 def _check_arg(arg: Arg, param: Param, n_slots: int, where: str) -> None:
+    if param.kind == "tmap" or arg.tmap:
+        if param.kind != "tmap" or len(arg.tmap) != PARAM_KINDS["tmap"] or not 0 <= arg.slot < n_slots:
+            raise PlanFormatError(
+                f"{where}: tensor-map parameter {param.name!r} needs a slot and 128 bytes "
+                f"(found slot {arg.slot}, {len(arg.tmap)} bytes, kind {param.kind})"
+            )
+        return
+    if param.kind == "i32x3":
+        value = arg.value
+        if arg.slot >= 0 or not (
+            isinstance(value, tuple) and len(value) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 31 for x in value)
+        ):  # fmt: skip
+            raise PlanFormatError(f"{where}.value: expected three int32 for {param.name!r}, found {value!r}")
+        return
+    if isinstance(arg.value, tuple):
+        raise PlanFormatError(f"{where}.value: a list for {param.kind} parameter {param.name!r}")
     if arg.slot >= 0:
         if param.kind != "ptr":
             raise PlanFormatError(f"{where}: a slot bound to {param.kind} parameter {param.name!r}")

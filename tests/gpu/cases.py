@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass
 
 SEQS = [(1, 1), (17, 17), (128, 128), (1000, 1000), (4096, 4096), (128, 1000)]
-VARIANTS = list(itertools.product(("bf16", "fp16"), (64, 128), (False, True)))  # dtype, d, causal
+VARIANTS = list(itertools.product(("bf16", "fp16"), (64, 128, 256), (False, True)))  # dtype, d, causal
 BATCHES = (1, 3)
 HEADS_Q = (8, 16)
 KV_RATIOS = ("mha", "gqa4", "mqa")  # hkv = hq, hq / 4, 1
