@@ -11,6 +11,17 @@ from rich.markup import escape
 from rich.table import Table
 
 
+def _arg_text(a, plan) -> str | int | float | list[int]:
+    """What a person needs to know of an argument (a tensor map by its content hash: the 128
+    bytes themselves are in the plan)."""
+    if a.tmap:
+        digest = hashlib.sha256(a.tmap).hexdigest()[:16]
+        return f"tensor map of slot {a.slot} ({plan.slots[a.slot].name}), sha256 {digest}"
+    if a.slot >= 0:
+        return f"slot {a.slot} ({plan.slots[a.slot].name})"
+    return list(a.value) if isinstance(a.value, tuple) else a.value
+
+
 def plan_summary(plan: schema.PlanData) -> dict:
     """A canonical, diffable rendering: everything but the raw cubin bytes (hashed instead)."""
     return {
@@ -48,8 +59,7 @@ def plan_summary(plan: schema.PlanData) -> dict:
                 "kernel": plan.kernels[launch.kernel].name,
                 "grid": list(launch.grid),
                 "args": {
-                    p.name: (f"slot {a.slot} ({plan.slots[a.slot].name})" if a.slot >= 0 else a.value)
-                    for p, a in zip(plan.kernels[launch.kernel].params, launch.args)
+                    p.name: _arg_text(a, plan) for p, a in zip(plan.kernels[launch.kernel].params, launch.args)
                 },
             }
             for launch in plan.launches

@@ -53,12 +53,16 @@ def test_entry_name_is_in_the_cubin(plan: PlanData) -> None:
 
 def test_launch_geometry(plan: PlanData) -> None:
     kernel = plan.kernels[0]
-    # Q 32 KiB + three stages of 32 KiB K and 32 KiB V, plus the pipelines' mbarriers
-    assert 229376 < kernel.smem_bytes <= 229376 + 1024 <= 227 * 1024
+    # Q 32 KiB + O 32 KiB + two stages of 32 KiB K and 32 KiB V, plus the pipelines' mbarriers
+    assert 196608 < kernel.smem_bytes <= 196608 + 2048 <= 227 * 1024
     assert kernel.block == (384, 1, 1)  # a producer and two consumer warpgroups
     assert kernel.cluster == (1, 1, 1)
-    assert kernel.tiles == {"block_m": 128, "block_n": 128, "threads": 384, "consumer_warpgroups": 2, "stages": 3}
-    assert kernel.grid_rule == "(ceil(seq_q / 128), heads_q, batch)"
+    assert kernel.tiles == {
+        "block_m": 128, "block_n": 128, "threads": 384, "consumer_warpgroups": 2, "stages": 2, "o_buffer": 1,
+        "ctas_per_sm": 1,
+    }  # fmt: skip
+    assert kernel.ctas_per_sm == 1  # persistent: the runtime caps the grid at the SM count
+    assert kernel.grid_rule.startswith("(min(ceil(seq_q / 128) * heads_q * batch, SMs * 1), 1, 1)")
 
 
 def test_params_are_the_kernel_abi(plan: PlanData) -> None:
@@ -78,12 +82,22 @@ def test_header(plan: PlanData) -> None:
 def test_launch_binds_slots_and_constants(plan: PlanData) -> None:
     (launch,) = plan.launches
     assert launch.kernel == 0
-    assert launch.grid == (1024 // 128, 16, 2)
+    assert launch.grid == (1024 // 128 * 16 * 2, 1, 1)  # tiles
     args = {p.name: a for p, a in zip(plan.kernels[0].params, launch.args)}
-    assert [args[name].slot for name in ("q", "k", "v", "o", "lse")] == [0, 1, 2, 3, 4]
+    assert [args[name].slot for name in ("q.tmap", "k.tmap", "v.tmap", "o", "lse")] == [0, 1, 2, 3, 4]
     assert args["group"].value == 4
     assert (args["seq_q"].value, args["seq_kv"].value) == (1024, 1024)
-    assert [args[f"q.stride_{x}"].value for x in "bhs"] == [1024 * 16 * 128, 128, 16 * 128]  # bshd
+    assert args["q.extents"].value == (1024, 16, 2)
+    assert args["k.extents"].value == args["v.extents"].value == (1024, 4, 2)
+    assert [args[f"o.stride_{x}"].value for x in "bhs"] == [1024 * 16 * 128, 128, 16 * 128]  # bshd
+
+
+def test_tensor_maps_are_full_with_a_zero_address(plan: PlanData) -> None:
+    """The map is the DSL's own encoding; the runtime writes only the address (bytes 0..7)."""
+    args = {p.name: a for p, a in zip(plan.kernels[0].params, plan.launches[0].args)}
+    maps = [args[f"{name}.tmap"].tmap for name in "qkv"]
+    assert all(len(m) == 128 and m[:8] == bytes(8) and any(m[8:]) for m in maps)
+    assert maps[1] == maps[2] or maps[1] != maps[0]  # K and V share extents; Q has its own
 
 
 def test_compiled_variant_is_cached(plan: PlanData) -> None:
@@ -102,12 +116,17 @@ KIND_PTX = {
     "i32": ".u32",
     "i64": ".u64",
     "f32": ".f32",
+    "tmap": ".align 64 .b8",
+    "i32x3": ".align 4 .b8",
 }
+KIND_SUFFIX = {"tmap": "[128]", "i32x3": "[12]"}
 
 
 def ptx_for(kinds: list[str], entry: str = ENTRY) -> str:
     """A PTX module whose one `.entry` has parameters of `kinds`, written the way the DSL writes them."""
-    params = ",\n".join(f"\t.param {KIND_PTX[kind]} {entry}_param_{i}" for i, kind in enumerate(kinds))
+    params = ",\n".join(
+        f"\t.param {KIND_PTX[kind]} {entry}_param_{i}{KIND_SUFFIX.get(kind, '')}" for i, kind in enumerate(kinds)
+    )
     return f".version 8.8\n.target sm_90a\n.address_size 64\n\n.visible .entry {entry}(\n{params}\n)\n{{\n\tret;\n}}\n"
 
 

@@ -151,8 +151,8 @@ def test_args_follow_the_kernel_abi_in_order() -> None:
 
 def test_pointer_args_are_bound_to_their_slots() -> None:
     launch = only_launch(resolved(graph_builder()))
-    pointers = {a.param: a.slot for a in launch.args if a.kind == "ptr"}
-    assert pointers == {"q": 0, "k": 1, "v": 2, "o": 3, "lse": 4}
+    pointers = {a.param: a.slot for a in launch.args if a.kind in ("ptr", "tmap")}
+    assert pointers == {"q.tmap": 0, "k.tmap": 1, "v.tmap": 2, "o": 3, "lse": 4}
 
 
 def test_gqa_group_and_sequence_lengths_in_the_args() -> None:
@@ -168,11 +168,27 @@ def test_mqa_group_is_the_query_head_count() -> None:
 
 
 def test_stride_args_are_the_slot_strides_of_b_h_s() -> None:
-    plan = resolved(graph_builder())
-    values = arg_values(only_launch(plan))
+    plan = resolved(graph_builder(b=2, hq=8, hkv=2))
+    launch = only_launch(plan)
+    values = arg_values(launch)
     for slot in plan.slots:
-        got = tuple(values[f"{slot.name}.stride_{x}"] for x in "bhs")
-        assert got == slot.strides[:3], slot.name
+        if slot.name in ("o", "lse"):
+            got = tuple(values[f"{slot.name}.stride_{x}"] for x in "bhs")
+            assert got == slot.strides[:3], slot.name
+    # every slot's strides reach the tensor-map encoder, in role order q, k, v, o, lse
+    assert launch.shape.strides == tuple(s.strides[:3] for s in plan.slots)
+
+
+def test_strides_of_extent_one_dims_become_sixteen_bytes_for_tma() -> None:
+    launch = only_launch(resolved(graph_builder(b=1, hq=8, hkv=1)))
+    assert launch.shape.strides[1][0] == 8  # K: batch of one
+    assert launch.shape.strides[1][1] == 8  # K: one head (MQA)
+
+
+def test_extents_are_rows_heads_batch_of_each_loaded_tensor() -> None:
+    values = arg_values(only_launch(resolved(graph_builder(b=3, hq=16, hkv=4, sq=300, skv=77))))
+    assert values["q.extents"] == (300, 16, 3)
+    assert values["k.extents"] == values["v.extents"] == (77, 4, 3)
 
 
 def test_scale_log2_is_attn_scale_times_log2_e() -> None:
@@ -199,12 +215,13 @@ def test_absent_lse_binds_a_null_pointer_and_zero_strides() -> None:
 
 @pytest.mark.parametrize(
     ("sq", "hq", "b", "grid"),
-    [(1, 1, 1, (1, 1, 1)), (128, 8, 2, (1, 8, 2)), (129, 8, 2, (2, 8, 2)), (1000, 16, 3, (8, 16, 3))],
+    [(1, 1, 1, (1, 1, 1)), (128, 8, 2, (16, 1, 1)), (129, 8, 2, (32, 1, 1)), (1000, 16, 3, (384, 1, 1))],
 )
 def test_grid_is_query_tiles_by_heads_by_batch(sq: int, hq: int, b: int, grid: tuple[int, int, int]) -> None:
+    """The grid counts tiles; the runtime starts at most one CTA per SM over them."""
     launch = only_launch(resolved(graph_builder(sq=sq, hq=hq, hkv=1, b=b)))
     assert launch.grid == grid
-    assert launch.grid == (math.ceil(sq / 128), hq, b)
+    assert launch.grid == (math.ceil(sq / 128) * hq * b, 1, 1)
 
 
 def test_no_workspace_and_the_node_name_is_kept() -> None:

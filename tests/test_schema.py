@@ -162,7 +162,7 @@ def test_file_is_one_map_with_magic_and_format(encoded: bytes) -> None:
     top = unpack_top(encoded)
     assert list(top) == ["magic", "format", "header", "body"]
     assert top["magic"] == MAGIC == "frostc-plan"
-    assert top["format"] == FORMAT_VERSION == 1
+    assert top["format"] == FORMAT_VERSION == 2
 
 
 def test_bytearray_and_memoryview_are_accepted(encoded: bytes) -> None:
@@ -204,9 +204,9 @@ def test_a_msgpack_file_that_is_not_a_map_is_refused() -> None:
 
 
 def test_newer_format_says_newer_and_to_rebuild(encoded: bytes) -> None:
-    data = with_top(encoded, lambda top: top.update(format=2))
+    data = with_top(encoded, lambda top: top.update(format=3))
     message = decode_error(data)
-    assert "format 2 is newer" in message
+    assert "format 3 is newer" in message
     assert "rebuild" in message
     with pytest.raises(PlanFormatError, match="newer"):
         read_header(data)
@@ -258,8 +258,8 @@ def set_path(body: dict, path: str, value: Any) -> None:
         ("launches.0.args.1", {"slot": 0}, "a slot bound to i32 parameter 'seq_q'"),
         ("launches.0.args.1", {"value": 1.5}, "does not fit i32 parameter 'seq_q'"),
         ("launches.0.args.1", {"value": 1 << 31}, "does not fit i32 parameter 'seq_q'"),
-        ("launches.0.args.1", {"value": True}, "launches[0].args[1].value: expected int or float, found bool"),
-        ("launches.0.args.3", {"value": "0.18"}, "launches[0].args[3].value: expected int or float, found str"),
+        ("launches.0.args.1", {"value": True}, "launches[0].args[1].value: expected int or float or list, found bool"),
+        ("launches.0.args.3", {"value": "0.18"}, "launches[0].args[3].value: expected int or float or list, found str"),
         ("launches.0.args.0", [0], "launches[0].args[0]: expected a map, found list"),
         ("launches.0.kernel", 1, "launches[0].kernel: 1 but the plan has 1 kernels"),
         ("launches.0.grid", [1, 8], "launches[0].grid: 2 entries, at least 3 needed"),

@@ -319,9 +319,9 @@ class SdpaForwardWgmma:
                 )
                 cute.copy(q_tma, tQgQ, tQsQ, tma_bar_ptr=q_pipe.sync_object_full.get_barrier(0))
 
-            for step in range(0, n_block_max, 1):
-                n_block = n_block_max - 1 - step
-                stage, phase = (loaded + step) % t.stages, (loaded + step) // t.stages % 2
+            for n_block in range(n_block_max - 1, -1, -1):
+                position = loaded + (n_block_max - 1 - n_block)
+                stage, phase = position % t.stages, position // t.stages % 2
                 k_pipe.sync_object_empty.wait(stage, phase ^ 1)
                 k_pipe.sync_object_full.arrive(stage, None)
                 cute.copy(
