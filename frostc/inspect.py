@@ -58,9 +58,7 @@ def plan_summary(plan: schema.PlanData) -> dict:
             {
                 "kernel": plan.kernels[launch.kernel].name,
                 "grid": list(launch.grid),
-                "args": {
-                    p.name: _arg_text(a, plan) for p, a in zip(plan.kernels[launch.kernel].params, launch.args)
-                },
+                "args": {p.name: _arg_text(a, plan) for p, a in zip(plan.kernels[launch.kernel].params, launch.args)},
             }
             for launch in plan.launches
         ],

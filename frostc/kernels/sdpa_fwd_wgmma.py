@@ -325,12 +325,18 @@ class SdpaForwardWgmma:
                 k_pipe.sync_object_empty.wait(stage, phase ^ 1)
                 k_pipe.sync_object_full.arrive(stage, None)
                 cute.copy(
-                    k_tma, tKgK[None, n_block], tKsK[None, stage], tma_bar_ptr=k_pipe.sync_object_full.get_barrier(stage)
+                    k_tma,
+                    tKgK[None, n_block],
+                    tKsK[None, stage],
+                    tma_bar_ptr=k_pipe.sync_object_full.get_barrier(stage),
                 )
                 v_pipe.sync_object_empty.wait(stage, phase ^ 1)
                 v_pipe.sync_object_full.arrive(stage, None)
                 cute.copy(
-                    v_tma, tVgV[None, n_block], tVsV[None, stage], tma_bar_ptr=v_pipe.sync_object_full.get_barrier(stage)
+                    v_tma,
+                    tVgV[None, n_block],
+                    tVsV[None, stage],
+                    tma_bar_ptr=v_pipe.sync_object_full.get_barrier(stage),
                 )
             loaded += n_block_max
             tile_count += 1
@@ -460,6 +466,7 @@ class SdpaForwardWgmma:
                 q_pipe.sync_object_empty.arrive(0, None)  # O has left the Q buffer
             consumed += n_block_max
             tile_count += 1
+
     @cute.jit
     def _gemm_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage):
         for kk in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
@@ -482,7 +489,9 @@ class SdpaForwardWgmma:
         s_mn = _wgmma_rows_by_cols(acc_S)
         if cutlass.const_expr(masked):
             cS = cute.local_tile(
-                cute.make_identity_tensor((shape.seq_q, shape.seq_kv)), (t.block_m // t.consumers, t.block_n), (row_tile, n_block)
+                cute.make_identity_tensor((shape.seq_q, shape.seq_kv)),
+                (t.block_m // t.consumers, t.block_n),
+                (row_tile, n_block),
             )
             c_mn = _wgmma_rows_by_cols(qk_thr.partition_C(cS))
         for r in cutlass.range_constexpr(cute.size(row_max)):

@@ -146,7 +146,9 @@ class Plan:
 
     def _pack(self, pointers: list[int], index: int) -> "_PackedLaunch":
         launch = self.data.launches[index]
-        packed = _PackedLaunch(launch, self.data.kernels[launch.kernel], self._loaded[launch.kernel], self.device.sm_count)
+        packed = _PackedLaunch(
+            launch, self.data.kernels[launch.kernel], self._loaded[launch.kernel], self.device.sm_count
+        )
         for slot, field in packed.slot_fields:
             field.value = pointers[slot]
         return packed

@@ -45,9 +45,7 @@ def _heads_kv(heads_q: int, ratio: str) -> int:
 
 def cases() -> list[Case]:
     out = []
-    rotation = itertools.cycle(
-        itertools.product(BATCHES, HEADS_Q, KV_RATIOS, LAYOUTS, (True, False))
-    )
+    rotation = itertools.cycle(itertools.product(BATCHES, HEADS_Q, KV_RATIOS, LAYOUTS, (True, False)))
     for (dtype, d, causal), (sq, skv) in itertools.product(VARIANTS, SEQS):
         # two cases per cell, from different points of the rotation
         for _ in range(2):

@@ -79,8 +79,15 @@ HOST_READS = {
     torch.cuda.Event: ["synchronize", "query"],
 }
 DRIVER_READS = [
-    "cuMemcpyDtoH", "cuMemcpyDtoHAsync", "cuMemcpy", "cuMemcpyAsync", "cuCtxSynchronize",
-    "cuStreamSynchronize", "cuEventSynchronize", "cuStreamQuery", "cuDeviceSynchronize",
+    "cuMemcpyDtoH",
+    "cuMemcpyDtoHAsync",
+    "cuMemcpy",
+    "cuMemcpyAsync",
+    "cuCtxSynchronize",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+    "cuStreamQuery",
+    "cuDeviceSynchronize",
 ]
 
 
