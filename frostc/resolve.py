@@ -58,7 +58,7 @@ class KernelVariant:
     @property
     def tiles(self):
         """The kernel's named tile parameters for this head dim (block_m, block_n, num_threads, ...)."""
-        return self.module.tiles_for_head_dim(self.head_dim)
+        return self.module.tiles_for_head_dim(self.head_dim, self.causal)
 
     @property
     def grid_rule(self) -> str:

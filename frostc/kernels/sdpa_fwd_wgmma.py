@@ -40,8 +40,9 @@ from cutlass.tensor_utils import LayoutEnum
 
 from frostc.kernels.sdpa_common import LN_2, quad_max, quad_sum
 
-PRODUCER_REGS = 40
-CONSUMER_REGS = 232
+# setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
+# producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
+REGISTERS = {2: (40, 232), 3: (32, 160)}
 SMEM_LIMIT = 227 * 1024  # sm_90's opt-in maximum per CTA
 
 
@@ -60,6 +61,11 @@ class WgmmaTiles:
     def num_threads(self) -> int:
         return 128 * (self.consumers + 1)
 
+    @property
+    def registers(self) -> tuple[int, int]:
+        """(producer, consumer) registers per thread after setmaxnreg."""
+        return REGISTERS[self.consumers]
+
     def as_dict(self) -> dict[str, int]:
         return {
             "block_m": self.block_m,
@@ -72,7 +78,7 @@ class WgmmaTiles:
         }
 
 
-def tiles_for_head_dim(head_dim: int) -> WgmmaTiles:
+def tiles_for_head_dim(head_dim: int, causal: bool) -> WgmmaTiles:
     """Shared memory decides (227 KiB): Q and O buffers are 128·d, a ring stage 2·block_n·d
     two-byte elements. bench/NOTES.md has the measurements behind each choice."""
     if head_dim == 256:
@@ -81,7 +87,12 @@ def tiles_for_head_dim(head_dim: int) -> WgmmaTiles:
     if head_dim == 128:
         # 32 KiB Q + 32 KiB O + 2 stages of 64 KiB = 192 KiB
         return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=2, o_buffer=True)
-    # d=64: 16 KiB Q + 16 KiB O + 4 stages of 32 KiB = 160 KiB
+    if not causal:
+        # d=64: a block's GEMMs are half as long as at d=128 for the same softmax work, so three
+        # consumers take turns (192 rows); 24 KiB Q + 24 KiB O + 4 stages of 32 KiB = 176 KiB.
+        # Causal stays at two: with 512 threads ptxas keeps 128 registers and the masks spill.
+        return WgmmaTiles(block_m=192, block_n=128, consumers=3, stages=4, o_buffer=True)
+    # 16 KiB Q + 16 KiB O + 4 stages of 32 KiB = 160 KiB
     return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=4, o_buffer=True)
 
 
@@ -93,7 +104,7 @@ class SdpaForwardWgmma:
         self.head_dim = head_dim
         self.causal = causal
         self.has_lse = has_lse
-        self.tiles = tiles if tiles is not None else tiles_for_head_dim(head_dim)
+        self.tiles = tiles if tiles is not None else tiles_for_head_dim(head_dim, causal)
         self.smem_bytes = 0
 
     # ---------------------------------------------------------------- host side
@@ -257,12 +268,13 @@ class SdpaForwardWgmma:
             cute.ceil_div(seq_q, self.tiles.block_m), heads_q, batch, seq_q, seq_kv, group,
             cute.ceil_div(seq_kv, self.tiles.block_n),
         )  # fmt: skip
+        producer_regs, consumer_regs = self.tiles.registers
         if wg == 0:
-            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(producer_regs)
             if wg_tidx == 0:  # one thread issues every TMA load
                 self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, shape, (q_tma, mQ), (k_tma, mK), (v_tma, mV))
         else:
-            cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(consumer_regs)
             self._consume(
                 q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, shape, (o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss),
                 wg - 1, wg_tidx, scale_log2,
@@ -372,10 +384,11 @@ class SdpaForwardWgmma:
         if cutlass.const_expr(self.causal):
             mask_steps = cute.ceil_div(t.block_m, t.block_n)
 
-        # ping-pong: consumer c issues its GEMMs after the other one issued its own
+        # ping-pong: consumer c issues its GEMMs after consumer c-1 issued its own, in a ring
+        consumers = t.consumers
         my_turn = pipeline.NamedBarrier(barrier_id=2 + cw, num_threads=256)
-        their_turn = pipeline.NamedBarrier(barrier_id=3 - cw, num_threads=256)
-        if cw == 1:
+        their_turn = pipeline.NamedBarrier(barrier_id=2 + (cw + 1) % consumers, num_threads=256)
+        if cw == consumers - 1:
             their_turn.arrive()  # consumer 0 goes first
 
         bidx, _, _ = cute.arch.block_idx()
@@ -452,8 +465,8 @@ class SdpaForwardWgmma:
             warpgroup.fence()
             self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
             warpgroup.commit_group()
-            # every arrive meets a wait: consumer 1's very last turn has no successor
-            if cw == 0:
+            # every arrive meets a wait: the last consumer's very last turn has no successor
+            if cw != consumers - 1:
                 their_turn.arrive()
             elif tile + grid < num_tiles:
                 their_turn.arrive()
@@ -537,7 +550,7 @@ class SdpaForwardWgmma:
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), pv_mma)
         r2s_thr = r2s.get_slice(wg_tidx)
         cute.copy(r2s, r2s_thr.retile(rO), r2s_thr.partition_D(sO))
-        pipeline.NamedBarrier(barrier_id=4 + cw, num_threads=128).arrive_and_wait()
+        pipeline.NamedBarrier(barrier_id=2 + t.consumers + cw, num_threads=128).arrive_and_wait()
 
         s2g = self._row_copy().get_slice(wg_tidx)
         gO = cute.local_tile(mO, (wg_m, d), (row_tile, 0))
