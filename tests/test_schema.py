@@ -34,6 +34,9 @@ from hypothesis import strategies as st
 FAKE_CUBIN = b"\x7fELF" + bytes(range(256)) * 2
 
 
+TOY_TMAP = bytes(8) + bytes(range(1, 121))  # a tensor map: address zero, then 120 other bytes
+
+
 def make_plan() -> PlanData:
     """Two slots, one kernel with one parameter of each kind, one launch."""
     return PlanData(
@@ -54,16 +57,35 @@ def make_plan() -> PlanData:
                 name="sdpa_fwd_mma.bf16.d64.causal.lse",
                 entry="kernel_entry_0",
                 cubin=FAKE_CUBIN,
-                params=(Param("q", "ptr"), Param("seq_q", "i32"), Param("q.stride_b", "i64"), Param("scale", "f32")),
+                params=(
+                    Param("q", "ptr"),
+                    Param("seq_q", "i32"),
+                    Param("q.stride_b", "i64"),
+                    Param("scale", "f32"),
+                    Param("q.tmap", "tmap"),
+                    Param("q.extents", "i32x3"),
+                ),
                 block=(128, 1, 1),
                 cluster=(1, 1, 1),
                 smem_bytes=49152,
                 grid_rule="(ceil(seq_q / 128), heads_q, batch)",
                 tiles={"block_m": 128, "block_n": 128, "threads": 128},
+                ctas_per_sm=1,
             ),
         ),
         launches=(
-            Launch(kernel=0, grid=(1, 8, 2), args=(Arg(slot=0), Arg(value=128), Arg(value=65536), Arg(value=0.18))),
+            Launch(
+                kernel=0,
+                grid=(16, 1, 1),
+                args=(
+                    Arg(slot=0),
+                    Arg(value=128),
+                    Arg(value=65536),
+                    Arg(value=0.18),
+                    Arg(slot=0, tmap=TOY_TMAP),
+                    Arg(value=(128, 8, 2)),
+                ),
+            ),
         ),
         workspace_bytes=0,
     )
@@ -120,8 +142,11 @@ def test_round_trip_gives_the_same_plan(encoded: bytes) -> None:
 
 def test_round_trip_keeps_value_types(encoded: bytes) -> None:
     args = decode_plan(encoded).launches[0].args
-    assert [type(a.value) for a in args[1:]] == [int, int, float]
+    assert [type(a.value) for a in args[1:4]] == [int, int, float]
     assert args[3].value == 0.18  # float64 on the wire: no rounding to float32
+    assert (args[4].slot, args[4].tmap) == (0, TOY_TMAP)  # a tensor map keeps its slot and bytes
+    assert args[5].value == (128, 8, 2)  # i32x3 comes back as a tuple
+    assert decode_plan(encoded).kernels[0].ctas_per_sm == 1
 
 
 def test_encoding_is_deterministic() -> None:
@@ -261,6 +286,15 @@ def set_path(body: dict, path: str, value: Any) -> None:
         ("launches.0.args.1", {"value": True}, "launches[0].args[1].value: expected int or float or list, found bool"),
         ("launches.0.args.3", {"value": "0.18"}, "launches[0].args[3].value: expected int or float or list, found str"),
         ("launches.0.args.0", [0], "launches[0].args[0]: expected a map, found list"),
+        ("launches.0.args.4", {"slot": 0, "tmap": b"x" * 100}, "tensor-map parameter 'q.tmap' needs a slot and 128"),
+        ("launches.0.args.4", {"slot": 0}, "tensor-map parameter 'q.tmap' needs a slot and 128 bytes"),
+        ("launches.0.args.4", {"slot": 0, "tmap": b"x" * 128, "value": 1}, "a tensor map takes exactly slot and tmap"),
+        ("launches.0.args.0", {"slot": 0, "tmap": b"x" * 128}, "tensor-map parameter 'q' needs"),
+        ("launches.0.args.5", {"value": [128, 8]}, "expected three int32 for 'q.extents'"),
+        ("launches.0.args.5", {"value": [128, 8, -1]}, "expected three int32 for 'q.extents'"),
+        ("launches.0.args.5", {"value": 128}, "expected three int32 for 'q.extents'"),
+        ("launches.0.args.1", {"value": [1, 2, 3]}, "a list for i32 parameter 'seq_q'"),
+        ("kernels.0.ctas_per_sm", -1, "kernels[0].ctas_per_sm: -1 is outside"),
         ("launches.0.kernel", 1, "launches[0].kernel: 1 but the plan has 1 kernels"),
         ("launches.0.grid", [1, 8], "launches[0].grid: 2 entries, at least 3 needed"),
         ("kernels.0.params.1", ["seq_q", "u8"], "kernels[0].params[1]: kind 'u8' is not one of"),
@@ -288,12 +322,12 @@ def test_wrong_body_field_is_refused_with_its_path(encoded: bytes, path: str, va
 
 def test_fewer_args_than_params_is_refused(encoded: bytes) -> None:
     data = with_body(encoded, lambda body: body["launches"][0]["args"].pop())
-    assert "launches[0].args: 3 arguments for 4 parameters" in decode_error(data)
+    assert "launches[0].args: 5 arguments for 6 parameters" in decode_error(data)
 
 
 def test_more_args_than_params_is_refused(encoded: bytes) -> None:
     data = with_body(encoded, lambda body: body["launches"][0]["args"].append({"value": 0}))
-    assert "5 arguments for 4 parameters" in decode_error(data)
+    assert "7 arguments for 6 parameters" in decode_error(data)
 
 
 def test_missing_body_field_is_refused(encoded: bytes) -> None:

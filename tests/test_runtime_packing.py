@@ -1,0 +1,95 @@
+"""How the runtime packs a launch's parameters, checked without a GPU: each parameter at its
+alignment, a tensor map's 128 bytes copied once with only its address (bytes 0..7) written
+per call, i32x3 extents, and a persistent kernel's grid capped at the device's SMs."""
+
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+from frost_runtime.plan import _PackedLaunch, _param_offsets
+from frost_runtime.schema import Arg, Kernel, Launch, Param
+
+TMAP = bytes(8) + bytes(range(1, 121))
+
+
+def kernel(ctas_per_sm: int = 1) -> Kernel:
+    return Kernel(
+        name="toy",
+        entry="toy_entry",
+        cubin=b"\x7fELF",
+        params=(
+            Param("q.tmap", "tmap"),
+            Param("q.extents", "i32x3"),
+            Param("lse", "ptr"),
+            Param("seq_q", "i32"),
+            Param("k.tmap", "tmap"),
+            Param("scale", "f32"),
+        ),
+        block=(384, 1, 1),
+        cluster=(1, 1, 1),
+        smem_bytes=1024,
+        grid_rule="tiles",
+        ctas_per_sm=ctas_per_sm,
+    )
+
+
+def packed(tiles: int = 1000, ctas_per_sm: int = 1, sm_count: int = 132) -> _PackedLaunch:
+    launch = Launch(
+        kernel=0,
+        grid=(tiles, 1, 1),
+        args=(
+            Arg(slot=0, tmap=TMAP),
+            Arg(value=(300, 16, 2)),
+            Arg(slot=2),
+            Arg(value=300),
+            Arg(slot=1, tmap=TMAP),
+            Arg(value=0.5),
+        ),
+    )
+    return _PackedLaunch(launch, kernel(ctas_per_sm), SimpleNamespace(function=None), sm_count)
+
+
+def raw(p: _PackedLaunch, offset: int, size: int) -> bytes:
+    return ctypes.string_at(ctypes.addressof(p.buffer) + offset, size)
+
+
+def test_offsets_follow_each_kinds_alignment() -> None:
+    offsets, size = _param_offsets(kernel())
+    # tmap at 0 (align 64), i32x3 at 128, ptr at 144 (align 8), i32 at 152, tmap at 192, f32 at 320
+    assert offsets == [0, 128, 144, 152, 192, 320]
+    assert size == 324
+
+
+def test_tensor_map_bytes_are_copied_and_only_the_address_is_patched() -> None:
+    p = packed()
+    assert raw(p, 0, 128) == TMAP and raw(p, 192, 128) == TMAP
+    slots = dict(p.slot_fields)  # slot -> field
+    slots[0].value = 0x7F00_1234_5670
+    slots[1].value = 0x7F00_AAAA_0000
+    slots[2].value = 0xDEAD_BEE0
+    assert raw(p, 0, 8) == (0x7F00_1234_5670).to_bytes(8, "little")
+    assert raw(p, 8, 120) == TMAP[8:]
+    assert raw(p, 192, 8) == (0x7F00_AAAA_0000).to_bytes(8, "little")
+    assert raw(p, 144, 8) == (0xDEAD_BEE0).to_bytes(8, "little")
+
+
+def test_constants_are_packed_once() -> None:
+    p = packed()
+    assert raw(p, 128, 12) == b"".join(x.to_bytes(4, "little") for x in (300, 16, 2))
+    assert raw(p, 152, 4) == (300).to_bytes(4, "little")
+    assert ctypes.c_float.from_buffer_copy(raw(p, 320, 4)).value == 0.5
+
+
+def test_each_parameter_pointer_addresses_its_bytes() -> None:
+    p = packed()
+    offsets, _ = _param_offsets(kernel())
+    array = (ctypes.c_void_p * len(offsets)).from_address(p.param_address)
+    assert [a - ctypes.addressof(p.buffer) for a in array] == offsets
+
+
+def test_persistent_grid_is_capped_at_the_sm_count() -> None:
+    assert packed(tiles=1000).geometry[:3] == (132, 1, 1)
+    assert packed(tiles=100).geometry[:3] == (100, 1, 1)  # fewer tiles than SMs: one CTA each
+    assert packed(tiles=1000, ctas_per_sm=2, sm_count=78).geometry[:3] == (156, 1, 1)
+    assert packed(tiles=1000, ctas_per_sm=0).geometry[:3] == (1000, 1, 1)  # not persistent
