@@ -121,7 +121,8 @@ def run() -> int:
         "",
         f"Cold `load()` of the one-kernel plan (module load included): first {load_ms[0]:.2f} ms, "
         f"median of 10 {statistics.median(load_ms):.2f} ms.",
-        "TMA descriptors: none; the kernel takes pointers and strides, so execute patches pointers only.",
+        f"TMA tensor maps: {_tensor_maps(plan)} per launch, encoded at build time; execute writes each "
+        "map's 8-byte address as it writes a pointer, and encodes nothing.",
         "",
     ]
     print("\n".join(lines))
@@ -132,6 +133,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["build", "run"])
     return build() if parser.parse_args().mode == "build" else run()
+
+
+def _tensor_maps(plan) -> int:
+    return sum(p.kind == "tmap" for k in plan.data.kernels for p in k.params)
 
 
 if __name__ == "__main__":
