@@ -1,27 +1,30 @@
-"""SDPA forward for sm_90a, warp-specialized and persistent: a producer warpgroup loads, two
-consumer warpgroups compute with WGMMA, taking turns on the tensor cores (ping-pong).
+"""SDPA forward for sm_90a, warp-specialized and persistent: a producer warpgroup loads with
+TMA, two or three consumer warpgroups compute with WGMMA, taking turns on the tensor cores.
 
 - Tiles: a tile is `block_m` query rows of one (batch, head). The grid is at most one CTA per
   SM (the runtime caps it, `ctas_per_sm`); each CTA walks the tiles blockIdx.x,
   blockIdx.x + gridDim.x, ... so the next tile's loads overlap the current tile's last
   blocks and epilogue instead of waiting for a fresh CTA. Causal tiles are ordered longest
   first (last query block of every head, then the one before, ...).
-- Producer (warpgroup 0, 40 registers): cp.async Q into its buffer once the consumers released
-  the previous tile's Q, then K and V blocks into a `stages`-deep ring; a stage is published
-  on its "full" mbarrier once the producer's own copies landed (two blocks in flight) and
-  refilled after both consumers released it on its "empty" mbarrier. The ring's position
-  carries over from tile to tile.
-- Consumers (warpgroups 1 and 2, 232 registers, 64 query rows each): S = Q Kᵀ and O += P V
-  with warpgroup MMAs, P kept in registers. Each turn issues S_j together with
-  P_(j-1) V_(j-1) and runs softmax(S_j) while P V still runs; two named barriers make the
-  consumers take turns, so one's softmax also hides under the other's GEMMs. O leaves
+- Producer (warpgroup 0; one thread issues everything): TMA loads of Q, once the consumers
+  released the previous tile's Q, then of K and V blocks into a `stages`-deep ring. Each
+  stage's "full" mbarrier is armed with its byte count and completed by the TMA unit; a stage
+  is refilled after every consumer released it on its "empty" mbarrier. Rows past a
+  sequence's end arrive as zeros. The ring's position carries over from tile to tile.
+- Consumers (64 query rows each; setmaxnreg per `WgmmaTiles.registers`): S = Q Kᵀ and
+  O += P V with warpgroup MMAs, P kept in registers. Each turn issues S_j together with
+  P_(j-1) V_(j-1) and runs softmax(S_j) while P V still runs; a ring of named barriers makes
+  the consumers take turns, so one's softmax also hides under the others' GEMMs. O leaves
   through shared memory in 16-byte stores: its own buffer where it fits (then Q is released
   right after the tile's last S = Q Kᵀ), else the consumer's Q buffer (released after the store).
 
-Modes as the kernel sees them (element strides; the innermost head-dim stride is 1, checked
-at build time), the parameter ABI being `sdpa_common.param_list`:
-  Q, O : (s_q, d)   at base + b * stride_b + h_q * stride_h
-  K, V : (s_kv, d)  at base + b * stride_b + (h_q // group) * stride_h     (GQA / MQA)
+Tensor maps (Q, K, V) are kernel parameters; `tensor_maps` builds them, and the build runs the
+same code on the CPU (`encode_tensor_maps`) so the plan holds each launch's maps. Modes as the
+kernel sees them (element strides; the innermost head-dim stride is 1, checked at build time),
+the parameter ABI being `sdpa_common.param_list`:
+  Q    : (s_q, d, h_q, b)    tensor map
+  K, V : (s_kv, d, h_kv, b)  tensor maps; head h_q reads h_q // group           (GQA / MQA)
+  O    : (s_q, d)   at base + b * stride_b + h_q * stride_h
   LSE  : (s_q,)     fp32, natural log of the row's sum of exp(scaled score), optional
 
 Constraints: fp16 / bf16; head dim 64, 128 or 256 (static); rows of Q, K, V, O 16-byte
