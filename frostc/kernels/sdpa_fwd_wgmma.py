@@ -284,6 +284,14 @@ class SdpaForwardWgmma:
             )  # fmt: skip
 
     @cute.jit
+    def _schedule(self, shape):
+        """This CTA's walk over the tiles, the same for the producer and the consumers:
+        (first tile, number of tiles, stride)."""
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        return bidx, shape.m_blocks * shape.heads_q * shape.batch, grid
+
+    @cute.jit
     def _tile(self, tile, shape):
         """Tile index -> (query block, head, batch). Non-causal: query blocks of one head are
         neighbours (they share K and V in L2). Causal: longest first, so the short tiles
@@ -310,12 +318,10 @@ class SdpaForwardWgmma:
         wg_m = t.block_m // t.consumers
         (q_tma, mQ), (k_tma, mK), (v_tma, mV) = q_load, k_load, v_load
         one = cute.make_layout(1)
-        bidx, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        num_tiles = shape.m_blocks * shape.heads_q * shape.batch
+        first, num_tiles, grid = self._schedule(shape)
         loaded = cutlass.Int32(0)  # K/V blocks issued so far: the ring position
         tile_count = cutlass.Int32(0)
-        for tile in range(bidx, num_tiles, grid):
+        for tile in range(first, num_tiles, grid):
             m_block, head, batch = self._tile(tile, shape)
             head_kv = head // shape.group
             n_block_max = self._key_blocks(m_block, shape)
@@ -394,12 +400,10 @@ class SdpaForwardWgmma:
         if cw == consumers - 1:
             their_turn.arrive()  # consumer 0 goes first
 
-        bidx, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        num_tiles = shape.m_blocks * shape.heads_q * shape.batch
+        first, num_tiles, grid = self._schedule(shape)
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
         tile_count = cutlass.Int32(0)
-        for tile in range(bidx, num_tiles, grid):
+        for tile in range(first, num_tiles, grid):
             m_block, head, batch = self._tile(tile, shape)
             n_block_max = self._key_blocks(m_block, shape)
             row_tile = m_block * t.consumers + cw
