@@ -19,6 +19,8 @@ ROW_ALIGN_ELEMS = 8  # 16-byte cp.async rows of 2-byte elements
 # records the measurements that chose it.
 KERNEL_FOR_HEAD_DIM = {64: "wgmma", 128: "wgmma", 256: "wgmma"}
 GRID_YZ_MAX = 65535
+TMA_STRIDE_LIMIT = 1 << 40  # bytes: the largest global stride a tensor map can hold, exclusive
+ELEMENT_BYTES = 2  # bf16 / fp16, the types the kernels load
 INT32_MAX = (1 << 31) - 1
 
 
@@ -180,6 +182,8 @@ def _check_supported(graph: Graph, node: Sdpa, problems: list[Problem]) -> None:
         problems.append(Problem("target", f'target {graph.target!r} is not supported; use "sm_90a"'))
     for name in (node.q, node.k, node.v, node.o):
         _check_row_layout(graph.tensor(name), problems)
+    for name in (node.q, node.k, node.v):
+        _check_tma_strides(graph.tensor(name), problems)
     for value, what, path in (
         (node.seq_q, "query length", f"{q.path}.dims[2]"),
         (node.seq_kv, "key length", f"{graph.tensor(node.k).path}.dims[2]"),
@@ -211,6 +215,19 @@ def _check_row_layout(t: Tensor, problems: list[Problem]) -> None:
                     f"{t.path}.strides[{i}]",
                     f"stride {t.strides[i]} of dim {letter} must be a multiple of {ROW_ALIGN_ELEMS} elements "
                     "(16 bytes) so rows can be loaded in 16-byte pieces",
+                )
+            )
+
+
+def _check_tma_strides(t: Tensor, problems: list[Problem]) -> None:
+    """Q, K and V are loaded through TMA tensor maps, whose strides must stay under 2**40 bytes."""
+    for i, letter in enumerate("bhs"):
+        if t.dims[i] > 1 and t.strides[i] * ELEMENT_BYTES >= TMA_STRIDE_LIMIT:
+            problems.append(
+                Problem(
+                    f"{t.path}.strides[{i}]",
+                    f"stride {t.strides[i]} of dim {letter} is {t.strides[i] * ELEMENT_BYTES} bytes; TMA "
+                    f"loads need strides under 2**40 bytes ({TMA_STRIDE_LIMIT // ELEMENT_BYTES} elements)",
                 )
             )
 

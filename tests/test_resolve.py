@@ -291,6 +291,13 @@ def test_stride_of_an_extent_1_dim_is_not_checked() -> None:
     assert plan.slots[0].strides == (3, 200 * 64, 8 * 64, 1)
 
 
+def test_stride_beyond_what_a_tensor_map_holds_is_declined() -> None:
+    big = 1 << 39  # elements: 2**40 bytes
+    found = declined(graph_builder(b=2, strides={"k": (big, 256 * 64, 64, 1)}))
+    assert [p.path for p in found] == ["tensors.k.strides[0]"]
+    assert "under 2**40 bytes" in found[0].message
+
+
 def test_several_problems_are_reported_at_once() -> None:
     strides = {
         "k": (2 * 256 * 100, 256 * 100, 100, 1),  # s stride 100 is not a multiple of 8
