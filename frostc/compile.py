@@ -16,7 +16,10 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from frost_runtime.schema import PARAM_KINDS, TMAP_ADDRESS_BYTES
+
 from frostc.errors import FrostcError
+from frostc.kernels.sdpa_common import LOADED
 from frostc.resolve import KernelVariant, LaunchShape
 
 MIN_DRIVER = 13000  # CUDA 13.0: the oldest driver these cubins were run on
@@ -141,7 +144,7 @@ def check_abi(name: str, ptx: str, entry: str, params: tuple[tuple[str, str], ..
 
 # ------------------------------------------------------------------------------ tensor maps
 
-TMAP_BYTES = 128
+TMAP_BYTES = PARAM_KINDS["tmap"]
 _encoders: dict[KernelVariant, Callable] = {}
 
 
@@ -150,17 +153,18 @@ def encode_tensor_maps(variant: KernelVariant, shape: LaunchShape) -> dict[str, 
     call by the runtime), keyed by parameter name (`q.tmap`, ...)."""
     first = _encode(variant, shape, base=0x10000)
     second = _encode(variant, shape, base=0x7F00_0000_0000)
+    address, rest = TMAP_ADDRESS_BYTES, slice(TMAP_ADDRESS_BYTES.stop, None)
     maps = {}
-    for i, name in enumerate(("q", "k", "v")):
+    for i, name in enumerate(LOADED):
         a, b = (blob[i * TMAP_BYTES : (i + 1) * TMAP_BYTES] for blob in (first, second))
-        addr_a, addr_b = (int.from_bytes(x[:8], "little") for x in (a, b))
+        addr_a, addr_b = (int.from_bytes(x[address], "little") for x in (a, b))
         base_a, base_b = (0x10000 + i * 0x1000, 0x7F00_0000_0000 + i * 0x1000)
-        if a[8:] != b[8:] or (addr_a, addr_b) != (base_a, base_b):
+        if a[rest] != b[rest] or (addr_a, addr_b) != (base_a, base_b):
             raise CompileError(
                 f"{variant.name}: the DSL's tensor map for {name} does not hold its global address in "
                 "bytes 0..7; the runtime could not patch it (a DSL upgrade changed the encoding?)"
             )
-        maps[f"{name}.tmap"] = bytes(8) + a[8:]
+        maps[f"{name}.tmap"] = bytes(TMAP_ADDRESS_BYTES.stop) + a[rest]
     return maps
 
 
@@ -171,23 +175,23 @@ def _encode(variant: KernelVariant, shape: LaunchShape, base: int) -> bytes:
     from cutlass.cute.runtime import make_ptr
     from cutlass.cute.typing import AddressSpace
 
-    encoder = _encoders.get(variant) or _compile_encoder(variant)
-    _encoders[variant] = encoder
-    raw = (ctypes.c_uint8 * (3 * TMAP_BYTES + 64))()
+    if variant not in _encoders:  # compiled once per variant, called for every launch
+        _encoders[variant] = _compile_encoder(variant)
+    raw = (ctypes.c_uint8 * (len(LOADED) * TMAP_BYTES + 64))()
     out_addr = (ctypes.addressof(raw) + 63) // 64 * 64
     dtype = _dsl_dtype(variant.dtype)
-    pointers = [make_ptr(dtype, base + i * 0x1000, AddressSpace.gmem, assumed_align=16) for i in range(3)]
+    pointers = [make_ptr(dtype, base + i * 0x1000, AddressSpace.gmem, assumed_align=16) for i in range(len(LOADED))]
     out = make_ptr(cutlass.Uint8, out_addr, AddressSpace.gmem, assumed_align=64)
     strides = tuple(cutlass.Int64(x) for triple in shape.strides for x in triple)
     i32 = cutlass.Int32
     try:
-        encoder(
+        _encoders[variant](
             *pointers, out, i32(shape.batch), i32(shape.heads_q), i32(shape.seq_q), i32(shape.seq_kv),
             i32(shape.group), strides,
         )  # fmt: skip
     except Exception as exc:
         raise CompileError(f"{variant.name}: encoding the tensor maps failed: {exc}") from exc
-    return bytes((ctypes.c_uint8 * (3 * TMAP_BYTES)).from_address(out_addr))
+    return bytes((ctypes.c_uint8 * (len(LOADED) * TMAP_BYTES)).from_address(out_addr))
 
 
 def _compile_encoder(variant: KernelVariant):

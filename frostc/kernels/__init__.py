@@ -16,7 +16,7 @@ TARGET_ARCH = "sm_90a"
 _dump_dir = tempfile.mkdtemp(prefix="frostc-dsl-")
 atexit.register(shutil.rmtree, _dump_dir, ignore_errors=True)
 os.environ["CUTE_DSL_ARCH"] = TARGET_ARCH
-os.environ["CUTE_DSL_KEEP"] = os.environ.get("FROSTC_DSL_KEEP_DEBUG", "cubin,ptx")
-os.environ["CUTE_DSL_DUMP_DIR"] = os.environ.get("FROSTC_DSL_DUMP_DEBUG", _dump_dir)
+os.environ["CUTE_DSL_KEEP"] = "cubin,ptx"
+os.environ["CUTE_DSL_DUMP_DIR"] = _dump_dir
 os.environ["CUTE_DSL_NO_CACHE"] = "1"
 os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
