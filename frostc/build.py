@@ -17,7 +17,8 @@ from frost_runtime import schema
 from frostc.compile import compile_kernels, encode_tensor_maps
 from frostc.description import Description, to_toml
 from frostc.planfile import assemble
-from frostc.resolve import KernelVariant, resolve
+from frostc.resolve import resolve
+from frostc.resolved import KernelVariant
 from frostc.validate import validate
 
 Progress = Callable[[str, KernelVariant], None]  # ("start" | "done", variant)
@@ -33,7 +34,7 @@ def build(desc: Description, progress: Progress | None = None, dump_dir: str | P
         on_start=lambda v: report("start", v),
         on_done=lambda v: report("done", v),
     )
-    tensor_maps = [encode_tensor_maps(launch.variant, launch.shape) for launch in resolved.launches]
+    tensor_maps = [encode_tensor_maps(launch) for launch in resolved.launches]
     plan = assemble(resolved, kernels, tensor_maps, desc.to_dict())
     data = schema.encode_plan(plan)
     if dump_dir is not None:
@@ -52,4 +53,21 @@ def _dump(folder: Path, desc, graph, resolved, kernels) -> None:
 
 
 def _json(obj) -> str:
-    return json.dumps(dataclasses.asdict(obj), indent=2, default=str) + "\n"
+    return json.dumps(_plain(obj), indent=2, default=str) + "\n"
+
+
+def _plain(obj):
+    """Dataclasses as dicts with their kind, and (for nodes) what they read and write."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {"kind": type(obj).__name__}
+        out |= {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        if hasattr(obj, "name") and not isinstance(obj, (str,)) and hasattr(type(obj), "inputs"):
+            out |= {"op": obj.op, "inputs": list(obj.inputs), "outputs": list(obj.outputs)}
+        if hasattr(type(obj), "params") and hasattr(obj, "tiles"):  # a kernel variant
+            out |= {"name": obj.name, "tiles": obj.tiles}
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    return obj

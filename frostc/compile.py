@@ -2,8 +2,9 @@
 and encode each launch's TMA tensor maps.
 
 Nothing real is needed: pointers and scalars are stand-ins whose types (and alignment) are all
-the DSL uses. The parameter ABI the runtime will pack is checked against the PTX entry's own
-signature, so a kernel edit that changes its parameters fails here, not on the GPU.
+the DSL uses; each variant provides its own (`compile_args`). The parameter ABI the runtime
+will pack is checked against the PTX entry's own signature, so a kernel edit that changes its
+parameters fails here, not on the GPU.
 
 Tensor maps: the DSL's host code encodes a TMA descriptor itself (no driver call), so it runs
 here, on the CPU, for each launch's extents and strides. Only the global address differs from
@@ -11,6 +12,7 @@ call to call; the runtime writes it into the map's first 8 bytes, which is check
 encoding every map at two addresses.
 """
 
+import ctypes
 import importlib.metadata
 import re
 from collections.abc import Callable, Iterable
@@ -19,8 +21,7 @@ from dataclasses import dataclass, field
 from frost_runtime.schema import PARAM_KINDS, TMAP_ADDRESS_BYTES
 
 from frostc.errors import FrostcError
-from frostc.kernels.sdpa_common import LOADED
-from frostc.resolve import KernelVariant, LaunchShape
+from frostc.resolved import KernelVariant, ResolvedLaunch
 
 MIN_DRIVER = 13000  # CUDA 13.0: the oldest driver these cubins were run on
 
@@ -39,6 +40,7 @@ class CompiledKernel:
     smem_bytes: int
     grid_rule: str
     tiles: dict[str, int]
+    ctas_per_sm: int
 
 
 def dsl_version() -> str:
@@ -58,70 +60,43 @@ def compile_kernels(
     for variant in variants:
         on_start(variant)
         if variant not in _cache:
-            _cache[variant] = _compile_sdpa(variant)
+            _cache[variant] = _compile(variant)
         out[variant] = _cache[variant]
         on_done(variant)
     return out
 
 
-def _dsl_dtype(name: str):
-    import cutlass
-
-    return {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[name]
-
-
-def _compile_sdpa(variant: KernelVariant) -> CompiledKernel:
-    import cutlass
+def _compile(variant: KernelVariant) -> CompiledKernel:
     import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream, make_ptr
-    from cutlass.cute.typing import AddressSpace
 
-    from frostc.kernels.sdpa_common import param_list
+    import frostc.kernels  # noqa: F401  (sets the DSL's environment before it is first used)
 
-    dtype = _dsl_dtype(variant.dtype)
-    kernel = variant.module.Kernel(dtype, variant.head_dim, variant.causal, variant.has_lse)
-
-    def pointer(elem, align: int):
-        return make_ptr(elem, 0, AddressSpace.gmem, assumed_align=align)
-
-    i32, i64 = cutlass.Int32, cutlass.Int64
+    kernel = variant.kernel()
     try:
-        compiled = cute.compile(
-            kernel,
-            *(pointer(dtype, 16) for _ in range(4)),
-            pointer(cutlass.Float32, 4),
-            i32(1),
-            i32(1),
-            i32(1),
-            i32(1),
-            i32(1),  # batch, heads_q, seq_q, seq_kv, group
-            tuple(i64(8) for _ in range(15)),  # (b, h, s) strides of q, k, v, o, lse
-            cutlass.Float32(1.0),
-            make_fake_stream(),
-        )
+        compiled = cute.compile(kernel, *variant.compile_args())
     except Exception as exc:  # the DSL raises many types; the user needs the variant and the text
         raise CompileError(f"compiling {variant.name} failed: {exc}") from exc
     entries = list(compiled.kernel_info)
     if len(entries) != 1 or not isinstance(compiled.__cubin__, bytes):
         raise CompileError(f"{variant.name}: expected one kernel and its cubin, got entries {entries}")
-    params = tuple(param_list())
+    params = tuple(variant.params)
     check_abi(variant.name, compiled.__ptx__, entries[0], params)
-    tiles = kernel.tiles
     return CompiledKernel(
         variant=variant,
         entry=entries[0],
         cubin=compiled.__cubin__,
         params=params,
-        block=(tiles.num_threads, 1, 1),
+        block=variant.block,
         smem_bytes=kernel.smem_bytes,
         grid_rule=variant.grid_rule,
-        tiles=tiles.as_dict(),
+        tiles=variant.tiles,
+        ctas_per_sm=variant.ctas_per_sm,
     )
 
 
 _PTX_KIND = {
     "ptr": r"\.u64 \.ptr",
-    "i32": r"\.u32",
+    "i32": r"(\.u32|\.align 4 \.b8 \S+\[4\])",  # a one-int struct (a coordinate tensor's extent) too
     "i64": r"\.u64(?! \.ptr)",
     "f32": r"\.f32",
     "tmap": r"\.align 64 \.b8 \S+\[128\]",
@@ -148,67 +123,43 @@ TMAP_BYTES = PARAM_KINDS["tmap"]
 _encoders: dict[KernelVariant, Callable] = {}
 
 
-def encode_tensor_maps(variant: KernelVariant, shape: LaunchShape) -> dict[str, bytes]:
-    """The 128-byte tensor maps of Q, K and V for one launch, global address zero (patched per
-    call by the runtime), keyed by parameter name (`q.tmap`, ...)."""
-    first = _encode(variant, shape, base=0x10000)
-    second = _encode(variant, shape, base=0x7F00_0000_0000)
+def encode_tensor_maps(launch: ResolvedLaunch) -> dict[str, bytes]:
+    """The launch's 128-byte tensor maps with global address zero (patched per call by the
+    runtime), keyed by parameter name (`q.tmap`, ...); empty for a kernel that takes none."""
+    if launch.tensor_map_shape is None:
+        return {}
+    variant = launch.variant
+    names = variant.tensor_map_params
+    bases = (0x10000, 0x7F00_0000_0000)
+    blobs = [_encode(variant, launch.tensor_map_shape, base) for base in bases]
     address, rest = TMAP_ADDRESS_BYTES, slice(TMAP_ADDRESS_BYTES.stop, None)
     maps = {}
-    for i, name in enumerate(LOADED):
-        a, b = (blob[i * TMAP_BYTES : (i + 1) * TMAP_BYTES] for blob in (first, second))
-        addr_a, addr_b = (int.from_bytes(x[address], "little") for x in (a, b))
-        base_a, base_b = (0x10000 + i * 0x1000, 0x7F00_0000_0000 + i * 0x1000)
-        if a[rest] != b[rest] or (addr_a, addr_b) != (base_a, base_b):
+    for i, name in enumerate(names):
+        a, b = (blob[i * TMAP_BYTES : (i + 1) * TMAP_BYTES] for blob in blobs)
+        found = tuple(int.from_bytes(x[address], "little") for x in (a, b))
+        if a[rest] != b[rest] or found != tuple(base + i * 0x1000 for base in bases):
             raise CompileError(
-                f"{variant.name}: the DSL's tensor map for {name} does not hold its global address in "
+                f"{variant.name}: the DSL's tensor map {name} does not hold its global address in "
                 "bytes 0..7; the runtime could not patch it (a DSL upgrade changed the encoding?)"
             )
-        maps[f"{name}.tmap"] = bytes(TMAP_ADDRESS_BYTES.stop) + a[rest]
+        maps[name] = bytes(TMAP_ADDRESS_BYTES.stop) + a[rest]
     return maps
 
 
-def _encode(variant: KernelVariant, shape: LaunchShape, base: int) -> bytes:
-    import ctypes
-
-    import cutlass
-    from cutlass.cute.runtime import make_ptr
-    from cutlass.cute.typing import AddressSpace
+def _encode(variant, shape, base: int) -> bytes:
+    import cutlass.cute as cute
 
     if variant not in _encoders:  # compiled once per variant, called for every launch
-        _encoders[variant] = _compile_encoder(variant)
-    raw = (ctypes.c_uint8 * (len(LOADED) * TMAP_BYTES + 64))()
-    out_addr = (ctypes.addressof(raw) + 63) // 64 * 64
-    dtype = _dsl_dtype(variant.dtype)
-    pointers = [make_ptr(dtype, base + i * 0x1000, AddressSpace.gmem, assumed_align=16) for i in range(len(LOADED))]
-    out = make_ptr(cutlass.Uint8, out_addr, AddressSpace.gmem, assumed_align=64)
-    strides = tuple(cutlass.Int64(x) for triple in shape.strides for x in triple)
-    i32 = cutlass.Int32
+        try:
+            _encoders[variant] = cute.compile(variant.tensor_map_encoder(), *variant.tensor_map_compile_args())
+        except Exception as exc:
+            raise CompileError(f"compiling the tensor-map encoder of {variant.name} failed: {exc}") from exc
+    count = len(variant.tensor_map_params)
+    raw = (ctypes.c_uint8 * (count * TMAP_BYTES + 64))()
+    out = (ctypes.addressof(raw) + 63) // 64 * 64
+    addresses = [base + i * 0x1000 for i in range(count)]
     try:
-        _encoders[variant](
-            *pointers, out, i32(shape.batch), i32(shape.heads_q), i32(shape.seq_q), i32(shape.seq_kv),
-            i32(shape.group), strides,
-        )  # fmt: skip
+        _encoders[variant](*variant.tensor_map_args(shape, addresses, out))
     except Exception as exc:
         raise CompileError(f"{variant.name}: encoding the tensor maps failed: {exc}") from exc
-    return bytes((ctypes.c_uint8 * (len(LOADED) * TMAP_BYTES)).from_address(out_addr))
-
-
-def _compile_encoder(variant: KernelVariant):
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_ptr
-    from cutlass.cute.typing import AddressSpace
-
-    dtype = _dsl_dtype(variant.dtype)
-    kernel = variant.module.Kernel(dtype, variant.head_dim, variant.causal, variant.has_lse)
-    i32, i64 = cutlass.Int32, cutlass.Int64
-    fake = [make_ptr(dtype, 0x10000, AddressSpace.gmem, assumed_align=16) for _ in range(3)]
-    out = make_ptr(cutlass.Uint8, 0x10000, AddressSpace.gmem, assumed_align=64)
-    try:
-        return cute.compile(
-            kernel.encode_tensor_maps, *fake, out, i32(1), i32(1), i32(1), i32(1), i32(1),
-            tuple(i64(8) for _ in range(15)),
-        )  # fmt: skip
-    except Exception as exc:
-        raise CompileError(f"compiling the tensor-map encoder of {variant.name} failed: {exc}") from exc
+    return bytes((ctypes.c_uint8 * (count * TMAP_BYTES)).from_address(out))

@@ -28,7 +28,8 @@ FORMAT_VERSION = 1
 # The keys each table may hold, in the order `to_dict` and `to_toml` write them.
 TOP_KEYS = ("format", "name", "target", "tensors", "nodes")
 TENSOR_KEYS = ("dtype", "dims", "layout", "strides", "uid", "io")
-NODE_KEYS = ("op", "name", "q", "k", "v", "o", "lse", "attn_scale", "causal", "inference")
+# Every node has these; the rest of a node's keys belong to its op (frostc.ops), which checks them.
+NODE_KEYS = ("op", "name")
 
 # A value as written in the file, not yet type-checked (stage 2 does that); None means absent.
 Raw = Any
@@ -71,22 +72,23 @@ class TensorDecl:
 
 @dataclass(frozen=True)
 class NodeDecl:
-    """One `[[nodes]]` table; its index in `Description.nodes` is its identity until validated."""
+    """One `[[nodes]]` table; its index in `Description.nodes` is its identity until validated.
+
+    Which keys a node may hold depends on its op, so all but `op` and `name` are kept in
+    `keys`, in file order, for the op's own checks (`frostc.ops`)."""
 
     op: Raw = None
     name: Raw = None
-    q: Raw = None
-    k: Raw = None
-    v: Raw = None
-    o: Raw = None
-    lse: Raw = None
-    attn_scale: Raw = None
-    causal: Raw = None
-    inference: Raw = None
-    extra: Extra = ()
+    keys: Extra = ()
+
+    def get(self, key: str) -> Raw:
+        """The value written for `key`, None when absent."""
+        return next((value for k, value in self.keys if k == key), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return _decl_to_dict(self, NODE_KEYS)
+        out = {key: _thaw(getattr(self, key)) for key in NODE_KEYS if getattr(self, key) is not None}
+        out.update((key, _thaw(value)) for key, value in self.keys if value is not None)
+        return out
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class Description:
         return out
 
 
-def _decl_to_dict(decl: TensorDecl | NodeDecl, keys: tuple[str, ...]) -> dict[str, Any]:
+def _decl_to_dict(decl: TensorDecl, keys: tuple[str, ...]) -> dict[str, Any]:
     out = {key: _thaw(getattr(decl, key)) for key in keys if getattr(decl, key) is not None}
     out.update((key, _thaw(value)) for key, value in decl.extra)
     return out
@@ -250,7 +252,7 @@ def _node_decls(raw: Any, problems: list[Problem]) -> tuple[NodeDecl, ...]:
             problems.append(Problem(node_path(index), f"must be a table (a [[nodes]] entry), got {_kind(table)}"))
             continue
         known = {key: _freeze(table.get(key)) for key in NODE_KEYS}
-        decls.append(NodeDecl(**known, extra=_extra(table, NODE_KEYS)))
+        decls.append(NodeDecl(**known, keys=_extra(table, NODE_KEYS)))
     return tuple(decls)
 
 
@@ -387,34 +389,17 @@ class GraphBuilder:
         )
         return name
 
-    def sdpa(
-        self,
-        *,
-        q: str,
-        k: str,
-        v: str,
-        o: str,
-        lse: str | None = None,
-        attn_scale: float | None = None,
-        causal: bool | None = None,
-        inference: bool | None = None,
-        name: str | None = None,
-    ) -> str:
-        """Add an sdpa node; returns its name (the default "sdpa<index>" when none is given)."""
-        node = NodeDecl(
-            op="sdpa",
-            name=name,
-            q=q,
-            k=k,
-            v=v,
-            o=o,
-            lse=lse,
-            attn_scale=attn_scale,
-            causal=causal,
-            inference=inference,
-        )
-        self._nodes.append(node)
-        return name if name is not None else f"sdpa{len(self._nodes) - 1}"
+    def node(self, op: str, *, name: str | None = None, **keys: Any) -> str:
+        """Add a node of `op` with its keys as the description would write them (None: absent);
+        returns its name (the default "<op><index>" when none is given)."""
+        frozen = tuple((key, _freeze(value)) for key, value in keys.items() if value is not None)
+        self._nodes.append(NodeDecl(op=op, name=name, keys=frozen))
+        return name if name is not None else f"{op}{len(self._nodes) - 1}"
+
+    def sdpa(self, *, name: str | None = None, **keys: Any) -> str:
+        """An sdpa node: q, k, v, o, lse, causal, attn_scale, ... (frostc.ops.sdpa.KEYS lists them,
+        README.md explains them)."""
+        return self.node("sdpa", name=name, **keys)
 
     def build(self) -> Description:
         return Description(

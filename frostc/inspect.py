@@ -19,6 +19,9 @@ def _arg_text(a, plan) -> str | int | float | list[int]:
         return f"tensor map of slot {a.slot} ({plan.slots[a.slot].name}), sha256 {digest}"
     if a.slot >= 0:
         return f"slot {a.slot} ({plan.slots[a.slot].name})"
+    if a.workspace >= 0:
+        region = next((r.name for r in plan.workspace if r.offset == a.workspace), "?")
+        return f"workspace + {a.workspace} ({region})"
     return list(a.value) if isinstance(a.value, tuple) else a.value
 
 
@@ -56,6 +59,7 @@ def plan_summary(plan: schema.PlanData) -> dict:
         ],
         "launches": [
             {
+                "node": launch.node,
                 "kernel": plan.kernels[launch.kernel].name,
                 "grid": list(launch.grid),
                 "args": {p.name: _arg_text(a, plan) for p, a in zip(plan.kernels[launch.kernel].params, launch.args)},
@@ -63,6 +67,11 @@ def plan_summary(plan: schema.PlanData) -> dict:
             for launch in plan.launches
         ],
         "workspace_bytes": plan.workspace_bytes,
+        "workspace": [{"name": r.name, "offset": r.offset, "bytes": r.bytes} for r in plan.workspace],
+        "lengths": [
+            {"slot": c.slot, "name": plan.slots[c.slot].name, "kind": c.kind, "longest": c.longest, "total": c.total}
+            for c in plan.lengths
+        ],
     }
 
 
@@ -94,9 +103,22 @@ def print_plan(plan: schema.PlanData, console: Console) -> None:
         console.print(_table(f"Kernel {i}: {escape(k['name'])}", rows, ["field", "value"]))
     for i, launch in enumerate(s["launches"]):
         rows = [{"param": k, "value": v} for k, v in launch["args"].items()]
-        title = f"Launch {i}: {escape(launch['kernel'])}  grid {tuple(launch['grid'])}"
+        title = f"Launch {i} (node {escape(launch['node'])}): {escape(launch['kernel'])}  grid {tuple(launch['grid'])}"
         console.print(_table(title, rows, ["param", "value"]))
-    console.print(f"Workspace: {s['workspace_bytes']} bytes")
+    if s["lengths"]:
+        rows = [dict(c, contract=_contract_text(c)) for c in s["lengths"]]
+        console.print(_table("Sequence lengths (the caller's contract)", rows, ["slot", "name", "contract"]))
+    if s["workspace"]:
+        title = f"Workspace: {s['workspace_bytes']} bytes (the caller's; plan.allocate_workspace())"
+        console.print(_table(title, s["workspace"], ["name", "offset", "bytes"]))
+    else:
+        console.print(f"Workspace: {s['workspace_bytes']} bytes")
+
+
+def _contract_text(c: dict) -> str:
+    if c["kind"] == "offsets":
+        return f"prefix sums, non-decreasing, from >= 0 to <= {c['total']} tokens, each sequence <= {c['longest']}"
+    return f"each length in [0, {c['longest']}]"
 
 
 def _kv(d: dict) -> str:

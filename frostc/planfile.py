@@ -12,7 +12,7 @@ from frost_runtime import schema
 
 import frostc
 from frostc.compile import MIN_DRIVER, CompiledKernel, dsl_version
-from frostc.resolve import Arg, KernelVariant, ResolvedPlan
+from frostc.resolved import Arg, KernelVariant, ResolvedPlan
 
 
 def assemble(
@@ -40,6 +40,7 @@ def assemble(
         kernels=tuple(_kernel(kernels[v]) for v in variants),
         launches=tuple(
             schema.Launch(
+                node=launch.node,
                 kernel=index[launch.variant],
                 grid=launch.grid,
                 args=tuple(_arg(a, maps) for a in launch.args),
@@ -47,6 +48,8 @@ def assemble(
             for launch, maps in zip(plan.launches, tensor_maps, strict=True)
         ),
         workspace_bytes=plan.workspace_bytes,
+        workspace=tuple(schema.WorkspaceRegion(r.name, r.offset, r.bytes) for r in plan.workspace),
+        lengths=tuple(schema.LengthContract(c.slot, c.kind, c.longest, c.total) for c in plan.lengths),
     )
 
 
@@ -55,6 +58,8 @@ def _arg(a: Arg, maps: dict[str, bytes]) -> schema.Arg:
         return schema.Arg(slot=a.slot, tmap=maps[a.param])
     if a.slot >= 0:
         return schema.Arg(slot=a.slot)
+    if a.workspace >= 0:
+        return schema.Arg(workspace=a.workspace)
     return schema.Arg(value=a.value)
 
 
@@ -69,7 +74,7 @@ def _kernel(k: CompiledKernel) -> schema.Kernel:
         smem_bytes=k.smem_bytes,
         grid_rule=k.grid_rule,
         tiles=k.tiles,
-        ctas_per_sm=k.tiles.get("ctas_per_sm", 0),
+        ctas_per_sm=k.ctas_per_sm,
     )
 
 

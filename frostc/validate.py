@@ -5,20 +5,31 @@ its field path), because fixing a description one error per run is tedious. Chec
 checks depend on hand partial results forward (None where a field was invalid), so one bad
 field produces one problem, not a cascade.
 
-Only what the description means is checked here; what the kernels support (head dims, stride
-alignment, unit innermost stride) is a later stage's business.
+This module checks what every description shares (header, tensors, uids, how tensors are
+used); each node is checked by its op (`frostc.ops`), through a `NodeContext`. A tensor's
+`layout` names its dims by letters, and the letters depend on the role the tensor plays
+("bhsd" for a dense q, "thd" for a packed one), so layouts become strides only after the nodes
+are checked. What the kernels support (head dims, stride alignment) is the next stage's business.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
-import math
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from frostc import ops
+from frostc.checks import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_int_list,
+    check_positive_float,
+    check_unknown_keys,
+    describe,
+    is_int,
+)
 from frostc.description import (
     FORMAT_VERSION,
     NODE_KEYS,
@@ -32,78 +43,15 @@ from frostc.description import (
     tensor_path,
 )
 from frostc.errors import DescriptionError, Problem
+from frostc.graph import Graph, Node, Tensor
 
 DEFAULT_TARGET = "sm_90a"
 SUPPORTED_TARGETS = ("sm_90a",)
-DTYPES = ("bf16", "fp16", "fp32")
-SDPA_DTYPES = ("bf16", "fp16")  # q, k, v and o
-LSE_DTYPE = "fp32"
+DTYPES = ("bf16", "fp16", "fp32", "int32")
 IO_KINDS = ("input", "output")
-
-# Logical dim letters by rank, in the order dims are written: (b, h, s, d), or (b, h, s) for lse.
-DIM_LETTERS = {4: "bhsd", 3: "bhs"}
-INPUT_ROLES = ("q", "k", "v")
-OUTPUT_ROLES = ("o", "lse")
-ROLE_DIMS = {
-    "q": "(b, hq, sq, d)",
-    "k": "(b, hkv, skv, d)",
-    "v": "(b, hkv, skv, dv)",
-    "o": "(b, hq, sq, dv)",
-    "lse": "(b, hq, sq)",
-}
 
 _GRAPH_NAME = re.compile(r"[A-Za-z0-9._-]+")
 _TENSOR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """A validated tensor."""
-
-    name: str
-    uid: int | None  # as given; None when absent (a later stage assigns)
-    dtype: str  # "bf16" | "fp16" | "fp32"
-    dims: tuple[int, ...]  # logical: (b, h, s, d), or (b, h, s) for lse
-    strides: tuple[int, ...]  # element strides in logical dim order, always resolved
-    is_output: bool
-    path: str  # "tensors.q", for later stages' error messages
-
-
-@dataclass(frozen=True)
-class Sdpa:
-    """A validated scaled-dot-product-attention node."""
-
-    name: str
-    q: str
-    k: str
-    v: str
-    o: str
-    lse: str | None
-    attn_scale: float  # resolved: 1/sqrt(head_dim) when not given
-    causal: bool  # top-left aligned: row i sees keys 0..i
-    inference: bool
-    path: str  # "nodes[0]"
-    # Derived from the tensors, for later stages' convenience.
-    batch: int
-    heads_q: int
-    heads_kv: int
-    seq_q: int
-    seq_kv: int
-    head_dim: int
-
-
-@dataclass(frozen=True)
-class Graph:
-    name: str
-    target: str
-    tensors: tuple[Tensor, ...]  # in the order declared in the file
-    nodes: tuple[Sdpa, ...]
-
-    def tensor(self, name: str) -> Tensor:
-        for t in self.tensors:
-            if t.name == name:
-                return t
-        raise KeyError(f"no tensor named {name!r} in graph {self.name!r}")
 
 
 def validate(desc: Description) -> Graph:
@@ -112,84 +60,23 @@ def validate(desc: Description) -> Graph:
     target = _check_header(desc, problems)
     checked = {t.name: _check_tensor(t, problems) for t in desc.tensors}
     _check_uids(desc.tensors, problems)
-    nodes = [_check_node(i, n, checked, problems) for i, n in enumerate(desc.nodes)]
-    _check_node_count(len(desc.nodes), problems)
-    for node in nodes:
-        _check_sdpa_tensors(node, checked, problems)
-    is_output = _check_uses(nodes, checked, problems)
+    contexts = [NodeContext(i, n, checked, problems) for i, n in enumerate(desc.nodes)]
+    nodes = [_check_node(ctx) for ctx in contexts]
+    _check_node_names(contexts, problems)
+    if not desc.nodes:
+        problems.append(Problem("nodes", 'no nodes; add a [[nodes]] table, e.g. op = "sdpa"'))
+    is_output = _check_uses(contexts, checked, problems)
     for name, c in checked.items():
+        c.strides = _resolve_strides(c, [u for ctx in contexts for u in ctx.uses if u.tensor == name], problems)
         if is_output[name]:
             _check_no_overlap(c, problems)
     if problems:
         raise DescriptionError(problems)
-    return _build(desc, target, checked, nodes, is_output)
-
-
-# ---------------------------------------------------------------------------------------------
-# Small checks shared by all fields
-
-
-def _describe(value: Any) -> str:
-    """A value with its type, as the user would have written it."""
-    if isinstance(value, bool):
-        return f"bool {str(value).lower()}"
-    if isinstance(value, int):
-        return f"int {value}"
-    if isinstance(value, float):
-        return f"float {value!r}"
-    if isinstance(value, str):
-        return f"string {json.dumps(value)}"
-    if isinstance(value, tuple | list):
-        return "an array"
-    if isinstance(value, dict):
-        return "a table"
-    return type(value).__name__
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # TOML true is not 1
-
-
-def _is_number(value: Any) -> bool:
-    return _is_int(value) or isinstance(value, float)
-
-
-def _quoted(choices: Iterable[str]) -> str:
-    return ", ".join(json.dumps(c) for c in choices)
-
-
-def _check_unknown_keys(
-    prefix: str, extra: tuple[tuple[str, Any], ...], valid: tuple[str, ...], problems: list[Problem]
-) -> None:
-    for key, _ in extra:
-        # Unknown keys are nearly always typos, so suggest the closest valid one.
-        close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        problems.append(Problem(key_path(prefix, key), f"unknown key {key!r}{hint}; valid keys: {', '.join(valid)}"))
-
-
-def _check_choice(
-    path: str, value: Any, choices: tuple[str, ...], what: str, problems: list[Problem], *, required: bool
-) -> str | None:
-    """The value if it is one of `choices`; otherwise records a problem and returns None."""
-    if value is None:
-        if required:
-            problems.append(Problem(path, f"missing; give the {what}, one of {_quoted(choices)}"))
-        return None
-    if not isinstance(value, str):
-        problems.append(Problem(path, f"expected a string, one of {_quoted(choices)}; got {_describe(value)}"))
-        return None
-    if value not in choices:
-        problems.append(Problem(path, f"unknown {what} {json.dumps(value)}; valid: {_quoted(choices)}"))
-        return None
-    return value
-
-
-def _check_bool(path: str, value: Any, problems: list[Problem]) -> bool | None:
-    if value is not None and not isinstance(value, bool):
-        problems.append(Problem(path, f"expected a bool (true or false), got {_describe(value)}"))
-        return None
-    return value
+    tensors = tuple(
+        Tensor(name, c.decl.uid, c.dtype, c.dims, c.strides, is_output[name], c.path)  # type: ignore[arg-type]
+        for name, c in checked.items()
+    )
+    return Graph(desc.name, target, tensors, tuple(nodes))  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,27 +85,28 @@ def _check_bool(path: str, value: Any, problems: list[Problem]) -> bool | None:
 
 def _check_header(desc: Description, problems: list[Problem]) -> str:
     """Checks format, name, target and top-level keys; returns the resolved target."""
-    _check_unknown_keys("", desc.extra, TOP_KEYS, problems)
+    check_unknown_keys("", desc.extra, TOP_KEYS, problems)
     if desc.format is None:
         problems.append(Problem("format", f"missing; add format = {FORMAT_VERSION} (the file format version)"))
-    elif not _is_int(desc.format):
-        problems.append(Problem("format", f"expected an int, got {_describe(desc.format)}; write format = 1"))
+    elif not is_int(desc.format):
+        problems.append(Problem("format", f"expected an int, got {describe(desc.format)}; write format = 1"))
     elif desc.format != FORMAT_VERSION:
         problems.append(Problem("format", f"unknown format version {desc.format}; only {FORMAT_VERSION} is known"))
 
     if desc.name is None:
         problems.append(Problem("name", 'missing; give the graph a name, e.g. name = "llama3-8b-prefill"'))
     elif not isinstance(desc.name, str):
-        problems.append(Problem("name", f"expected a string, got {_describe(desc.name)}"))
+        problems.append(Problem("name", f"expected a string, got {describe(desc.name)}"))
     elif not _GRAPH_NAME.fullmatch(desc.name):
         message = f"name {json.dumps(desc.name)} is not valid; use a non-empty string of A-Z a-z 0-9 . _ -"
         problems.append(Problem("name", message))
 
     target = desc.target if desc.target is not None else DEFAULT_TARGET
     if not isinstance(target, str):
-        problems.append(Problem("target", f"expected a string, got {_describe(target)}"))
+        problems.append(Problem("target", f"expected a string, got {describe(target)}"))
     elif target not in SUPPORTED_TARGETS:
-        message = f"target {json.dumps(target)} is not supported; only {_quoted(SUPPORTED_TARGETS)} is supported now"
+        supported = ", ".join(json.dumps(t) for t in SUPPORTED_TARGETS)
+        message = f"target {json.dumps(target)} is not supported; only {supported} is supported now"
         problems.append(Problem("target", message))
     return target
 
@@ -228,110 +116,107 @@ def _check_header(desc: Description, problems: list[Problem]) -> str:
 
 
 @dataclass
-class _Checked:
-    """What survived the checks of one tensor: None where that field was invalid."""
+class CheckedTensor:
+    """What survived the checks of one tensor: None where that field was invalid. `strides`
+    holds explicit strides until the uses are known, then the resolved ones."""
 
     decl: TensorDecl
     path: str
     dtype: str | None
     dims: tuple[int, ...] | None
+    layout: str | None
     strides: tuple[int, ...] | None
     io: str | None
+    placement_ok: bool = True  # False: layout/strides were invalid (already reported)
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}"
 
 
-def _check_tensor(t: TensorDecl, problems: list[Problem]) -> _Checked:
+def _check_tensor(t: TensorDecl, problems: list[Problem]) -> CheckedTensor:
     path = tensor_path(t.name)
-    _check_unknown_keys(path, t.extra, TENSOR_KEYS, problems)
+    check_unknown_keys(path, t.extra, TENSOR_KEYS, problems)
     if not _TENSOR_NAME.fullmatch(t.name):
         message = f"tensor name {json.dumps(t.name)} is not valid; use letters, digits and _, not starting with a digit"
         problems.append(Problem(path, message))
-    dtype = _check_choice(f"{path}.dtype", t.dtype, DTYPES, "dtype", problems, required=True)
+    dtype = check_choice(f"{path}.dtype", t.dtype, DTYPES, "dtype", problems, required=True)
     dims = _check_dims(f"{path}.dims", t.dims, problems)
-    strides = _check_placement(t, path, dims, problems)
-    io = _check_choice(f"{path}.io", t.io, IO_KINDS, "io", problems, required=False)
-    return _Checked(t, path, dtype, dims, strides, io)
-
-
-def _check_int_list(path: str, value: Any, what: str, minimum: int, problems: list[Problem]) -> tuple[int, ...] | None:
-    """An array of ints >= minimum, with a problem per bad entry at its index."""
-    if not isinstance(value, tuple):
-        problems.append(Problem(path, f"expected an array of {what} ints, got {_describe(value)}"))
-        return None
-    ok = True
-    for i, item in enumerate(value):
-        if not _is_int(item):
-            problems.append(Problem(f"{path}[{i}]", f"expected a {what} int, got {_describe(item)}"))
-            ok = False
-        elif item < minimum:
-            problems.append(Problem(f"{path}[{i}]", f"must be {what}, got {item}"))
-            ok = False
-    return value if ok else None
+    c = CheckedTensor(t, path, dtype, dims, None, None, None)
+    c.io = check_choice(f"{path}.io", t.io, IO_KINDS, "io", problems, required=False)
+    _check_placement(c, problems)
+    return c
 
 
 def _check_dims(path: str, dims: Any, problems: list[Problem]) -> tuple[int, ...] | None:
     if dims is None:
-        problems.append(Problem(path, "missing; give the logical dims, [b, h, s, d] (or [b, h, s] for lse)"))
+        problems.append(Problem(path, "missing; give the logical dims, e.g. [b, h, s, d] for a dense q"))
         return None
     # The rank is checked against the tensor's role by the node checks: it depends on use.
-    return _check_int_list(path, dims, "positive", 1, problems)
+    return check_int_list(path, dims, "positive", 1, problems)
 
 
-def _check_placement(
-    t: TensorDecl, path: str, dims: tuple[int, ...] | None, problems: list[Problem]
-) -> tuple[int, ...] | None:
-    """The tensor's strides, resolved from layout, strides or neither (contiguous)."""
-    strides = None if t.strides is None else _check_strides(f"{path}.strides", t.strides, dims, problems)
-    layout = None if t.layout is None else _check_layout(f"{path}.layout", t.layout, dims, problems)
+def _check_placement(c: CheckedTensor, problems: list[Problem]) -> None:
+    """Layout (letters, checked against the role later), strides, or neither (contiguous)."""
+    t = c.decl
     if t.layout is not None and t.strides is not None:
-        problems.append(Problem(path, "both layout and strides are given; give exactly one (or neither: contiguous)"))
-        return None
-    if dims is None:
-        return None
-    if layout is not None:
-        return strides_from_layout(dims, layout)
-    if t.layout is None and t.strides is None:
-        return contiguous_strides(dims)
-    return strides
+        problems.append(Problem(c.path, "both layout and strides are given; give exactly one (or neither: contiguous)"))
+        c.placement_ok = False
+        return
+    if t.layout is not None:
+        if not isinstance(t.layout, str) or not t.layout.isalpha():
+            problems.append(
+                Problem(c.at("layout"), f'expected a string of dim letters such as "bshd", got {describe(t.layout)}')
+            )
+            c.placement_ok = False
+        else:
+            c.layout = t.layout
+    if t.strides is not None:
+        strides = check_int_list(c.at("strides"), t.strides, "non-negative", 0, problems)
+        if strides is not None and c.dims is not None and len(strides) != len(c.dims):
+            message = (
+                f"has {len(strides)} entries but dims has {len(c.dims)}; give one element stride per dim, in dims order"
+            )
+            problems.append(Problem(c.at("strides"), message))
+            strides = None
+        c.strides = strides
+        c.placement_ok = strides is not None
 
 
-def _check_layout(path: str, layout: Any, dims: tuple[int, ...] | None, problems: list[Problem]) -> str | None:
-    if not isinstance(layout, str):
-        problems.append(Problem(path, f'expected a string such as "bshd", got {_describe(layout)}'))
+def _resolve_strides(c: CheckedTensor, uses: list[Use], problems: list[Problem]) -> tuple[int, ...] | None:
+    if c.dims is None or not c.placement_ok:
         return None
-    rank = len(dims) if dims is not None else None
-    if rank not in DIM_LETTERS:
-        # The rank is wrong or unknown, and is reported at dims; only catch a garbled layout here.
-        if not any(sorted(layout) == sorted(letters) for letters in DIM_LETTERS.values()):
-            problems.append(Problem(path, f'layout {json.dumps(layout)} is not a permutation of "bhsd" or "bhs"'))
-        return None
-    letters = DIM_LETTERS[rank]
-    if sorted(layout) != sorted(letters):
-        message = (
-            f"layout {json.dumps(layout)} is not a permutation of {json.dumps(letters)} (rank {rank} dims); "
-            f"give the physical order of ({', '.join(letters)}) outermost first"
+    if c.layout is None:
+        return c.strides if c.strides is not None else contiguous_strides(c.dims)
+    letter_sets = list(dict.fromkeys(u.letters for u in uses))
+    if not letter_sets:
+        return None  # unused: reported as such
+    if len(letter_sets) > 1:
+        roles = ", ".join(f"{u.path} ({', '.join(u.letters)})" for u in uses)
+        problems.append(
+            Problem(c.at("layout"), f"the tensor's roles name its dims differently ({roles}); give strides")
         )
-        problems.append(Problem(path, message))
         return None
-    return layout
-
-
-def _check_strides(
-    path: str, strides: Any, dims: tuple[int, ...] | None, problems: list[Problem]
-) -> tuple[int, ...] | None:
-    strides = _check_int_list(path, strides, "non-negative", 0, problems)
-    if strides is not None and dims is not None and len(strides) != len(dims):
-        message = f"has {len(strides)} entries but dims has {len(dims)}; give one element stride per dim, in dims order"
-        problems.append(Problem(path, message))
+    letters, use = letter_sets[0], uses[0]
+    if len(c.dims) != len(letters):
+        return None  # the rank is reported by the node's check
+    if sorted(c.layout) != sorted(letters):
+        message = (
+            f"layout {json.dumps(c.layout)} is not a permutation of {json.dumps(letters)} "
+            f"(the dims of {use.role}: {use.dims}); give the physical order of ({', '.join(letters)}) "
+            "outermost first"
+        )
+        problems.append(Problem(c.at("layout"), message))
         return None
-    return strides
+    return strides_from_layout(c.dims, c.layout, letters)
 
 
-def strides_from_layout(dims: tuple[int, ...], layout: str) -> tuple[int, ...]:
+def strides_from_layout(dims: tuple[int, ...], layout: str, letters: str | None = None) -> tuple[int, ...]:
     """Element strides, in logical dim order, of dims stored in `layout` order (outermost first).
+    `letters` names the logical dims (default: "bhsd", or "bhs" for rank 3).
 
     E.g. dims (b, h, s, d) with layout "bshd" give (s*h*d, d, h*d, 1).
     """
-    letters = DIM_LETTERS[len(dims)]
+    letters = letters or {4: "bhsd", 3: "bhs"}[len(dims)]
     strides = [0] * len(dims)
     step = 1
     for letter in reversed(layout):  # innermost first: it has stride 1
@@ -342,10 +227,7 @@ def strides_from_layout(dims: tuple[int, ...], layout: str) -> tuple[int, ...]:
 
 
 def contiguous_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
-    return strides_from_layout(dims, DIM_LETTERS[len(dims)]) if len(dims) in DIM_LETTERS else _row_major(dims)
-
-
-def _row_major(dims: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major: the last dim innermost."""
     strides = []
     step = 1
     for extent in reversed(dims):
@@ -374,7 +256,7 @@ def _first_overlap(dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int
     return None
 
 
-def _check_no_overlap(c: _Checked, problems: list[Problem]) -> None:
+def _check_no_overlap(c: CheckedTensor, problems: list[Problem]) -> None:
     # Only explicit strides can overlap; outputs must not (the kernel would race on its writes).
     if c.dims is None or c.strides is None or len(c.dims) != len(c.strides):
         return
@@ -382,13 +264,13 @@ def _check_no_overlap(c: _Checked, problems: list[Problem]) -> None:
     if found is None:
         return
     i, span = found
-    letter = DIM_LETTERS[len(c.dims)][i] if len(c.dims) in DIM_LETTERS else str(i)
+    letter = {4: "bhsd", 3: "bhs"}.get(len(c.dims), "?" * len(c.dims))[i]
     message = (
         f"strides {list(c.strides)} make distinct elements of output {c.decl.name!r} overlap: "
         f"dim {i} ({letter}, extent {c.dims[i]}) has stride {c.strides[i]} but the dims with smaller "
         f"strides span {span} elements; each stride must be at least that span"
     )
-    problems.append(Problem(f"{c.path}.strides", message))
+    problems.append(Problem(c.at("strides"), message))
 
 
 def _check_uids(tensors: tuple[TensorDecl, ...], problems: list[Problem]) -> None:
@@ -397,8 +279,8 @@ def _check_uids(tensors: tuple[TensorDecl, ...], problems: list[Problem]) -> Non
         if t.uid is None:
             continue
         path = f"{tensor_path(t.name)}.uid"
-        if not _is_int(t.uid):
-            problems.append(Problem(path, f"expected a positive int, got {_describe(t.uid)}"))
+        if not is_int(t.uid):
+            problems.append(Problem(path, f"expected a positive int, got {describe(t.uid)}"))
         elif t.uid <= 0:
             problems.append(Problem(path, f"must be positive, got {t.uid}; or omit it to have one assigned"))
         elif t.uid in owners:
@@ -408,161 +290,141 @@ def _check_uids(tensors: tuple[TensorDecl, ...], problems: list[Problem]) -> Non
 
 
 # ---------------------------------------------------------------------------------------------
-# Nodes
+# Nodes: the generic part; each op checks its own keys through a NodeContext
+
+
+@dataclass(frozen=True)
+class Use:
+    """One reference from a node to a tensor."""
+
+    tensor: str
+    role: str  # "q", "cu_seqlens_q", ...
+    path: str  # "nodes[0].q"
+    letters: str  # the logical dims' letters in this role, e.g. "bhsd"
+    dims: str  # the role's dims for messages, e.g. "(b, hq, sq, d)"
+    is_output: bool
 
 
 @dataclass
-class _Node:
-    """What survived the checks of one node: refs holds only roles naming a declared tensor."""
+class NodeContext:
+    """What an op's checks work with: the node's raw keys, the checked tensors, and where to
+    report problems. Tensor references go through `tensor()`, which records each use."""
 
-    path: str
-    name: str | None
-    refs: dict[str, str] = field(default_factory=dict)
-    attn_scale: float | None = None
-    causal: bool | None = None
-    inference: bool | None = None
+    index: int
+    decl: NodeDecl
+    tensors: dict[str, CheckedTensor]
+    problems: list[Problem]
+    uses: list[Use] = field(default_factory=list)
+    name: str | None = None
+    op_known: bool = False  # False: the node's references could not be read (no or unknown op)
+
+    @property
+    def path(self) -> str:
+        return node_path(self.index)
+
+    def at(self, key: str) -> str:
+        return key_path(self.path, key)
+
+    def value(self, key: str) -> Any:
+        return self.decl.get(key)
+
+    def given(self, key: str) -> bool:
+        return self.decl.get(key) is not None
+
+    def problem(self, key: str, message: str) -> None:
+        """A problem with one of this node's keys (the node itself when key is empty)."""
+        self.problems.append(Problem(self.at(key) if key else self.path, message))
+
+    def problems_at(self, path: str, message: str) -> None:
+        """A problem found through this node but located elsewhere (a tensor's dims, say)."""
+        self.problems.append(Problem(path, message))
+
+    def tensor(self, role: str, *, letters: str, dims: str, output: bool = False, required: bool = True):
+        """The tensor named by key `role`, recorded as a use with the role's logical dims;
+        None when absent or invalid. Its rank is checked against the role's."""
+        ref = self.value(role)
+        path = self.at(role)
+        if ref is None:
+            if required:
+                self.problems.append(Problem(path, f'missing; name the {role} tensor {dims}, e.g. {role} = "{role}"'))
+            return None
+        if not isinstance(ref, str):
+            self.problems.append(Problem(path, f"expected a tensor name (a string), got {describe(ref)}"))
+            return None
+        if ref not in self.tensors:
+            declared = f"declared tensors: {', '.join(self.tensors)}" if self.tensors else "no tensors are declared"
+            self.problems.append(Problem(path, f"no tensor named {json.dumps(ref)}; {declared}"))
+            return None
+        self.uses.append(Use(ref, role, path, letters, dims, output))
+        c = self.tensors[ref]
+        if c.dims is not None and len(c.dims) != len(letters):
+            message = f"{role} dims must be {dims} (rank {len(letters)}), got rank {len(c.dims)}"
+            self.problems.append(Problem(c.at("dims"), message))
+            return None
+        return c
+
+    def bool(self, key: str) -> bool | None:
+        return check_bool(self.at(key), self.value(key), self.problems)
+
+    def int(self, key: str, minimum: int, what: str) -> int | None:
+        return check_int(self.at(key), self.value(key), minimum, what, self.problems)
+
+    def positive_float(self, key: str, what: str) -> float | None:
+        return check_positive_float(self.at(key), self.value(key), what, self.problems)
+
+    def choice(self, key: str, choices: tuple[str, ...], what: str) -> str | None:
+        return check_choice(self.at(key), self.value(key), choices, what, self.problems, required=False)
 
 
-def _check_node(index: int, n: NodeDecl, checked: dict[str, _Checked], problems: list[Problem]) -> _Node:
-    path = node_path(index)
-    _check_unknown_keys(path, n.extra, NODE_KEYS, problems)
-    if n.op is None:
-        problems.append(Problem(f"{path}.op", 'missing; add op = "sdpa" (the only op)'))
-    elif not isinstance(n.op, str):
-        problems.append(Problem(f"{path}.op", f'expected a string ("sdpa"), got {_describe(n.op)}'))
-    elif n.op != "sdpa":
-        problems.append(Problem(f"{path}.op", f'unknown op {json.dumps(n.op)}; the only op is "sdpa"'))
-    name = f"sdpa{index}" if n.name is None else n.name
+def _check_node(ctx: NodeContext) -> Node | None:
+    op_name = ctx.decl.op
+    if op_name is None:
+        ctx.problem("op", f"missing; add op = one of {', '.join(json.dumps(o) for o in ops.OPS)}")
+        return None
+    if not isinstance(op_name, str):
+        ctx.problem("op", f"expected a string, got {describe(op_name)}")
+        return None
+    op = ops.OPS.get(op_name)
+    if op is None:
+        ctx.problem("op", f"unknown op {json.dumps(op_name)}; known ops: {', '.join(json.dumps(o) for o in ops.OPS)}")
+        return None
+    valid = NODE_KEYS + op.keys
+    check_unknown_keys(ctx.path, tuple(kv for kv in ctx.decl.keys if kv[0] not in valid), valid, ctx.problems)
+    name = f"{op_name}{ctx.index}" if ctx.decl.name is None else ctx.decl.name
     if not isinstance(name, str) or not name:
-        problems.append(Problem(f"{path}.name", f"expected a non-empty string, got {_describe(name)}"))
+        ctx.problem("name", f"expected a non-empty string, got {describe(name)}")
         name = None
-    node = _Node(path, name)
-    for role in INPUT_ROLES + OUTPUT_ROLES:
-        ref = _check_ref(f"{path}.{role}", role, getattr(n, role), checked, problems)
-        if ref is not None:
-            node.refs[role] = ref
-    node.attn_scale = _check_scale(f"{path}.attn_scale", n.attn_scale, problems)
-    node.causal = _check_bool(f"{path}.causal", n.causal, problems)
-    node.inference = _check_bool(f"{path}.inference", n.inference, problems)
-    if node.inference is False and n.lse is None:
-        message = (
-            'inference = false (training) requires lse: add lse = "<name>" naming an fp32 (b, hq, sq) '
-            "tensor for the softmax statistics"
-        )
-        problems.append(Problem(f"{path}.lse", message))
-    return node
+    ctx.name = name
+    ctx.op_known = True
+    return op.validate(ctx)
 
 
-def _check_ref(path: str, role: str, ref: Any, checked: dict[str, _Checked], problems: list[Problem]) -> str | None:
-    if ref is None:
-        if role != "lse":  # lse is the only optional tensor
-            problems.append(Problem(path, f'missing; name the {role} tensor {ROLE_DIMS[role]}, e.g. {role} = "{role}"'))
-        return None
-    if not isinstance(ref, str):
-        problems.append(Problem(path, f"expected a tensor name (a string), got {_describe(ref)}"))
-        return None
-    if ref not in checked:
-        declared = f"declared tensors: {', '.join(checked)}" if checked else "no tensors are declared"
-        problems.append(Problem(path, f"no tensor named {json.dumps(ref)}; {declared}"))
-        return None
-    return ref
-
-
-def _check_scale(path: str, scale: Any, problems: list[Problem]) -> float | None:
-    if scale is None:
-        return None
-    if not _is_number(scale):
-        problems.append(Problem(path, f"expected a float, got {_describe(scale)}"))
-        return None
-    if not (math.isfinite(scale) and scale > 0):
-        problems.append(Problem(path, f"must be finite and > 0, got {scale}; omit it for the default 1/sqrt(head dim)"))
-        return None
-    return float(scale)
-
-
-def _check_node_count(count: int, problems: list[Problem]) -> None:
-    if count == 0:
-        problems.append(Problem("nodes", 'no nodes; exactly one [[nodes]] table with op = "sdpa" is required'))
-    elif count > 1:
-        message = f"{count} nodes given; only one node is supported for now, more are not supported yet"
-        problems.append(Problem(node_path(1), message))
-
-
-def _check_sdpa_tensors(node: _Node, checked: dict[str, _Checked], problems: list[Problem]) -> None:
-    """Ranks, shapes and dtypes of the tensors of one sdpa node, against each other."""
-    tensors = {role: checked[ref] for role, ref in node.refs.items()}
-    dims = {}
-    for role, c in tensors.items():
-        if c.dims is None:
+def _check_node_names(contexts: list[NodeContext], problems: list[Problem]) -> None:
+    first: dict[str, str] = {}
+    for ctx in contexts:
+        if ctx.name is None:
             continue
-        rank = 3 if role == "lse" else 4
-        if len(c.dims) != rank:
-            message = f"{role} dims must be {ROLE_DIMS[role]} (rank {rank}), got rank {len(c.dims)}"
-            problems.append(Problem(f"{c.path}.dims", message))
+        if ctx.name in first:
+            problems.append(Problem(ctx.at("name"), f"node name {ctx.name!r} is already used by {first[ctx.name]}"))
         else:
-            dims[role] = c.dims
-    _check_shapes(dims, tensors, problems)
-    _check_dtypes(tensors, problems)
+            first[ctx.name] = ctx.path
 
 
-def _check_shapes(dims: dict[str, tuple[int, ...]], tensors: dict[str, _Checked], problems: list[Problem]) -> None:
-    def expect(role: str, i: int, ref: str, j: int, what: str) -> None:
-        if role in dims and ref in dims and dims[role][i] != dims[ref][j]:
-            message = f"{what} {dims[role][i]} does not match {ref}'s {dims[ref][j]}"
-            problems.append(Problem(f"{tensors[role].path}.dims[{i}]", message))
-
-    for role in ("k", "v", "o", "lse"):
-        expect(role, 0, "q", 0, "batch")
-    expect("k", 3, "q", 3, "head dim")
-    expect("v", 1, "k", 1, "kv heads")
-    expect("v", 2, "k", 2, "kv sequence length")
-    expect("o", 1, "q", 1, "heads")
-    expect("o", 2, "q", 2, "sequence length")
-    expect("o", 3, "v" if "v" in dims else "q", 3, "head dim")
-    expect("lse", 1, "q", 1, "heads")
-    expect("lse", 2, "q", 2, "sequence length")
-    if "q" in dims and "v" in dims and dims["v"][3] != dims["q"][3]:
-        message = (
-            f"V head dim {dims['v'][3]} differs from q's head dim {dims['q'][3]}; "
-            "a different V head dim is not supported yet"
-        )
-        problems.append(Problem(f"{tensors['v'].path}.dims[3]", message))
-    if "q" in dims and "k" in dims:
-        hq, hkv = dims["q"][1], dims["k"][1]
-        if hq % hkv:
-            message = f"q has {hq} heads and k has {hkv}; GQA needs hq % hkv == 0, but {hq} % {hkv} = {hq % hkv}"
-            problems.append(Problem(f"{tensors['k'].path}.dims[1]", message))
-
-
-def _check_dtypes(tensors: dict[str, _Checked], problems: list[Problem]) -> None:
-    q = tensors.get("q")
-    q_dtype = q.dtype if q is not None and q.dtype in SDPA_DTYPES else None
-    for role in ("q", "k", "v", "o"):
-        c = tensors.get(role)
-        if c is None or c.dtype is None:
-            continue
-        if c.dtype not in SDPA_DTYPES:
-            message = f"sdpa {role} must be {' or '.join(SDPA_DTYPES)}, got {json.dumps(c.dtype)}"
-            problems.append(Problem(f"{c.path}.dtype", message))
-        elif q_dtype is not None and c.dtype != q_dtype:
-            message = f"{c.dtype} does not match q's {q_dtype}; q, k, v and o must share one dtype (bf16 or fp16)"
-            problems.append(Problem(f"{c.path}.dtype", message))
-    lse = tensors.get("lse")
-    if lse is not None and lse.dtype is not None and lse.dtype != LSE_DTYPE:
-        problems.append(Problem(f"{lse.path}.dtype", f"lse must be {LSE_DTYPE}, got {json.dumps(lse.dtype)}"))
-
-
-def _check_uses(nodes: list[_Node], checked: dict[str, _Checked], problems: list[Problem]) -> dict[str, bool]:
+def _check_uses(
+    contexts: list[NodeContext], checked: dict[str, CheckedTensor], problems: list[Problem]
+) -> dict[str, bool]:
     """How each tensor is used across nodes; returns whether each is an output."""
-    uses: dict[str, list[tuple[str, str]]] = {name: [] for name in checked}  # name -> [(field path, role)]
-    for node in nodes:
-        for role, ref in node.refs.items():
-            uses[ref].append((f"{node.path}.{role}", role))
+    uses: dict[str, list[Use]] = {name: [] for name in checked}
+    for ctx in contexts:
+        for use in ctx.uses:
+            uses[use.tensor].append(use)
     is_output = {}
+    # without nodes, "no nodes" says it all; a node of unknown op may use any tensor
+    report_unused = bool(contexts) and all(ctx.op_known for ctx in contexts)
     for name, c in checked.items():
-        reads = [p for p, role in uses[name] if role in INPUT_ROLES]
-        writes = [p for p, role in uses[name] if role in OUTPUT_ROLES]
-        if not reads and not writes and nodes:  # without nodes, "no nodes" says it all
+        reads = [u.path for u in uses[name] if not u.is_output]
+        writes = [u.path for u in uses[name] if u.is_output]
+        if not reads and not writes and report_unused:
             problems.append(Problem(c.path, "declared but not used by any node; remove it or use it"))
         if reads and writes:
             message = f"tensor {name!r} is used as an input ({reads[0]}) and an output; a tensor cannot be both"
@@ -578,7 +440,7 @@ def _check_uses(nodes: list[_Node], checked: dict[str, _Checked], problems: list
     return is_output
 
 
-def _check_io(c: _Checked, reads: list[str], writes: list[str], problems: list[Problem]) -> None:
+def _check_io(c: CheckedTensor, reads: list[str], writes: list[str], problems: list[Problem]) -> None:
     if c.io is None or (reads and writes):  # both is reported already
         return
     used_as = "output" if writes else "input"
@@ -587,51 +449,14 @@ def _check_io(c: _Checked, reads: list[str], writes: list[str], problems: list[P
             f'io = "{c.io}" but the tensor is used as an {used_as} ({(writes or reads)[0]}); '
             f'write io = "{used_as}" or leave io out'
         )
-        problems.append(Problem(f"{c.path}.io", message))
-
-
-# ---------------------------------------------------------------------------------------------
-# Building the result (only reached without problems, so every checked value is present)
-
-
-def _build(
-    desc: Description, target: str, checked: dict[str, _Checked], nodes: list[_Node], is_output: dict[str, bool]
-) -> Graph:
-    tensors = tuple(
-        Tensor(name, c.decl.uid, c.dtype, c.dims, c.strides, is_output[name], c.path)  # type: ignore[arg-type]
-        for name, c in checked.items()
-    )
-    return Graph(desc.name, target, tensors, tuple(_build_sdpa(n, checked) for n in nodes))
-
-
-def _build_sdpa(node: _Node, checked: dict[str, _Checked]) -> Sdpa:
-    refs = node.refs
-    b, hq, sq, d = checked[refs["q"]].dims  # type: ignore[misc]
-    _, hkv, skv, _ = checked[refs["k"]].dims  # type: ignore[misc]
-    return Sdpa(
-        name=node.name,  # type: ignore[arg-type]
-        q=refs["q"],
-        k=refs["k"],
-        v=refs["v"],
-        o=refs["o"],
-        lse=refs.get("lse"),
-        attn_scale=node.attn_scale if node.attn_scale is not None else 1.0 / math.sqrt(d),
-        causal=bool(node.causal),
-        inference=node.inference is not False,
-        path=node.path,
-        batch=b,
-        heads_q=hq,
-        heads_kv=hkv,
-        seq_q=sq,
-        seq_kv=skv,
-        head_dim=d,
-    )
+        problems.append(Problem(c.at("io"), message))
 
 
 __all__ = [
     "DEFAULT_TARGET",
+    "CheckedTensor",
     "Graph",
-    "Sdpa",
+    "NodeContext",
     "Tensor",
     "contiguous_strides",
     "overlapping_dim",

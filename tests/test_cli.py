@@ -191,7 +191,7 @@ def test_inspect_json_is_valid_json_with_every_section(plan_file: Path) -> None:
     result = frostc("inspect", plan_file, "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert list(summary) == ["header", "slots", "kernels", "launches", "workspace_bytes"]
+    assert list(summary) == ["header", "slots", "kernels", "launches", "workspace_bytes", "workspace", "lengths"]
     assert [s["name"] for s in summary["slots"]] == ["q", "k", "v", "o", "lse"]
     assert [s["io"] for s in summary["slots"]] == ["input"] * 3 + ["output"] * 2
     assert summary["kernels"][0]["name"] == "sdpa_fwd_wgmma.bf16.d128.causal.lse"

@@ -16,12 +16,12 @@ import frostc.compile
 from frostc.build import build
 from frostc.compile import CompileError, check_abi
 from frostc.description import load_description
-from frostc.kernels.sdpa_common import param_list
+from frostc.kernels.sdpa_common import MaskFlags
+from frostc.kernels.sdpa_fwd_wgmma import SdpaFwdVariant
 from frostc.planfile import build_key
-from frostc.resolve import KernelVariant
 
 DEFAULT = Path(__file__).resolve().parent.parent / "plans" / "examples" / "default.toml"
-VARIANT = KernelVariant("wgmma", "bf16", 128, True, True)
+VARIANT = SdpaFwdVariant("bf16", 128, MaskFlags(right=True), has_lse=True)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_launch_geometry(plan: PlanData) -> None:
 
 
 def test_params_are_the_kernel_abi(plan: PlanData) -> None:
-    assert [(p.name, p.kind) for p in plan.kernels[0].params] == param_list()
+    assert tuple((p.name, p.kind) for p in plan.kernels[0].params) == VARIANT.params
 
 
 def test_header(plan: PlanData) -> None:
@@ -138,8 +138,14 @@ def test_check_abi_accepts_a_matching_signature() -> None:
 
 
 def test_check_abi_accepts_the_full_kernel_abi() -> None:
-    params = tuple(param_list())
+    params = VARIANT.params
     check_abi("sdpa", ptx_for([kind for _, kind in params]), ENTRY, params)
+
+
+def test_check_abi_takes_a_one_int_struct_as_i32() -> None:
+    """A coordinate tensor with one dynamic extent is passed as a 4-byte struct."""
+    ptx = ptx_for(["i32x3"]).replace("[12]", "[4]")
+    check_abi("ragged", ptx, ENTRY, (("q.extents", "i32"),))
 
 
 def test_check_abi_rejects_a_wrong_parameter_count() -> None:

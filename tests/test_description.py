@@ -68,7 +68,9 @@ def test_parse_toml_keeps_values_as_written() -> None:
     q, k = desc.tensors
     assert q == TensorDecl(name="q", dtype="bf16", dims=(1, 8, 128, 64), layout="bshd")
     assert k.strides == (16384, 64, 128, 1) and k.uid == 7 and k.io == "input"
-    assert desc.nodes == (NodeDecl(op="sdpa", q="q", k="k", v="k", o="o", causal=True, attn_scale=0.125),)
+    keys = (("q", "q"), ("k", "k"), ("v", "k"), ("o", "o"), ("causal", True), ("attn_scale", 0.125))
+    assert desc.nodes == (NodeDecl(op="sdpa", keys=keys),)
+    assert desc.nodes[0].get("causal") is True and desc.nodes[0].get("lse") is None
 
 
 def test_parse_keeps_unknown_keys_and_wrong_types_for_stage_2() -> None:
@@ -78,7 +80,7 @@ def test_parse_keeps_unknown_keys_and_wrong_types_for_stage_2() -> None:
     assert desc.extra == (("nmae", "x"),)
     assert desc.tensors[0].extra == (("dtpye", "bf16"),)
     assert desc.tensors[0].dims == 4
-    assert desc.nodes[0].extra == (("casual", True),)
+    assert desc.nodes[0].keys == (("casual", True),)  # which keys a node may hold is its op's business
 
 
 def test_parse_json_equals_toml() -> None:
@@ -113,11 +115,11 @@ def test_round_trip_odd_values() -> None:
         format=1,
         name='we"ird\\name\n\t\x01\x7f é',
         tensors=(TensorDecl(name="has space", dims=(1, 2), extra=(("nested", {"a b": (1, 2.5)}),)),),
-        nodes=(NodeDecl(op="sdpa", attn_scale=1e-20, extra=(("big", 1e300), ("neg", -0.5))),),
+        nodes=(NodeDecl(op="sdpa", keys=(("attn_scale", 1e-20), ("big", 1e300), ("neg", -0.5))),),
         extra=(("empty", {}), ("flags", (True, False))),
     )
     assert parse_description(to_toml(desc)) == desc
-    inf = Description(nodes=(NodeDecl(attn_scale=math.inf),))
+    inf = Description(nodes=(NodeDecl(keys=(("attn_scale", math.inf),)),))
     assert parse_description(to_toml(inf)) == inf
 
 

@@ -8,8 +8,10 @@ import math
 import pytest
 
 from frostc import DescriptionError, GraphBuilder, Problem, validate
-from frostc.kernels.sdpa_common import LOG2_E, param_list
-from frostc.resolve import KernelVariant, ResolvedLaunch, ResolvedPlan, resolve
+from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
+from frostc.kernels.sdpa_fwd_wgmma import SdpaFwdVariant
+from frostc.resolve import resolve
+from frostc.resolved import ResolvedLaunch, ResolvedPlan
 
 
 def graph_builder(
@@ -138,7 +140,7 @@ def test_no_lse_means_four_slots() -> None:
 
 def test_variant_holds_only_declaration_facts() -> None:
     plan = resolved(graph_builder(dtype="fp16", d=128, causal=None, lse=False))
-    assert plan.variants == (KernelVariant("wgmma", "fp16", 128, False, False),)
+    assert plan.variants == (SdpaFwdVariant("fp16", 128, MaskFlags(), False),)
     assert plan.variants[0].name == "sdpa_fwd_wgmma.fp16.d128.full"
     causal = resolved(graph_builder(d=64, causal=True, lse=True))
     assert causal.variants[0].name == "sdpa_fwd_wgmma.bf16.d64.causal.lse"
@@ -146,13 +148,16 @@ def test_variant_holds_only_declaration_facts() -> None:
 
 def test_args_follow_the_kernel_abi_in_order() -> None:
     launch = only_launch(resolved(graph_builder()))
-    assert [(a.param, a.kind) for a in launch.args] == param_list()
+    assert tuple((a.param, a.kind) for a in launch.args) == launch.variant.params
 
 
 def test_pointer_args_are_bound_to_their_slots() -> None:
     launch = only_launch(resolved(graph_builder()))
     pointers = {a.param: a.slot for a in launch.args if a.kind in ("ptr", "tmap")}
-    assert pointers == {"q.tmap": 0, "k.tmap": 1, "v.tmap": 2, "o": 3, "lse": 4}
+    assert pointers == {"q.tmap": 0, "k.tmap": 1, "v.tmap": 2, "o": 3, "lse": 4, "sequences": -1, "tiles": -1,
+                        "tile_count": -1}  # fmt: skip
+    # a dense plan has no schedule: its pointers are null constants
+    assert all(a.value == 0 and a.workspace == -1 for a in launch.args if a.param in ("sequences", "tiles"))
 
 
 def test_gqa_group_and_sequence_lengths_in_the_args() -> None:
@@ -176,13 +181,13 @@ def test_stride_args_are_the_slot_strides_of_b_h_s() -> None:
             got = tuple(values[f"{slot.name}.stride_{x}"] for x in "bhs")
             assert got == slot.strides[:3], slot.name
     # every slot's strides reach the tensor-map encoder, in role order q, k, v, o, lse
-    assert launch.shape.strides == tuple(s.strides[:3] for s in plan.slots)
+    assert launch.tensor_map_shape[1] == tuple(s.strides[:3] for s in plan.slots)
 
 
 def test_strides_of_extent_one_dims_become_sixteen_bytes_for_tma() -> None:
     launch = only_launch(resolved(graph_builder(b=1, hq=8, hkv=1)))
-    assert launch.shape.strides[1][0] == 8  # K: batch of one
-    assert launch.shape.strides[1][1] == 8  # K: one head (MQA)
+    assert launch.tensor_map_shape[1][1][0] == 8  # K: batch of one
+    assert launch.tensor_map_shape[1][1][1] == 8  # K: one head (MQA)
 
 
 def test_extents_are_rows_heads_batch_of_each_loaded_tensor() -> None:

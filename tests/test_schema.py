@@ -187,7 +187,7 @@ def test_file_is_one_map_with_magic_and_format(encoded: bytes) -> None:
     top = unpack_top(encoded)
     assert list(top) == ["magic", "format", "header", "body"]
     assert top["magic"] == MAGIC == "frostc-plan"
-    assert top["format"] == FORMAT_VERSION == 2
+    assert top["format"] == FORMAT_VERSION == 3
 
 
 def test_bytearray_and_memoryview_are_accepted(encoded: bytes) -> None:
@@ -229,9 +229,9 @@ def test_a_msgpack_file_that_is_not_a_map_is_refused() -> None:
 
 
 def test_newer_format_says_newer_and_to_rebuild(encoded: bytes) -> None:
-    data = with_top(encoded, lambda top: top.update(format=3))
+    data = with_top(encoded, lambda top: top.update(format=4))
     message = decode_error(data)
-    assert "format 3 is newer" in message
+    assert "format 4 is newer" in message
     assert "rebuild" in message
     with pytest.raises(PlanFormatError, match="newer"):
         read_header(data)

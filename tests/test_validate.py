@@ -235,7 +235,7 @@ def test_rank_depends_on_role() -> None:
 
 def test_layout_rules() -> None:
     only(tweak(**{"tensors.q.layout": "bshx"}), "tensors.q.layout", 'not a permutation of "bhsd"')
-    only(tweak(**{"tensors.q.layout": "bsd"}), "tensors.q.layout", "not a permutation", "rank 4")
+    only(tweak(**{"tensors.q.layout": "bsd"}), "tensors.q.layout", "not a permutation", "(b, hq, sq, d)")
     only(tweak(**{"tensors.lse.layout": "bshd"}), "tensors.lse.layout", 'not a permutation of "bhs"')
     only(tweak(**{"tensors.q.layout": 1}), "tensors.q.layout", "expected a string")
 
@@ -299,17 +299,23 @@ def test_io_rules() -> None:
 
 
 def test_node_count() -> None:
-    only(tweak(nodes=[]), "nodes", "no nodes", "exactly one")  # and unused tensors go unmentioned
+    only(tweak(nodes=[]), "nodes", "no nodes", "[[nodes]]")  # and unused tensors go unmentioned
     only(tweak(nodes=None, tensors=None), "nodes", "no nodes")
+
+
+def test_several_nodes_run_in_order_with_distinct_names() -> None:
     d = base()
     d["nodes"].append(dict(d["nodes"][0], o="o2", lse="lse2"))
     d["tensors"]["o2"] = d["tensors"]["o"]
     d["tensors"]["lse2"] = d["tensors"]["lse"]
-    only(d, "nodes[1]", "only one node is supported", "not supported yet")
+    g = check(d)
+    assert [n.name for n in g.nodes] == ["sdpa0", "sdpa1"]
+    d["nodes"][1]["name"] = "sdpa0"
+    only(d, "nodes[1].name", "'sdpa0' is already used by nodes[0]")
 
 
 def test_op_rules() -> None:
-    only(tweak(**{"nodes.0.op": "matmul"}), "nodes[0].op", 'unknown op "matmul"', 'the only op is "sdpa"')
+    only(tweak(**{"nodes.0.op": "matmul"}), "nodes[0].op", 'unknown op "matmul"', 'known ops: "sdpa"')
     only(tweak(**{"nodes.0.op": None}), "nodes[0].op", "missing", "sdpa")
 
 

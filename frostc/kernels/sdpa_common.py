@@ -1,36 +1,91 @@
-"""What the SDPA forward kernels share: the parameter ABI, constants, quad reductions.
+"""What the SDPA kernels share: the mask (which keys each query row sees), constants, quad
+reductions, and the DSL's names for the plan's dtypes.
 
-Every SDPA forward kernel takes the same plain-scalar parameters (`param_list`), so the
-resolver binds arguments once whichever kernel a head dim selects.
+The mask is defined once, here, and used by the attention kernel (to skip key blocks no row
+of a tile sees and to mask the blocks some rows see only in part) and by the scheduling kernel
+(to order tiles by the key blocks they visit).
 """
 
+from dataclasses import dataclass
+
+import cutlass
 import cutlass.cute as cute
 
 LOG2_E = 1.4426950408889634
 LN_2 = 0.6931471805599453
 
-LOADED = ("q", "k", "v")  # read through TMA tensor maps
-STORED = ("o", "lse")  # written through plain pointers
-STRIDE_NAMES = ("stride_b", "stride_h", "stride_s")
+
+def dsl_dtype(name: str):
+    return {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32, "int32": cutlass.Int32}[name]
 
 
-def param_list() -> list[tuple[str, str]]:
-    """The kernels' parameter ABI, in order.
+@dataclass(frozen=True)
+class MaskFlags:
+    """The compile-time shape of a mask; the bounds themselves are kernel arguments.
 
-    `x.tmap` is the TMA tensor map of slot x (its address is patched per call); `x.extents` are
-    the dynamic extents (rows, heads, batch) of its coordinate tensor; `x.stride_*` are element
-    strides. The LSE pointer and strides are always present (zero when the variant writes no
-    LSE), so every variant shares one ABI.
+    Query row i of a sequence sees key j when lo(i) <= j < hi(i), with the diagonal at
+    i + shift (shift = s_kv - s_q when bottom-right aligned, else 0):
+      hi(i) = min(s_kv, i + shift + window_right + 1)  with `right` (causal: window_right = 0)
+      lo(i) = max(0, i + shift - window_left)          with `left`
+    and softcap replaces each scaled score s by softcap * tanh(s / softcap) before the softmax.
     """
-    params: list[tuple[str, str]] = []
-    for name in LOADED:
-        params += [(f"{name}.tmap", "tmap"), (f"{name}.extents", "i32x3")]
-    params += [(name, "ptr") for name in STORED]
-    params += [("batch", "i32"), ("heads_q", "i32"), ("seq_q", "i32"), ("seq_kv", "i32"), ("group", "i32")]
-    for name in STORED:
-        params += [(f"{name}.{s}", "i64") for s in STRIDE_NAMES]
-    params.append(("scale_log2", "f32"))
-    return params
+
+    right: bool = False
+    left: bool = False
+    bottom_right: bool = False
+    softcap: bool = False
+
+    @property
+    def label(self) -> str:
+        """The mask's part of a variant name: full | causal | local, _br, .softcap."""
+        base = "local" if self.left else "causal" if self.right else "full"
+        if self.bottom_right:
+            base += "_br"
+        return base + (".softcap" if self.softcap else "")
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """Which key blocks the query rows of one sequence see, for one tile at a time.
+
+    Built inside a kernel from DSL integers (`of`); every method is plain arithmetic (no
+    control flow), so it traces the same in any kernel. Rows and keys are sequence-relative.
+    Frozen: the DSL passes read-only frozen dataclasses into loops and branches as they are."""
+
+    flags: MaskFlags
+    window_left: cutlass.Int32
+    window_right: cutlass.Int32
+    kv_len: cutlass.Int32
+    shift: cutlass.Int32  # the diagonal's key for query row 0
+
+    @staticmethod
+    def of(flags: MaskFlags, window_left, window_right, q_len, kv_len) -> "KeyRange":
+        shift = kv_len - q_len if flags.bottom_right else cutlass.Int32(0)
+        return KeyRange(flags, window_left, window_right, kv_len, shift)
+
+    def hi(self, row):
+        """One past the last key `row` sees (may be <= 0: none)."""
+        if cutlass.const_expr(self.flags.right):
+            return cutlass.min(self.kv_len, row + self.shift + self.window_right + 1)
+        return self.kv_len
+
+    def lo(self, row):
+        """The first key `row` sees (>= 0)."""
+        if cutlass.const_expr(self.flags.left):
+            return cutlass.max(row + self.shift - self.window_left, 0)
+        return cutlass.Int32(0)
+
+    def blocks(self, first_row, last_row, block_n: int):
+        """(first, end) key blocks that rows first_row..last_row see at all; end <= first: none."""
+        end = (cutlass.max(self.hi(last_row), 0) + (block_n - 1)) // block_n
+        first = cutlass.min(self.lo(first_row) // block_n, end)
+        return first, end
+
+    def full_blocks(self, first_row, last_row, block_n: int):
+        """(first, end) key blocks that every row of first_row..last_row sees whole: those need no mask."""
+        first = (self.lo(last_row) + (block_n - 1)) // block_n
+        end = cutlass.max(self.hi(first_row), 0) // block_n
+        return first, end
 
 
 def quad_reduce(value, combine):

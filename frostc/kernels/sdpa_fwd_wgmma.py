@@ -1,35 +1,44 @@
 """SDPA forward for sm_90a, warp-specialized and persistent: a producer warpgroup loads with
 TMA, two or three consumer warpgroups compute with WGMMA, taking turns on the tensor cores.
 
-- Tiles: a tile is `block_m` query rows of one (batch, head). The grid is at most one CTA per
-  SM (the runtime caps it, `ctas_per_sm`); each CTA walks the tiles blockIdx.x,
+- Tiles: a tile is `block_m` query rows of one (sequence, head). The grid is at most one CTA
+  per SM (the runtime caps it, `ctas_per_sm`); each CTA walks the tiles blockIdx.x,
   blockIdx.x + gridDim.x, ... so the next tile's loads overlap the current tile's last
-  blocks and epilogue instead of waiting for a fresh CTA. Causal tiles are ordered longest
-  first (last query block of every head, then the one before, ...).
+  blocks and epilogue. Which tile an index names is the tile walk's business: `DenseTiles`
+  (fixed shapes; with a diagonal, longest first) or `ListedTiles` (variable lengths: the
+  scheduling kernel, sdpa_schedule.py, listed the (sequence, query block) units longest
+  first in the workspace, and the count).
+- Sequences: `Sequence` holds one sequence's lengths and where its rows start. Fixed shapes
+  use the plan's lengths; variable lengths read the table the scheduling kernel wrote
+  (lengths clamped to the plan's capacities there). Q, K and V of a variable-length plan are
+  loaded through "ragged" tensor maps: each sequence is seen as its own tensor whose rows end
+  at its length, so the TMA unit zero-fills rows past a sequence's end exactly as it does
+  past a dense tensor's; nothing beyond a sequence is ever read (see `_ragged_view`).
+- Mask (`sdpa_common.KeyRange`): a tile visits only the key blocks some of its rows see,
+  last to first; blocks that every row of a consumer sees whole are not masked.
 - Producer (warpgroup 0; one thread issues everything): TMA loads of Q, once the consumers
   released the previous tile's Q, then of K and V blocks into a `stages`-deep ring. Each
   stage's "full" mbarrier is armed with its byte count and completed by the TMA unit; a stage
-  is refilled after every consumer released it on its "empty" mbarrier. Rows past a
-  sequence's end arrive as zeros. The ring's position carries over from tile to tile.
+  is refilled after every consumer released it on its "empty" mbarrier. The ring position
+  (`Ring`) carries over from tile to tile.
 - Consumers (64 query rows each; setmaxnreg per `WgmmaTiles.registers`): S = Q Kᵀ and
   O += P V with warpgroup MMAs, P kept in registers. Each turn issues S_j together with
-  P_(j-1) V_(j-1) and runs softmax(S_j) while P V still runs; a ring of named barriers makes
-  the consumers take turns, so one's softmax also hides under the others' GEMMs. O leaves
-  through shared memory in 16-byte stores: its own buffer where it fits (then Q is released
-  right after the tile's last S = Q Kᵀ), else the consumer's Q buffer (released after the store).
+  P_(j-1) V_(j-1) and runs the softmax of S_j (`OnlineSoftmax`) while P V still runs; a
+  ring of named barriers makes the consumers take turns, so one's softmax also hides under
+  the others' GEMMs. O leaves through shared memory in 16-byte stores: its own buffer where
+  it fits (then Q is released right after the tile's last S = Q Kᵀ), else the consumer's Q
+  buffer (released after the store). A tile whose rows see no key writes O = 0, LSE = -inf.
 
 Tensor maps (Q, K, V) are kernel parameters; `tensor_maps` builds them, and the build runs the
 same code on the CPU (`encode_tensor_maps`) so the plan holds each launch's maps. Modes as the
-kernel sees them (element strides; the innermost head-dim stride is 1, checked at build time),
-the parameter ABI being `sdpa_common.param_list`:
-  Q    : (s_q, d, h_q, b)    tensor map
-  K, V : (s_kv, d, h_kv, b)  tensor maps; head h_q reads h_q // group           (GQA / MQA)
-  O    : (s_q, d)   at base + b * stride_b + h_q * stride_h
-  LSE  : (s_q,)     fp32, natural log of the row's sum of exp(scaled score), optional
+kernel sees them (element strides; the innermost head-dim stride is 1, checked at build time):
+  Q    : (s_q, d, h_q, b)    tensor map; variable lengths: (rows, d, h_q, wrap, start) ragged
+  K, V : (s_kv, d, h_kv, b)  tensor maps, likewise; head h_q reads h_q // group   (GQA / MQA)
+  O    : (s_q, d)   at base + b * stride_b + (token offset) * stride_s + h_q * stride_h
+  LSE  : (s_q,)     fp32, natural log of the row's sum of exp(score), optional, addressed alike
 
 Constraints: fp16 / bf16; head dim 64, 128 or 256 (static); rows of Q, K, V, O 16-byte
-aligned; any s_q, s_kv >= 1; causal is top-left aligned (query row i sees keys 0..i), like
-torch's `is_causal`. Key blocks are visited last to first, so only the first ones need masks.
+aligned; any lengths (0 included for variable lengths).
 """
 
 from dataclasses import dataclass
@@ -39,14 +48,35 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.runtime import make_fake_stream, make_ptr
+from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
 
-from frostc.kernels.sdpa_common import LN_2, quad_max, quad_sum
+from frostc.kernels.sdpa_common import LN_2, KeyRange, MaskFlags, dsl_dtype, quad_max, quad_sum
 
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
 # producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
 REGISTERS = {2: (40, 232), 3: (32, 160)}
 SMEM_LIMIT = 227 * 1024  # sm_90's opt-in maximum per CTA
+MAX_CONSUMERS = 3
+
+# Ragged tensor maps (variable lengths). A sequence of `length` rows starting at row `start`
+# is addressed with coordinates (RAGGED_ROWS - length + r, ..., RAGGED_ROWS, start + length)
+# over modes of strides (row, ..., RAGGED_WRAP - row, row): the address is
+#   base + (RAGGED_ROWS - length + r)·row + RAGGED_ROWS·(RAGGED_WRAP - row) + (start + length)·row
+#   = base + (start + r)·row + RAGGED_ROWS·RAGGED_WRAP        ≡ base + (start + r)·row
+# because RAGGED_ROWS·RAGGED_WRAP·(element bytes) is a multiple of 2**64 and addresses wrap.
+# Row r is in bounds exactly when r < length, so the TMA unit zero-fills past the sequence.
+RAGGED_ROWS = 1 << 30
+RAGGED_WRAP = 1 << 34  # elements
+RAGGED_EXTENT = (1 << 31) - 1  # of the two extra modes
+
+
+class Barrier:
+    """Named barrier ids (0 is __syncthreads)."""
+
+    TURN = 2  # TURN + c: consumer c may issue its GEMMs (it and its predecessor, 256 threads)
+    EPILOGUE = TURN + MAX_CONSUMERS  # EPILOGUE + c: consumer c's O staging (128 threads)
 
 
 @dataclass(frozen=True)
@@ -99,56 +129,359 @@ def tiles_for_head_dim(head_dim: int, causal: bool) -> WgmmaTiles:
     return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=4, o_buffer=True)
 
 
-class SdpaForwardWgmma:
-    """Compile-time configuration of one variant: dtype, head dim, causal, LSE or not."""
+# ------------------------------------------------------------------------------ the variant
 
-    def __init__(self, dtype, head_dim: int, causal: bool, has_lse: bool, tiles: WgmmaTiles | None = None):
-        self.dtype = dtype
-        self.head_dim = head_dim
-        self.causal = causal
-        self.has_lse = has_lse
-        self.tiles = tiles if tiles is not None else tiles_for_head_dim(head_dim, causal)
+LOADED = ("q", "k", "v")  # read through TMA tensor maps
+STRIDE_NAMES = ("stride_b", "stride_h", "stride_s")
+# i32 arguments, in order (rows_per_batch: a padded variable-length tensor's rows per sequence)
+INT_PARAMS = (
+    "batch", "heads_q", "seq_q", "seq_kv", "group", "window_left", "window_right",
+    "q.rows_per_batch", "k.rows_per_batch", "v.rows_per_batch",
+)  # fmt: skip
+SCHEDULE_POINTERS = ("sequences", "tiles", "tile_count")  # workspace regions (variable lengths)
+
+
+@dataclass(frozen=True)
+class SdpaFwdVariant:
+    """The compile key of one attention kernel: declaration facts only (shapes are arguments)."""
+
+    dtype: str
+    head_dim: int
+    mask: MaskFlags
+    has_lse: bool
+    varlen: bool = False  # lengths from the scheduling kernel's table, ragged tensor maps
+
+    @property
+    def name(self) -> str:
+        name = f"sdpa_fwd_wgmma.{self.dtype}.d{self.head_dim}.{self.mask.label}"
+        return name + (".varlen" if self.varlen else "") + (".lse" if self.has_lse else "")
+
+    @property
+    def tile_shape(self) -> WgmmaTiles:
+        return tiles_for_head_dim(self.head_dim, self.mask.right or self.mask.left)
+
+    @property
+    def tiles(self) -> dict[str, int]:
+        return self.tile_shape.as_dict()
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.tile_shape.num_threads, 1, 1)
+
+    @property
+    def ctas_per_sm(self) -> int:
+        return self.tile_shape.ctas_per_sm
+
+    @property
+    def grid_rule(self) -> str:
+        t = self.tile_shape
+        if self.varlen:
+            tiles = "(units listed by the scheduling kernel, at most the capacity's) * heads_q"
+        else:
+            tiles = f"ceil(seq_q / {t.block_m}) * heads_q * batch"
+        return f"(min({tiles}, SMs * {t.ctas_per_sm}), 1, 1), persistent over the tiles"
+
+    @property
+    def params(self) -> tuple[tuple[str, str], ...]:
+        """The parameter ABI. `x.tmap`: the TMA tensor map of slot x (address patched per call);
+        `x.extents`: the dynamic extents of its coordinate tensor (rows, heads, batch; heads
+        only for ragged maps). Pointers and scalars a variant does not use are bound to zero."""
+        params: list[tuple[str, str]] = []
+        for name in LOADED:
+            params += [(f"{name}.tmap", "tmap"), (f"{name}.extents", "i32" if self.varlen else "i32x3")]
+        params += [("o", "ptr"), ("lse", "ptr")] + [(name, "ptr") for name in SCHEDULE_POINTERS]
+        params += [(name, "i32") for name in INT_PARAMS]
+        for name in ("o", "lse"):
+            params += [(f"{name}.{s}", "i64") for s in STRIDE_NAMES]
+        params += [("scale_log2", "f32"), ("score_scale", "f32")]
+        return tuple(params)
+
+    def kernel(self) -> "SdpaForwardWgmma":
+        return SdpaForwardWgmma(self)
+
+    def compile_args(self) -> tuple:
+        dtype = dsl_dtype(self.dtype)
+        pointers = [_fake_ptr(dtype, 16) for _ in range(4)] + [_fake_ptr(cutlass.Float32, 4)]
+        pointers += [_fake_ptr(cutlass.Int32, 4) for _ in SCHEDULE_POINTERS]
+        return (*pointers, *_fake_scalars(), make_fake_stream())
+
+    # tensor maps: the build encodes them on the CPU with the same code the kernel uses
+    tensor_map_params = tuple(f"{name}.tmap" for name in LOADED)
+
+    def tensor_map_encoder(self):
+        return self.kernel().encode_tensor_maps
+
+    def tensor_map_compile_args(self) -> tuple:
+        dtype = dsl_dtype(self.dtype)
+        return (*[_fake_ptr(dtype, 16) for _ in LOADED], _fake_ptr(cutlass.Uint8, 64), *_fake_scalars()[:2])
+
+    def tensor_map_args(self, shape, addresses: list[int], out: int) -> tuple:
+        """`shape`: (ints, strides) as resolved for the launch (INT_PARAMS order; (b, h, s) of
+        q, k, v, o, lse)."""
+        ints, strides = shape
+        dtype = dsl_dtype(self.dtype)
+        pointers = [make_ptr(dtype, a, AddressSpace.gmem, assumed_align=16) for a in addresses]
+        out_ptr = make_ptr(cutlass.Uint8, out, AddressSpace.gmem, assumed_align=64)
+        return (
+            *pointers,
+            out_ptr,
+            tuple(cutlass.Int32(x) for x in ints),
+            tuple(cutlass.Int64(x) for triple in strides for x in triple),
+        )
+
+
+def _fake_ptr(dtype, align: int):
+    return make_ptr(dtype, 0x10000, AddressSpace.gmem, assumed_align=align)
+
+
+def _fake_scalars() -> tuple:
+    """Stand-ins for the integer, stride and float argument tuples."""
+    return (
+        tuple(cutlass.Int32(1) for _ in INT_PARAMS),
+        tuple(cutlass.Int64(8) for _ in range(15)),  # (b, h, s) strides of q, k, v, o, lse
+        (cutlass.Float32(1.0), cutlass.Float32(1.0)),
+    )
+
+
+# ------------------------------------------------------------------------------ device helpers
+
+
+# The helpers below are frozen dataclasses: the DSL passes read-only frozen dataclasses into
+# its loops and branches as they are, where it would try to carry any other object as a value.
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Stage and phase of the n-th use of a `stages`-deep pipeline."""
+
+    stages: int
+
+    def at(self, position):
+        return position % self.stages, position // self.stages % 2
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """One sequence's lengths and where its rows start: the ragged row of its first token in
+    Q (and K, V) and the element offset of its first row in O (and LSE)."""
+
+    q_len: cutlass.Int32
+    kv_len: cutlass.Int32
+    q_start: cutlass.Int32  # ragged row (varlen); unused for fixed shapes
+    k_start: cutlass.Int32
+    v_start: cutlass.Int32
+    o_offset: cutlass.Int64  # elements
+    lse_offset: cutlass.Int64
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Sequence b's lengths: the plan's (fixed shapes) or the scheduling kernel's table."""
+
+    varlen: bool
+    table: cute.Pointer  # i32: (q_token, q_len, kv_token, kv_len) per sequence
+    shape: "Shape"
+    rows_per_batch: tuple  # (q, k, v): ragged rows per padded sequence
+    o_strides: tuple  # (b, s)
+    lse_strides: tuple
+
+    def get(self, batch) -> Sequence:
+        if cutlass.const_expr(self.varlen):
+            row = cute.make_tensor(self.table + batch * 4, cute.make_layout(4))
+            q_token, q_len, kv_token, kv_len = row[0], row[1], row[2], row[3]
+        else:
+            q_token, q_len, kv_token, kv_len = cutlass.Int32(0), self.shape.seq_q, cutlass.Int32(0), self.shape.seq_kv
+        q_rows, k_rows, v_rows = self.rows_per_batch
+        return Sequence(
+            q_len=q_len,
+            kv_len=kv_len,
+            q_start=batch * q_rows + q_token,
+            k_start=batch * k_rows + kv_token,
+            v_start=batch * v_rows + kv_token,
+            o_offset=cutlass.Int64(batch) * self.o_strides[0] + cutlass.Int64(q_token) * self.o_strides[1],
+            lse_offset=cutlass.Int64(batch) * self.lse_strides[0] + cutlass.Int64(q_token) * self.lse_strides[1],
+        )
+
+
+@dataclass(frozen=True)
+class DenseTiles:
+    """Fixed shapes: tile -> (query block, head, batch). Without a diagonal, the query blocks
+    of one head are neighbours (they share K and V in L2); with one, longest first (the last
+    query block of every head, then the one before, ...) so the short tiles fill the end."""
+
+    shape: "Shape"
+    longest_first: bool
+
+    def count(self):
+        return self.shape.m_blocks * self.shape.heads_q * self.shape.batch
+
+    def work(self, tile):
+        s = self.shape
+        heads_batch = s.heads_q * s.batch
+        m_block, hb = tile % s.m_blocks, tile // s.m_blocks
+        if cutlass.const_expr(self.longest_first):
+            m_block, hb = s.m_blocks - 1 - tile // heads_batch, tile % heads_batch
+        return m_block, hb % s.heads_q, hb // s.heads_q
+
+
+@dataclass(frozen=True)
+class ListedTiles:
+    """Variable lengths: tile -> the scheduling kernel's unit tile // heads_q (sequence, query
+    block), head tile % heads_q: a unit's heads are neighbours (GQA heads share K and V)."""
+
+    units: cute.Pointer
+    count_ptr: cute.Pointer
+    heads_q: cutlass.Int32
+
+    def count(self):
+        return cute.make_tensor(self.count_ptr, cute.make_layout(1))[0]
+
+    def work(self, tile):
+        unit = cute.make_tensor(self.units + (tile // self.heads_q) * 2, cute.make_layout(2))
+        return unit[1], tile % self.heads_q, unit[0]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The problem's fixed extents, as the kernel sees them."""
+
+    m_blocks: cutlass.Int32  # query blocks per (batch, head), fixed shapes
+    heads_q: cutlass.Int32
+    batch: cutlass.Int32
+    seq_q: cutlass.Int32
+    seq_kv: cutlass.Int32
+    group: cutlass.Int32  # query heads per K/V head
+
+
+@dataclass(frozen=True)
+class OnlineSoftmax:
+    """The running row max and row sum of one consumer's rows, over key blocks (register
+    tensors, updated in place)."""
+
+    scale_log2: cutlass.Float32
+    row_max: cute.Tensor
+    row_sum: cute.Tensor
+    correction: cute.Tensor
+
+    @staticmethod
+    def create(rows: int, scale_log2) -> "OnlineSoftmax":
+        make = lambda: cute.make_rmem_tensor(rows, cutlass.Float32)  # noqa: E731
+        return OnlineSoftmax(scale_log2, make(), make(), make())
+
+    def reset(self):
+        self.row_max.fill(-cutlass.Float32.inf)
+        self.row_sum.fill(0.0)
+
+    @cute.jit
+    def update(self, s_mn):
+        """Scores (rows, cols) -> unnormalized probabilities in place; the factor the output so
+        far must be scaled by goes to `correction` (applied once the P V that writes it ended)."""
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            row = s_mn[r, None].load()
+            prev_max = self.row_max[r]
+            new_max = cute.arch.fmax(prev_max, quad_max(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)))
+            # a row that has seen no key yet keeps max -inf; exponentiate against 0 instead
+            safe_max = 0.0 if new_max == -cutlass.Float32.inf else new_max
+            shift = safe_max * self.scale_log2
+            probs = cute.math.exp2(row * self.scale_log2 - shift, fastmath=True)
+            factor = cute.math.exp2(prev_max * self.scale_log2 - shift, fastmath=True)
+            self.row_sum[r] = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0) + self.row_sum[r] * factor
+            self.correction[r] = factor
+            self.row_max[r] = new_max
+            s_mn[r, None] = probs
+
+    @cute.jit
+    def rescale(self, o_mn):
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            o_mn[r, None] = o_mn[r, None].load() * self.correction[r]
+
+    @cute.jit
+    def normalize(self, o_mn):
+        """O /= row sum (0 for a row that saw no key); row_sum becomes the quad's total."""
+        for r in cutlass.range_constexpr(cute.size(self.row_sum)):
+            total = quad_sum(self.row_sum[r])
+            self.row_sum[r] = total
+            inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
+            o_mn[r, None] = o_mn[r, None].load() * inv
+
+    def lse(self, r):
+        """Natural-log log-sum-exp of row r (after `normalize`); -inf for a row that saw no key."""
+        return (self.row_max[r] * self.scale_log2 + cute.math.log2(self.row_sum[r])) * LN_2
+
+
+# ------------------------------------------------------------------------------ the kernel
+
+
+class SdpaForwardWgmma:
+    """One variant's kernel: host entry (`__call__`), tensor maps, device code."""
+
+    def __init__(self, variant: SdpaFwdVariant, tiles: WgmmaTiles | None = None):
+        self.variant = variant
+        self.dtype = dsl_dtype(variant.dtype)
+        self.head_dim = variant.head_dim
+        self.mask = variant.mask
+        self.has_lse = variant.has_lse
+        self.varlen = variant.varlen
+        self.tiles = tiles if tiles is not None else variant.tile_shape
         self.smem_bytes = 0
 
     # ---------------------------------------------------------------- host side
     @cute.jit
-    def __call__(self, q, k, v, o, lse, batch, heads_q, seq_q, seq_kv, group, strides: tuple, scale_log2, stream):
+    def __call__(
+        self, q, k, v, o, lse, sequences, units, tile_count, ints: tuple, strides: tuple, floats: tuple, stream
+    ):
         self.shared_storage = self._shared_storage()
         self.smem_bytes = self.shared_storage.size_in_bytes()
-        (q_tma, mQ), (k_tma, mK), (v_tma, mV) = self.tma_loads(q, k, v, batch, heads_q, seq_q, seq_kv, group, strides)
-        # the runtime caps this at the device's SM count; every tile is visited with any grid
+        (q_tma, mQ), (k_tma, mK), (v_tma, mV) = self.tma_loads(q, k, v, ints, strides)
+        batch, heads_q, seq_q = ints[0], ints[1], ints[2]
+        # the plan's grid is what runs (the runtime caps it at the device's SMs); this one is
+        # the DSL's own launcher's, which frostc never uses
         grid = (cute.ceil_div(seq_q, self.tiles.block_m) * heads_q * batch, 1, 1)
         self.kernel(
-            q_tma, mQ, k_tma, mK, v_tma, mV, o, lse, batch, heads_q, seq_q, seq_kv, group, *strides[9:], scale_log2
+            q_tma, mQ, k_tma, mK, v_tma, mV, o, lse, sequences, units, tile_count, *ints, *strides[9:], *floats
         ).launch(
             grid=grid, block=[self.tiles.num_threads, 1, 1], smem=self.smem_bytes, stream=stream, min_blocks_per_mp=1
         )
 
     @cute.jit
-    def tma_loads(self, q, k, v, batch, heads_q, seq_q, seq_kv, group, strides: tuple):
+    def tma_loads(self, q, k, v, ints: tuple, strides: tuple):
         """TMA atoms (their tensor maps are kernel parameters) and coordinate tensors for Q, K
-        and V as 4-d tensors (rows, d, heads, batch); V is viewed (d, rows, ...) to match its
-        d-major shared-memory tile. The build also runs this on the CPU to write each launch's
-        tensor maps into the plan."""
+        and V as (rows, d, heads, batch), or ragged (rows, d, heads, wrap, start) for variable
+        lengths; V is viewed d-major to match its shared-memory tile. The build also runs this
+        on the CPU to write each launch's tensor maps into the plan."""
         t = self.tiles
         d = self.head_dim
         wg_m = t.block_m // t.consumers
+        batch, heads_q, seq_q, seq_kv, group = ints[0], ints[1], ints[2], ints[3], ints[4]
         q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss = (cute.assume(x, divby=8) for x in strides[:9])
         heads_kv = heads_q // group
+        if cutlass.const_expr(self.varlen):
+            rows, wrap = RAGGED_ROWS, RAGGED_EXTENT
+            q_wrap, k_wrap, v_wrap = (cute.assume(RAGGED_WRAP - x, divby=8) for x in (q_ss, k_ss, v_ss))
+            gQ = cute.make_tensor(
+                q, cute.make_layout((rows, d, heads_q, wrap, wrap), stride=(q_ss, 1, q_sh, q_wrap, q_ss))
+            )
+            gK = cute.make_tensor(
+                k, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(k_ss, 1, k_sh, k_wrap, k_ss))
+            )
+            gV = cute.make_tensor(
+                v, cute.make_layout((d, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
+            )
+        else:
+            gQ = cute.make_tensor(q, cute.make_layout((seq_q, d, heads_q, batch), stride=(q_ss, 1, q_sh, q_sb)))
+            gK = cute.make_tensor(k, cute.make_layout((seq_kv, d, heads_kv, batch), stride=(k_ss, 1, k_sh, k_sb)))
+            gV = cute.make_tensor(v, cute.make_layout((d, seq_kv, heads_kv, batch), stride=(1, v_ss, v_sh, v_sb)))
         sQ, sK, sV = self._smem_layouts()
         op = cpasync.CopyBulkTensorTileG2SOp()
-        gQ = cute.make_tensor(q, cute.make_layout((seq_q, d, heads_q, batch), stride=(q_ss, 1, q_sh, q_sb)))
-        gK = cute.make_tensor(k, cute.make_layout((seq_kv, d, heads_kv, batch), stride=(k_ss, 1, k_sh, k_sb)))
-        gV = cute.make_tensor(v, cute.make_layout((d, seq_kv, heads_kv, batch), stride=(1, v_ss, v_sh, v_sb)))
         q_info = cpasync.make_tiled_tma_atom(op, gQ, cute.select(sQ, mode=[0, 1]), (wg_m, d))
         k_info = cpasync.make_tiled_tma_atom(op, gK, cute.select(sK, mode=[0, 1]), (t.block_n, d))
         v_info = cpasync.make_tiled_tma_atom(op, gV, cute.select(sV, mode=[0, 1]), (d, t.block_n))
         return (q_info[0], q_info[1]), (k_info[0], k_info[1]), (v_info[0], v_info[1])
 
     @cute.jit
-    def encode_tensor_maps(self, q, k, v, out, batch, heads_q, seq_q, seq_kv, group, strides: tuple):
+    def encode_tensor_maps(self, q, k, v, out, ints: tuple, strides: tuple):
         """Host only, at build time: write the Q, K and V tensor maps (128 bytes each) to `out`."""
-        (q_tma, _), (k_tma, _), (v_tma, _) = self.tma_loads(q, k, v, batch, heads_q, seq_q, seq_kv, group, strides)
+        (q_tma, _), (k_tma, _), (v_tma, _) = self.tma_loads(q, k, v, ints, strides)
         cpasync.copy_tensormap(q_tma, out)
         cpasync.copy_tensormap(k_tma, out + 128)
         cpasync.copy_tensormap(v_tma, out + 256)
@@ -204,7 +537,7 @@ class SdpaForwardWgmma:
 
     def _pipelines(self, storage):
         """Q: one stage; K and V: `stages` each. "full" is armed by the producer thread with the
-        stage's byte count and completed by TMA; "empty" takes the 256 consumer threads."""
+        stage's byte count and completed by TMA; "empty" takes every consumer thread."""
         t = self.tiles
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * t.consumers)
@@ -238,11 +571,19 @@ class SdpaForwardWgmma:
         mV: cute.Tensor,
         o: cute.Pointer,
         lse: cute.Pointer,
+        sequences: cute.Pointer,
+        units: cute.Pointer,
+        tile_count: cute.Pointer,
         batch: cutlass.Int32,
         heads_q: cutlass.Int32,
         seq_q: cutlass.Int32,
         seq_kv: cutlass.Int32,
         group: cutlass.Int32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
+        q_rows: cutlass.Int32,
+        k_rows: cutlass.Int32,
+        v_rows: cutlass.Int32,
         o_sb: cutlass.Int64,
         o_sh: cutlass.Int64,
         o_ss: cutlass.Int64,
@@ -250,6 +591,7 @@ class SdpaForwardWgmma:
         lse_sh: cutlass.Int64,
         lse_ss: cutlass.Int64,
         scale_log2: cutlass.Float32,
+        score_scale: cutlass.Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -267,100 +609,113 @@ class SdpaForwardWgmma:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        shape = TileSpace(
-            cute.ceil_div(seq_q, self.tiles.block_m), heads_q, batch, seq_q, seq_kv, group,
-            cute.ceil_div(seq_kv, self.tiles.block_n),
-        )  # fmt: skip
+        shape = Shape(cute.ceil_div(seq_q, self.tiles.block_m), heads_q, batch, seq_q, seq_kv, group)
+        if cutlass.const_expr(self.varlen):
+            tiles = ListedTiles(units, tile_count, heads_q)
+        else:
+            tiles = DenseTiles(shape, longest_first=self.mask.right)
+        o_sb, o_sh, o_ss = (cute.assume(x, divby=8) for x in (o_sb, o_sh, o_ss))  # 16-byte rows (build checks)
+        seqs = Sequences(self.varlen, sequences, shape, (q_rows, k_rows, v_rows), (o_sb, o_ss), (lse_sb, lse_ss))
+        window = (window_left, window_right)
         producer_regs, consumer_regs = self.tiles.registers
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)
             if wg_tidx == 0:  # one thread issues every TMA load
-                self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, shape, (q_tma, mQ), (k_tma, mK), (v_tma, mV))
+                self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
+                              (q_tma, mQ), (k_tma, mK), (v_tma, mV))  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self._consume(
-                q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, shape, (o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss),
-                wg - 1, wg_tidx, scale_log2,
+                q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, tiles, seqs, shape, window,
+                (o, o_sh, o_ss), (lse, lse_sh, lse_ss),
+                wg - 1, wg_tidx, scale_log2, score_scale,
             )  # fmt: skip
 
-    @cute.jit
-    def _schedule(self, shape):
+    def _schedule(self, tiles):
         """This CTA's walk over the tiles, the same for the producer and the consumers:
-        (first tile, number of tiles, stride)."""
+        (first tile, end, stride)."""
         bidx, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
-        return bidx, shape.m_blocks * shape.heads_q * shape.batch, grid
+        return bidx, tiles.count(), grid
 
-    @cute.jit
-    def _tile(self, tile, shape):
-        """Tile index -> (query block, head, batch). Non-causal: query blocks of one head are
-        neighbours (they share K and V in L2). Causal: longest first, so the short tiles
-        fill the end of the schedule."""
-        heads_batch = shape.heads_q * shape.batch
-        m_block, hb = tile % shape.m_blocks, tile // shape.m_blocks
-        if cutlass.const_expr(self.causal):
-            m_block, hb = shape.m_blocks - 1 - tile // heads_batch, tile % heads_batch
-        return m_block, hb % shape.heads_q, hb // shape.heads_q
+    def _key_blocks(self, keys, m_block, q_len):
+        """(first, end) key blocks of a tile: what any of its rows sees."""
+        first_row = m_block * self.tiles.block_m
+        last_row = cutlass.min(first_row + self.tiles.block_m, q_len) - 1
+        return keys.blocks(first_row, last_row, self.tiles.block_n)
 
-    @cute.jit
-    def _key_blocks(self, m_block, shape):
-        """Key blocks a tile visits (causal: up to its last query row)."""
-        n_block_max = shape.n_blocks
-        if cutlass.const_expr(self.causal):
-            n_block_max = min(cute.ceil_div((m_block + 1) * self.tiles.block_m, self.tiles.block_n), shape.n_blocks)
-        return n_block_max
+    def _ragged_view(self, mX, head, start, length, batch, rows_mode: int):
+        """Sequence rows of head `head` as a (rows, d) (or (d, rows), rows_mode 1) coordinate
+        tensor: ragged for variable lengths (rows past `length` are out of bounds), else the
+        plan's fixed tensor at `batch`."""
+        if cutlass.const_expr(self.varlen):
+            view = mX[None, None, head, RAGGED_ROWS, start + length]
+            offset = (RAGGED_ROWS - length, 0) if rows_mode == 0 else (0, RAGGED_ROWS - length)
+            return cute.domain_offset(offset, view)
+        return mX[None, None, head, batch]
 
     # ---------------------------------------------------------------- producer
     @cute.jit
-    def _produce(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, shape, q_load, k_load, v_load):
+    def _produce(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window, q_load, k_load, v_load):
         t = self.tiles
         d = self.head_dim
         wg_m = t.block_m // t.consumers
+        ring = Ring(t.stages)
         (q_tma, mQ), (k_tma, mK), (v_tma, mV) = q_load, k_load, v_load
         one = cute.make_layout(1)
-        first, num_tiles, grid = self._schedule(shape)
+        first, num_tiles, grid = self._schedule(tiles)
         loaded = cutlass.Int32(0)  # K/V blocks issued so far: the ring position
-        tile_count = cutlass.Int32(0)
+        q_loads = cutlass.Int32(0)  # tiles whose Q was loaded: the Q buffer's phase
         for tile in range(first, num_tiles, grid):
-            m_block, head, batch = self._tile(tile, shape)
-            head_kv = head // shape.group
-            n_block_max = self._key_blocks(m_block, shape)
-            # rows past the end of a sequence arrive as zeros (TMA's out-of-bounds fill)
-            gK = cute.local_tile(mK[None, None, head_kv, batch], (t.block_n, d), (None, 0))  # (n, d, blocks)
-            gV = cute.local_tile(mV[None, None, head_kv, batch], (d, t.block_n), (0, None))  # (d, n, blocks)
-            tKsK, tKgK = cpasync.tma_partition(k_tma, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-            tVsV, tVgV = cpasync.tma_partition(v_tma, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+            m_block, head, batch = tiles.work(tile)
+            seq = seqs.get(batch)
+            keys = KeyRange.of(self.mask, window[0], window[1], seq.q_len, seq.kv_len)
+            n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
+            if n_end > n_first:
+                head_kv = head // shape.group
+                mQ_seq = self._ragged_view(mQ, head, seq.q_start, seq.q_len, batch, 0)
+                mK_seq = self._ragged_view(mK, head_kv, seq.k_start, seq.kv_len, batch, 0)
+                mV_seq = self._ragged_view(mV, head_kv, seq.v_start, seq.kv_len, batch, 1)
+                # rows past the end of a sequence arrive as zeros (TMA's out-of-bounds fill)
+                gK = cute.local_tile(mK_seq, (t.block_n, d), (None, 0))  # (n, d, blocks)
+                gV = cute.local_tile(mV_seq, (d, t.block_n), (0, None))  # (d, n, blocks)
+                tKsK, tKgK = cpasync.tma_partition(
+                    k_tma, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+                )
+                tVsV, tVgV = cpasync.tma_partition(
+                    v_tma, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+                )
 
-            q_pipe.sync_object_empty.wait(0, tile_count % 2 ^ 1)
-            q_pipe.sync_object_full.arrive(0, None)  # expects both halves' bytes
-            for c in cutlass.range_constexpr(t.consumers):
-                gQ = cute.local_tile(mQ[None, None, head, batch], (wg_m, d), (m_block * t.consumers + c, 0))
-                tQsQ, tQgQ = cpasync.tma_partition(
-                    q_tma, 0, one, cute.group_modes(sQ[None, None, c], 0, 2), cute.group_modes(gQ, 0, 2)
-                )
-                cute.copy(q_tma, tQgQ, tQsQ, tma_bar_ptr=q_pipe.sync_object_full.get_barrier(0))
+                q_pipe.sync_object_empty.wait(0, q_loads % 2 ^ 1)
+                q_pipe.sync_object_full.arrive(0, None)  # expects every consumer's rows
+                for c in cutlass.range_constexpr(t.consumers):
+                    gQ = cute.local_tile(mQ_seq, (wg_m, d), (m_block * t.consumers + c, 0))
+                    tQsQ, tQgQ = cpasync.tma_partition(
+                        q_tma, 0, one, cute.group_modes(sQ[None, None, c], 0, 2), cute.group_modes(gQ, 0, 2)
+                    )
+                    cute.copy(q_tma, tQgQ, tQsQ, tma_bar_ptr=q_pipe.sync_object_full.get_barrier(0))
 
-            for n_block in range(n_block_max - 1, -1, -1):
-                position = loaded + (n_block_max - 1 - n_block)
-                stage, phase = position % t.stages, position // t.stages % 2
-                k_pipe.sync_object_empty.wait(stage, phase ^ 1)
-                k_pipe.sync_object_full.arrive(stage, None)
-                cute.copy(
-                    k_tma,
-                    tKgK[None, n_block],
-                    tKsK[None, stage],
-                    tma_bar_ptr=k_pipe.sync_object_full.get_barrier(stage),
-                )
-                v_pipe.sync_object_empty.wait(stage, phase ^ 1)
-                v_pipe.sync_object_full.arrive(stage, None)
-                cute.copy(
-                    v_tma,
-                    tVgV[None, n_block],
-                    tVsV[None, stage],
-                    tma_bar_ptr=v_pipe.sync_object_full.get_barrier(stage),
-                )
-            loaded += n_block_max
-            tile_count += 1
+                for n_block in range(n_end - 1, n_first - 1, -1):
+                    stage, phase = ring.at(loaded + (n_end - 1 - n_block))
+                    k_pipe.sync_object_empty.wait(stage, phase ^ 1)
+                    k_pipe.sync_object_full.arrive(stage, None)
+                    cute.copy(
+                        k_tma,
+                        tKgK[None, n_block],
+                        tKsK[None, stage],
+                        tma_bar_ptr=k_pipe.sync_object_full.get_barrier(stage),
+                    )
+                    v_pipe.sync_object_empty.wait(stage, phase ^ 1)
+                    v_pipe.sync_object_full.arrive(stage, None)
+                    cute.copy(
+                        v_tma,
+                        tVgV[None, n_block],
+                        tVsV[None, stage],
+                        tma_bar_ptr=v_pipe.sync_object_full.get_barrier(stage),
+                    )
+            blocks = cutlass.max(n_end - n_first, 0)
+            loaded += blocks
+            q_loads += cutlass.min(blocks, 1)
 
     # ---------------------------------------------------------------- consumers
     def _row_copy(self):
@@ -372,9 +727,11 @@ class SdpaForwardWgmma:
         return cute.make_tiled_copy_tv(atom, layout, cute.make_layout((1, elems)))
 
     @cute.jit
-    def _consume(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, shape, o_args, lse_args, cw, wg_tidx, scale_log2):
+    def _consume(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, tiles, seqs, shape, window, o_args, lse_args, cw,
+                 wg_tidx, scale_log2, score_scale):  # fmt: skip
         t = self.tiles
         wg_m = t.block_m // t.consumers
+        ring = Ring(t.stages)
         qk_mma, pv_mma = self._mmas()
         qk_mma.set(warpgroup.Field.ACCUMULATE, True)
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -383,109 +740,103 @@ class SdpaForwardWgmma:
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N, K, stage)
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
         acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((wg_m, self.head_dim)))
-        rows = _wgmma_rows(acc_O.layout)
-        row_max = cute.make_rmem_tensor(rows, cutlass.Float32)
-        row_sum = cute.make_rmem_tensor(rows, cutlass.Float32)
-        correction = cute.make_rmem_tensor(rows, cutlass.Float32)
+        softmax = OnlineSoftmax.create(_wgmma_rows(acc_O.layout), scale_log2)
         s_shape = qk_thr.partition_shape_C((wg_m, t.block_n))
         rP = cute.make_rmem_tensor(_c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
-        mask_steps = 1
-        if cutlass.const_expr(self.causal):
-            mask_steps = cute.ceil_div(t.block_m, t.block_n)
 
-        # ping-pong: consumer c issues its GEMMs after consumer c-1 issued its own, in a ring
+        # ping-pong: consumer c issues its GEMMs after consumer c-1 issued its own, in a ring.
+        # Every turn hands over to the next consumer; the last hand-over (to consumer 0) is
+        # taken after the tile loop, so every arrive meets a wait whatever the tiles were.
         consumers = t.consumers
-        my_turn = pipeline.NamedBarrier(barrier_id=2 + cw, num_threads=256)
-        their_turn = pipeline.NamedBarrier(barrier_id=2 + (cw + 1) % consumers, num_threads=256)
+        my_turn = pipeline.NamedBarrier(barrier_id=Barrier.TURN + cw, num_threads=256)
+        their_turn = pipeline.NamedBarrier(barrier_id=Barrier.TURN + (cw + 1) % consumers, num_threads=256)
         if cw == consumers - 1:
             their_turn.arrive()  # consumer 0 goes first
 
-        first, num_tiles, grid = self._schedule(shape)
+        first, num_tiles, grid = self._schedule(tiles)
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
-        tile_count = cutlass.Int32(0)
+        q_loads = cutlass.Int32(0)
         for tile in range(first, num_tiles, grid):
-            m_block, head, batch = self._tile(tile, shape)
-            n_block_max = self._key_blocks(m_block, shape)
+            m_block, head, batch = tiles.work(tile)
+            seq = seqs.get(batch)
+            keys = KeyRange.of(self.mask, window[0], window[1], seq.q_len, seq.kv_len)
+            n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
             row_tile = m_block * t.consumers + cw
-            acc_O.fill(0.0)
-            row_max.fill(-cutlass.Float32.inf)
-            row_sum.fill(0.0)
-            q_pipe.sync_object_full.wait(0, tile_count % 2)
+            my_first = row_tile * wg_m
+            full_first, full_end = keys.full_blocks(my_first, cutlass.min(my_first + wg_m, seq.q_len) - 1, t.block_n)
+            n_blocks = cutlass.max(n_end - n_first, 0)
+            if n_blocks > 0:
+                acc_O.fill(0.0)
+                softmax.reset()
+                q_pipe.sync_object_full.wait(0, q_loads % 2)
 
-            # Software pipeline: step j issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} together,
-            # then runs softmax(S_j) while P V is still on the tensor cores.
-            acc_S = qk_thr.make_fragment_C(s_shape)
-            acc_S.fill(0.0)
-            stage, phase = consumed % t.stages, consumed // t.stages % 2
-            k_pipe.sync_object_full.wait(stage, phase)
-            my_turn.arrive_and_wait()
-            warpgroup.fence()
-            self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
-            warpgroup.commit_group()
-            their_turn.arrive()
-            warpgroup.wait_group(0)
-            k_pipe.sync_object_empty.arrive(stage, None)
-            if cutlass.const_expr(t.o_buffer):
-                if n_block_max == 1:
-                    q_pipe.sync_object_empty.arrive(0, None)  # the tile's last read of Q
-            self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block_max - 1,
-                                 shape, True)  # fmt: skip
-            cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
-
-            for step in range(1, n_block_max, 1):
-                n_block = n_block_max - 1 - step
-                stage, phase = (consumed + step) % t.stages, (consumed + step) // t.stages % 2
-                prev_stage, prev_phase = (consumed + step - 1) % t.stages, (consumed + step - 1) // t.stages % 2
+                # Software pipeline: step j issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1}
+                # together, then runs softmax(S_j) while P V is still on the tensor cores.
                 acc_S = qk_thr.make_fragment_C(s_shape)
                 acc_S.fill(0.0)
+                stage, phase = ring.at(consumed)
                 k_pipe.sync_object_full.wait(stage, phase)
-                v_pipe.sync_object_full.wait(prev_stage, prev_phase)
                 my_turn.arrive_and_wait()
                 warpgroup.fence()
                 self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
                 warpgroup.commit_group()
-                self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage)
-                warpgroup.commit_group()
                 their_turn.arrive()
-                warpgroup.wait_group(1)  # S_j is ready; P V may still run
+                warpgroup.wait_group(0)
                 k_pipe.sync_object_empty.arrive(stage, None)
                 if cutlass.const_expr(t.o_buffer):
-                    if step == n_block_max - 1:
-                        q_pipe.sync_object_empty.arrive(0, None)
-                if step < mask_steps:
-                    self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block,
-                                         shape, True)  # fmt: skip
-                else:
-                    self._online_softmax(qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block,
-                                         shape, False)  # fmt: skip
-                warpgroup.wait_group(0)  # O and P_{j-1} are free again
-                v_pipe.sync_object_empty.arrive(prev_stage, None)
-                o_mn = _wgmma_rows_by_cols(acc_O)
-                for r in cutlass.range_constexpr(cute.size(row_max)):
-                    o_mn[r, None] = o_mn[r, None].load() * correction[r]
+                    if n_blocks == 1:
+                        q_pipe.sync_object_empty.arrive(0, None)  # the tile's last read of Q
+                n_block = n_end - 1
+                self._scores(qk_thr, acc_S, softmax, keys, seq, row_tile, n_block, full_first, full_end, score_scale)
                 cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
 
-            last = consumed + n_block_max - 1
-            last_stage, last_phase = last % t.stages, last // t.stages % 2
-            v_pipe.sync_object_full.wait(last_stage, last_phase)
-            my_turn.arrive_and_wait()
-            warpgroup.fence()
-            self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
-            warpgroup.commit_group()
-            # every arrive meets a wait: the last consumer's very last turn has no successor
-            if cw != consumers - 1:
-                their_turn.arrive()
-            elif tile + grid < num_tiles:
-                their_turn.arrive()
-            warpgroup.wait_group(0)
-            v_pipe.sync_object_empty.arrive(last_stage, None)
+                for step in range(1, n_blocks, 1):
+                    n_block = n_end - 1 - step
+                    stage, phase = ring.at(consumed + step)
+                    prev_stage, prev_phase = ring.at(consumed + step - 1)
+                    acc_S = qk_thr.make_fragment_C(s_shape)
+                    acc_S.fill(0.0)
+                    k_pipe.sync_object_full.wait(stage, phase)
+                    v_pipe.sync_object_full.wait(prev_stage, prev_phase)
+                    my_turn.arrive_and_wait()
+                    warpgroup.fence()
+                    self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
+                    warpgroup.commit_group()
+                    self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage)
+                    warpgroup.commit_group()
+                    their_turn.arrive()
+                    warpgroup.wait_group(1)  # S_j is ready; P V may still run
+                    k_pipe.sync_object_empty.arrive(stage, None)
+                    if cutlass.const_expr(t.o_buffer):
+                        if step == n_blocks - 1:
+                            q_pipe.sync_object_empty.arrive(0, None)
+                    self._scores(qk_thr, acc_S, softmax, keys, seq, row_tile, n_block, full_first, full_end,
+                                 score_scale)  # fmt: skip
+                    warpgroup.wait_group(0)  # O and P_{j-1} are free again
+                    v_pipe.sync_object_empty.arrive(prev_stage, None)
+                    softmax.rescale(_wgmma_rows_by_cols(acc_O))
+                    cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
 
-            self._epilogue(pv_mma, acc_O, row_max, row_sum, sO[None, None, cw], o_args, lse_args,
-                           batch, head, row_tile, shape.seq_q, scale_log2, cw, wg_tidx)  # fmt: skip
-            if cutlass.const_expr(not t.o_buffer):
-                q_pipe.sync_object_empty.arrive(0, None)  # O has left the Q buffer
-            consumed += n_block_max
-            tile_count += 1
+                last_stage, last_phase = ring.at(consumed + n_blocks - 1)
+                v_pipe.sync_object_full.wait(last_stage, last_phase)
+                my_turn.arrive_and_wait()
+                warpgroup.fence()
+                self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
+                warpgroup.commit_group()
+                their_turn.arrive()
+                warpgroup.wait_group(0)
+                v_pipe.sync_object_empty.arrive(last_stage, None)
+
+                self._epilogue(pv_mma, acc_O, softmax, sO[None, None, cw], o_args, lse_args, seq, head, row_tile,
+                               cw, wg_tidx)  # fmt: skip
+                if cutlass.const_expr(not t.o_buffer):
+                    q_pipe.sync_object_empty.arrive(0, None)  # O has left the Q buffer
+            else:
+                self._empty_rows(pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx)
+            consumed += n_blocks
+            q_loads += cutlass.min(n_blocks, 1)
+        if cw == 0:
+            my_turn.arrive_and_wait()  # the last consumer's last hand-over
 
     @cute.jit
     def _gemm_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage):
@@ -498,85 +849,101 @@ class SdpaForwardWgmma:
             cute.gemm(pv_mma, acc_O, rP[None, None, kk], tOrV[None, None, kk, stage], acc_O)
 
     @cute.jit
-    def _online_softmax(
-        self, qk_thr, acc_S, row_max, row_sum, correction, scale_log2, row_tile, n_block, shape,
-        masked: cutlass.Constexpr,
-    ):  # fmt: skip
-        """S -> unnormalized probabilities in place; running max and sum updated; the factor
-        the output accumulated so far must be scaled by goes to `correction` (applied by the
-        caller once the P V gemm that writes the output has finished)."""
-        t = self.tiles
+    def _scores(self, qk_thr, acc_S, softmax, keys, seq, row_tile, n_block, full_first, full_end, score_scale):
+        """S_j -> probabilities: softcap, mask (only blocks some row sees in part), softmax."""
+        if cutlass.const_expr(self.mask.softcap):
+            acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
         s_mn = _wgmma_rows_by_cols(acc_S)
-        if cutlass.const_expr(masked):
-            cS = cute.local_tile(
-                cute.make_identity_tensor((shape.seq_q, shape.seq_kv)),
-                (t.block_m // t.consumers, t.block_n),
-                (row_tile, n_block),
-            )
-            c_mn = _wgmma_rows_by_cols(qk_thr.partition_C(cS))
-        for r in cutlass.range_constexpr(cute.size(row_max)):
-            if cutlass.const_expr(masked):
-                col_limit = shape.seq_kv
-                if cutlass.const_expr(self.causal):
-                    col_limit = min(c_mn[r, 0][0] + 1, shape.seq_kv)
-                for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
-                    if c_mn[r, c][1] >= col_limit:
-                        s_mn[r, c] = -cutlass.Float32.inf
-            row = s_mn[r, None].load()
-            prev_max = row_max[r]
-            new_max = cute.arch.fmax(prev_max, quad_max(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)))
-            # a row with every key masked so far keeps max -inf; exponentiate against 0 instead
-            safe_max = 0.0 if new_max == -cutlass.Float32.inf else new_max
-            shift = safe_max * scale_log2
-            probs = cute.math.exp2(row * scale_log2 - shift, fastmath=True)
-            factor = cute.math.exp2(prev_max * scale_log2 - shift, fastmath=True)
-            row_sum[r] = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0) + row_sum[r] * factor
-            correction[r] = factor
-            row_max[r] = new_max
-            s_mn[r, None] = probs
+        if n_block < full_first or n_block >= full_end:
+            self._mask(qk_thr, s_mn, keys, seq, row_tile, n_block)
+        softmax.update(s_mn)
 
     @cute.jit
-    def _epilogue(
-        self, pv_mma, acc_O, row_max, row_sum, sO, o_args, lse_args, batch, head, row_tile, seq_q, scale_log2,
-        cw, wg_tidx,
-    ):  # fmt: skip
+    def _mask(self, qk_thr, s_mn, keys, seq, row_tile, n_block):
+        t = self.tiles
+        cS = cute.local_tile(
+            cute.make_identity_tensor((seq.q_len, seq.kv_len)),
+            (t.block_m // t.consumers, t.block_n),
+            (row_tile, n_block),
+        )
+        c_mn = _wgmma_rows_by_cols(qk_thr.partition_C(cS))
+        for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
+            row = c_mn[r, 0][0]
+            lo, hi = keys.lo(row), keys.hi(row)
+            for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
+                col = c_mn[r, c][1]
+                if col < lo or col >= hi:
+                    s_mn[r, c] = -cutlass.Float32.inf
+
+    def _out_rows(self, o_args, seq, head):
+        """This (sequence, head)'s O rows, (q_len, d); strides are multiples of 8 (checked at build)."""
+        o, o_sh, o_ss = o_args
+        # every term is a multiple of 8 elements (the build checks the strides)
+        base = o + cute.assume(seq.o_offset + cutlass.Int64(head) * o_sh, divby=8)
+        return cute.make_tensor(base, cute.make_layout((seq.q_len, self.head_dim), stride=(o_ss, 1)))
+
+    @cute.jit
+    def _epilogue(self, pv_mma, acc_O, softmax, sO, o_args, lse_args, seq, head, row_tile, cw, wg_tidx):
         """Normalize O, stage it through shared memory (its own buffer, or this warpgroup's Q
         buffer, whose last S = Q Kᵀ is done) and store whole 16-byte row pieces; write the LSE."""
         t = self.tiles
         wg_m = t.block_m // t.consumers
         d = self.head_dim
-        mO = _rows_of(*o_args, seq_q, batch, head, d)
-        o_mn = _wgmma_rows_by_cols(acc_O)
-        for r in cutlass.range_constexpr(cute.size(row_sum)):
-            total = quad_sum(row_sum[r])
-            row_sum[r] = total
-            inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
-            o_mn[r, None] = o_mn[r, None].load() * inv
+        softmax.normalize(_wgmma_rows_by_cols(acc_O))
         rO = cute.make_fragment_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), pv_mma)
         r2s_thr = r2s.get_slice(wg_tidx)
         cute.copy(r2s, r2s_thr.retile(rO), r2s_thr.partition_D(sO))
-        pipeline.NamedBarrier(barrier_id=2 + t.consumers + cw, num_threads=128).arrive_and_wait()
+        pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE + cw, num_threads=128).arrive_and_wait()
 
         s2g = self._row_copy().get_slice(wg_tidx)
+        mO = self._out_rows(o_args, seq, head)
         gO = cute.local_tile(mO, (wg_m, d), (row_tile, 0))
-        cO = cute.local_tile(cute.make_identity_tensor((seq_q, d)), (wg_m, d), (row_tile, 0))
+        cO = cute.local_tile(cute.make_identity_tensor((seq.q_len, d)), (wg_m, d), (row_tile, 0))
         tOsO, tOgO, tOcO = s2g.partition_S(sO), s2g.partition_D(gO), s2g.partition_D(cO)
         tOrO = cute.make_fragment_like(tOgO, self.dtype)
         cute.copy(s2g, tOsO, tOrO)
         for m in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
-            if tOcO[0, m, 0][0] < seq_q:
+            if tOcO[0, m, 0][0] < seq.q_len:
                 cute.copy(s2g, tOrO[None, m, None], tOgO[None, m, None])
 
         if cutlass.const_expr(self.has_lse):
             c_mn = _wgmma_rows_by_cols(pv_mma.get_slice(wg_tidx).partition_C(cO))
-            lse, lse_sb, lse_sh, lse_ss = lse_args
-            mLSE = cute.make_tensor(lse + (batch * lse_sb + head * lse_sh), cute.make_layout(seq_q, stride=lse_ss))
-            for r in cutlass.range_constexpr(cute.size(row_sum)):
+            mLSE = self._lse_rows(lse_args, seq, head)
+            for r in cutlass.range_constexpr(cute.size(softmax.row_sum)):
                 row = c_mn[r, 0][0]
-                if wg_tidx % 4 == 0 and row < seq_q:
-                    mLSE[row] = (row_max[r] * scale_log2 + cute.math.log2(row_sum[r])) * LN_2
+                if wg_tidx % 4 == 0 and row < seq.q_len:
+                    mLSE[row] = softmax.lse(r)
+
+    @cute.jit
+    def _empty_rows(self, pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx):
+        """A tile whose rows see no key: O = 0 and LSE = -inf, straight from registers."""
+        t = self.tiles
+        wg_m = t.block_m // t.consumers
+        d = self.head_dim
+        s2g = self._row_copy().get_slice(wg_tidx)
+        mO = self._out_rows(o_args, seq, head)
+        gO = cute.local_tile(mO, (wg_m, d), (row_tile, 0))
+        cO = cute.local_tile(cute.make_identity_tensor((seq.q_len, d)), (wg_m, d), (row_tile, 0))
+        tOgO, tOcO = s2g.partition_D(gO), s2g.partition_D(cO)
+        tOrO = cute.make_fragment_like(tOgO, self.dtype)
+        tOrO.fill(0.0)
+        for m in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
+            if tOcO[0, m, 0][0] < seq.q_len:
+                cute.copy(s2g, tOrO[None, m, None], tOgO[None, m, None])
+        if cutlass.const_expr(self.has_lse):
+            c_mn = _wgmma_rows_by_cols(pv_mma.get_slice(wg_tidx).partition_C(cO))
+            mLSE = self._lse_rows(lse_args, seq, head)
+            for r in cutlass.range_constexpr(cute.size(c_mn.shape[0])):
+                row = c_mn[r, 0][0]
+                if wg_tidx % 4 == 0 and row < seq.q_len:
+                    mLSE[row] = -cutlass.Float32.inf
+
+    def _lse_rows(self, lse_args, seq, head):
+        lse, lse_sh, lse_ss = lse_args
+        base = lse + (seq.lse_offset + cutlass.Int64(head) * lse_sh)
+        return cute.make_tensor(base, cute.make_layout(seq.q_len, stride=lse_ss))
 
 
 def _wgmma_rows(acc_layout) -> int:
@@ -601,25 +968,3 @@ def _c_to_a_layout(c):
         ((c.shape[0][0], c.shape[0][1], 2), c.shape[1], c.shape[0][2] // 2),
         stride=((c.stride[0][0], c.stride[0][1], c.stride[0][2]), c.stride[1], c.stride[0][2] * 2),
     )
-
-
-@dataclass(frozen=True)
-class TileSpace:
-    """The problem's extents in tiles and rows, as the kernel loops over them."""
-
-    m_blocks: cutlass.Int32  # query blocks per (batch, head)
-    heads_q: cutlass.Int32
-    batch: cutlass.Int32
-    seq_q: cutlass.Int32
-    seq_kv: cutlass.Int32
-    group: cutlass.Int32  # query heads per K/V head
-    n_blocks: cutlass.Int32  # key blocks per (batch, head)
-
-
-def _rows_of(base, sb, sh, ss, rows, batch, h, d: int):
-    """The (rows, d) matrix of one (batch, head); strides are multiples of 8 (checked at build)."""
-    sb, sh, ss = (cute.assume(x, divby=8) for x in (sb, sh, ss))
-    return cute.make_tensor(base + (batch * sb + h * sh), cute.make_layout((rows, d), stride=(ss, 1)))
-
-
-Kernel = SdpaForwardWgmma

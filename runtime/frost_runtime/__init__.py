@@ -3,18 +3,22 @@
 plan = frost_runtime.load("plan.frost")        # checks, loads the kernels once
 plan.execute(q, k, v, o, lse)                  # buffers in slot order, on torch's current stream
 plan.execute_named(q=q, k=k, v=v, o=o, lse=lse, stream=s)
+bound = plan.bind(q, k, v, o, lse, workspace=ws)  # check once; bound.execute() only launches
+plan.close()                                   # or `with frost_runtime.load(...) as plan:`
 """
 
 import os
 
-from frost_runtime.plan import BindError, BoundPlan, CompatibilityError, Plan
+from frost_runtime.plan import BindError, BoundPlan, CompatibilityError, LengthError, Plan, PlanClosedError
 from frost_runtime.schema import PlanData, PlanFormatError, decode_plan, read_header
 
 __all__ = [
     "BindError",
     "BoundPlan",
     "CompatibilityError",
+    "LengthError",
     "Plan",
+    "PlanClosedError",
     "PlanData",
     "PlanFormatError",
     "compatibility_problems",

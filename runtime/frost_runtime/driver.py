@@ -88,5 +88,9 @@ def load_kernel(cubin: bytes, entry: str, smem_bytes: int) -> LoadedKernel:
     return LoadedKernel(module, function)
 
 
+def unload_kernel(kernel: LoadedKernel) -> None:
+    check(cu.cuModuleUnload(kernel.module))
+
+
 SUCCESS = cu.CUresult.CUDA_SUCCESS
 launch_kernel = cu.cuLaunchKernel  # (f, grid xyz, block xyz, smem, stream, params, extra)

@@ -8,18 +8,30 @@ second and capture it in a CUDA graph):
 2. Nothing re-derived that was fixed at build: slots, strides and parameter layouts were
    resolved by the compiler; `execute` only checks buffer metadata and patches pointers.
 3. Every device operation on the launch stream, and no device memory owned by the runtime:
-   scratch, when a plan needs any, comes from the caller's workspace.
+   scratch, when a plan needs any, comes from the caller's workspace (`workspace_bytes`;
+   `allocate_workspace()` makes one with torch).
 4. Nothing observed at execute can cause a compile or a module load: modules are loaded in
    `load()`, so even a first `execute` inside a graph capture is a plain launch.
 """
 
 import ctypes
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from frost_runtime import driver
-from frost_runtime.schema import DTYPES, PARAM_ALIGN, PARAM_KINDS, Kernel, Launch, PlanData, TensorSlot
+from frost_runtime.schema import (
+    DTYPES,
+    PARAM_ALIGN,
+    PARAM_KINDS,
+    WORKSPACE_ALIGN,
+    Kernel,
+    Launch,
+    LengthContract,
+    PlanData,
+    TensorSlot,
+)
 
 _CTYPES = {
     "ptr": ctypes.c_uint64,
@@ -37,6 +49,17 @@ class BindError(ValueError):
 
 class CompatibilityError(RuntimeError):
     """The plan cannot run on this machine (architecture or driver); nothing was loaded."""
+
+
+class LengthError(BindError):
+    """Sequence lengths break the plan's capacities (found by `check_lengths`, on request)."""
+
+
+class PlanClosedError(RuntimeError):
+    """The plan was closed: its kernels are unloaded and it launches nothing."""
+
+
+TYPESTR = {"bf16": "<V2", "fp16": "<f2", "fp32": "<f4", "int32": "<i4"}  # __cuda_array_interface__
 
 
 @dataclass(frozen=True)
@@ -68,9 +91,12 @@ class _PackedLaunch:
         self.param_array = (ctypes.c_void_p * max(len(pointers), 1))(*pointers)
         self.param_address = ctypes.addressof(self.param_array)
         self.slot_fields: list[tuple[int, ctypes.c_uint64]] = []
+        self.workspace_fields: list[tuple[int, ctypes.c_uint64]] = []  # (byte offset, field)
         for field, arg in zip(self.fields, launch.args):
             if arg.slot >= 0:
                 self.slot_fields.append((arg.slot, field))
+            elif arg.workspace >= 0:
+                self.workspace_fields.append((arg.workspace, field))
             elif isinstance(arg.value, tuple):
                 field[:] = arg.value
             else:
@@ -114,6 +140,38 @@ class Plan:
         self._device_index = device.ordinal
         self._raw_stream = _current_stream_reader()
         self._tensor_type = _torch_tensor_type()
+        self._bound: weakref.WeakSet[BoundPlan] = weakref.WeakSet()
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Unload the plan's kernels (a serving process that swaps plans would leak them
+        otherwise). Work already queued must have finished or be ordered before any reuse of
+        the memory; launches after close raise PlanClosedError, from bound plans too."""
+        if self.closed:
+            return
+        self.closed = True
+        self._launches = _ClosedLaunches()
+        for bound in list(self._bound):
+            bound._calls = _ClosedLaunches()
+        loaded, self._loaded = self._loaded, []
+        for kernel in loaded:
+            driver.unload_kernel(kernel)
+
+    def __enter__(self) -> "Plan":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def allocate_workspace(self):
+        """A torch uint8 tensor of `workspace_bytes` on the plan's device (None when the plan
+        needs none); allocated once, it serves every execute on one stream at a time."""
+        if not self.workspace_bytes:
+            return None
+        import torch
+
+        return torch.empty(self.workspace_bytes, dtype=torch.uint8, device=f"cuda:{self._device_index}")
 
     # ------------------------------------------------------------------ the hot path
     def execute(self, *buffers, stream=None, workspace=None) -> None:
@@ -123,13 +181,15 @@ class Plan:
         or None for torch's current stream on the plan's device (the default stream without
         torch). Returns as soon as the work is queued.
         """
-        pointers = self._validated_pointers(buffers, workspace)
+        pointers, base = self._validated_pointers(buffers, workspace)
         handle = self._raw_stream(self._device_index) if stream is None else _stream_handle(stream)
         launch, success = self._launch, driver.SUCCESS
         with self._lock:
             for packed in self._launches:
                 for slot, field in packed.slot_fields:
                     field.value = pointers[slot]
+                for offset, field in packed.workspace_fields:
+                    field.value = base + offset
                 (code,) = launch(packed.function, *packed.geometry, handle, packed.param_address, 0)
                 if code != success:
                     driver.check_launch(code)
@@ -141,19 +201,27 @@ class Plan:
         only launches. The contract is a graph's: the bound tensors keep their storage, shape
         and strides while the binding is used (the binding keeps them alive).
         """
-        pointers = self._validated_pointers(buffers, workspace)
-        return BoundPlan(self, buffers, [self._pack(pointers, i) for i in range(len(self._launches))])
+        if self.closed:
+            raise PlanClosedError(f"plan {self.header.name!r} is closed")
+        pointers, base = self._validated_pointers(buffers, workspace)
+        launches = [self._pack(pointers, base, i) for i in range(len(self.data.launches))]
+        bound = BoundPlan(self, buffers + ((workspace,) if workspace is not None else ()), launches)
+        self._bound.add(bound)
+        return bound
 
-    def _pack(self, pointers: list[int], index: int) -> "_PackedLaunch":
+    def _pack(self, pointers: list[int], base: int, index: int) -> "_PackedLaunch":
         launch = self.data.launches[index]
         packed = _PackedLaunch(
             launch, self.data.kernels[launch.kernel], self._loaded[launch.kernel], self.device.sm_count
         )
         for slot, field in packed.slot_fields:
             field.value = pointers[slot]
+        for offset, field in packed.workspace_fields:
+            field.value = base + offset
         return packed
 
-    def _validated_pointers(self, buffers: tuple, workspace) -> list[int]:
+    def _validated_pointers(self, buffers: tuple, workspace) -> tuple[list[int], int]:
+        """The buffers' pointers in slot order and the workspace's base (0 when none is needed)."""
         if len(buffers) != len(self._checks):
             raise BindError(
                 f"execute takes {len(self._checks)} buffers in slot order {list(self.slots)}, got {len(buffers)}"
@@ -167,9 +235,8 @@ class Plan:
                     pointers.append(pointer)
                     continue
             pointers.append(self._pointer(check, buf))
-        if self.workspace_bytes:
-            self._check_workspace(workspace)
-        return pointers
+        base = self._workspace_pointer(workspace) if self.workspace_bytes else 0
+        return pointers, base
 
     def execute_named(self, buffers: Mapping | None = None, /, *, stream=None, workspace=None, **named) -> None:
         """`execute` with buffers given by slot name (a mapping, keywords, or both)."""
@@ -189,9 +256,71 @@ class Plan:
             return _torch_pointer(check, buf, self.device.ordinal)
         return _cai_pointer(check, buf)
 
-    def _check_workspace(self, workspace) -> None:
+    def _workspace_pointer(self, workspace) -> int:
+        """Checked from metadata like a slot: size, device, alignment; never read."""
+        need = self.workspace_bytes
         if workspace is None:
-            raise BindError(f"this plan needs a workspace of {self.workspace_bytes} bytes")
+            raise BindError(
+                f"this plan needs a workspace of {need} bytes: pass workspace=plan.allocate_workspace() "
+                "(allocate it once and reuse it)"
+            )
+        if type(workspace).__module__.startswith("torch"):
+            nbytes = workspace.numel() * workspace.element_size()
+            dev = workspace.device
+            if dev.type != "cuda" or dev.index != self._device_index:
+                raise BindError(f"workspace on {dev}, the plan was loaded on cuda:{self._device_index}")
+            if not workspace.is_contiguous():
+                raise BindError("workspace must be contiguous")
+            pointer = workspace.data_ptr()
+        else:
+            cai = getattr(workspace, "__cuda_array_interface__", None)
+            if cai is None:
+                raise BindError(
+                    "workspace: expected a CUDA buffer (torch or __cuda_array_interface__), "
+                    f"got {type(workspace).__name__}"
+                )
+            itemsize = int(cai["typestr"][2:])
+            nbytes = itemsize
+            for extent in cai["shape"]:
+                nbytes *= extent
+            pointer = cai["data"][0]
+        if nbytes < need:
+            raise BindError(f"workspace has {nbytes} bytes, this plan needs {need}")
+        if pointer % WORKSPACE_ALIGN:
+            raise BindError(f"workspace pointer {pointer:#x} is not {WORKSPACE_ALIGN}-byte aligned")
+        return pointer
+
+    # ------------------------------------------------------------------ debugging (off the hot path)
+    def check_lengths(self, *buffers) -> None:
+        """Read the sequence-length slots back (a synchronizing host read: for debugging, never
+        in a serving loop) and raise LengthError if any breaks the plan's capacities."""
+        if len(buffers) != len(self._checks):
+            raise BindError(f"check_lengths takes the {len(self._checks)} buffers of execute, got {len(buffers)}")
+        for contract in self.data.lengths:
+            values = [int(x) for x in buffers[contract.slot].cpu().tolist()]
+            problem = length_problem(contract, values)
+            if problem:
+                raise LengthError(f"{_where(self._checks[contract.slot])}: {problem}")
+
+
+def length_problem(contract: LengthContract, values: list[int]) -> str | None:
+    """What is wrong with `values` under the contract, or None."""
+    if contract.kind == "offsets":
+        if values[0] < 0:
+            return f"offsets start at {values[0]}, below 0"
+        for i in range(1, len(values)):
+            step = values[i] - values[i - 1]
+            if step < 0:
+                return f"offsets decrease at entry {i} ({values[i - 1]} then {values[i]}); they are prefix sums"
+            if step > contract.longest:
+                return f"sequence {i - 1} has {step} tokens, over the plan's longest ({contract.longest})"
+        if values[-1] > contract.total:
+            return f"the offsets end at {values[-1]}, past the {contract.total} tokens the buffers hold"
+        return None
+    for i, length in enumerate(values):
+        if not 0 <= length <= contract.longest:
+            return f"sequence {i} has length {length}, outside [0, {contract.longest}]"
+    return None
 
 
 def _slot_check(index: int, slot: TensorSlot, device: int) -> _SlotCheck:
@@ -201,7 +330,7 @@ def _slot_check(index: int, slot: TensorSlot, device: int) -> _SlotCheck:
         index=index,
         name=slot.name,
         torch_dtype=torch_dtype,
-        typestr={"bf16": "<V2", "fp16": "<f2", "fp32": "<f4"}[slot.dtype],
+        typestr=TYPESTR[slot.dtype],
         itemsize=DTYPES[slot.dtype],
         shape=slot.dims,
         strides=slot.strides,
@@ -231,7 +360,7 @@ def _torch_dtype(name: str):
         import torch
     except ImportError:
         return None
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32}[name]
 
 
 def _where(check: _SlotCheck) -> str:
@@ -307,12 +436,22 @@ def _current_stream_reader():
     return raw
 
 
+class _ClosedLaunches:
+    """Stands in for a closed plan's launches: iterating it (every launch loop does) raises."""
+
+    def __iter__(self):
+        raise PlanClosedError("the plan was closed; load it again to launch it")
+
+    def __len__(self) -> int:
+        return 0
+
+
 class BoundPlan:
     """A plan with its buffers bound (see `Plan.bind`): `execute` only launches."""
 
     def __init__(self, plan: Plan, buffers: tuple, launches: list[_PackedLaunch]):
         self.plan = plan
-        self.buffers = buffers  # held so the bound memory outlives the binding
+        self.buffers = buffers  # held (the workspace too) so the bound memory outlives the binding
         self._launches = launches  # immutable after packing: no lock needed
         self._calls = [(p.function, p.geometry, p.param_address) for p in launches]
         self._raw_stream, self._device_index = plan._raw_stream, plan._device_index

@@ -3,13 +3,15 @@ reads through `decode_plan`.
 
 A plan file is one msgpack map:
 
-    {"magic": "frostc-plan", "format": 1, "header": {...}, "body": <bytes>}
+    {"magic": "frostc-plan", "format": 3, "header": {...}, "body": <bytes>}
 
 The header is readable without a GPU and without decoding the body; `header.content_hash` is
 the SHA-256 of the body bytes, so corruption is found before anything in the body is used.
 The body is a msgpack map of tensors (each bound to an ordered slot), kernels (cubin, entry,
-parameter ABI, launch geometry) and the launch sequence. Maps are written with their keys in
-a fixed order and floats as float64, so the same plan always encodes to the same bytes.
+parameter ABI, launch geometry), the launch sequence, the workspace (its size and named
+regions: scratch the plan's own launches write and read, carved from the caller's buffer) and
+what the plan assumes of its sequence-length slots. Maps are written with their keys in a
+fixed order and floats as float64, so the same plan always encodes to the same bytes.
 
 Everything read from a file is checked for type, range and size before use: a plan file is
 input from outside the process.
@@ -22,7 +24,9 @@ from dataclasses import dataclass, field
 import msgpack
 
 MAGIC = "frostc-plan"
-FORMAT_VERSION = 2  # 2: tensor-map and i32x3 parameters, persistent grids (ctas_per_sm)
+# 2: tensor-map and i32x3 parameters, persistent grids (ctas_per_sm)
+# 3: int32 slots, workspace arguments and named workspace regions
+FORMAT_VERSION = 3
 MAX_PLAN_BYTES = 1 << 30  # a plan is a few hundred KiB; refuse to decode absurd inputs
 MAX_CUBIN_BYTES = 64 << 20  # one kernel's cubin is ~100 KiB
 MAX_PARAM_BYTES = 4096  # the classic CUDA kernel-parameter limit (what every driver accepts)
@@ -32,7 +36,8 @@ MAX_CLUSTER_CTAS = 16  # the non-portable cluster size limit on sm_90
 MAX_SMEM_BYTES = 227 * 1024  # opt-in dynamic shared memory per CTA on sm_90
 F32_MAX = 3.4028234663852886e38
 
-DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}  # name -> element bytes
+DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4}  # name -> element bytes
+WORKSPACE_ALIGN = 256  # bytes: the workspace's base and every region's offset are multiples
 # name -> bytes. "tmap": a TMA tensor map (CUtensorMap) passed by value, its global address
 # (bytes 0..7) patched from a slot's pointer; "i32x3": three int32 (a coordinate tensor's extents)
 PARAM_KINDS = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4, "tmap": 128, "i32x3": 12}
@@ -92,11 +97,13 @@ class Kernel:
 
 @dataclass(frozen=True)
 class Arg:
-    """Where one kernel parameter's value comes from: a slot's pointer or a constant."""
+    """Where one kernel parameter's value comes from: a slot's pointer, a pointer into the
+    workspace, or a constant."""
 
     slot: int = -1  # >= 0: the base pointer of that slot's buffer (or a tensor map's address)
-    value: int | float | tuple[int, ...] = 0  # the constant when slot < 0 (three ints for i32x3)
+    value: int | float | tuple[int, ...] = 0  # the constant otherwise (three ints for i32x3)
     tmap: bytes = b""  # a tmap parameter's 128 bytes; its address field is patched per call
+    workspace: int = -1  # >= 0: the workspace's base pointer plus this many bytes
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,33 @@ class Launch:
     kernel: int  # index into PlanData.kernels
     grid: tuple[int, int, int]
     args: tuple[Arg, ...]  # one per kernel parameter
+    node: str = ""  # the description's node it belongs to (for people)
+
+
+@dataclass(frozen=True)
+class WorkspaceRegion:
+    """A named piece of the workspace, for people (`frostc inspect`); launches hold offsets."""
+
+    name: str
+    offset: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class LengthContract:
+    """What the plan assumes of an int32 slot of sequence lengths (the caller's contract, like a
+    CUDA graph's: nothing checks it per call; `Plan.check_lengths` does on request).
+
+    kind "offsets": prefix sums (b + 1 entries), non-decreasing, from >= 0 to <= `total`, each
+    step <= `longest`; kind "lengths": each entry in [0, `longest`]."""
+
+    slot: int
+    kind: str
+    longest: int
+    total: int = 0
+
+
+LENGTH_KINDS = ("offsets", "lengths")
 
 
 @dataclass(frozen=True)
@@ -113,6 +147,8 @@ class PlanData:
     kernels: tuple[Kernel, ...]
     launches: tuple[Launch, ...]
     workspace_bytes: int = 0
+    workspace: tuple[WorkspaceRegion, ...] = ()
+    lengths: tuple[LengthContract, ...] = ()
 
 
 # ------------------------------------------------------------------------------- encoding
@@ -162,6 +198,7 @@ def _body_map(plan: PlanData) -> dict:
         ],
         "launches": [
             {
+                "node": launch.node,
                 "kernel": launch.kernel,
                 "grid": list(launch.grid),
                 "args": [_arg_map(a) for a in launch.args],
@@ -169,6 +206,8 @@ def _body_map(plan: PlanData) -> dict:
             for launch in plan.launches
         ],
         "workspace_bytes": plan.workspace_bytes,
+        "workspace": [{"name": r.name, "offset": r.offset, "bytes": r.bytes} for r in plan.workspace],
+        "lengths": [{"slot": c.slot, "kind": c.kind, "longest": c.longest, "total": c.total} for c in plan.lengths],
     }
 
 
@@ -177,6 +216,8 @@ def _arg_map(a: Arg) -> dict:
         return {"slot": a.slot, "tmap": a.tmap}
     if a.slot >= 0:
         return {"slot": a.slot}
+    if a.workspace >= 0:
+        return {"workspace": a.workspace}
     return {"value": list(a.value) if isinstance(a.value, tuple) else a.value}
 
 
@@ -334,7 +375,9 @@ def decode_plan(data: bytes) -> PlanData:
     slots = tuple(_read_slot(_Reader(s, f"slots[{i}]")) for i, s in enumerate(body.list("slots", 256)))
     kernels = tuple(_read_kernel(_Reader(k, f"kernels[{i}]")) for i, k in enumerate(body.list("kernels", 64)))
     launches = tuple(_read_launch(_Reader(x, f"launches[{i}]")) for i, x in enumerate(body.list("launches", 256)))
-    plan = PlanData(header, slots, kernels, launches, body.int("workspace_bytes", 0, I64_MAX))
+    regions = tuple(_read_region(_Reader(r, f"workspace[{i}]")) for i, r in enumerate(body.list("workspace", 256)))
+    lengths = tuple(_read_contract(_Reader(c, f"lengths[{i}]")) for i, c in enumerate(body.list("lengths", 256)))
+    plan = PlanData(header, slots, kernels, launches, body.int("workspace_bytes", 0, I64_MAX), regions, lengths)
     if not launches:
         raise PlanFormatError("body.launches: a plan launches at least one kernel")
     check_plan(plan)
@@ -352,6 +395,19 @@ def _read_slot(r: _Reader) -> TensorSlot:
         is_output=r.get("is_output", bool),
         align=r.int("align", 1, 4096),
     )
+
+
+def _read_region(r: _Reader) -> WorkspaceRegion:
+    return WorkspaceRegion(
+        name=r.str("name", 128), offset=r.int("offset", 0, I64_MAX), bytes=r.int("bytes", 0, I64_MAX)
+    )
+
+
+def _read_contract(r: _Reader) -> LengthContract:
+    return LengthContract(
+        slot=r.int("slot", 0, 255), kind=r.str("kind", 16), longest=r.int("longest", 0, I64_MAX),
+        total=r.int("total", 0, I64_MAX),
+    )  # fmt: skip
 
 
 def _read_kernel(r: _Reader) -> Kernel:
@@ -394,9 +450,11 @@ def _read_launch(r: _Reader) -> Launch:
                 raise PlanFormatError(f"{ar.path}: a tensor map takes exactly slot and tmap")
             args.append(Arg(slot=ar.int("slot", 0, 255), tmap=ar.get("tmap", bytes)))
         elif len(a) != 1:
-            raise PlanFormatError(f"{ar.path}: expected exactly one of slot or value")
+            raise PlanFormatError(f"{ar.path}: expected exactly one of slot, workspace or value")
         elif "slot" in a:
             args.append(Arg(slot=ar.int("slot", 0, 255)))
+        elif "workspace" in a:
+            args.append(Arg(workspace=ar.int("workspace", 0, I64_MAX)))
         else:
             value = ar.get("value", (int, float, list))
             args.append(Arg(value=tuple(value) if isinstance(value, list) else value))
@@ -404,6 +462,7 @@ def _read_launch(r: _Reader) -> Launch:
         kernel=r.int("kernel", 0, 63),
         grid=r.ints("grid", (3, 3), 1, MAX_GRID[0]),
         args=tuple(args),
+        node=r.str("node", 128),
     )
 
 
@@ -454,6 +513,8 @@ def check_plan(plan: PlanData) -> None:
             raise PlanFormatError(f"{where}.cluster: {k.cluster} is more than {MAX_CLUSTER_CTAS} CTAs")
         if not 0 <= k.smem_bytes <= MAX_SMEM_BYTES:
             raise PlanFormatError(f"{where}.smem_bytes: {k.smem_bytes} is outside [0, {MAX_SMEM_BYTES}]")
+    _check_workspace(plan)
+    _check_lengths(plan)
     for i, launch in enumerate(plan.launches):
         where = f"launches[{i}]"
         if len(launch.grid) != 3 or any(not 1 <= g <= hi for g, hi in zip(launch.grid, MAX_GRID)):
@@ -465,6 +526,38 @@ def check_plan(plan: PlanData) -> None:
             raise PlanFormatError(f"{where}.args: {len(launch.args)} arguments for {len(params)} parameters")
         for j, (arg, param) in enumerate(zip(launch.args, params)):
             _check_arg(arg, param, len(plan.slots), f"{where}.args[{j}]")
+            if arg.workspace >= 0 and arg.workspace >= plan.workspace_bytes:
+                raise PlanFormatError(
+                    f"{where}.args[{j}].workspace: offset {arg.workspace} is outside the "
+                    f"{plan.workspace_bytes}-byte workspace"
+                )
+
+
+def _check_lengths(plan: PlanData) -> None:
+    for i, c in enumerate(plan.lengths):
+        where = f"lengths[{i}]"
+        if c.kind not in LENGTH_KINDS:
+            raise PlanFormatError(f"{where}.kind: {c.kind!r} is not one of {list(LENGTH_KINDS)}")
+        if (
+            not 0 <= c.slot < len(plan.slots)
+            or plan.slots[c.slot].dtype != "int32"
+            or len(plan.slots[c.slot].dims) != 1
+        ):
+            raise PlanFormatError(f"{where}.slot: {c.slot} is not a rank-1 int32 slot")
+
+
+def _check_workspace(plan: PlanData) -> None:
+    names = set()
+    for i, r in enumerate(plan.workspace):
+        where = f"workspace[{i}]"
+        if not r.name or r.name in names:
+            raise PlanFormatError(f"{where}.name: {r.name!r} is empty or appears twice")
+        names.add(r.name)
+        if r.offset % WORKSPACE_ALIGN or r.offset + r.bytes > plan.workspace_bytes:
+            raise PlanFormatError(
+                f"{where}: {r.bytes} bytes at offset {r.offset} must start at a multiple of {WORKSPACE_ALIGN} "
+                f"and lie within the {plan.workspace_bytes}-byte workspace"
+            )
 
 
 def _check_arg(arg: Arg, param: Param, n_slots: int, where: str) -> None:
@@ -485,6 +578,10 @@ def _check_arg(arg: Arg, param: Param, n_slots: int, where: str) -> None:
         return
     if isinstance(arg.value, tuple):
         raise PlanFormatError(f"{where}.value: a list for {param.kind} parameter {param.name!r}")
+    if arg.workspace >= 0:
+        if param.kind != "ptr" or arg.slot >= 0:
+            raise PlanFormatError(f"{where}: a workspace offset bound to {param.kind} parameter {param.name!r}")
+        return
     if arg.slot >= 0:
         if param.kind != "ptr":
             raise PlanFormatError(f"{where}: a slot bound to {param.kind} parameter {param.name!r}")

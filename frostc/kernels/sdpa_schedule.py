@@ -1,0 +1,198 @@
+"""The scheduling kernel of a variable-length SDPA plan: one CTA, launched before the attention
+kernel on the same stream, turns the caller's device-side lengths into what the attention
+kernel walks, in the plan's workspace:
+
+  sequences  (q_token, q_len, kv_token, kv_len) per sequence, int32: lengths clamped to the
+             plan's capacities (a sequence never reaches past its buffer, whatever the caller
+             wrote), token offsets for the packed form (0 for the padded one)
+  units      (sequence, query block) pairs, int32, the longest work first
+  tile_count units * heads_q, int32: how many tiles the attention kernel's CTAs walk
+
+"Longest" is the number of key blocks a unit visits under the plan's mask (plus one for its
+prologue and epilogue): a counting sort over those costs, with shared-memory atomics. The
+order within one cost is whichever the atomics give; each tile's result does not depend on
+it. Nothing is read back to the host and nothing needs zeroing beforehand.
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_stream, make_ptr
+from cutlass.cute.typing import AddressSpace
+
+from frostc.kernels.sdpa_common import KeyRange, MaskFlags
+
+THREADS = 1024
+BUCKETS = THREADS  # costs of 0 .. BUCKETS - 1 key blocks (more share the last bucket)
+WARPS = THREADS // 32
+INT_PARAMS = (
+    "batch", "q_capacity", "kv_capacity", "max_seqlen_q", "max_seqlen_kv", "unit_capacity", "heads_q",
+    "window_left", "window_right",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ScheduleVariant:
+    """Compile key of the scheduling kernel. `packed`: lengths from cu_seqlens (batch + 1 prefix
+    sums, capacities in tokens); else padded: per-sequence lengths, capacities in rows, where
+    either side may have none (then every sequence has the capacity's length)."""
+
+    packed: bool
+    q_lengths: bool
+    kv_lengths: bool
+    mask: MaskFlags
+    block_m: int
+    block_n: int
+
+    @property
+    def name(self) -> str:
+        if self.packed:
+            form = "packed"
+        else:
+            form = "padded." + "+".join(x for x, given in (("q", self.q_lengths), ("kv", self.kv_lengths)) if given)
+        mask = self.mask.label.split(".")[0]  # softcap does not change which keys are visited
+        return f"sdpa_schedule.{form}.m{self.block_m}n{self.block_n}.{mask}"
+
+    @property
+    def params(self) -> tuple[tuple[str, str], ...]:
+        pointers = ("q_lengths", "kv_lengths", "sequences", "units", "tile_count")
+        return tuple((p, "ptr") for p in pointers) + tuple((p, "i32") for p in INT_PARAMS)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (THREADS, 1, 1)
+
+    @property
+    def tiles(self) -> dict[str, int]:
+        return {"block_m": self.block_m, "block_n": self.block_n, "threads": THREADS, "cost_buckets": BUCKETS}
+
+    @property
+    def grid_rule(self) -> str:
+        return "(1, 1, 1): one CTA lists every tile"
+
+    @property
+    def ctas_per_sm(self) -> int:
+        return 0
+
+    def kernel(self) -> "SdpaSchedule":
+        return SdpaSchedule(self)
+
+    def compile_args(self) -> tuple:
+        pointers = [make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=4) for _ in range(5)]
+        return (*pointers, tuple(cutlass.Int32(1) for _ in INT_PARAMS), make_fake_stream())
+
+
+class SdpaSchedule:
+    def __init__(self, variant: ScheduleVariant):
+        self.v = variant
+        self.smem_bytes = 0
+
+    @cute.jit
+    def __call__(self, q_lengths, kv_lengths, sequences, units, tile_count, ints: tuple, stream):
+        @cute.struct
+        class SharedStorage:
+            counts: cute.struct.MemRange[cutlass.Int32, BUCKETS]
+            warp_sums: cute.struct.MemRange[cutlass.Int32, WARPS]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+        self.kernel(q_lengths, kv_lengths, sequences, units, tile_count, *ints).launch(
+            grid=(1, 1, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        q_lengths: cute.Pointer,
+        kv_lengths: cute.Pointer,
+        sequences: cute.Pointer,
+        units: cute.Pointer,
+        tile_count: cute.Pointer,
+        batch: cutlass.Int32,
+        q_capacity: cutlass.Int32,
+        kv_capacity: cutlass.Int32,
+        max_seqlen_q: cutlass.Int32,
+        max_seqlen_kv: cutlass.Int32,
+        unit_capacity: cutlass.Int32,
+        heads_q: cutlass.Int32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        counts = storage.counts.get_tensor(cute.make_layout(BUCKETS))
+        warp_sums = storage.warp_sums.get_tensor(cute.make_layout(WARPS))
+        counts[tidx] = 0
+        cute.arch.sync_threads()
+
+        # 1. each sequence's clamped lengths into the table; count the units of each cost
+        caps = (q_capacity, kv_capacity, max_seqlen_q, max_seqlen_kv)
+        for b in range(tidx, batch, THREADS):
+            q_token, q_len = self._lengths(q_lengths, b, caps[0], caps[2], self.v.q_lengths)
+            kv_token, kv_len = self._lengths(kv_lengths, b, caps[1], caps[3], self.v.kv_lengths)
+            row = cute.make_tensor(sequences + b * 4, cute.make_layout(4))
+            row[0] = q_token
+            row[1] = q_len
+            row[2] = kv_token
+            row[3] = kv_len
+            keys = KeyRange.of(self.v.mask, window_left, window_right, q_len, kv_len)
+            for m in range(0, (q_len + self.v.block_m - 1) // self.v.block_m, 1):
+                cute.arch.atomic_add(counts.iterator + self._bucket(keys, m, q_len), cutlass.Int32(1), scope="cta")
+        cute.arch.sync_threads()
+
+        # 2. bucket starts: an exclusive scan over the buckets, most work first
+        count = counts[tidx]
+        lane, warp = tidx % 32, tidx // 32
+        inclusive = count
+        for offset in cutlass.range_constexpr(5):
+            shifted = cute.arch.shuffle_sync_up(inclusive, offset=1 << offset)
+            inclusive = inclusive + cutlass.select_(lane >= (1 << offset), shifted, 0)
+        if lane == 31:
+            warp_sums[warp] = inclusive
+        cute.arch.sync_threads()
+        before = cutlass.Int32(0)
+        total = cutlass.Int32(0)
+        for w in cutlass.range_constexpr(WARPS):
+            before = before + cutlass.select_(warp > w, warp_sums[w], 0)
+            total = total + warp_sums[w]
+        cute.arch.sync_threads()  # every count is read before it becomes a cursor
+        counts[tidx] = before + inclusive - count
+        if tidx == 0:
+            cute.make_tensor(tile_count, cute.make_layout(1))[0] = cutlass.min(total, unit_capacity) * heads_q
+        cute.arch.sync_threads()
+
+        # 3. each unit to its place: its bucket's cursor, advanced atomically
+        for b in range(tidx, batch, THREADS):
+            row = cute.make_tensor(sequences + b * 4, cute.make_layout(4))
+            q_len, kv_len = row[1], row[3]
+            keys = KeyRange.of(self.v.mask, window_left, window_right, q_len, kv_len)
+            for m in range(0, (q_len + self.v.block_m - 1) // self.v.block_m, 1):
+                place = cute.arch.atomic_add(
+                    counts.iterator + self._bucket(keys, m, q_len), cutlass.Int32(1), scope="cta"
+                )
+                if place < unit_capacity:  # only lengths past the capacities could overflow
+                    unit = cute.make_tensor(units + place * 2, cute.make_layout(2))
+                    unit[0] = b
+                    unit[1] = m
+
+    def _lengths(self, lengths, b, capacity, max_seqlen, given: bool):
+        """(token offset, length) of sequence b, clamped: a packed sequence lies within the
+        buffer's tokens and is at most max_seqlen long; a padded one fits its rows."""
+        if cutlass.const_expr(self.v.packed):
+            cu = cute.make_tensor(lengths + b, cute.make_layout(2))
+            start = cutlass.min(cutlass.max(cu[0], 0), capacity)
+            end = cutlass.min(cutlass.max(cu[1], start), capacity)
+            return start, cutlass.min(end - start, max_seqlen)
+        if cutlass.const_expr(given):
+            length = cute.make_tensor(lengths + b, cute.make_layout(1))[0]
+            return cutlass.Int32(0), cutlass.min(cutlass.max(length, 0), capacity)
+        return cutlass.Int32(0), capacity
+
+    def _bucket(self, keys, m, q_len):
+        """The unit's cost bucket: 0 for the most key blocks."""
+        first_row = m * self.v.block_m
+        last_row = cutlass.min(first_row + self.v.block_m, q_len) - 1
+        first, end = keys.blocks(first_row, last_row, self.v.block_n)
+        cost = cutlass.min(cutlass.max(end - first, 0) + 1, BUCKETS - 1)
+        return BUCKETS - 1 - cost

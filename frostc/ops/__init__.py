@@ -1,0 +1,33 @@
+"""The ops a description's nodes can name, each in a module of its own.
+
+An op's module holds everything about it: its description keys (`keys`), the checks of a node
+(`validate`, through a `frostc.validate.NodeContext`), its support rules and its resolution
+into launches (`resolve`, through a `frostc.resolve.ResolveContext`), and the kernel variants
+it picks. The generic stages dispatch through `OPS`; adding an op is a new module and one
+entry here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from frostc.ops import sdpa
+
+if TYPE_CHECKING:
+    from frostc.graph import Node
+    from frostc.resolve import ResolveContext
+    from frostc.resolved import ResolvedLaunch
+    from frostc.validate import NodeContext
+
+
+class Op(Protocol):
+    keys: tuple[str, ...]  # every key a node of this op may hold, besides op and name
+
+    def validate(self, ctx: NodeContext) -> Node | None:
+        """The validated node, or None when the node's own checks found problems (in ctx)."""
+
+    def resolve(self, node: Node, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
+        """The node's launches, in order; unsupported declarations are problems in ctx."""
+
+
+OPS: dict[str, Op] = {"sdpa": sdpa}

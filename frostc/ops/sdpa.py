@@ -1,0 +1,597 @@
+"""The sdpa op: scaled-dot-product attention forward, O = softmax(mask(Q Kᵀ · scale)) V.
+
+Everything about the op is here: its description keys, the checks of a node, what the kernels
+support, and how a node becomes launches. Three forms of sequence lengths:
+
+  dense   q (b, hq, sq, d), k and v (b, hkv, skv, d), o (b, hq, sq, d), lse (b, hq, sq):
+          every sequence has the dims' lengths
+  padded  the same tensors with the s dims as capacities, and seq_len_q / seq_len_kv
+          (int32, (b,)) giving each sequence's length; either may be left out
+  packed  q (tq, hq, d), k and v (tkv, hkv, d), o (tq, hq, d), lse (tq, hq): the sequences one
+          after another, with cu_seqlens_q / cu_seqlens_kv (int32, (b + 1,), prefix sums)
+
+Variable lengths stay on the device: the plan fixes capacities (batch, tokens or rows,
+max_seqlen_*), a scheduling kernel of the same plan turns the lengths into a tile list in the
+caller's workspace, and the attention kernel walks it. Masks: causal (diagonal aligned top-left
+or bottom-right), a sliding window (window_left, window_right) around the same diagonal, and
+a logit softcap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
+from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant, tiles_for_head_dim
+from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
+from frostc.kernels.sdpa_schedule import ScheduleVariant
+from frostc.resolved import Arg, ResolvedLaunch
+
+if TYPE_CHECKING:
+    from frostc.graph import Tensor
+    from frostc.resolve import ResolveContext
+    from frostc.validate import CheckedTensor, NodeContext
+
+keys = (
+    "q", "k", "v", "o", "lse",
+    "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "max_seqlen_q", "max_seqlen_kv",
+    "attn_scale", "causal", "diagonal_alignment", "window_left", "window_right", "softcap", "inference",
+)  # fmt: skip
+KEYS = keys
+
+ALIGNMENTS = ("top_left", "bottom_right")
+DATA_DTYPES = ("bf16", "fp16")  # q, k, v and o
+LSE_DTYPE = "fp32"
+LENGTH_DTYPE = "int32"
+PACKED_KEYS = ("cu_seqlens_q", "cu_seqlens_kv")
+PADDED_KEYS = ("seq_len_q", "seq_len_kv")
+
+# The named dims of each role, by form; shared names must agree across roles.
+_DENSE_DIMS = {
+    "q": ("b", "hq", "sq", "d"),
+    "k": ("b", "hkv", "skv", "d"),
+    "v": ("b", "hkv", "skv", "dv"),
+    "o": ("b", "hq", "sq", "dv"),
+    "lse": ("b", "hq", "sq"),
+    "seq_len_q": ("b",),
+    "seq_len_kv": ("b",),
+}
+_PACKED_DIMS = {
+    "q": ("tq", "hq", "d"),
+    "k": ("tkv", "hkv", "d"),
+    "v": ("tkv", "hkv", "dv"),
+    "o": ("tq", "hq", "dv"),
+    "lse": ("tq", "hq"),
+    "cu_seqlens_q": ("b + 1",),
+    "cu_seqlens_kv": ("b + 1",),
+}
+_DIM_WORDS = {
+    "b": "batch", "hq": "heads", "sq": "sequence length", "d": "head dim", "hkv": "kv heads",
+    "skv": "kv sequence length", "dv": "head dim", "tq": "tokens", "tkv": "kv tokens", "b + 1": "batch + 1",
+}  # fmt: skip
+_LETTERS = {"b": "b", "hq": "h", "hkv": "h", "sq": "s", "skv": "s", "d": "d", "dv": "d", "tq": "t", "tkv": "t"}
+_LETTERS["b + 1"] = "b"
+
+
+# ---------------------------------------------------------------------------------------------
+# The validated node
+
+
+@dataclass(frozen=True)
+class Mask:
+    causal: bool
+    alignment: str  # "top_left" | "bottom_right"
+    window_left: int | None  # keys from the diagonal - window_left; None: unbounded
+    window_right: int | None  # keys up to the diagonal + window_right (causal: 0); None: unbounded
+    softcap: float | None
+
+    @property
+    def flags(self) -> MaskFlags:
+        return MaskFlags(
+            right=self.window_right is not None,
+            left=self.window_left is not None,
+            bottom_right=self.alignment == "bottom_right",
+            softcap=self.softcap is not None,
+        )
+
+
+@dataclass(frozen=True)
+class Sdpa:
+    """A validated sdpa node. For variable lengths, seq_q / seq_kv are capacities: the padded
+    tensors' rows, or max_seqlen_* (packed)."""
+
+    op: ClassVar[str] = "sdpa"
+    name: str
+    path: str
+    q: str
+    k: str
+    v: str
+    o: str
+    lse: str | None
+    form: str  # "dense" | "padded" | "packed"
+    q_lengths: str | None  # seq_len_q or cu_seqlens_q
+    kv_lengths: str | None
+    batch: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    seq_q: int
+    seq_kv: int
+    tokens_q: int  # packed: q's tokens; else batch * seq_q
+    tokens_kv: int
+    attn_scale: float  # resolved: 1/sqrt(head_dim) when not given
+    mask: Mask
+    inference: bool
+
+    @property
+    def causal(self) -> bool:
+        return self.mask.causal
+
+    @property
+    def inputs(self) -> tuple[tuple[str, str], ...]:
+        roles = [("q", self.q), ("k", self.k), ("v", self.v)]
+        length_keys = PACKED_KEYS if self.form == "packed" else PADDED_KEYS
+        roles += [(key, name) for key, name in zip(length_keys, (self.q_lengths, self.kv_lengths)) if name]
+        return tuple(roles)
+
+    @property
+    def outputs(self) -> tuple[tuple[str, str], ...]:
+        return (("o", self.o),) + ((("lse", self.lse),) if self.lse else ())
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks of a node
+
+
+def validate(ctx: NodeContext) -> Sdpa | None:
+    before = len(ctx.problems)
+    form = _check_form(ctx)
+    dims_of = _PACKED_DIMS if form == "packed" else _DENSE_DIMS
+    roles = ["q", "k", "v", "o", "lse"] + (list(PACKED_KEYS) if form == "packed" else list(PADDED_KEYS))
+    tensors: dict[str, CheckedTensor] = {}
+    for role in roles:
+        names = dims_of[role]
+        c = ctx.tensor(
+            role,
+            letters="".join(_LETTERS[n] for n in names),
+            dims=f"({', '.join(names)})" if len(names) > 1 else f"({names[0]},)",
+            output=role in ("o", "lse"),
+            required=role in ("q", "k", "v", "o") or (form == "packed" and role in PACKED_KEYS),
+        )
+        if c is not None:
+            tensors[role] = c
+    sizes = _check_shapes(tensors, dims_of, ctx)
+    _check_dtypes(tensors, ctx)
+    mask = _check_mask(ctx)
+    scale = ctx.positive_float("attn_scale", "omit it for the default 1/sqrt(head dim)")
+    inference = ctx.bool("inference")
+    if inference is False and not ctx.given("lse"):
+        message = (
+            'inference = false (training) requires lse: add lse = "<name>" naming an fp32 tensor '
+            f"{'(tq, hq)' if form == 'packed' else '(b, hq, sq)'} for the softmax statistics"
+        )
+        ctx.problem("lse", message)
+    capacities = _check_capacities(ctx, form, sizes)
+    if len(ctx.problems) > before or ctx.name is None or sizes is None or mask is None or capacities is None:
+        return None
+    seq_q, seq_kv, tokens_q, tokens_kv = capacities
+    return Sdpa(
+        name=ctx.name,
+        path=ctx.path,
+        q=ctx.value("q"),
+        k=ctx.value("k"),
+        v=ctx.value("v"),
+        o=ctx.value("o"),
+        lse=ctx.value("lse"),
+        form=form,
+        q_lengths=ctx.value("cu_seqlens_q" if form == "packed" else "seq_len_q"),
+        kv_lengths=ctx.value("cu_seqlens_kv" if form == "packed" else "seq_len_kv"),
+        batch=sizes["b"] if "b" in sizes else sizes["b + 1"] - 1,
+        heads_q=sizes["hq"],
+        heads_kv=sizes["hkv"],
+        head_dim=sizes["d"],
+        seq_q=seq_q,
+        seq_kv=seq_kv,
+        tokens_q=tokens_q,
+        tokens_kv=tokens_kv,
+        attn_scale=scale if scale is not None else 1.0 / math.sqrt(sizes["d"]),
+        mask=mask,
+        inference=inference is not False,
+    )
+
+
+def _check_form(ctx: NodeContext) -> str:
+    packed = [k for k in PACKED_KEYS if ctx.given(k)]
+    padded = [k for k in PADDED_KEYS if ctx.given(k)]
+    if packed and padded:
+        ctx.problem(
+            padded[0],
+            f"{padded[0]} gives per-sequence lengths of padded tensors, but {packed[0]} makes the node packed; "
+            "give cu_seqlens_q and cu_seqlens_kv (packed) or seq_len_q / seq_len_kv (padded), not both",
+        )
+    if packed:
+        for key in PACKED_KEYS:
+            if not ctx.given(key):
+                other = "q" if key.endswith("kv") else "kv"
+                ctx.problem(
+                    key,
+                    f"missing; the packed form needs both cu_seqlens_q and cu_seqlens_kv (int32 (b + 1,) prefix "
+                    f"sums); for q and kv of the same sequences give {key} = <the cu_seqlens_{other} tensor>",
+                )
+        return "packed"
+    return "padded" if padded else "dense"
+
+
+def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeContext) -> dict[str, int] | None:
+    """Each named dim's size, from the first role that has it; a problem for each mismatch."""
+    sizes: dict[str, int] = {}
+    owner: dict[str, str] = {}
+    ok = True
+    for role in dims_of:
+        c = tensors.get(role)
+        if c is None or c.dims is None:
+            ok = ok and role in ("lse", *PADDED_KEYS)  # optional roles may be absent
+            continue
+        for i, (name, size) in enumerate(zip(dims_of[role], c.dims)):
+            if name not in sizes:
+                sizes[name], owner[name] = size, role
+            elif sizes[name] != size:
+                ctx.problems_at(
+                    c.at(f"dims[{i}]"), f"{_DIM_WORDS[name]} {size} does not match {owner[name]}'s {sizes[name]}"
+                )
+                ok = False
+    if "d" in sizes and "dv" in sizes and sizes["d"] != sizes["dv"]:
+        message = (
+            f"V head dim {sizes['dv']} differs from q's head dim {sizes['d']}; "
+            "a different V head dim is not supported yet"
+        )
+        ctx.problems_at(tensors["v"].at(f"dims[{len(dims_of['v']) - 1}]"), message)
+        ok = False
+    if "hq" in sizes and "hkv" in sizes and sizes["hq"] % sizes["hkv"]:
+        hq, hkv = sizes["hq"], sizes["hkv"]
+        message = f"q has {hq} heads and k has {hkv}; GQA needs hq % hkv == 0, but {hq} % {hkv} = {hq % hkv}"
+        ctx.problems_at(tensors["k"].at("dims[1]"), message)
+        ok = False
+    if "b + 1" in sizes and sizes["b + 1"] < 2:
+        ctx.problems_at(tensors["cu_seqlens_q"].at("dims[0]"), "cu_seqlens has batch + 1 entries: at least 2")
+        ok = False
+    return sizes if ok and all(n in sizes for n in ("hq", "hkv", "d")) else None
+
+
+def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext) -> None:
+    q = tensors.get("q")
+    q_dtype = q.dtype if q is not None and q.dtype in DATA_DTYPES else None
+    for role, c in tensors.items():
+        if c.dtype is None:
+            continue
+        if role in ("q", "k", "v", "o"):
+            if c.dtype not in DATA_DTYPES:
+                ctx.problems_at(c.at("dtype"), f'sdpa {role} must be {" or ".join(DATA_DTYPES)}, got "{c.dtype}"')
+            elif q_dtype is not None and c.dtype != q_dtype:
+                message = f"{c.dtype} does not match q's {q_dtype}; q, k, v and o must share one dtype (bf16 or fp16)"
+                ctx.problems_at(c.at("dtype"), message)
+        elif role == "lse" and c.dtype != LSE_DTYPE:
+            ctx.problems_at(c.at("dtype"), f'lse must be {LSE_DTYPE}, got "{c.dtype}"')
+        elif role not in ("q", "k", "v", "o", "lse") and c.dtype != LENGTH_DTYPE:
+            ctx.problems_at(c.at("dtype"), f'{role} holds sequence lengths: it must be {LENGTH_DTYPE}, got "{c.dtype}"')
+
+
+def _check_mask(ctx: NodeContext) -> Mask | None:
+    before = len(ctx.problems)
+    causal = ctx.bool("causal")
+    alignment = ctx.choice("diagonal_alignment", ALIGNMENTS, "diagonal alignment")
+    left = ctx.int("window_left", 0, "keys before the diagonal each query sees")
+    right = ctx.int("window_right", 0, "keys after the diagonal each query sees")
+    softcap = ctx.positive_float("softcap", "Gemma 2 uses 50.0; omit it for no softcap")
+    if causal and right is not None and right > 0:
+        ctx.problem(
+            "window_right",
+            f"causal = true already ends each query's keys at the diagonal (window_right = 0), but window_right "
+            f"= {right}; drop causal for a window reaching {right} keys past the diagonal, or drop window_right",
+        )
+    if alignment is not None and not causal and left is None and right is None:
+        ctx.problem(
+            "diagonal_alignment",
+            "places the diagonal of causal = true or of a window; with neither it does nothing: "
+            "add causal = true (or window_left / window_right), or remove diagonal_alignment",
+        )
+    if len(ctx.problems) > before:
+        return None
+    if causal:
+        right = 0
+    return Mask(bool(causal), alignment or "top_left", left, right, softcap)
+
+
+def _check_capacities(ctx: NodeContext, form: str, sizes: dict[str, int] | None) -> tuple[int, int, int, int] | None:
+    """(seq_q, seq_kv, tokens_q, tokens_kv): lengths (dense) or capacities (variable)."""
+    if form != "packed":
+        for key in ("max_seqlen_q", "max_seqlen_kv"):
+            if ctx.given(key):
+                ctx.problem(
+                    key,
+                    f"{key} is a capacity of the packed form (cu_seqlens_*); in the {form} form the s dims "
+                    "of the tensors are the capacities: remove it",
+                )
+        if sizes is None or "sq" not in sizes or "skv" not in sizes:
+            return None
+        return sizes["sq"], sizes["skv"], sizes["b"] * sizes["sq"], sizes["b"] * sizes["skv"]
+    result = []
+    for key, tokens in (("max_seqlen_q", "tq"), ("max_seqlen_kv", "tkv")):
+        value = ctx.int(key, 1, "the longest sequence the plan serves")
+        total = sizes.get(tokens) if sizes else None
+        if value is not None and total is not None and value > total:
+            ctx.problem(key, f"{value} is longer than the {total} tokens the buffers hold; at most {total}")
+            value = None
+        result.append(value if value is not None else total)
+    if sizes is None or None in result:
+        return None
+    return result[0], result[1], sizes["tq"], sizes["tkv"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel support and launches
+
+ROW_ALIGN_ELEMS = 8  # 16-byte rows of 2-byte elements
+HEAD_DIMS = (64, 128, 256)
+TMA_STRIDE_LIMIT = 1 << 40  # bytes: the largest global stride a tensor map can hold, exclusive
+ELEMENT_BYTES = 2
+INT32_MAX = (1 << 31) - 1
+
+
+def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
+    before = len(ctx.problems)
+    _check_supported(node, ctx)
+    if len(ctx.problems) > before:
+        return ()
+    variant = SdpaFwdVariant(
+        ctx.slot(node.q).dtype, node.head_dim, node.mask.flags, node.lse is not None, varlen=node.form != "dense"
+    )
+    if node.form == "dense":
+        return (_attention_launch(node, variant, ctx, None),)
+    _record_length_contracts(node, ctx)
+    tiles = variant.tile_shape
+    units = _unit_capacity(node, tiles.block_m)
+    workspace = {
+        "sequences": ctx.workspace(f"{node.name}.sequences", 16 * node.batch),
+        "tiles": ctx.workspace(f"{node.name}.tiles", 8 * units),
+        "tile_count": ctx.workspace(f"{node.name}.tile_count", 4),
+    }
+    return (_schedule_launch(node, tiles, units, workspace, ctx), _attention_launch(node, variant, ctx, workspace))
+
+
+def _record_length_contracts(node: Sdpa, ctx: ResolveContext) -> None:
+    """What the plan assumes of the caller's lengths; the kernels clamp to it (never reading or
+    writing outside a buffer), and frost_runtime's check_lengths checks it on request."""
+    for name, longest, total in (
+        (node.q_lengths, node.seq_q, node.tokens_q),
+        (node.kv_lengths, node.seq_kv, node.tokens_kv),
+    ):
+        if name is not None:
+            kind = "offsets" if node.form == "packed" else "lengths"
+            ctx.length_contract(name, kind, longest, total if kind == "offsets" else 0)
+
+
+def _unit_capacity(node: Sdpa, block_m: int) -> int:
+    """The most (sequence, query block) units any lengths within the capacities make."""
+    per_sequence = node.batch * -(-node.seq_q // block_m)
+    if node.form == "packed":  # sum of ceil(len / m) <= (tokens + batch * (m - 1)) / m
+        return min(per_sequence, (node.tokens_q + node.batch * (block_m - 1)) // block_m)
+    return per_sequence
+
+
+def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
+    q = ctx.tensor(node.q)
+    if node.head_dim not in HEAD_DIMS:
+        d_index = len(q.dims) - 1
+        ctx.problem(
+            f"{q.path}.dims[{d_index}]",
+            f"head dim {node.head_dim} is not supported yet; supported: {', '.join(map(str, HEAD_DIMS))}",
+        )
+    for name in (node.q, node.k, node.v, node.o):
+        _check_row_layout(ctx.tensor(name), node.form, ctx)
+    for name in (node.q, node.k, node.v):
+        _check_tma_strides(ctx.tensor(name), node.form, ctx)
+    for name in (node.q_lengths, node.kv_lengths):
+        if name is not None:
+            t = ctx.tensor(name)
+            if t.dims[0] > 1 and t.strides[0] != 1:
+                ctx.problem(
+                    f"{t.path}.strides[0]", f"stride {t.strides[0]}: length tensors must be contiguous (stride 1)"
+                )
+    what = "row" if node.form == "dense" else "capacity"
+    for value, label, t, i in (
+        (node.seq_q, "query length", q, len(q.dims) - 2),
+        (node.seq_kv, "key length", ctx.tensor(node.k), len(q.dims) - 2),
+    ):
+        if node.form != "packed" and value > INT32_MAX:
+            ctx.problem(
+                f"{t.path}.dims[{i}]", f"{label} {what} {value} does not fit the kernel's int32; at most {INT32_MAX}"
+            )
+    if node.form == "packed":
+        for t in (q, ctx.tensor(node.k)):
+            if t.dims[0] > INT32_MAX:
+                ctx.problem(
+                    f"{t.path}.dims[0]", f"{t.dims[0]} tokens do not fit the kernel's int32; at most {INT32_MAX}"
+                )
+    if node.form == "padded":
+        _check_padded_rows(node, ctx)
+    flags = node.mask.flags
+    tiles = tiles_for_head_dim(node.head_dim, flags.right or flags.left) if node.head_dim in HEAD_DIMS else None
+    if tiles is not None:
+        count = (
+            -(-node.seq_q // tiles.block_m) * node.heads_q * node.batch
+            if node.form == "dense"
+            else _unit_capacity(node, tiles.block_m) * node.heads_q
+        )
+        if count > INT32_MAX:
+            ctx.problem(
+                f"{q.path}.dims",
+                f"{count} tiles of {tiles.block_m} query rows per head: a launch holds at most {INT32_MAX}; "
+                "split the work into several plans",
+            )
+
+
+def _letters(form: str, rank: int) -> str:
+    return "thd" if form == "packed" else "bhsd"
+
+
+def _check_row_layout(t: Tensor, form: str, ctx: ResolveContext) -> None:
+    """The kernel reads and writes whole 16-byte pieces of each head-dim row."""
+    if t.strides[-1] != 1:
+        ctx.problem(
+            f"{t.path}.strides[{len(t.dims) - 1}]",
+            f"the head dim must be innermost (stride 1), found stride {t.strides[-1]}; "
+            f'use a layout ending in d, such as "{"thd" if form == "packed" else "bshd"}" or "bhsd"',
+        )
+    letters = _letters(form, len(t.dims))
+    for i, letter in enumerate(letters[:-1]):
+        if t.dims[i] > 1 and t.strides[i] % ROW_ALIGN_ELEMS:
+            ctx.problem(
+                f"{t.path}.strides[{i}]",
+                f"stride {t.strides[i]} of dim {letter} must be a multiple of {ROW_ALIGN_ELEMS} elements "
+                "(16 bytes) so rows can be loaded in 16-byte pieces",
+            )
+
+
+def _check_tma_strides(t: Tensor, form: str, ctx: ResolveContext) -> None:
+    """Q, K and V are loaded through TMA tensor maps, whose strides must stay under 2**40 bytes."""
+    letters = _letters(form, len(t.dims))
+    for i, letter in enumerate(letters[:-1]):
+        if t.dims[i] > 1 and t.strides[i] * ELEMENT_BYTES >= TMA_STRIDE_LIMIT:
+            ctx.problem(
+                f"{t.path}.strides[{i}]",
+                f"stride {t.strides[i]} of dim {letter} is {t.strides[i] * ELEMENT_BYTES} bytes; TMA "
+                f"loads need strides under 2**40 bytes ({TMA_STRIDE_LIMIT // ELEMENT_BYTES} elements)",
+            )
+
+
+def _check_padded_rows(node: Sdpa, ctx: ResolveContext) -> None:
+    """Padded sequences are loaded as ragged rows: sequence b starts at row b * (batch stride /
+    row stride), which must be a whole row, and every row index must fit int32."""
+    for name in (node.q, node.k, node.v):
+        t = ctx.tensor(name)
+        sb, ss = t.strides[0], t.strides[2]
+        if t.dims[0] > 1 and (ss == 0 or sb % ss):
+            ctx.problem(
+                f"{t.path}.strides[0]",
+                f"batch stride {sb} is not a multiple of the sequence stride {ss}; padded variable-length "
+                'tensors need whole rows between sequences: use a layout with b outside s, such as "bshd" or "bhsd"',
+            )
+        elif ss and (t.dims[0] - 1) * (sb // ss) + t.dims[2] > INT32_MAX:
+            ctx.problem(f"{t.path}.dims", f"{t.dims[0]} sequences of {t.dims[2]} rows do not fit int32 row indices")
+
+
+def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, workspace) -> ResolvedLaunch:
+    slots = {role: ctx.slot(name) for role, name in (node.inputs + node.outputs)}
+    group = node.heads_q // node.heads_kv
+    varlen = workspace is not None
+    strides = {role: _bhs_strides(slots.get(role), node.form) for role in ("q", "k", "v", "o", "lse")}
+    rows_per_batch = {
+        role: strides[role][0] // strides[role][2] if node.form == "padded" else 0 for role in ("q", "k", "v")
+    }
+    mask = node.mask
+    if mask.softcap is not None:  # s -> softcap * tanh(s / softcap): tanh(raw * scale / cap), then * cap
+        scale_log2, score_scale = mask.softcap * LOG2_E, node.attn_scale / mask.softcap
+    else:
+        scale_log2, score_scale = node.attn_scale * LOG2_E, 0.0
+    ints = {
+        "batch": node.batch,
+        "heads_q": node.heads_q,
+        "seq_q": node.seq_q,
+        "seq_kv": node.seq_kv,
+        "group": group,
+        "window_left": mask.window_left or 0,
+        "window_right": mask.window_right or 0,
+        **{f"{role}.rows_per_batch": rows for role, rows in rows_per_batch.items()},
+    }
+    values: dict[str, int | float | tuple[int, ...]] = dict(ints)
+    values |= {"scale_log2": scale_log2, "score_scale": score_scale}
+    for role in ("o", "lse"):
+        b_stride = 0 if node.form == "packed" else strides[role][0]
+        values |= {
+            f"{role}.stride_b": b_stride,
+            f"{role}.stride_h": strides[role][1],
+            f"{role}.stride_s": strides[role][2],
+        }
+    for role, rows, heads in (("q", node.seq_q, node.heads_q), ("k", node.seq_kv, node.heads_kv)):
+        values[f"{role}.extents"] = heads if varlen else (rows, heads, node.batch)
+    values["v.extents"] = values["k.extents"]
+    args = []
+    for param, kind in variant.params:
+        role = param.split(".")[0]
+        if kind in ("ptr", "tmap") and role in ("q", "k", "v", "o", "lse"):
+            slot = slots.get(role)
+            # an absent LSE: the variant never touches its pointer, so a null constant is bound
+            args.append(Arg(param, kind, slot=slot.index) if slot is not None else Arg(param, kind, value=0))
+        elif kind == "ptr":
+            args.append(Arg(param, kind, workspace=workspace[param]) if varlen else Arg(param, kind, value=0))
+        else:
+            args.append(Arg(param, kind, value=values[param]))
+    tile_strides = tuple(_tma_strides(slots[role], strides[role]) for role in ("q", "k", "v")) + (
+        strides["o"], strides["lse"],
+    )  # fmt: skip
+    shape = (tuple(ints[p] for p in INT_PARAMS), tile_strides)
+    if varlen:
+        tiles = _unit_capacity(node, variant.tile_shape.block_m) * node.heads_q
+    else:
+        tiles = -(-node.seq_q // variant.tile_shape.block_m) * node.heads_q * node.batch
+    return ResolvedLaunch(node.name, variant, (tiles, 1, 1), tuple(args), shape)
+
+
+def _schedule_launch(node: Sdpa, tiles, units: int, workspace: dict[str, int], ctx: ResolveContext) -> ResolvedLaunch:
+    variant = ScheduleVariant(
+        packed=node.form == "packed",
+        q_lengths=node.q_lengths is not None,
+        kv_lengths=node.kv_lengths is not None,
+        mask=MaskFlags(node.mask.flags.right, node.mask.flags.left, node.mask.flags.bottom_right),
+        block_m=tiles.block_m,
+        block_n=tiles.block_n,
+    )
+    packed = node.form == "packed"
+    values = {
+        "batch": node.batch,
+        "q_capacity": node.tokens_q if packed else node.seq_q,
+        "kv_capacity": node.tokens_kv if packed else node.seq_kv,
+        "max_seqlen_q": node.seq_q,
+        "max_seqlen_kv": node.seq_kv,
+        "unit_capacity": units,
+        "heads_q": node.heads_q,
+        "window_left": node.mask.window_left or 0,
+        "window_right": node.mask.window_right or 0,
+    }
+    assert tuple(values) == SCHEDULE_INT_PARAMS
+    lengths = {"q_lengths": node.q_lengths, "kv_lengths": node.kv_lengths}
+    workspace_params = {
+        "sequences": workspace["sequences"],
+        "units": workspace["tiles"],
+        "tile_count": workspace["tile_count"],
+    }
+    args = []
+    for param, kind in variant.params:
+        if param in lengths:
+            name = lengths[param]
+            args.append(Arg(param, kind, slot=ctx.slot(name).index) if name else Arg(param, kind, value=0))
+        elif param in workspace_params:
+            args.append(Arg(param, kind, workspace=workspace_params[param]))
+        else:
+            args.append(Arg(param, kind, value=values[param]))
+    return ResolvedLaunch(node.name, variant, (1, 1, 1), tuple(args))
+
+
+def _bhs_strides(slot, form: str) -> tuple[int, int, int]:
+    """(b, h, s) element strides of q, k, v, o or lse; packed tensors have no b (0); an absent
+    tensor has zeros."""
+    if slot is None:
+        return (0, 0, 0)
+    if form == "packed":  # (t, h, d) or (t, h)
+        return (0, slot.strides[1], slot.strides[0])
+    return (slot.strides[0], slot.strides[1], slot.strides[2])
+
+
+def _tma_strides(slot, strides: tuple[int, int, int]) -> tuple[int, int, int]:
+    """A dim of extent 1 is never stepped over, so its stride (which the description may leave
+    at any value) becomes one TMA accepts (16 bytes); so does a packed tensor's absent b."""
+    extents = (0, slot.dims[1], slot.dims[0]) if len(slot.dims) == 3 else slot.dims[:3]
+    return tuple(st if extent > 1 else ROW_ALIGN_ELEMS for extent, st in zip(extents, strides))

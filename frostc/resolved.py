@@ -1,0 +1,117 @@
+"""The resolved plan: what stage 3 (`frostc.resolve`) produces and stages 4 and 5 (`frostc.compile`,
+`frostc.planfile`) consume. Nothing is looked up by name after this: buffers are slot indices,
+scratch is an offset into the caller's workspace, and every kernel parameter is bound."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+WORKSPACE_ALIGN = 256  # bytes: every region starts at a multiple (the runtime checks the base)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A buffer `execute` takes, at position `index`."""
+
+    index: int
+    name: str
+    uid: int
+    dtype: str
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    is_output: bool
+    align: int  # required base-pointer alignment in bytes
+
+
+@dataclass(frozen=True)
+class WorkspaceRegion:
+    """A named piece of the caller's workspace; its bytes are written and read by the plan's
+    own launches, in order, on one stream (nothing needs to be zeroed beforehand)."""
+
+    name: str  # "<node>.<what>", e.g. "attn.tiles"
+    offset: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class LengthContract:
+    """What the plan assumes of a slot of sequence lengths (frost_runtime's schema says more)."""
+
+    slot: int
+    kind: str  # "offsets" (prefix sums) | "lengths"
+    longest: int
+    total: int = 0
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One kernel parameter's value: a slot's base pointer or tensor map (slot >= 0), a pointer
+    into the workspace (workspace >= 0: the byte offset), or a constant."""
+
+    param: str
+    kind: str
+    slot: int = -1
+    workspace: int = -1
+    value: int | float | tuple[int, ...] = 0
+
+
+class KernelVariant(Protocol):
+    """One compiled kernel's compile key and launch facts; each op's kernels provide these."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def params(self) -> tuple[tuple[str, str], ...]:
+        """The parameter ABI, (name, kind) in order; checked against the PTX entry."""
+
+    @property
+    def block(self) -> tuple[int, int, int]: ...
+
+    @property
+    def grid_rule(self) -> str:
+        """How the grid follows from the shapes, for people (launches hold the numbers)."""
+
+    @property
+    def tiles(self) -> dict[str, int]:
+        """Named tile parameters, recorded in the plan for `frostc inspect`."""
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """> 0: persistent; the runtime launches at most SMs * this many CTAs."""
+
+    def kernel(self) -> Any:
+        """The DSL kernel object: a `@cute.jit` `__call__`, and `smem_bytes` once compiled."""
+
+    def compile_args(self) -> tuple:
+        """Stand-in arguments for `cute.compile(kernel, *args)` (no GPU, no real memory)."""
+
+
+@dataclass(frozen=True)
+class ResolvedLaunch:
+    node: str
+    variant: KernelVariant
+    grid: tuple[int, int, int]
+    args: tuple[Arg, ...]
+    # what the variant encodes this launch's TMA tensor maps from (None: the kernel takes none)
+    tensor_map_shape: Any = None
+
+
+@dataclass(frozen=True)
+class ResolvedPlan:
+    name: str
+    target: str
+    slots: tuple[Slot, ...]
+    launches: tuple[ResolvedLaunch, ...]
+    workspace: tuple[WorkspaceRegion, ...] = ()
+    lengths: tuple[LengthContract, ...] = ()
+
+    @property
+    def workspace_bytes(self) -> int:
+        return max((r.offset + r.bytes for r in self.workspace), default=0)
+
+    @property
+    def variants(self) -> tuple[KernelVariant, ...]:
+        """Distinct kernels, in first-use order."""
+        return tuple(dict.fromkeys(launch.variant for launch in self.launches))
