@@ -128,36 +128,62 @@ def _measure(plan, shape, causal: bool) -> dict:
         "cudnn": time_ms(torch_sdpa(SDPBackend.CUDNN_ATTENTION)),
         "flash": time_ms(torch_sdpa(SDPBackend.FLASH_ATTENTION)),
     }
+    fa4 = _fa4()
+    if fa4 is not None:  # FlashAttention-4 takes (b, s, h, d)
+        qb, kb, vb = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        times["fa4"] = time_ms(lambda: fa4(qb, kb, vb, causal=causal))
     tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in times.items()}
     return {"shape": shape, "causal": causal, "rel_err": err, "ms": times, "tflops": tflops}
 
 
+def _fa4():
+    """FlashAttention-4's dense entry where installed (../shared/tools/fa4-peer), else None."""
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+    except ImportError:
+        return None
+    return flash_attn_func
+
+
 def _row(r) -> str:
     t = r["tflops"]
+    fa4 = f"  fa4 {t['fa4']:6.1f}" if "fa4" in t else ""
     return (
         f"{str(r['shape']):22} {'causal' if r['causal'] else 'full':6} frostc {t['frostc']:6.1f}  "
-        f"cudnn {t['cudnn']:6.1f}  flash {t['flash']:6.1f}  ratio {t['frostc'] / t['cudnn']:.2f}"
+        f"cudnn {t['cudnn']:6.1f}  flash {t['flash']:6.1f}{fa4}  ratio {t['frostc'] / t['cudnn']:.2f}"
     )
 
 
 def _markdown(rows, device: str, torch_version: str) -> str:
     today = datetime.date.today().isoformat()
+    have_fa4 = all("fa4" in r["tflops"] for r in rows)
+    fa4_head = " FA4 | frostc / FA4 | frostc / best |" if have_fa4 else ""
     lines = [
         f"SDPA forward, bf16, BHSD — {device}, torch {torch_version}, {today}. TFLOP/s from CUDA-graph replays.",
         "",
-        "| b, h, s, d | causal | frostc | torch cuDNN | torch flash | frostc / cuDNN | rel. err vs cuDNN |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        f"| b, h, s, d | causal | frostc | torch cuDNN | torch flash | frostc / cuDNN |{fa4_head} rel. err vs cuDNN |",
+        "|---|---|---:|---:|---:|---:|" + ("---:|---:|---:|" if have_fa4 else "") + "---:|",
     ]
-    ratios = []
+    ratios, fa4_ratios, best_ratios = [], [], []
     for r in rows:
         t = r["tflops"]
         ratios.append(t["frostc"] / t["cudnn"])
+        fa4_cells = ""
+        if have_fa4:
+            fa4_ratios.append(t["frostc"] / t["fa4"])
+            best_ratios.append(t["frostc"] / max(t["fa4"], t["cudnn"]))
+            fa4_cells = f" {t['fa4']:.1f} | {fa4_ratios[-1]:.2f} | {best_ratios[-1]:.2f} |"
         lines.append(
             f"| {', '.join(map(str, r['shape']))} | {'yes' if r['causal'] else 'no'} | {t['frostc']:.1f} | "
-            f"{t['cudnn']:.1f} | {t['flash']:.1f} | {ratios[-1]:.2f} | {r['rel_err']:.1e} |"
+            f"{t['cudnn']:.1f} | {t['flash']:.1f} | {ratios[-1]:.2f} |{fa4_cells} {r['rel_err']:.1e} |"
         )
-    geomean = statistics.geometric_mean(ratios)
-    lines += ["", f"Geometric mean frostc / cuDNN: {geomean:.2f}", ""]
+    lines += ["", f"Geometric mean frostc / cuDNN: {statistics.geometric_mean(ratios):.2f}"]
+    if have_fa4:
+        lines += [
+            f"Geometric mean frostc / FlashAttention-4: {statistics.geometric_mean(fa4_ratios):.2f}; "
+            f"lowest frostc / max(FA4, cuDNN): {min(best_ratios):.2f}"
+        ]
+    lines.append("")
     return "\n".join(lines)
 
 

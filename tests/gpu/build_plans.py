@@ -21,13 +21,42 @@ BUILT = Path(__file__).resolve().parent.parent / ".built"
 
 def description(case: Case):
     g = GraphBuilder(case.id)
-    rows = {"q": (case.heads_q, case.seq_q), "k": (case.heads_kv, case.seq_kv), "v": (case.heads_kv, case.seq_kv)}
-    rows["o"] = rows["q"]
-    for name, (h, s) in rows.items():
-        g.tensor(name, dtype=case.dtype, dims=(case.batch, h, s, case.head_dim), layout=case.layout)
-    if case.lse:
-        g.tensor("lse", dtype="fp32", dims=(case.batch, case.heads_q, case.seq_q))
-    g.sdpa(q="q", k="k", v="v", o="o", lse="lse" if case.lse else None, causal=case.causal)
+    b, hq, hkv, d = case.batch, case.heads_q, case.heads_kv, case.head_dim
+    lengths = {}
+    if case.form == "packed":
+        for name, dims in (("q", (case.tokens_q, hq, d)), ("k", (case.tokens_kv, hkv, d)),
+                           ("v", (case.tokens_kv, hkv, d)), ("o", (case.tokens_q, hq, d))):  # fmt: skip
+            g.tensor(name, dtype=case.dtype, dims=dims)
+        if case.lse:
+            g.tensor("lse", dtype="fp32", dims=(case.tokens_q, hq), layout="ht")  # FlashAttention's (h, t)
+        g.tensor("q_lengths", dtype="int32", dims=(b + 1,))
+        g.tensor("kv_lengths", dtype="int32", dims=(b + 1,))
+        lengths = dict(
+            cu_seqlens_q="q_lengths", cu_seqlens_kv="kv_lengths", max_seqlen_q=case.seq_q, max_seqlen_kv=case.seq_kv
+        )
+    else:
+        rows = {"q": (hq, case.seq_q), "k": (hkv, case.seq_kv), "v": (hkv, case.seq_kv), "o": (hq, case.seq_q)}
+        for name, (h, s) in rows.items():
+            g.tensor(name, dtype=case.dtype, dims=(b, h, s, d), layout=case.layout)
+        if case.lse:
+            g.tensor("lse", dtype="fp32", dims=(b, hq, case.seq_q))
+        if case.form == "padded":
+            for side in {"qkv": ("q", "kv"), "q": ("q",), "kv": ("kv",)}[case.lengths]:
+                g.tensor(f"{side}_lengths", dtype="int32", dims=(b,))
+                lengths[f"seq_len_{side}"] = f"{side}_lengths"
+    g.sdpa(
+        q="q",
+        k="k",
+        v="v",
+        o="o",
+        lse="lse" if case.lse else None,
+        causal=case.causal or None,
+        diagonal_alignment=None if case.alignment == "top_left" else case.alignment,
+        window_left=case.window_left,
+        window_right=case.window_right,
+        softcap=case.softcap,
+        **lengths,
+    )
     return g.build()
 
 

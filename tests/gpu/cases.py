@@ -1,9 +1,14 @@
 """The GPU test matrix, as plain data (the GPU side imports this without frostc).
 
-Every value of every factor the kernel supports is crossed with each (dtype, head dim, causal)
-variant and each sequence-length pair; the remaining factors (batch, heads, GQA ratio,
-layout, LSE) rotate through their values so that each meets each variant. The full product
-would be ~2,300 plans of ~90 KB; this covering set keeps the carried folder small.
+Three sets:
+- dense: every value of every factor the kernel supports is crossed with each (dtype, head dim,
+  causal) variant and each sequence-length pair; the remaining factors (batch, heads, GQA
+  ratio, layout, LSE) rotate through their values so that each meets each variant. The full
+  product would be ~2,300 plans of ~90 KB; this covering set keeps the carried folder small.
+- masks: dense plans with each mask kind (bottom-right causal, sliding windows, softcap, and
+  their combinations) at every head dim, on lengths that make rows without keys.
+- varlen: padded and packed plans with each mask kind at every head dim; the test draws
+  several fresh length mixes per plan (0, 1, tile - 1, tile, tile + 1, the capacity, ...).
 """
 
 import itertools
@@ -16,6 +21,25 @@ HEADS_Q = (8, 16)
 KV_RATIOS = ("mha", "gqa4", "mqa")  # hkv = hq, hq / 4, 1
 LAYOUTS = ("bhsd", "bshd")
 
+# mask kinds: (causal, alignment, window_left, window_right, softcap)
+MASKS = [
+    (True, "bottom_right", None, None, None),  # chunked prefill / a KV cache
+    (True, "top_left", 100, None, None),  # Mistral-style sliding window
+    (False, "top_left", 60, 30, None),  # bidirectional local window
+    (True, "bottom_right", 200, None, None),
+    (False, "top_left", None, None, 30.0),  # Gemma 2 softcap
+    (True, "bottom_right", None, None, 50.0),
+    (False, "bottom_right", 40, 0, None),  # a window whose right bound is the diagonal
+]
+MASK_SEQS = [(300, 1000), (1000, 300), (777, 777), (129, 4000)]
+VARLEN_MASKS = [
+    (False, "top_left", None, None, None),
+    (True, "top_left", None, None, None),
+    (True, "bottom_right", None, None, None),
+    (True, "bottom_right", 256, None, None),
+    (False, "top_left", None, None, 40.0),
+]
+
 
 @dataclass(frozen=True)
 class Case:
@@ -23,27 +47,48 @@ class Case:
     batch: int
     heads_q: int
     heads_kv: int
-    seq_q: int
+    seq_q: int  # dense: the length; padded: the rows (capacity); packed: max_seqlen_q
     seq_kv: int
     head_dim: int
     causal: bool
     layout: str
     lse: bool
+    form: str = "dense"  # dense | padded | packed
+    alignment: str = "top_left"
+    window_left: int | None = None
+    window_right: int | None = None
+    softcap: float | None = None
+    tokens_q: int = 0  # packed: the buffers' tokens
+    tokens_kv: int = 0
+    lengths: str = "qkv"  # padded: which sides have per-sequence lengths ("q", "kv", "qkv")
 
     @property
     def id(self) -> str:
         c = "causal" if self.causal else "full"
-        return (
+        base = (
             f"{self.dtype}-d{self.head_dim}-{c}-b{self.batch}-h{self.heads_q}x{self.heads_kv}"
             f"-s{self.seq_q}x{self.seq_kv}-{self.layout}{'-lse' if self.lse else ''}"
         )
+        extra = ""
+        if self.alignment != "top_left":
+            extra += "-br"
+        if self.window_left is not None or self.window_right is not None:
+            extra += f"-w{self.window_left if self.window_left is not None else 'x'}"
+            extra += f"_{self.window_right if self.window_right is not None else 'x'}"
+        if self.softcap is not None:
+            extra += f"-cap{self.softcap:g}"
+        if self.form == "padded":
+            extra += f"-padded_{self.lengths}"
+        elif self.form == "packed":
+            extra += f"-packed_t{self.tokens_q}x{self.tokens_kv}"
+        return base + extra
 
 
 def _heads_kv(heads_q: int, ratio: str) -> int:
     return {"mha": heads_q, "gqa4": heads_q // 4, "mqa": 1}[ratio]
 
 
-def cases() -> list[Case]:
+def dense_cases() -> list[Case]:
     out = []
     rotation = itertools.cycle(itertools.product(BATCHES, HEADS_Q, KV_RATIOS, LAYOUTS, (True, False)))
     for (dtype, d, causal), (sq, skv) in itertools.product(VARIANTS, SEQS):
@@ -54,3 +99,39 @@ def cases() -> list[Case]:
                 b, hq = 1, 16  # keep the float64 reference of the longest rows affordable
             out.append(Case(dtype, b, hq, _heads_kv(hq, ratio), sq, skv, d, causal, layout, lse))
     return out
+
+
+def mask_cases() -> list[Case]:
+    out = []
+    rotation = itertools.cycle(itertools.product(("bf16", "fp16"), KV_RATIOS, LAYOUTS, (True, False), BATCHES))
+    seqs = itertools.cycle(MASK_SEQS)
+    for d, (causal, align, left, right, cap) in itertools.product((64, 128, 256), MASKS):
+        dtype, ratio, layout, lse, b = next(rotation)
+        sq, skv = next(seqs)
+        out.append(
+            Case(dtype, b, 8, _heads_kv(8, ratio), sq, skv, d, causal, layout, lse, "dense", align, left, right, cap)
+        )
+    return out
+
+
+def varlen_cases() -> list[Case]:
+    out = []
+    rotation = itertools.cycle(itertools.product(("bf16", "fp16"), KV_RATIOS, (True, False), LAYOUTS))
+    sides = itertools.cycle(("qkv", "kv", "qkv", "q"))
+    for form, d, (causal, align, left, right, cap) in itertools.product(
+        ("padded", "packed"), (64, 128, 256), VARLEN_MASKS
+    ):
+        dtype, ratio, lse, layout = next(rotation)
+        hq = 16 if d < 256 else 8
+        if form == "padded":
+            case = Case(dtype, 5, hq, _heads_kv(hq, ratio), 1100, 1000, d, causal, layout, lse, form, align, left,
+                        right, cap, lengths=next(sides))  # fmt: skip
+        else:
+            case = Case(dtype, 7, hq, _heads_kv(hq, ratio), 1100, 1000, d, causal, "thd", lse, form, align, left,
+                        right, cap, tokens_q=3001, tokens_kv=2800)  # fmt: skip
+        out.append(case)
+    return out
+
+
+def cases() -> list[Case]:
+    return dense_cases() + mask_cases() + varlen_cases()

@@ -158,3 +158,28 @@ def test_corrupt_plan_is_refused(case):
     raw[len(raw) // 2] ^= 0xFF
     with pytest.raises(frost_runtime.PlanFormatError):
         frost_runtime.load(bytes(raw))
+
+
+def test_length_slots_are_checked_from_metadata(manifest):
+    """int32 sequence lengths are slots like any other: dtype, shape, device checked, never read."""
+    import frost_runtime
+
+    from tests.gpu.support import Buffers
+
+    case = next((c for c in built_manifest_entries() if c["form"] == "packed"), None)
+    if case is None:
+        pytest.skip("no packed plan among the built plans")
+    plan = frost_runtime.load(BUILT / case["plan"])
+    buffers = Buffers(case, plan)
+    index = plan.slots.index("q_lengths")
+    for bad, words in (
+        (buffers.tensors["q_lengths"].long(), "dtype"),
+        (torch.zeros(case["batch"] + 2, dtype=torch.int32, device="cuda"), "shape"),
+        (buffers.tensors["q_lengths"].cpu(), "cpu"),
+    ):
+        given = list(buffers.all)
+        given[index] = bad
+        with pytest.raises(frost_runtime.BindError, match=f"slot {index} 'q_lengths'.*{words}"):
+            plan.execute(*given, workspace=buffers.workspace)
+    torch.cuda.synchronize()
+    assert bool(torch.isnan(buffers.tensors["o"]).all())
