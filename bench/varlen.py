@@ -142,6 +142,13 @@ def run(md_path: str | None) -> int:
     return 0
 
 
+def _window_mask(n: int, left: int):
+    import torch
+
+    i = torch.arange(n, device="cuda")
+    return (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - left)
+
+
 def _fa4():
     try:
         from flash_attn.cute.interface import flash_attn_varlen_func
@@ -168,36 +175,40 @@ def _measure(frost_runtime, mix: Mix, fa4) -> dict:
     times = {"frostc": time_ms(bound.execute)}
 
     # torch on the padded batch: every sequence padded to the longest, K and V heads repeated
-    # for the query heads (cuDNN; a window needs a mask, which takes the memory-efficient backend)
+    # for the query heads (cuDNN; the window row needs a mask, which takes the mem-efficient
+    # backend). Padding is attended (that is what padding costs); the check below is per sequence.
+    group = HQ // HKV
     padded = [torch.zeros(b, HQ, longest, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     for i, (start, n) in enumerate(zip(cu_list, mix.lengths)):
         for t, src in zip(padded, (q, k, v)):
             t[i, :, :n] = src[start : start + n].transpose(0, 1).repeat_interleave(HQ // src.shape[1], 0)
     mask, backend = None, SDPBackend.CUDNN_ATTENTION
     if mix.window_left is not None:
-        i = torch.arange(longest, device="cuda")
-        mask = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - mix.window_left)
+        mask = _window_mask(longest, mix.window_left)
         backend = SDPBackend.EFFICIENT_ATTENTION
 
     def torch_padded():
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(*padded, attn_mask=mask, is_causal=mix.causal and mask is None)
 
-    ref = torch_padded()
+    times["torch_padded"] = time_ms(torch_padded)
+    padded.clear()  # free the padded copies before the next contestant
+
     o.fill_(float("nan"))
     bound.execute()
     torch.cuda.synchronize()
     err_sq = ref_sq = 0.0
-    for i, (start, n) in enumerate(zip(cu_list, mix.lengths)):
-        got, want = o[start : start + n].transpose(0, 1).float(), ref[i, :, :n].float()
-        err_sq += float(((got - want) ** 2).sum())
-        ref_sq += float((want**2).sum())
+    for start, n in zip(cu_list, mix.lengths):  # torch on each sequence alone: the reference
+        qs = q[start : start + n].transpose(0, 1)[None]
+        ks, vs = (x[start : start + n].transpose(0, 1).repeat_interleave(group, 0)[None] for x in (k, v))
+        window = _window_mask(n, mix.window_left) if mix.window_left is not None else None
+        want = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=window, is_causal=mix.causal and window is None)
+        got = o[start : start + n].transpose(0, 1)[None]
+        err_sq += float(((got.float() - want.float()) ** 2).sum())
+        ref_sq += float((want.float() ** 2).sum())
     err = (err_sq / ref_sq) ** 0.5
     if not err < 2e-2:
         raise SystemExit(f"{mix.plan}: frostc differs from torch (relative error {err:.2e})")
-    times["torch_padded"] = time_ms(torch_padded)
-    padded.clear()  # free the padded copies before the next contestant
-    del ref
 
     if fa4 is not None:
         window = (mix.window_left, 0) if mix.window_left is not None else (None, None)

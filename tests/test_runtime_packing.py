@@ -93,3 +93,32 @@ def test_persistent_grid_is_capped_at_the_sm_count() -> None:
     assert packed(tiles=100).geometry[:3] == (100, 1, 1)  # fewer tiles than SMs: one CTA each
     assert packed(tiles=1000, ctas_per_sm=2, sm_count=78).geometry[:3] == (156, 1, 1)
     assert packed(tiles=1000, ctas_per_sm=0).geometry[:3] == (1000, 1, 1)  # not persistent
+
+
+def test_workspace_arguments_are_patched_from_the_base_plus_their_offset() -> None:
+    k = Kernel(
+        name="toy", entry="e", cubin=b"\x7fELF", params=(Param("sequences", "ptr"), Param("tiles", "ptr")),
+        block=(1024, 1, 1), cluster=(1, 1, 1), smem_bytes=0, grid_rule="one", ctas_per_sm=0,
+    )  # fmt: skip
+    launch = Launch(kernel=0, grid=(1, 1, 1), args=(Arg(workspace=0), Arg(workspace=256)))
+    p = _PackedLaunch(launch, k, SimpleNamespace(function=None), 132)
+    assert p.slot_fields == [] and [offset for offset, _ in p.workspace_fields] == [0, 256]
+    for offset, field in p.workspace_fields:
+        field.value = 0x7F00_0000_0000 + offset
+    assert raw(p, 0, 16) == b"".join((0x7F00_0000_0000 + o).to_bytes(8, "little") for o in (0, 256))
+
+
+def test_length_contracts_name_what_breaks_them() -> None:
+    from frost_runtime.plan import length_problem
+    from frost_runtime.schema import LengthContract
+
+    offsets = LengthContract(slot=3, kind="offsets", longest=100, total=250)
+    assert length_problem(offsets, [0, 100, 100, 200, 250]) is None  # an empty sequence is fine
+    assert "below 0" in length_problem(offsets, [-1, 5])
+    assert "decrease at entry 2" in length_problem(offsets, [0, 50, 40])
+    assert "sequence 1 has 101 tokens" in length_problem(offsets, [0, 1, 102])
+    assert "past the 250 tokens" in length_problem(offsets, [0, 100, 200, 251])
+    lengths = LengthContract(slot=4, kind="lengths", longest=64)
+    assert length_problem(lengths, [0, 64, 3]) is None
+    assert "sequence 1 has length 65" in length_problem(lengths, [0, 65])
+    assert "outside [0, 64]" in length_problem(lengths, [-2])

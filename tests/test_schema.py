@@ -20,10 +20,12 @@ from frost_runtime.schema import (
     Header,
     Kernel,
     Launch,
+    LengthContract,
     Param,
     PlanData,
     PlanFormatError,
     TensorSlot,
+    WorkspaceRegion,
     decode_plan,
     encode_plan,
     read_header,
@@ -411,3 +413,56 @@ def test_mutated_body_with_a_matching_hash_decodes_or_raises_plan_format_error(
     top["body"] = mutate(_BODY, edits)
     top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
     decodes_or_refuses(pack(top))
+
+
+# ------------------------------------------------------------------------------- format 3: workspace, lengths
+
+
+def varlen_plan() -> PlanData:
+    """make_plan() with an int32 length slot, a workspace of two regions, a pointer argument
+    into it and a length contract."""
+    plan = make_plan()
+    slots = plan.slots + (TensorSlot("cu_q", 9, "int32", (5,), (1,), False, 4),)
+    kernel = replace(plan.kernels[0], params=plan.kernels[0].params + (Param("tiles", "ptr"),))
+    launch = replace(plan.launches[0], args=plan.launches[0].args + (Arg(workspace=256),), node="attn")
+    return replace(
+        plan,
+        slots=slots,
+        kernels=(kernel,),
+        launches=(launch,),
+        workspace_bytes=300,
+        workspace=(WorkspaceRegion("attn.sequences", 0, 64), WorkspaceRegion("attn.tiles", 256, 44)),
+        lengths=(LengthContract(2, "offsets", 100, 400),),
+    )
+
+
+def test_workspace_regions_and_contracts_round_trip() -> None:
+    data = encode_plan(varlen_plan())
+    decoded = decode_plan(data)
+    assert decoded == replace(varlen_plan(), header=decoded.header)
+    assert decoded.launches[0].args[-1] == Arg(workspace=256) and decoded.launches[0].node == "attn"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "words"),
+    [
+        ("launches.0.args.6", {"workspace": 300}, "outside the 300-byte workspace"),
+        ("launches.0.args.6", {"workspace": 0, "slot": 1}, "exactly one"),
+        ("launches.0.args.1", {"workspace": 0}, "workspace offset bound to i32"),
+        ("workspace.1.offset", 200, "multiple of 256"),
+        ("workspace.1.bytes", 45, "within the 300-byte workspace"),
+        ("workspace.0.name", "attn.tiles", "appears twice"),
+        ("lengths.0.slot", 0, "not a rank-1 int32 slot"),
+        ("lengths.0.kind", "prefix", "is not one of"),
+        ("lengths.0.longest", -1, "outside"),
+    ],
+)
+def test_bad_workspace_or_contract_is_refused(path: str, value: Any, words: str) -> None:
+    def edit(body: dict) -> None:
+        *parents, last = path.split(".")
+        table: Any = body
+        for part in parents:
+            table = table[int(part)] if isinstance(table, list) else table[part]
+        table[int(last) if isinstance(table, list) else last] = value
+
+    assert words in decode_error(with_body(encode_plan(varlen_plan()), edit))

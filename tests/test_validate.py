@@ -139,7 +139,7 @@ def test_builder_description_validates() -> None:
     assert graph.nodes[0].causal and graph.tensor("o").strides == (4 * 16 * 32, 32, 4 * 32, 1)
 
 
-@pytest.mark.parametrize("name", ["default.toml", "mqa_d64.toml"])
+@pytest.mark.parametrize("name", ["default.toml", "mqa_d64.toml", "varlen_packed.toml"])
 def test_examples_validate(name: str) -> None:
     g = validate(load_description(EXAMPLES / name))
     assert g.name == name.removesuffix(".toml")

@@ -638,6 +638,18 @@ class SdpaForwardWgmma:
         grid, _, _ = cute.arch.grid_dim()
         return bidx, tiles.count(), grid
 
+    def _ordered(self, tile, grid, count):
+        """The tile a CTA's visit `tile` takes. Tiles are listed longest first (varlen, or a
+        diagonal); CTA b visits b, b + grid, ... so round-robin would hand CTA 0 the longest of
+        every round. Every other full round is walked backwards instead (boustrophedon), so the
+        rounds' differences cancel; a last, partial round keeps its order (a bijection)."""
+        if cutlass.const_expr(not (self.varlen or self.mask.right)):
+            return tile  # equal tiles: keep a head's query blocks together (K and V in L2)
+        round_ = tile // grid
+        mirrored = round_ * grid + grid - 1 - (tile - round_ * grid)
+        full = (round_ + 1) * grid <= count
+        return cutlass.select_(full, cutlass.select_(round_ % 2 == 1, mirrored, tile), tile)
+
     def _key_blocks(self, keys, m_block, q_len):
         """(first, end) key blocks of a tile: what any of its rows sees."""
         first_row = m_block * self.tiles.block_m
@@ -667,7 +679,7 @@ class SdpaForwardWgmma:
         loaded = cutlass.Int32(0)  # K/V blocks issued so far: the ring position
         q_loads = cutlass.Int32(0)  # tiles whose Q was loaded: the Q buffer's phase
         for tile in range(first, num_tiles, grid):
-            m_block, head, batch = tiles.work(tile)
+            m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
             seq = seqs.get(batch)
             keys = KeyRange.of(self.mask, window[0], window[1], seq.q_len, seq.kv_len)
             n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
@@ -757,7 +769,7 @@ class SdpaForwardWgmma:
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
         q_loads = cutlass.Int32(0)
         for tile in range(first, num_tiles, grid):
-            m_block, head, batch = tiles.work(tile)
+            m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
             seq = seqs.get(batch)
             keys = KeyRange.of(self.mask, window[0], window[1], seq.q_len, seq.kv_len)
             n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)

@@ -158,7 +158,7 @@ def validate(ctx: NodeContext) -> Sdpa | None:
             letters="".join(_LETTERS[n] for n in names),
             dims=f"({', '.join(names)})" if len(names) > 1 else f"({names[0]},)",
             output=role in ("o", "lse"),
-            required=role in ("q", "k", "v", "o") or (form == "packed" and role in PACKED_KEYS),
+            required=role in ("q", "k", "v", "o"),  # a missing cu_seqlens_* is _check_form's to report
         )
         if c is not None:
             tensors[role] = c

@@ -390,6 +390,8 @@ def test_check_lengths_names_what_breaks_the_capacities(manifest):
     buffers.set_lengths(too_long, [1] * b)
     with pytest.raises(frost_runtime.LengthError, match="over the plan's longest"):
         plan.check_lengths(*buffers.all)
+    buffers.set_lengths([1] * b, [1] * b)
+    plan.check_lengths(*buffers.all)
     cu = buffers.tensors["kv_lengths"]
     cu.copy_(torch.arange(b + 1, dtype=torch.int32, device="cuda").flip(0))
     with pytest.raises(frost_runtime.LengthError, match="decrease"):
