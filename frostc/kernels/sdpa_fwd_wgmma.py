@@ -286,11 +286,18 @@ class Sequences:
     lse_strides: tuple
 
     def get(self, batch) -> Sequence:
+        return self.make(batch, self.row(batch))
+
+    def row(self, batch) -> tuple:
+        """(q_token, q_len, kv_token, kv_len) of sequence b: loaded from the table (varlen), or
+        the plan's fixed lengths."""
         if cutlass.const_expr(self.varlen):
             row = cute.make_tensor(self.table + batch * 4, cute.make_layout(4))
-            q_token, q_len, kv_token, kv_len = row[0], row[1], row[2], row[3]
-        else:
-            q_token, q_len, kv_token, kv_len = cutlass.Int32(0), self.shape.seq_q, cutlass.Int32(0), self.shape.seq_kv
+            return row[0], row[1], row[2], row[3]
+        return cutlass.Int32(0), self.shape.seq_q, cutlass.Int32(0), self.shape.seq_kv
+
+    def make(self, batch, row: tuple) -> Sequence:
+        q_token, q_len, kv_token, kv_len = row
         q_rows, k_rows, v_rows = self.rows_per_batch
         return Sequence(
             q_len=q_len,
@@ -650,6 +657,13 @@ class SdpaForwardWgmma:
         full = (round_ + 1) * grid <= count
         return cutlass.select_(full, cutlass.select_(round_ % 2 == 1, mirrored, tile), tile)
 
+    def _unit_at(self, tiles, tile, grid, count, shape):
+        """(query block, head, sequence) of visit `tile`, clamped into the listed tiles and the
+        sequences so that reading ahead past the last tile stays inside the workspace."""
+        listed = cutlass.max(cutlass.min(self._ordered(tile, grid, count), count - 1), 0)
+        m_block, head, batch = tiles.work(listed)
+        return m_block, head, cutlass.max(cutlass.min(batch, shape.batch - 1), 0)
+
     def _key_blocks(self, keys, m_block, q_len):
         """(first, end) key blocks of a tile: what any of its rows sees."""
         first_row = m_block * self.tiles.block_m
@@ -768,9 +782,23 @@ class SdpaForwardWgmma:
         first, num_tiles, grid = self._schedule(tiles)
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
         q_loads = cutlass.Int32(0)
+        if cutlass.const_expr(self.varlen):
+            # A tile's (sequence, block) and its sequence's lengths are loads, one depending on
+            # the other: read them ahead (this tile's row, the next tile's unit) so they arrive
+            # while a tile computes instead of stalling the start of the next one.
+            unit = self._unit_at(tiles, first, grid, num_tiles, shape)
+            row = seqs.row(unit[2])
+            next_unit = self._unit_at(tiles, first + grid, grid, num_tiles, shape)
         for tile in range(first, num_tiles, grid):
-            m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
-            seq = seqs.get(batch)
+            if cutlass.const_expr(self.varlen):
+                m_block, head, batch = unit
+                seq = seqs.make(batch, row)
+                row = seqs.row(next_unit[2])
+                unit = next_unit
+                next_unit = self._unit_at(tiles, tile + 2 * grid, grid, num_tiles, shape)
+            else:
+                m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
+                seq = seqs.get(batch)
             keys = KeyRange.of(self.mask, window[0], window[1], seq.q_len, seq.kv_len)
             n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
             row_tile = m_block * t.consumers + cw
@@ -866,9 +894,13 @@ class SdpaForwardWgmma:
         if cutlass.const_expr(self.mask.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
         s_mn = _wgmma_rows_by_cols(acc_S)
+        # two copies of the softmax: the unmasked one stays straight-line code, which the
+        # compiler schedules against the GEMMs better than one copy behind a branch
         if n_block < full_first or n_block >= full_end:
             self._mask(qk_thr, s_mn, keys, seq, row_tile, n_block)
-        softmax.update(s_mn)
+            softmax.update(s_mn)
+        else:
+            softmax.update(s_mn)
 
     @cute.jit
     def _mask(self, qk_thr, s_mn, keys, seq, row_tile, n_block):

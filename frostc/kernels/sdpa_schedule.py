@@ -137,8 +137,18 @@ class SdpaSchedule:
             row[2] = kv_token
             row[3] = kv_len
             keys = KeyRange.of(self.v.mask, window_left, window_right, q_len, kv_len)
-            for m in range(0, (q_len + self.v.block_m - 1) // self.v.block_m, 1):
-                cute.arch.atomic_add(counts.iterator + self._bucket(keys, m, q_len), cutlass.Int32(1), scope="cta")
+            m_blocks = (q_len + self.v.block_m - 1) // self.v.block_m
+            # runs of query blocks of equal cost (a whole sequence without a diagonal) take one
+            # atomic and stay together in the list: the tiles that run at once share K and V
+            run_bucket, run_start = cutlass.Int32(-1), cutlass.Int32(0)
+            for m in range(0, m_blocks, 1):
+                bucket = self._bucket(keys, m, q_len)
+                if bucket != run_bucket and m > 0:
+                    cute.arch.atomic_add(counts.iterator + run_bucket, m - run_start, scope="cta")
+                run_start = cutlass.select_(bucket != run_bucket, m, run_start)
+                run_bucket = bucket
+            if m_blocks > 0:
+                cute.arch.atomic_add(counts.iterator + run_bucket, m_blocks - run_start, scope="cta")
         cute.arch.sync_threads()
 
         # 2. bucket starts: an exclusive scan over the buckets, most work first
@@ -167,14 +177,25 @@ class SdpaSchedule:
             row = cute.make_tensor(sequences + b * 4, cute.make_layout(4))
             q_len, kv_len = row[1], row[3]
             keys = KeyRange.of(self.v.mask, window_left, window_right, q_len, kv_len)
-            for m in range(0, (q_len + self.v.block_m - 1) // self.v.block_m, 1):
-                place = cute.arch.atomic_add(
-                    counts.iterator + self._bucket(keys, m, q_len), cutlass.Int32(1), scope="cta"
-                )
-                if place < unit_capacity:  # only lengths past the capacities could overflow
-                    unit = cute.make_tensor(units + place * 2, cute.make_layout(2))
-                    unit[0] = b
-                    unit[1] = m
+            m_blocks = (q_len + self.v.block_m - 1) // self.v.block_m
+            run_bucket, run_start = cutlass.Int32(-1), cutlass.Int32(0)
+            for m in range(0, m_blocks + 1, 1):  # one past the end flushes the last run
+                bucket = self._bucket(keys, cutlass.min(m, m_blocks - 1), q_len)
+                if (m == m_blocks or bucket != run_bucket) and m > 0:
+                    place = cute.arch.atomic_add(counts.iterator + run_bucket, m - run_start, scope="cta")
+                    self._write_units(units, place, b, run_start, m - run_start, unit_capacity)
+                run_start = cutlass.select_(bucket != run_bucket, m, run_start)
+                run_bucket = bucket
+
+    @cute.jit
+    def _write_units(self, units, place, b, first_block, count, capacity):
+        """Units (b, first_block + i) at list positions place + i; past the capacity only when
+        the lengths broke the plan's contract, then dropped."""
+        for i in range(0, count, 1):
+            if place + i < capacity:
+                unit = cute.make_tensor(units + (place + i) * 2, cute.make_layout(2))
+                unit[0] = b
+                unit[1] = first_block + i
 
     def _lengths(self, lengths, b, capacity, max_seqlen, given: bool):
         """(token offset, length) of sequence b, clamped: a packed sequence lies within the
