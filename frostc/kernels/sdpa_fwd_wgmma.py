@@ -361,6 +361,42 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class ConsumerMask:
+    """The mask as one consumer's rows of one tile see it: which key blocks its rows all see
+    whole (no mask needed), and the per-element mask of the others."""
+
+    keys: KeyRange
+    q_len: cutlass.Int32
+    kv_len: cutlass.Int32
+    row_tile: cutlass.Int32  # the consumer's rows, in units of `rows`
+    full_first: cutlass.Int32  # key blocks [full_first, full_end) need no mask
+    full_end: cutlass.Int32
+    rows: int
+    cols: int
+
+    @staticmethod
+    def of(keys: KeyRange, seq: "Sequence", row_tile, rows: int, cols: int) -> "ConsumerMask":
+        first_row = row_tile * rows
+        full = keys.full_blocks(first_row, cutlass.min(first_row + rows, seq.q_len) - 1, cols)
+        return ConsumerMask(keys, seq.q_len, seq.kv_len, row_tile, full[0], full[1], rows, cols)
+
+    @cute.jit
+    def apply(self, qk_thr, s_mn, n_block):
+        """-inf where a row does not see a key of block n_block."""
+        cS = cute.local_tile(
+            cute.make_identity_tensor((self.q_len, self.kv_len)), (self.rows, self.cols), (self.row_tile, n_block)
+        )
+        c_mn = _wgmma_rows_by_cols(qk_thr.partition_C(cS))
+        for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
+            row = c_mn[r, 0][0]
+            lo, hi = self.keys.lo(row), self.keys.hi(row)
+            for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
+                col = c_mn[r, c][1]
+                if col < lo or col >= hi:
+                    s_mn[r, c] = -cutlass.Float32.inf
+
+
+@dataclass(frozen=True)
 class OnlineSoftmax:
     """The running row max and row sum of one consumer's rows, over key blocks (register
     tensors, updated in place)."""
@@ -426,7 +462,7 @@ class SdpaForwardWgmma:
         self.variant = variant
         self.dtype = dsl_dtype(variant.dtype)
         self.head_dim = variant.head_dim
-        self.mask = variant.mask
+        self.mask_flags = variant.mask
         self.has_lse = variant.has_lse
         self.varlen = variant.varlen
         self.tiles = tiles if tiles is not None else variant.tile_shape
@@ -620,7 +656,7 @@ class SdpaForwardWgmma:
         if cutlass.const_expr(self.varlen):
             tiles = ListedTiles(units, tile_count, heads_q)
         else:
-            tiles = DenseTiles(shape, longest_first=self.mask.right)
+            tiles = DenseTiles(shape, longest_first=self.mask_flags.right)
         o_sb, o_sh, o_ss = (cute.assume(x, divby=8) for x in (o_sb, o_sh, o_ss))  # 16-byte rows (build checks)
         seqs = Sequences(self.varlen, sequences, shape, (q_rows, k_rows, v_rows), (o_sb, o_ss), (lse_sb, lse_ss))
         window = (window_left, window_right)
@@ -650,7 +686,7 @@ class SdpaForwardWgmma:
         diagonal); CTA b visits b, b + grid, ... so round-robin would hand CTA 0 the longest of
         every round. Every other full round is walked backwards instead (boustrophedon), so the
         rounds' differences cancel; a last, partial round keeps its order (a bijection)."""
-        if cutlass.const_expr(not (self.varlen or self.mask.right)):
+        if cutlass.const_expr(not (self.varlen or self.mask_flags.right)):
             return tile  # equal tiles: keep a head's query blocks together (K and V in L2)
         round_ = tile // grid
         mirrored = round_ * grid + grid - 1 - (tile - round_ * grid)
@@ -695,7 +731,7 @@ class SdpaForwardWgmma:
         for tile in range(first, num_tiles, grid):
             m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
             seq = seqs.get(batch)
-            keys = KeyRange.of(self.mask, window[0], window[1], seq.q_len, seq.kv_len)
+            keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
             n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
             if n_end > n_first:
                 head_kv = head // shape.group
@@ -799,11 +835,10 @@ class SdpaForwardWgmma:
             else:
                 m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
                 seq = seqs.get(batch)
-            keys = KeyRange.of(self.mask, window[0], window[1], seq.q_len, seq.kv_len)
+            keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
             n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
             row_tile = m_block * t.consumers + cw
-            my_first = row_tile * wg_m
-            full_first, full_end = keys.full_blocks(my_first, cutlass.min(my_first + wg_m, seq.q_len) - 1, t.block_n)
+            mask = ConsumerMask.of(keys, seq, row_tile, wg_m, t.block_n)
             n_blocks = cutlass.max(n_end - n_first, 0)
             if n_blocks > 0:
                 acc_O.fill(0.0)
@@ -827,7 +862,7 @@ class SdpaForwardWgmma:
                     if n_blocks == 1:
                         q_pipe.sync_object_empty.arrive(0, None)  # the tile's last read of Q
                 n_block = n_end - 1
-                self._scores(qk_thr, acc_S, softmax, keys, seq, row_tile, n_block, full_first, full_end, score_scale)
+                self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale)
                 cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
 
                 for step in range(1, n_blocks, 1):
@@ -850,8 +885,7 @@ class SdpaForwardWgmma:
                     if cutlass.const_expr(t.o_buffer):
                         if step == n_blocks - 1:
                             q_pipe.sync_object_empty.arrive(0, None)
-                    self._scores(qk_thr, acc_S, softmax, keys, seq, row_tile, n_block, full_first, full_end,
-                                 score_scale)  # fmt: skip
+                    self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale)
                     warpgroup.wait_group(0)  # O and P_{j-1} are free again
                     v_pipe.sync_object_empty.arrive(prev_stage, None)
                     softmax.rescale(_wgmma_rows_by_cols(acc_O))
@@ -889,35 +923,18 @@ class SdpaForwardWgmma:
             cute.gemm(pv_mma, acc_O, rP[None, None, kk], tOrV[None, None, kk, stage], acc_O)
 
     @cute.jit
-    def _scores(self, qk_thr, acc_S, softmax, keys, seq, row_tile, n_block, full_first, full_end, score_scale):
+    def _scores(self, qk_thr, acc_S, softmax, mask, n_block, score_scale):
         """S_j -> probabilities: softcap, mask (only blocks some row sees in part), softmax."""
-        if cutlass.const_expr(self.mask.softcap):
+        if cutlass.const_expr(self.mask_flags.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
         s_mn = _wgmma_rows_by_cols(acc_S)
         # two copies of the softmax: the unmasked one stays straight-line code, which the
         # compiler schedules against the GEMMs better than one copy behind a branch
-        if n_block < full_first or n_block >= full_end:
-            self._mask(qk_thr, s_mn, keys, seq, row_tile, n_block)
+        if n_block < mask.full_first or n_block >= mask.full_end:
+            mask.apply(qk_thr, s_mn, n_block)
             softmax.update(s_mn)
         else:
             softmax.update(s_mn)
-
-    @cute.jit
-    def _mask(self, qk_thr, s_mn, keys, seq, row_tile, n_block):
-        t = self.tiles
-        cS = cute.local_tile(
-            cute.make_identity_tensor((seq.q_len, seq.kv_len)),
-            (t.block_m // t.consumers, t.block_n),
-            (row_tile, n_block),
-        )
-        c_mn = _wgmma_rows_by_cols(qk_thr.partition_C(cS))
-        for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
-            row = c_mn[r, 0][0]
-            lo, hi = keys.lo(row), keys.hi(row)
-            for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
-                col = c_mn[r, c][1]
-                if col < lo or col >= hi:
-                    s_mn[r, c] = -cutlass.Float32.inf
 
     def _out_rows(self, o_args, seq, head):
         """This (sequence, head)'s O rows, (q_len, d); strides are multiples of 8 (checked at build)."""

@@ -38,6 +38,7 @@ VARLEN_MASKS = [
     (True, "bottom_right", None, None, None),
     (True, "bottom_right", 256, None, None),
     (False, "top_left", None, None, 40.0),
+    (False, "top_left", 60, 30, None),  # a bidirectional window
 ]
 
 
@@ -135,3 +136,12 @@ def varlen_cases() -> list[Case]:
 
 def cases() -> list[Case]:
     return dense_cases() + mask_cases() + varlen_cases()
+
+
+# One plan of two independent sdpa nodes (they run in order, each with its own launches and
+# workspace regions): a dense causal node and a packed one. Their tensors are named with the
+# prefixes "a_" and "b_".
+TWO_NODES = (
+    Case("bf16", 2, 8, 2, 300, 300, 128, True, "bshd", True),
+    Case("fp16", 3, 8, 8, 700, 700, 64, True, "thd", True, "packed", "bottom_right", tokens_q=900, tokens_kv=1000),
+)

@@ -51,3 +51,35 @@ def test_plan_matches_float64_reference(runtime, manifest, case):
 def test_runtime_alone_ran_the_plans(runtime, manifest):
     """The GPU side imports neither the compiler nor the DSL."""
     assert not any(name == "frostc" or name.startswith(("frostc.", "cutlass")) for name in sys.modules)
+
+
+@pytest.mark.gpu
+def test_two_nodes_in_one_plan_run_in_order(runtime, manifest):
+    """A dense causal node and a packed node in one plan: four launches on one stream, one
+    workspace (the packed node's regions), both checked against float64."""
+    from tests.gpu.cases import TWO_NODES
+
+    path = BUILT / "two-nodes.frost"
+    if not path.exists():
+        pytest.skip("two-nodes.frost was not built")
+    torch.manual_seed(2)
+    rng = random.Random(2)
+    with runtime.load(path) as plan:
+        assert len(plan.data.launches) == 3  # the dense node's kernel, the packed node's two
+        assert [launch.node for launch in plan.data.launches] == ["a_attn", "b_attn", "b_attn"]
+        parts = {prefix: Buffers(asdict_case(case), plan) for prefix, case in zip(("a_", "b_"), TWO_NODES)}
+        parts["b_"].set_lengths(*draw_lengths(asdict_case(TWO_NODES[1]), rng))
+        for part in parts.values():
+            part.refill()
+        parts["b_"].poison_padding()
+        buffers = [parts[name[:2]].tensors[name[2:]] for name in plan.slots]
+        plan.execute(*buffers, workspace=parts["b_"].workspace)
+        torch.cuda.synchronize()
+        for part in parts.values():
+            part.assert_correct()
+
+
+def asdict_case(case) -> dict:
+    from dataclasses import asdict
+
+    return asdict(case)
