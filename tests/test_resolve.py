@@ -224,7 +224,7 @@ def test_absent_lse_binds_a_null_pointer_and_zero_strides() -> None:
 )
 def test_grid_is_query_tiles_by_heads_by_batch(sq: int, hq: int, b: int, grid: tuple[int, int, int]) -> None:
     """The grid counts tiles; the runtime starts at most one CTA per SM over them."""
-    launch = only_launch(resolved(graph_builder(sq=sq, hq=hq, hkv=1, b=b)))
+    launch = only_launch(resolved(graph_builder(sq=sq, hq=hq, hkv=1, b=b, d=128)))
     assert launch.grid == grid
     assert launch.grid == (math.ceil(sq / 128) * hq * b, 1, 1)
 

@@ -111,7 +111,7 @@ class WgmmaTiles:
         }
 
 
-def tiles_for_head_dim(head_dim: int, causal: bool) -> WgmmaTiles:
+def tiles_for_head_dim(head_dim: int, window_left: bool) -> WgmmaTiles:
     """Shared memory decides (227 KiB): Q and O buffers are 128·d, a ring stage 2·block_n·d
     two-byte elements. bench/NOTES.md has the measurements behind each choice."""
     if head_dim == 256:
@@ -120,10 +120,11 @@ def tiles_for_head_dim(head_dim: int, causal: bool) -> WgmmaTiles:
     if head_dim == 128:
         # 32 KiB Q + 32 KiB O + 2 stages of 64 KiB = 192 KiB
         return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=2, o_buffer=True)
-    if not causal:
+    if not window_left:
         # d=64: a block's GEMMs are half as long as at d=128 for the same softmax work, so three
         # consumers take turns (192 rows); 24 KiB Q + 24 KiB O + 4 stages of 32 KiB = 176 KiB.
-        # Causal stays at two: with 512 threads ptxas keeps 128 registers and the masks spill.
+        # A left window's masks spill with three (ptxas keeps a 512-thread kernel at 128
+        # registers): two, below.
         return WgmmaTiles(block_m=192, block_n=128, consumers=3, stages=4, o_buffer=True)
     # 16 KiB Q + 16 KiB O + 4 stages of 32 KiB = 160 KiB
     return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=4, o_buffer=True)
@@ -158,7 +159,7 @@ class SdpaFwdVariant:
 
     @property
     def tile_shape(self) -> WgmmaTiles:
-        return tiles_for_head_dim(self.head_dim, self.mask.right or self.mask.left)
+        return tiles_for_head_dim(self.head_dim, self.mask.left)
 
     @property
     def tiles(self) -> dict[str, int]:

@@ -418,7 +418,7 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     if node.form == "padded":
         _check_padded_rows(node, ctx)
     flags = node.mask.flags
-    tiles = tiles_for_head_dim(node.head_dim, flags.right or flags.left) if node.head_dim in HEAD_DIMS else None
+    tiles = tiles_for_head_dim(node.head_dim, flags.left) if node.head_dim in HEAD_DIMS else None
     if tiles is not None:
         count = (
             -(-node.seq_q // tiles.block_m) * node.heads_q * node.batch
