@@ -388,7 +388,7 @@ def _check_node(ctx: NodeContext) -> Node | None:
     if op is None:
         ctx.problem("op", f"unknown op {json.dumps(op_name)}; known ops: {', '.join(json.dumps(o) for o in ops.OPS)}")
         return None
-    valid = NODE_KEYS + op.keys
+    valid = NODE_KEYS + op.KEYS
     check_unknown_keys(ctx.path, tuple(kv for kv in ctx.decl.keys if kv[0] not in valid), valid, ctx.problems)
     name = f"{op_name}{ctx.index}" if ctx.decl.name is None else ctx.decl.name
     if not isinstance(name, str) or not name:

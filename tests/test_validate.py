@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from pathlib import Path
@@ -11,8 +10,9 @@ from typing import Any
 import pytest
 
 from frostc.description import GraphBuilder, load_description, parse_description
-from frostc.errors import DescriptionError, Problem
-from frostc.validate import Graph, overlapping_dim, strides_from_layout, validate
+from frostc.errors import DescriptionError
+from frostc.validate import overlapping_dim, strides_from_layout, validate
+from tests.descriptions import check, edited, only, problems
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "plans" / "examples"
 
@@ -33,38 +33,9 @@ def base() -> dict[str, Any]:
     }
 
 
-def check(d: dict[str, Any]) -> Graph:
-    return validate(parse_description(json.dumps(d), fmt="json"))
-
-
-def problems(d: dict[str, Any]) -> list[Problem]:
-    with pytest.raises(DescriptionError) as e:
-        check(d)
-    return e.value.problems
-
-
-def only(d: dict[str, Any], path: str, *words: str) -> Problem:
-    """Asserts `d` has exactly one problem, at `path`, mentioning every one of `words`."""
-    found = problems(d)
-    assert [p.path for p in found] == [path], found
-    for word in words:
-        assert word in found[0].message, found[0]
-    return found[0]
-
-
 def tweak(**changes: Any) -> dict[str, Any]:
     """base() with dotted-path changes, e.g. tweak(**{"tensors.k.dims": [...]}); None deletes."""
-    d = copy.deepcopy(base())
-    for dotted, value in changes.items():
-        *parents, last = dotted.split(".")
-        table: Any = d
-        for part in parents:
-            table = table[int(part)] if isinstance(table, list) else table[part]
-        if value is None:
-            del table[last]
-        else:
-            table[last] = value
-    return d
+    return edited(base(), **changes)
 
 
 # ---------------------------------------------------------------------------------------------

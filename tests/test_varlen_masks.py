@@ -5,18 +5,15 @@ the attention kernel's arguments. No GPU; no compile except where named."""
 
 from __future__ import annotations
 
-import copy
-import json
 from typing import Any
 
 import pytest
 
-from frostc.description import parse_description
 from frostc.errors import DescriptionError, Problem
 from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
 from frostc.resolve import resolve
 from frostc.resolved import ResolvedPlan
-from frostc.validate import validate
+from tests.descriptions import check, edited, only
 
 
 def packed() -> dict[str, Any]:
@@ -62,35 +59,6 @@ def padded() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def changed(d: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    """A copy with dotted-path changes ("nodes.0.causal"); None deletes."""
-    d = copy.deepcopy(d)
-    for dotted, value in changes.items():
-        *parents, last = dotted.split(".")
-        table: Any = d
-        for part in parents:
-            table = table[int(part)] if isinstance(table, list) else table[part]
-        if value is None:
-            del table[last]
-        else:
-            table[last] = value
-    return d
-
-
-def check(d: dict[str, Any]):
-    return validate(parse_description(json.dumps(d), fmt="json"))
-
-
-def only(d: dict[str, Any], path: str, *words: str) -> Problem:
-    with pytest.raises(DescriptionError) as e:
-        check(d)
-    found = e.value.problems
-    assert [p.path for p in found] == [path], found
-    for word in words:
-        assert word in found[0].message, found[0]
-    return found[0]
-
-
 def resolved(d: dict[str, Any]) -> ResolvedPlan:
     return resolve(check(d))
 
@@ -129,14 +97,14 @@ def test_padded_node_and_its_mask() -> None:
 
 
 def test_padded_lengths_may_be_given_for_one_side() -> None:
-    (node,) = check(changed(padded(), **{"nodes.0.seq_len_q": None, "tensors.len_q": None})).nodes
+    (node,) = check(edited(padded(), **{"nodes.0.seq_len_q": None, "tensors.len_q": None})).nodes
     assert node.q_lengths is None and node.kv_lengths == "len_kv"
 
 
 def test_window_without_causal_and_bidirectional_windows() -> None:
-    d = changed(padded(), **{"nodes.0.causal": None, "nodes.0.window_right": 16})
+    d = edited(padded(), **{"nodes.0.causal": None, "nodes.0.window_right": 16})
     assert check(d).nodes[0].mask.flags == MaskFlags(right=True, left=True, bottom_right=True, softcap=True)
-    d = changed(padded(), **{"nodes.0.causal": None, "nodes.0.window_left": None, "nodes.0.diagonal_alignment": None})
+    d = edited(padded(), **{"nodes.0.causal": None, "nodes.0.window_left": None, "nodes.0.diagonal_alignment": None})
     assert check(d).nodes[0].mask.flags == MaskFlags(softcap=True)
 
 
@@ -145,7 +113,7 @@ def test_window_without_causal_and_bidirectional_windows() -> None:
 
 
 def test_forms_are_not_mixed() -> None:
-    d = changed(packed(), **{"nodes.0.seq_len_q": "len"})
+    d = edited(packed(), **{"nodes.0.seq_len_q": "len"})
     d["tensors"]["len"] = {"dtype": "int32", "dims": [8]}
     with pytest.raises(DescriptionError) as e:
         check(d)
@@ -153,49 +121,49 @@ def test_forms_are_not_mixed() -> None:
 
 
 def test_packed_needs_both_prefix_sums() -> None:
-    d = changed(packed(), **{"nodes.0.cu_seqlens_kv": None, "tensors.cu_kv": None})
+    d = edited(packed(), **{"nodes.0.cu_seqlens_kv": None, "tensors.cu_kv": None})
     only(d, "nodes[0].cu_seqlens_kv", "missing", "both cu_seqlens_q and cu_seqlens_kv")
 
 
 def test_length_tensors_are_int32_of_the_batch() -> None:
-    only(changed(packed(), **{"tensors.cu_kv.dtype": "fp32"}), "tensors.cu_kv.dtype", "int32")
-    only(changed(packed(), **{"tensors.cu_kv.dims": [7]}), "tensors.cu_kv.dims[0]", "batch + 1 7", "cu_seqlens_q's 9")
-    only(changed(padded(), **{"tensors.len_kv.dims": [5]}), "tensors.len_kv.dims[0]", "batch 5", "q's 4")
-    only(changed(packed(), **{"tensors.cu_q.dims": [9, 1]}), "tensors.cu_q.dims", "(b + 1,)", "rank 1")
+    only(edited(packed(), **{"tensors.cu_kv.dtype": "fp32"}), "tensors.cu_kv.dtype", "int32")
+    only(edited(packed(), **{"tensors.cu_kv.dims": [7]}), "tensors.cu_kv.dims[0]", "batch + 1 7", "cu_seqlens_q's 9")
+    only(edited(padded(), **{"tensors.len_kv.dims": [5]}), "tensors.len_kv.dims[0]", "batch 5", "q's 4")
+    only(edited(packed(), **{"tensors.cu_q.dims": [9, 1]}), "tensors.cu_q.dims", "(b + 1,)", "rank 1")
 
 
 def test_packed_shapes() -> None:
-    only(changed(packed(), **{"tensors.o.dims": [2999, 16, 128]}), "tensors.o.dims[0]", "tokens 2999", "q's 3000")
-    only(changed(packed(), **{"tensors.v.dims": [2500, 2, 128]}), "tensors.v.dims[1]", "kv heads 2", "k's 4")
-    only(changed(packed(), **{"tensors.lse.dims": [3000, 8]}), "tensors.lse.dims[1]", "heads 8", "q's 16")
-    only(changed(packed(), **{"tensors.q.dims": [1, 3000, 16, 128]}), "tensors.q.dims", "(tq, hq, d)", "rank 3")
+    only(edited(packed(), **{"tensors.o.dims": [2999, 16, 128]}), "tensors.o.dims[0]", "tokens 2999", "q's 3000")
+    only(edited(packed(), **{"tensors.v.dims": [2500, 2, 128]}), "tensors.v.dims[1]", "kv heads 2", "k's 4")
+    only(edited(packed(), **{"tensors.lse.dims": [3000, 8]}), "tensors.lse.dims[1]", "heads 8", "q's 16")
+    only(edited(packed(), **{"tensors.q.dims": [1, 3000, 16, 128]}), "tensors.q.dims", "(tq, hq, d)", "rank 3")
 
 
 def test_packed_layout_letters() -> None:
-    only(changed(packed(), **{"tensors.lse.layout": "bs"}), "tensors.lse.layout", 'not a permutation of "th"')
-    d = changed(packed(), **{"tensors.q.layout": "htd"})
+    only(edited(packed(), **{"tensors.lse.layout": "bs"}), "tensors.lse.layout", 'not a permutation of "th"')
+    d = edited(packed(), **{"tensors.q.layout": "htd"})
     assert check(d).tensor("q").strides == (128, 3000 * 128, 1)
 
 
 def test_capacities() -> None:
-    only(changed(packed(), **{"nodes.0.max_seqlen_q": 3001}), "nodes[0].max_seqlen_q", "3000 tokens")
-    only(changed(packed(), **{"nodes.0.max_seqlen_q": 0}), "nodes[0].max_seqlen_q", "at least 1")
-    only(changed(padded(), **{"nodes.0.max_seqlen_kv": 100}), "nodes[0].max_seqlen_kv", "packed form", "remove it")
+    only(edited(packed(), **{"nodes.0.max_seqlen_q": 3001}), "nodes[0].max_seqlen_q", "3000 tokens")
+    only(edited(packed(), **{"nodes.0.max_seqlen_q": 0}), "nodes[0].max_seqlen_q", "at least 1")
+    only(edited(padded(), **{"nodes.0.max_seqlen_kv": 100}), "nodes[0].max_seqlen_kv", "packed form", "remove it")
 
 
 def test_contradictory_and_idle_mask_keys() -> None:
-    only(changed(padded(), **{"nodes.0.window_right": 8}), "nodes[0].window_right", "causal = true", "drop")
-    assert check(changed(padded(), **{"nodes.0.window_right": 0})).nodes[0].mask.window_right == 0  # the same
-    d = changed(padded(), **{"nodes.0.causal": None, "nodes.0.window_left": None})
+    only(edited(padded(), **{"nodes.0.window_right": 8}), "nodes[0].window_right", "causal = true", "drop")
+    assert check(edited(padded(), **{"nodes.0.window_right": 0})).nodes[0].mask.window_right == 0  # the same
+    d = edited(padded(), **{"nodes.0.causal": None, "nodes.0.window_left": None})
     only(d, "nodes[0].diagonal_alignment", "does nothing", "causal = true")
-    only(changed(padded(), **{"nodes.0.window_left": -1}), "nodes[0].window_left", "at least 0")
-    only(changed(padded(), **{"nodes.0.diagonal_alignment": "left"}), "nodes[0].diagonal_alignment", "top_left")
-    only(changed(padded(), **{"nodes.0.softcap": 0.0}), "nodes[0].softcap", "> 0")
-    only(changed(padded(), **{"nodes.0.softcap": "50"}), "nodes[0].softcap", "expected a float")
+    only(edited(padded(), **{"nodes.0.window_left": -1}), "nodes[0].window_left", "at least 0")
+    only(edited(padded(), **{"nodes.0.diagonal_alignment": "left"}), "nodes[0].diagonal_alignment", "top_left")
+    only(edited(padded(), **{"nodes.0.softcap": 0.0}), "nodes[0].softcap", "> 0")
+    only(edited(padded(), **{"nodes.0.softcap": "50"}), "nodes[0].softcap", "expected a float")
 
 
 def test_unknown_key_is_suggested_from_the_ops_keys() -> None:
-    only(changed(packed(), **{"nodes.0.cu_seqlen_q": "cu_q"}), "nodes[0].cu_seqlen_q", "did you mean 'cu_seqlens_q'")
+    only(edited(packed(), **{"nodes.0.cu_seqlen_q": "cu_q"}), "nodes[0].cu_seqlen_q", "did you mean 'cu_seqlens_q'")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,7 +228,7 @@ def test_length_contracts() -> None:
 
 
 def test_dense_masks_resolve_to_one_launch() -> None:
-    d = changed(padded(), **{"nodes.0.seq_len_q": None, "nodes.0.seq_len_kv": None, "tensors.len_q": None,
+    d = edited(padded(), **{"nodes.0.seq_len_q": None, "nodes.0.seq_len_kv": None, "tensors.len_q": None,
                              "tensors.len_kv": None})  # fmt: skip
     plan = resolved(d)
     (launch,) = plan.launches
@@ -269,27 +237,27 @@ def test_dense_masks_resolve_to_one_launch() -> None:
 
 
 def test_padded_rows_must_be_whole_rows_apart() -> None:
-    d = changed(padded(), **{f"tensors.{t}.layout": "sbhd" for t in ("q", "k", "v")})
+    d = edited(padded(), **{f"tensors.{t}.layout": "sbhd" for t in ("q", "k", "v")})
     found = declined(d)
     assert {p.path for p in found} == {"tensors.q.strides[0]", "tensors.k.strides[0]", "tensors.v.strides[0]"}
     assert "whole rows between sequences" in found[0].message
 
 
 def test_length_tensors_must_be_contiguous() -> None:
-    d = changed(packed(), **{"tensors.cu_q.strides": [2]})
+    d = edited(packed(), **{"tensors.cu_q.strides": [2]})
     (problem,) = declined(d)
     assert problem.path == "tensors.cu_q.strides[0]" and "contiguous" in problem.message
 
 
 def test_tokens_over_int32_are_declined_with_the_path() -> None:
-    d = changed(packed(), **{"tensors.q.dims": [1 << 31, 16, 128], "tensors.o.dims": [1 << 31, 16, 128],
+    d = edited(packed(), **{"tensors.q.dims": [1 << 31, 16, 128], "tensors.o.dims": [1 << 31, 16, 128],
                              "tensors.lse": None, "nodes.0.lse": None})  # fmt: skip
     (problem,) = declined(d)
     assert problem.path == "tensors.q.dims[0]" and "int32" in problem.message
 
 
 def test_dense_tile_count_over_int32_is_declined_not_a_traceback() -> None:
-    d = changed(padded(), **{"nodes.0.seq_len_q": None, "nodes.0.seq_len_kv": None, "tensors.len_q": None,
+    d = edited(padded(), **{"nodes.0.seq_len_q": None, "nodes.0.seq_len_kv": None, "tensors.len_q": None,
                              "tensors.len_kv": None, "tensors.q.dims": [65536, 8, 1 << 20, 64],
                              "tensors.o.dims": [65536, 8, 1 << 20, 64], "tensors.k.dims": [65536, 8, 64, 64],
                              "tensors.v.dims": [65536, 8, 64, 64]})  # fmt: skip

@@ -1,6 +1,6 @@
 """The ops a description's nodes can name, each in a module of its own.
 
-An op's module holds everything about it: its description keys (`keys`), the checks of a node
+An op's module holds everything about it: its description keys (`KEYS`), the checks of a node
 (`validate`, through a `frostc.validate.NodeContext`), its support rules and its resolution
 into launches (`resolve`, through a `frostc.resolve.ResolveContext`), and the kernel variants
 it picks. The generic stages dispatch through `OPS`; adding an op is a new module and one
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class Op(Protocol):
-    keys: tuple[str, ...]  # every key a node of this op may hold, besides op and name
+    KEYS: tuple[str, ...]  # every key a node of this op may hold, besides op and name
 
     def validate(self, ctx: NodeContext) -> Node | None:
         """The validated node, or None when the node's own checks found problems (in ctx)."""

@@ -34,12 +34,11 @@ if TYPE_CHECKING:
     from frostc.resolve import ResolveContext
     from frostc.validate import CheckedTensor, NodeContext
 
-keys = (
+KEYS = (
     "q", "k", "v", "o", "lse",
     "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "max_seqlen_q", "max_seqlen_kv",
     "attn_scale", "causal", "diagonal_alignment", "window_left", "window_right", "softcap", "inference",
 )  # fmt: skip
-KEYS = keys
 
 ALIGNMENTS = ("top_left", "bottom_right")
 DATA_DTYPES = ("bf16", "fp16")  # q, k, v and o
@@ -433,7 +432,8 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
             )
 
 
-def _letters(form: str, rank: int) -> str:
+def _letters(form: str) -> str:
+    """The logical dims of q, k, v and o in the node's form."""
     return "thd" if form == "packed" else "bhsd"
 
 
@@ -445,7 +445,7 @@ def _check_row_layout(t: Tensor, form: str, ctx: ResolveContext) -> None:
             f"the head dim must be innermost (stride 1), found stride {t.strides[-1]}; "
             f'use a layout ending in d, such as "{"thd" if form == "packed" else "bshd"}" or "bhsd"',
         )
-    letters = _letters(form, len(t.dims))
+    letters = _letters(form)
     for i, letter in enumerate(letters[:-1]):
         if t.dims[i] > 1 and t.strides[i] % ROW_ALIGN_ELEMS:
             ctx.problem(
@@ -457,7 +457,7 @@ def _check_row_layout(t: Tensor, form: str, ctx: ResolveContext) -> None:
 
 def _check_tma_strides(t: Tensor, form: str, ctx: ResolveContext) -> None:
     """Q, K and V are loaded through TMA tensor maps, whose strides must stay under 2**40 bytes."""
-    letters = _letters(form, len(t.dims))
+    letters = _letters(form)
     for i, letter in enumerate(letters[:-1]):
         if t.dims[i] > 1 and t.strides[i] * ELEMENT_BYTES >= TMA_STRIDE_LIMIT:
             ctx.problem(
