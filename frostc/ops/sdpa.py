@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
-from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant, tiles_for_head_dim
+from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
 from frostc.resolved import Arg, ResolvedLaunch
@@ -344,9 +344,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     _check_supported(node, ctx)
     if len(ctx.problems) > before:
         return ()
-    variant = SdpaFwdVariant(
-        ctx.slot(node.q).dtype, node.head_dim, node.mask.flags, node.lse is not None, varlen=node.form != "dense"
-    )
+    variant = _variant(node, ctx)
     if node.form == "dense":
         return (_attention_launch(node, variant, ctx, None),)
     _record_length_contracts(node, ctx)
@@ -370,6 +368,21 @@ def _record_length_contracts(node: Sdpa, ctx: ResolveContext) -> None:
         if name is not None:
             kind = "offsets" if node.form == "packed" else "lengths"
             ctx.length_contract(name, kind, longest, total if kind == "offsets" else 0)
+
+
+def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
+    """The attention kernel's compile key (its tiles follow from it)."""
+    return SdpaFwdVariant(
+        ctx.slot(node.q).dtype, node.head_dim, node.mask.flags, node.lse is not None, varlen=node.form != "dense"
+    )
+
+
+def _tile_capacity(node: Sdpa, block_m: int) -> int:
+    """The attention launch's grid x: its tiles (fixed shapes), or the most any lengths within
+    the capacities make (variable lengths)."""
+    if node.form == "dense":
+        return -(-node.seq_q // block_m) * node.heads_q * node.batch
+    return _unit_capacity(node, block_m) * node.heads_q
 
 
 def _unit_capacity(node: Sdpa, block_m: int) -> int:
@@ -416,14 +429,9 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
                 )
     if node.form == "padded":
         _check_padded_rows(node, ctx)
-    flags = node.mask.flags
-    tiles = tiles_for_head_dim(node.head_dim, flags.left) if node.head_dim in HEAD_DIMS else None
-    if tiles is not None:
-        count = (
-            -(-node.seq_q // tiles.block_m) * node.heads_q * node.batch
-            if node.form == "dense"
-            else _unit_capacity(node, tiles.block_m) * node.heads_q
-        )
+    if node.head_dim in HEAD_DIMS:
+        tiles = _variant(node, ctx).tile_shape
+        count = _tile_capacity(node, tiles.block_m)
         if count > INT32_MAX:
             ctx.problem(
                 f"{q.path}.dims",
@@ -533,11 +541,8 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
         strides["o"], strides["lse"],
     )  # fmt: skip
     shape = (tuple(ints[p] for p in INT_PARAMS), tile_strides)
-    if varlen:
-        tiles = _unit_capacity(node, variant.tile_shape.block_m) * node.heads_q
-    else:
-        tiles = -(-node.seq_q // variant.tile_shape.block_m) * node.heads_q * node.batch
-    return ResolvedLaunch(node.name, variant, (tiles, 1, 1), tuple(args), shape)
+    grid = (_tile_capacity(node, variant.tile_shape.block_m), 1, 1)
+    return ResolvedLaunch(node.name, variant, grid, tuple(args), shape)
 
 
 def _schedule_launch(node: Sdpa, tiles, units: int, workspace: dict[str, int], ctx: ResolveContext) -> ResolvedLaunch:

@@ -525,12 +525,7 @@ def check_plan(plan: PlanData) -> None:
         if len(launch.args) != len(params):
             raise PlanFormatError(f"{where}.args: {len(launch.args)} arguments for {len(params)} parameters")
         for j, (arg, param) in enumerate(zip(launch.args, params)):
-            _check_arg(arg, param, len(plan.slots), f"{where}.args[{j}]")
-            if arg.workspace >= 0 and arg.workspace >= plan.workspace_bytes:
-                raise PlanFormatError(
-                    f"{where}.args[{j}].workspace: offset {arg.workspace} is outside the "
-                    f"{plan.workspace_bytes}-byte workspace"
-                )
+            _check_arg(arg, param, len(plan.slots), plan.workspace_bytes, f"{where}.args[{j}]")
 
 
 def _check_lengths(plan: PlanData) -> None:
@@ -560,7 +555,7 @@ def _check_workspace(plan: PlanData) -> None:
             )
 
 
-def _check_arg(arg: Arg, param: Param, n_slots: int, where: str) -> None:
+def _check_arg(arg: Arg, param: Param, n_slots: int, workspace_bytes: int, where: str) -> None:
     if param.kind == "tmap" or arg.tmap:
         if param.kind != "tmap" or len(arg.tmap) != PARAM_KINDS["tmap"] or not 0 <= arg.slot < n_slots:
             raise PlanFormatError(
@@ -581,6 +576,10 @@ def _check_arg(arg: Arg, param: Param, n_slots: int, where: str) -> None:
     if arg.workspace >= 0:
         if param.kind != "ptr" or arg.slot >= 0:
             raise PlanFormatError(f"{where}: a workspace offset bound to {param.kind} parameter {param.name!r}")
+        if arg.workspace >= workspace_bytes:
+            raise PlanFormatError(
+                f"{where}.workspace: offset {arg.workspace} is outside the {workspace_bytes}-byte workspace"
+            )
         return
     if arg.slot >= 0:
         if param.kind != "ptr":
