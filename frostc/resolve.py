@@ -46,8 +46,14 @@ class ResolveContext:
         self.problems.append(Problem(path, message))
 
     def length_contract(self, tensor: str, kind: str, longest: int, total: int = 0) -> None:
-        """Record what the plan assumes of a slot of sequence lengths (checked on request only)."""
-        self.lengths.append(LengthContract(self.slots[tensor].index, kind, longest, total))
+        """Record what the plan assumes of a slot of sequence lengths (checked on request only).
+        A slot several nodes (or roles) read keeps one contract of each kind: the tightest."""
+        index = self.slots[tensor].index
+        for i, c in enumerate(self.lengths):
+            if c.slot == index and c.kind == kind:
+                self.lengths[i] = LengthContract(index, kind, min(c.longest, longest), min(c.total, total))
+                return
+        self.lengths.append(LengthContract(index, kind, longest, total))
 
     def workspace(self, name: str, nbytes: int) -> int:
         """Carve a region of `nbytes` out of the caller's workspace; returns its byte offset."""

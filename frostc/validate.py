@@ -67,9 +67,10 @@ def validate(desc: Description) -> Graph:
         problems.append(Problem("nodes", 'no nodes; add a [[nodes]] table, e.g. op = "sdpa"'))
     is_output = _check_uses(contexts, checked, problems)
     for name, c in checked.items():
-        c.strides = _resolve_strides(c, [u for ctx in contexts for u in ctx.uses if u.tensor == name], problems)
+        uses = [u for ctx in contexts for u in ctx.uses if u.tensor == name]
+        c.strides = _resolve_strides(c, uses, problems)
         if is_output[name]:
-            _check_no_overlap(c, problems)
+            _check_no_overlap(c, uses[0].letters if uses else None, problems)
     if problems:
         raise DescriptionError(problems)
     tensors = tuple(
@@ -256,7 +257,7 @@ def _first_overlap(dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int
     return None
 
 
-def _check_no_overlap(c: CheckedTensor, problems: list[Problem]) -> None:
+def _check_no_overlap(c: CheckedTensor, letters: str | None, problems: list[Problem]) -> None:
     # Only explicit strides can overlap; outputs must not (the kernel would race on its writes).
     if c.dims is None or c.strides is None or len(c.dims) != len(c.strides):
         return
@@ -264,7 +265,9 @@ def _check_no_overlap(c: CheckedTensor, problems: list[Problem]) -> None:
     if found is None:
         return
     i, span = found
-    letter = {4: "bhsd", 3: "bhs"}.get(len(c.dims), "?" * len(c.dims))[i]
+    if letters is None or len(letters) != len(c.dims):
+        letters = "?" * len(c.dims)
+    letter = letters[i]
     message = (
         f"strides {list(c.strides)} make distinct elements of output {c.decl.name!r} overlap: "
         f"dim {i} ({letter}, extent {c.dims[i]}) has stride {c.strides[i]} but the dims with smaller "
@@ -302,7 +305,13 @@ class Use:
     path: str  # "nodes[0].q"
     letters: str  # the logical dims' letters in this role, e.g. "bhsd"
     dims: str  # the role's dims for messages, e.g. "(b, hq, sq, d)"
-    is_output: bool
+    access: str  # "read" | "write" | "update" (read and written in place, e.g. a KV cache)
+    node: int  # the using node's index
+
+    @property
+    def is_output(self) -> bool:
+        """Whether the node writes the tensor (an update does too)."""
+        return self.access != "read"
 
 
 @dataclass
@@ -339,9 +348,13 @@ class NodeContext:
         """A problem found through this node but located elsewhere (a tensor's dims, say)."""
         self.problems.append(Problem(path, message))
 
-    def tensor(self, role: str, *, letters: str, dims: str, output: bool = False, required: bool = True):
+    def tensor(
+        self, role: str, *, letters: str, dims: str, output: bool = False, updated: bool = False, required: bool = True
+    ):
         """The tensor named by key `role`, recorded as a use with the role's logical dims;
-        None when absent or invalid. Its rank is checked against the role's."""
+        None when absent or invalid. Its rank is checked against the role's. `output`: the node
+        writes it; `updated`: the node reads and writes it in place (it is an output of the
+        plan, other nodes may read it, before or after, but no other node may write it whole)."""
         ref = self.value(role)
         path = self.at(role)
         if ref is None:
@@ -355,7 +368,8 @@ class NodeContext:
             declared = f"declared tensors: {', '.join(self.tensors)}" if self.tensors else "no tensors are declared"
             self.problems.append(Problem(path, f"no tensor named {json.dumps(ref)}; {declared}"))
             return None
-        self.uses.append(Use(ref, role, path, letters, dims, output))
+        access = "update" if updated else "write" if output else "read"
+        self.uses.append(Use(ref, role, path, letters, dims, access, self.index))
         c = self.tensors[ref]
         if c.dims is not None and len(c.dims) != len(letters):
             message = f"{role} dims must be {dims} (rank {len(letters)}), got rank {len(c.dims)}"
@@ -422,9 +436,10 @@ def _check_uses(
     # without nodes, "no nodes" says it all; a node of unknown op may use any tensor
     report_unused = bool(contexts) and all(ctx.op_known for ctx in contexts)
     for name, c in checked.items():
-        reads = [u.path for u in uses[name] if not u.is_output]
-        writes = [u.path for u in uses[name] if u.is_output]
-        if not reads and not writes and report_unused:
+        reads = [u.path for u in uses[name] if u.access == "read"]
+        writes = [u.path for u in uses[name] if u.access == "write"]
+        updates = [u for u in uses[name] if u.access == "update"]
+        if not uses[name] and report_unused:
             problems.append(Problem(c.path, "declared but not used by any node; remove it or use it"))
         if reads and writes:
             message = f"tensor {name!r} is used as an input ({reads[0]}) and an output; a tensor cannot be both"
@@ -432,16 +447,55 @@ def _check_uses(
         for again in writes[1:]:
             message = f"tensor {name!r} is already an output ({writes[0]}); each output needs its own tensor"
             problems.append(Problem(again, message))
-        if reads or writes:
-            is_output[name] = bool(writes)
-            _check_io(c, reads, writes, problems)
+        # (a node that writes what it updates itself is _check_updated_by_one_role's to report)
+        updating = {u.node for u in updates}
+        foreign = [u.path for u in uses[name] if u.access == "write" and u.node not in updating]
+        if updates and foreign:
+            message = (
+                f"tensor {name!r} is updated in place ({updates[0].path}) and written as an output here; "
+                "an updated tensor is written by its updating nodes only: give this output its own tensor"
+            )
+            problems.append(Problem(foreign[0], message))
+        _check_updated_by_one_role(name, uses[name], problems)
+        if uses[name]:
+            is_output[name] = bool(writes or updates)
+            _check_io(c, reads, writes, [u.path for u in updates], problems)
         else:
             is_output[name] = c.io == "output"  # unused: only io can tell (and it is an error anyway)
     return is_output
 
 
-def _check_io(c: CheckedTensor, reads: list[str], writes: list[str], problems: list[Problem]) -> None:
+def _check_updated_by_one_role(name: str, uses: list[Use], problems: list[Problem]) -> None:
+    """A node that updates a tensor in place reaches it through that one role: reading or
+    writing it through another would race with the update."""
+    by_node: dict[int, list[Use]] = {}
+    for use in uses:
+        by_node.setdefault(use.node, []).append(use)
+    for same_node in by_node.values():
+        update = next((u for u in same_node if u.access == "update"), None)
+        if update is None:
+            continue
+        for other in same_node:
+            if other is not update:
+                message = (
+                    f"tensor {name!r} is updated in place by {update.path} of the same node; a node cannot "
+                    "also read or write a tensor it updates: give this role its own tensor"
+                )
+                problems.append(Problem(other.path, message))
+
+
+def _check_io(
+    c: CheckedTensor, reads: list[str], writes: list[str], updates: list[str], problems: list[Problem]
+) -> None:
     if c.io is None or (reads and writes):  # both is reported already
+        return
+    if updates:  # read and written in place: an output of the plan
+        if c.io != "output":
+            message = (
+                f'io = "{c.io}" but the tensor is updated in place ({updates[0]}): the plan writes it; '
+                'write io = "output" or leave io out'
+            )
+            problems.append(Problem(c.at("io"), message))
         return
     used_as = "output" if writes else "input"
     if c.io != used_as:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from frostc.ops import sdpa
+from frostc.ops import kv_append, sdpa
 
 if TYPE_CHECKING:
     from frostc.graph import Node
@@ -30,4 +30,4 @@ class Op(Protocol):
         """The node's launches, in order; unsupported declarations are problems in ctx."""
 
 
-OPS: dict[str, Op] = {"sdpa": sdpa}
+OPS: dict[str, Op] = {"sdpa": sdpa, "kv_append": kv_append}

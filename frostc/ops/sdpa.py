@@ -9,6 +9,10 @@ support, and how a node becomes launches. Three forms of sequence lengths:
           (int32, (b,)) giving each sequence's length; either may be left out
   packed  q (tq, hq, d), k and v (tkv, hkv, d), o (tq, hq, d), lse (tq, hq): the sequences one
           after another, with cu_seqlens_q / cu_seqlens_kv (int32, (b + 1,), prefix sums)
+  paged   q (b, hq, s_new, d) a few new tokens per sequence, k and v a paged KV cache
+          (pages, page_size, hkv, d), page_table (int32, (b, max_pages)) and seq_len_kv (int32,
+          (b,)): each sequence's keys are its first seq_len_kv cache positions, position p in
+          page page_table[b, p // page_size]; resolved by `frostc.ops.sdpa_paged` (split-KV)
 
 Variable lengths stay on the device: the plan fixes capacities (batch, tokens or rows,
 max_seqlen_*), a scheduling kernel of the same plan turns the lengths into a tile list in the
@@ -27,6 +31,7 @@ from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
 from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
+from frostc.ops import sdpa_paged
 from frostc.resolved import Arg, ResolvedLaunch
 
 if TYPE_CHECKING:
@@ -38,6 +43,7 @@ KEYS = (
     "q", "k", "v", "o", "lse",
     "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "max_seqlen_q", "max_seqlen_kv",
     "attn_scale", "causal", "diagonal_alignment", "window_left", "window_right", "softcap", "inference",
+    "page_table",
 )  # fmt: skip
 
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -66,12 +72,26 @@ _PACKED_DIMS = {
     "cu_seqlens_q": ("b + 1",),
     "cu_seqlens_kv": ("b + 1",),
 }
+_PAGED_DIMS = {
+    "q": ("b", "hq", "sq", "d"),
+    "k": ("pages", "page_size", "hkv", "d"),
+    "v": ("pages", "page_size", "hkv", "dv"),
+    "o": ("b", "hq", "sq", "dv"),
+    "lse": ("b", "hq", "sq"),
+    "page_table": ("b", "max_pages"),
+    "seq_len_kv": ("b",),
+}
+PAGE_SIZE_STEP = 16  # page sizes are multiples of this (a TMA box of the cache never spans pages)
+MAX_PAGE_SIZE = 256
+MAX_NEW_TOKENS = 16  # query tokens per sequence in the paged form (speculative decoding, chunks)
 _DIM_WORDS = {
     "b": "batch", "hq": "heads", "sq": "sequence length", "d": "head dim", "hkv": "kv heads",
     "skv": "kv sequence length", "dv": "head dim", "tq": "tokens", "tkv": "kv tokens", "b + 1": "batch + 1",
+    "pages": "pages", "page_size": "page size", "max_pages": "pages per sequence",
 }  # fmt: skip
 _LETTERS = {"b": "b", "hq": "h", "hkv": "h", "sq": "s", "skv": "s", "d": "d", "dv": "d", "tq": "t", "tkv": "t"}
-_LETTERS["b + 1"] = "b"
+_LETTERS |= {"b + 1": "b", "pages": "p", "page_size": "s", "max_pages": "p"}
+_DIMS_OF_FORM = {"dense": _DENSE_DIMS, "padded": _DENSE_DIMS, "packed": _PACKED_DIMS, "paged": _PAGED_DIMS}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,7 +129,7 @@ class Sdpa:
     v: str
     o: str
     lse: str | None
-    form: str  # "dense" | "padded" | "packed"
+    form: str  # "dense" | "padded" | "packed" | "paged"
     q_lengths: str | None  # seq_len_q or cu_seqlens_q
     kv_lengths: str | None
     batch: int
@@ -123,6 +143,9 @@ class Sdpa:
     attn_scale: float  # resolved: 1/sqrt(head_dim) when not given
     mask: Mask
     inference: bool
+    page_table: str | None = None  # paged: seq_kv is max_pages * page_size, the capacity
+    page_size: int = 0
+    pages: int = 0
 
     @property
     def causal(self) -> bool:
@@ -131,6 +154,8 @@ class Sdpa:
     @property
     def inputs(self) -> tuple[tuple[str, str], ...]:
         roles = [("q", self.q), ("k", self.k), ("v", self.v)]
+        if self.form == "paged":
+            return tuple(roles) + (("page_table", self.page_table), ("seq_len_kv", self.kv_lengths))
         length_keys = PACKED_KEYS if self.form == "packed" else PADDED_KEYS
         roles += [(key, name) for key, name in zip(length_keys, (self.q_lengths, self.kv_lengths)) if name]
         return tuple(roles)
@@ -147,8 +172,9 @@ class Sdpa:
 def validate(ctx: NodeContext) -> Sdpa | None:
     before = len(ctx.problems)
     form = _check_form(ctx)
-    dims_of = _PACKED_DIMS if form == "packed" else _DENSE_DIMS
-    roles = ["q", "k", "v", "o", "lse"] + (list(PACKED_KEYS) if form == "packed" else list(PADDED_KEYS))
+    dims_of = _DIMS_OF_FORM[form]
+    roles = list(dims_of) if form == "paged" else ["q", "k", "v", "o", "lse"]
+    roles += {"packed": list(PACKED_KEYS), "paged": []}.get(form, list(PADDED_KEYS))
     tensors: dict[str, CheckedTensor] = {}
     for role in roles:
         names = dims_of[role]
@@ -157,13 +183,14 @@ def validate(ctx: NodeContext) -> Sdpa | None:
             letters="".join(_LETTERS[n] for n in names),
             dims=f"({', '.join(names)})" if len(names) > 1 else f"({names[0]},)",
             output=role in ("o", "lse"),
-            required=role in ("q", "k", "v", "o"),  # a missing cu_seqlens_* is _check_form's to report
+            # a missing cu_seqlens_* is _check_form's to report, a paged node's lengths are not
+            required=role in ("q", "k", "v", "o") or (form == "paged" and role != "lse"),
         )
         if c is not None:
             tensors[role] = c
     sizes = _check_shapes(tensors, dims_of, ctx)
     _check_dtypes(tensors, ctx)
-    mask = _check_mask(ctx)
+    mask = _check_mask(ctx, form)
     scale = ctx.positive_float("attn_scale", "omit it for the default 1/sqrt(head dim)")
     inference = ctx.bool("inference")
     if inference is False and not ctx.given("lse"):
@@ -176,6 +203,7 @@ def validate(ctx: NodeContext) -> Sdpa | None:
     if len(ctx.problems) > before or ctx.name is None or sizes is None or mask is None or capacities is None:
         return None
     seq_q, seq_kv, tokens_q, tokens_kv = capacities
+    paged = form == "paged"
     return Sdpa(
         name=ctx.name,
         path=ctx.path,
@@ -198,12 +226,27 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         attn_scale=scale if scale is not None else 1.0 / math.sqrt(sizes["d"]),
         mask=mask,
         inference=inference is not False,
+        page_table=ctx.value("page_table") if paged else None,
+        page_size=sizes["page_size"] if paged else 0,
+        pages=sizes["pages"] if paged else 0,
     )
 
 
 def _check_form(ctx: NodeContext) -> str:
     packed = [k for k in PACKED_KEYS if ctx.given(k)]
     padded = [k for k in PADDED_KEYS if ctx.given(k)]
+    if ctx.given("page_table"):
+        for key in (
+            packed
+            + [k for k in padded if k != "seq_len_kv"]
+            + [k for k in ("max_seqlen_q", "max_seqlen_kv") if ctx.given(k)]
+        ):
+            ctx.problem(
+                key,
+                f"a paged node (page_table) takes each sequence's cache length from seq_len_kv and its "
+                f"query tokens from q's s dim (every sequence has that many new tokens): remove {key}",
+            )
+        return "paged"
     if packed and padded:
         ctx.problem(
             padded[0],
@@ -253,6 +296,20 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
         message = f"q has {hq} heads and k has {hkv}; GQA needs hq % hkv == 0, but {hq} % {hkv} = {hq % hkv}"
         ctx.problems_at(tensors["k"].at("dims[1]"), message)
         ok = False
+    if "page_size" in sizes and (sizes["page_size"] % PAGE_SIZE_STEP or sizes["page_size"] > MAX_PAGE_SIZE):
+        message = (
+            f"page size {sizes['page_size']} is not supported: pages hold a multiple of {PAGE_SIZE_STEP} "
+            f"tokens, at most {MAX_PAGE_SIZE} (16, 32, 64, 128 and 256 are the common sizes)"
+        )
+        ctx.problems_at(tensors["k"].at("dims[1]"), message)
+        ok = False
+    if "page_size" in sizes and "sq" in sizes and not 1 <= sizes["sq"] <= MAX_NEW_TOKENS:
+        message = (
+            f"{sizes['sq']} new query tokens per sequence; the paged form takes 1 (decode) to "
+            f"{MAX_NEW_TOKENS} (speculative decoding, chunked prefill): split longer chunks into several steps"
+        )
+        ctx.problems_at(tensors["q"].at("dims[2]"), message)
+        ok = False
     if "b + 1" in sizes and sizes["b + 1"] < 2:
         ctx.problems_at(tensors["cu_seqlens_q"].at("dims[0]"), "cu_seqlens has batch + 1 entries: at least 2")
         ok = False
@@ -273,11 +330,13 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext) -> None:
                 ctx.problems_at(c.at("dtype"), message)
         elif role == "lse" and c.dtype != LSE_DTYPE:
             ctx.problems_at(c.at("dtype"), f'lse must be {LSE_DTYPE}, got "{c.dtype}"')
-        elif role not in ("q", "k", "v", "o", "lse") and c.dtype != LENGTH_DTYPE:
+        elif role == "page_table" and c.dtype != LENGTH_DTYPE:
+            ctx.problems_at(c.at("dtype"), f'page_table holds page ids: it must be {LENGTH_DTYPE}, got "{c.dtype}"')
+        elif role not in ("q", "k", "v", "o", "lse", "page_table") and c.dtype != LENGTH_DTYPE:
             ctx.problems_at(c.at("dtype"), f'{role} holds sequence lengths: it must be {LENGTH_DTYPE}, got "{c.dtype}"')
 
 
-def _check_mask(ctx: NodeContext) -> Mask | None:
+def _check_mask(ctx: NodeContext, form: str) -> Mask | None:
     before = len(ctx.problems)
     causal = ctx.bool("causal")
     alignment = ctx.choice("diagonal_alignment", ALIGNMENTS, "diagonal alignment")
@@ -296,6 +355,9 @@ def _check_mask(ctx: NodeContext) -> Mask | None:
             "places the diagonal of causal = true or of a window; with neither it does nothing: "
             "add causal = true (or window_left / window_right), or remove diagonal_alignment",
         )
+    if form == "paged":
+        _check_paged_mask(ctx, alignment, left, right, softcap)
+        alignment = "bottom_right"  # the new tokens are the cache's last
     if len(ctx.problems) > before:
         return None
     if causal:
@@ -303,8 +365,25 @@ def _check_mask(ctx: NodeContext) -> Mask | None:
     return Mask(bool(causal), alignment or "top_left", left, right, softcap)
 
 
+def _check_paged_mask(ctx: NodeContext, alignment, left, right, softcap) -> None:
+    if alignment == "top_left":
+        ctx.problem(
+            "diagonal_alignment",
+            'a paged node\'s new tokens are the last of each cache, so its diagonal is "bottom_right": '
+            "remove diagonal_alignment (or write bottom_right)",
+        )
+    for key, value in (("window_left", left), ("window_right", right), ("softcap", softcap)):
+        if value is not None:
+            ctx.problem(key, f"{key} is not supported in the paged form yet (causal or no mask): remove it")
+
+
 def _check_capacities(ctx: NodeContext, form: str, sizes: dict[str, int] | None) -> tuple[int, int, int, int] | None:
     """(seq_q, seq_kv, tokens_q, tokens_kv): lengths (dense) or capacities (variable)."""
+    if form == "paged":
+        if sizes is None or not {"b", "sq", "max_pages", "page_size"} <= sizes.keys():
+            return None
+        seq_kv = sizes["max_pages"] * sizes["page_size"]
+        return sizes["sq"], seq_kv, sizes["b"] * sizes["sq"], sizes["b"] * seq_kv
     if form != "packed":
         for key in ("max_seqlen_q", "max_seqlen_kv"):
             if ctx.given(key):
@@ -340,6 +419,8 @@ INT32_MAX = (1 << 31) - 1
 
 
 def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
+    if node.form == "paged":
+        return sdpa_paged.resolve(node, ctx)
     before = len(ctx.problems)
     _check_supported(node, ctx)
     if len(ctx.problems) > before:

@@ -1,0 +1,668 @@
+"""Attention over a paged KV cache for sm_90a (decode: a few new query tokens per sequence),
+split-KV, at the memory-bandwidth limit.
+
+- Work: one CTA per (key split, KV head and query-row block, sequence). The query heads that
+  share a KV head are processed together (GQA packing): the CTA's rows are the pairs
+  (new token t, head g of the group), g fastest, so every K/V page is read once per KV head.
+  Rows are at most 64 per CTA (one WGMMA warpgroup); more make more row blocks.
+- Split-KV: split s covers keys [s·chunk, (s + 1)·chunk) of its sequence; the plan fixes the
+  chunk at build (from the capacities and the SM count). A split past a sequence's length
+  exits at once. With one split the CTA writes O (and LSE) itself; with several it writes its
+  partial O (normalized, fp32) and LSE (natural log) to the workspace, and the combine kernel
+  (`sdpa_decode_combine.py`) merges the sequence's splits.
+- Loads: a producer warp (one thread issues) brings K and V in blocks of `block_n` keys through
+  TMA into a `stages`-deep ring, box by box: a box is `box_rows` = gcd(page size, block_n) keys
+  of one page, so it never crosses a page. Pages come from the page table (device memory, read
+  a block ahead). The cache is seen through the same "ragged" tensor maps as the variable-length
+  prefill kernel: each box is addressed as a tensor of `valid` rows, so rows past the sequence's
+  end (and whole boxes past it, or a page id outside the cache) are zero-filled by the TMA unit
+  and never read; the mask then removes those keys.
+- Consumer warpgroup (128 threads): Q rows loaded with 16-byte loads into the WGMMA layout
+  (rows past the CTA's last are zeros), then per block S = Q Kᵀ (WGMMA, fp32), online softmax
+  (`OnlineSoftmax`), O += P V with P from registers; S of block j is issued with P V of block
+  j - 1 and its softmax runs while P V still runs. Masked: keys at or past the sequence's end,
+  and with causal the keys past each new token's diagonal (bottom-right: token t of n sees
+  keys < len - n + t + 1).
+
+Modes the kernel sees (element strides; the innermost head-dim stride is 1, checked at build):
+  K, V cache : (page_size, d, h_kv, pages) pages of rows; TMA views ragged like the prefill
+               kernel's: (rows, d, h_kv, wrap, start) with start = page · rows_per_page + row
+  Q, O       : (b, h_q, s_new, d) at any strides; LSE (b, h_q, s_new)
+"""
+
+import math
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.runtime import make_fake_stream, make_ptr
+from cutlass.cute.typing import AddressSpace
+from cutlass.tensor_utils import LayoutEnum
+
+from frostc.kernels.sdpa_common import dsl_dtype
+from frostc.kernels.sdpa_fwd_wgmma import (
+    RAGGED_EXTENT,
+    RAGGED_ROWS,
+    RAGGED_WRAP,
+    OnlineSoftmax,
+    Ring,
+    _c_to_a_layout,
+    _wgmma_rows_by_cols,
+)
+
+ROWS = 64  # query rows per CTA: one consumer warpgroup's WGMMA M
+BLOCK_N = 64  # keys per pipeline stage
+SMEM_PER_SM = 228 * 1024  # bytes; each resident CTA also takes 1 KiB of it
+SMEM_LIMIT = 227 * 1024  # per CTA
+D_CHUNK = 64  # head-dim elements per TMA box row (128 bytes: the swizzle's width)
+THREADS = 160  # one consumer warpgroup and one producer warp
+PRODUCER_WARP = 4
+BARRIER_Q = 1  # named barrier: the consumer warpgroup's Q staging (128 threads)
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    """The named tile parameters of one compiled variant."""
+
+    block_n: int
+    stages: int
+    box_rows: int  # keys per TMA box: within one page
+    ctas_per_sm: int  # the residency the stages were sized for (the split count assumes it)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "rows": ROWS,
+            "block_n": self.block_n,
+            "stages": self.stages,
+            "box_rows": self.box_rows,
+            "threads": THREADS,
+            "ctas_per_sm": self.ctas_per_sm,
+        }
+
+
+def decode_tiles(head_dim: int, page_size: int) -> DecodeTiles:
+    """Two CTAs per SM where they fit (one streams while the other starts or ends), then as
+    many stages as the shared memory holds: Q is 64·d and a stage 2·block_n·d two-byte elements."""
+    ctas = 2 if head_dim <= 128 else 1
+    budget = SMEM_PER_SM // ctas - 1024 - 1024  # the CTA's reserved KiB, barriers and alignment
+    q_bytes = ROWS * head_dim * 2
+    stage_bytes = 2 * BLOCK_N * head_dim * 2
+    stages = min((budget - q_bytes) // stage_bytes, 6)
+    return DecodeTiles(BLOCK_N, stages, math.gcd(page_size, BLOCK_N), ctas)
+
+
+# ------------------------------------------------------------------------------ the variant
+
+LOADED = ("k", "v")  # through TMA tensor maps
+# i32 arguments, in order
+INT_PARAMS = (
+    "batch", "heads_kv", "group", "s_new", "rows", "row_blocks", "max_pages", "pages",
+    "rows_per_page", "chunk", "splits",
+)  # fmt: skip
+STRIDE_PARAMS = ("q.stride_b", "q.stride_h", "q.stride_s", "o.stride_b", "o.stride_h", "o.stride_s",
+                 "lse.stride_b", "lse.stride_h", "lse.stride_s", "page_table.stride_b")  # fmt: skip
+POINTERS = ("q", "o", "lse", "page_table", "seq_len_kv", "o_partial", "lse_partial")
+
+
+@dataclass(frozen=True)
+class PagedDecodeVariant:
+    """Compile key of the paged attention kernel: declaration facts only (shapes are arguments)."""
+
+    dtype: str
+    head_dim: int
+    page_size: int
+    causal: bool  # bottom-right: the new tokens are the cache's last
+    split: bool  # partial results to the workspace (a combine launch follows)
+    has_lse: bool
+
+    @property
+    def name(self) -> str:
+        mask = "causal_br" if self.causal else "full"
+        name = f"sdpa_decode_paged.{self.dtype}.d{self.head_dim}.p{self.page_size}.{mask}"
+        return name + (".split" if self.split else "") + (".lse" if self.has_lse and not self.split else "")
+
+    @property
+    def tile_shape(self) -> DecodeTiles:
+        return decode_tiles(self.head_dim, self.page_size)
+
+    @property
+    def tiles(self) -> dict[str, int]:
+        return self.tile_shape.as_dict()
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (THREADS, 1, 1)
+
+    @property
+    def ctas_per_sm(self) -> int:
+        return 0  # one CTA per work item, not persistent
+
+    @property
+    def grid_rule(self) -> str:
+        return f"(splits, heads_kv * ceil(s_new * group / {ROWS}), batch)"
+
+    @property
+    def params(self) -> tuple[tuple[str, str], ...]:
+        params: list[tuple[str, str]] = []
+        for name in LOADED:
+            params += [(f"{name}.tmap", "tmap"), (f"{name}.extents", "i32")]
+        params += [(name, "ptr") for name in POINTERS]
+        params += [(name, "i32") for name in INT_PARAMS]
+        params += [(name, "i64") for name in STRIDE_PARAMS]
+        params += [("scale_log2", "f32")]
+        return tuple(params)
+
+    def kernel(self) -> "PagedDecode":
+        return PagedDecode(self)
+
+    def compile_args(self) -> tuple:
+        dtype = dsl_dtype(self.dtype)
+        pointers = [_fake_ptr(dtype, 16) for _ in LOADED]
+        pointers += [_fake_ptr(dtype, 16), _fake_ptr(dtype, 16), _fake_ptr(cutlass.Float32, 4)]
+        pointers += [_fake_ptr(cutlass.Int32, 4), _fake_ptr(cutlass.Int32, 4)]
+        pointers += [_fake_ptr(cutlass.Float32, 16), _fake_ptr(cutlass.Float32, 4)]
+        return (*pointers, *_fake_scalars(), make_fake_stream())
+
+    # tensor maps: the build encodes them on the CPU with the same code the kernel uses
+    tensor_map_params = tuple(f"{name}.tmap" for name in LOADED)
+
+    def tensor_map_encoder(self):
+        return self.kernel().encode_tensor_maps
+
+    def tensor_map_compile_args(self) -> tuple:
+        dtype = dsl_dtype(self.dtype)
+        return (*[_fake_ptr(dtype, 16) for _ in LOADED], _fake_ptr(cutlass.Uint8, 64), *_fake_scalars()[:2])
+
+    def tensor_map_args(self, shape, addresses: list[int], out: int) -> tuple:
+        """`shape`: (ints, strides): INT_PARAMS values and the caches' (page, row, head) strides."""
+        ints, strides = shape
+        dtype = dsl_dtype(self.dtype)
+        pointers = [make_ptr(dtype, a, AddressSpace.gmem, assumed_align=16) for a in addresses]
+        out_ptr = make_ptr(cutlass.Uint8, out, AddressSpace.gmem, assumed_align=64)
+        return (
+            *pointers,
+            out_ptr,
+            tuple(cutlass.Int32(x) for x in ints),
+            tuple(cutlass.Int64(x) for x in strides),
+        )
+
+
+def _fake_ptr(dtype, align: int):
+    return make_ptr(dtype, 0x10000, AddressSpace.gmem, assumed_align=align)
+
+
+def _fake_scalars() -> tuple:
+    """Stand-ins for the integer, cache-stride, stride and float argument tuples."""
+    return (
+        tuple(cutlass.Int32(1) for _ in INT_PARAMS),
+        tuple(cutlass.Int64(8) for _ in range(6)),  # (page, row, head) strides of the K and V caches
+        tuple(cutlass.Int64(8) for _ in STRIDE_PARAMS),
+        (cutlass.Float32(1.0),),
+    )
+
+
+# ------------------------------------------------------------------------------ device helpers
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one CTA does: its sequence, KV head, query rows and key range."""
+
+    batch: cutlass.Int32
+    head_kv: cutlass.Int32
+    row_block: cutlass.Int32
+    kv_len: cutlass.Int32  # the sequence's keys (clamped to the capacity)
+    key_first: cutlass.Int32  # the split's first key
+    blocks: cutlass.Int32  # key blocks of the split that hold keys (0: nothing to do)
+
+
+@dataclass(frozen=True)
+class DecodeMask:
+    """-inf for keys at or past the sequence's end, and (causal) past each token's diagonal."""
+
+    causal: bool
+    kv_len: cutlass.Int32
+    s_new: cutlass.Int32
+    group: cutlass.Int32
+    first_row: cutlass.Int32  # the CTA's first row (rows are (token, head in group), head fastest)
+
+    def needed(self, key_end):
+        """Whether any row misses a key before `key_end` (the block's end)."""
+        fewest = self.kv_len - self.s_new + 1 if self.causal else self.kv_len
+        return key_end > fewest
+
+    @cute.jit
+    def apply(self, qk_thr, s_mn, key0, block_n: int):
+        cS = cute.make_identity_tensor((ROWS, block_n))
+        c_mn = _wgmma_rows_by_cols(qk_thr.partition_C(cS))
+        for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
+            hi = self.kv_len
+            if cutlass.const_expr(self.causal):
+                token = (self.first_row + c_mn[r, 0][0]) // self.group
+                hi = cutlass.min(hi, self.kv_len - self.s_new + token + 1)
+            for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
+                if key0 + c_mn[r, c][1] >= hi:
+                    s_mn[r, c] = -cutlass.Float32.inf
+
+
+# ------------------------------------------------------------------------------ the kernel
+
+
+class PagedDecode:
+    """One variant's kernel: host entry (`__call__`), tensor maps, device code."""
+
+    def __init__(self, variant: PagedDecodeVariant):
+        self.variant = variant
+        self.dtype = dsl_dtype(variant.dtype)
+        self.head_dim = variant.head_dim
+        self.page_size = variant.page_size
+        self.tiles = variant.tile_shape
+        self.smem_bytes = 0
+
+    # ---------------------------------------------------------------- host side
+    @cute.jit
+    def __call__(
+        self, k, v, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
+        ints: tuple, cache_strides: tuple, strides: tuple, floats: tuple, stream,
+    ):  # fmt: skip
+        self.shared_storage = self._shared_storage()
+        self.smem_bytes = self.shared_storage.size_in_bytes()
+        (k_tma, mK), (v_tma, mV) = self.tma_loads(k, v, ints, cache_strides)
+        batch, heads_kv, row_blocks, splits = ints[0], ints[1], ints[5], ints[10]
+        self.kernel(
+            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
+            *ints, *strides, *floats,
+        ).launch(
+            grid=(splits, heads_kv * row_blocks, batch),
+            block=[THREADS, 1, 1],
+            smem=self.smem_bytes,
+            stream=stream,
+            min_blocks_per_mp=self.tiles.ctas_per_sm,
+            preferred_smem_carveout=100,  # else the DSL asks a GPU for its shared memory per SM
+        )  # fmt: skip
+
+    @cute.jit
+    def tma_loads(self, k, v, ints: tuple, cache_strides: tuple):
+        """TMA atoms and ragged coordinate tensors of the K and V caches: (rows, d, h_kv, wrap,
+        start), V viewed d-major to match its shared-memory tile; a box is (box_rows, 64) of K,
+        (64, box_rows) of V. The build runs this on the CPU to write the plan's tensor maps."""
+        t = self.tiles
+        d = self.head_dim
+        heads_kv = ints[1]
+        _, k_ss, k_sh, _, v_ss, v_sh = (cute.assume(x, divby=8) for x in cache_strides)
+        rows, wrap = RAGGED_ROWS, RAGGED_EXTENT
+        k_wrap, v_wrap = (cute.assume(RAGGED_WRAP - x, divby=8) for x in (k_ss, v_ss))
+        gK = cute.make_tensor(
+            k, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(k_ss, 1, k_sh, k_wrap, k_ss))
+        )
+        gV = cute.make_tensor(
+            v, cute.make_layout((d, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
+        )
+        k_box, v_box = self._box_layouts()
+        op = cpasync.CopyBulkTensorTileG2SOp()
+        k_info = cpasync.make_tiled_tma_atom(op, gK, k_box, (t.box_rows, D_CHUNK))
+        v_info = cpasync.make_tiled_tma_atom(op, gV, v_box, (D_CHUNK, t.box_rows))
+        return (k_info[0], k_info[1]), (v_info[0], v_info[1])
+
+    @cute.jit
+    def encode_tensor_maps(self, k, v, out, ints: tuple, cache_strides: tuple):
+        """Host only, at build time: write the K and V tensor maps (128 bytes each) to `out`."""
+        (k_tma, _), (v_tma, _) = self.tma_loads(k, v, ints, cache_strides)
+        cpasync.copy_tensormap(k_tma, out)
+        cpasync.copy_tensormap(v_tma, out + 128)
+
+    def _smem_layouts(self):
+        """Q (rows, d), K (keys, d, stage), V (d, keys, stage), in WGMMA's swizzles. For each
+        64-wide piece of d the keys of a stage are contiguous 128-byte rows, so a TMA box of
+        (box_rows, 64) lands in one piece of the tile."""
+        t = self.tiles
+        d = self.head_dim
+        sQ = sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (ROWS, t.block_n, d), self.dtype, 1)
+        sK = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (ROWS, t.block_n, d), self.dtype, t.stages)
+        sV = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, (ROWS, d, t.block_n), self.dtype, t.stages)
+        return cute.select(sQ, mode=[0, 1]), sK, sV
+
+    def _box_layouts(self):
+        """The shared-memory layout of one TMA box of K and of V (a piece of the tiles above)."""
+        rows = self.tiles.box_rows
+        k_box = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (ROWS, rows, D_CHUNK), self.dtype, 1)
+        v_box = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, (ROWS, D_CHUNK, rows), self.dtype, 1)
+        return cute.select(k_box, mode=[0, 1]), cute.select(v_box, mode=[0, 1])
+
+    def _shared_storage(self):
+        t = self.tiles
+        dtype = self.dtype
+        q_elems, k_elems, v_elems = (cute.cosize(x) for x in self._smem_layouts())
+        stages = t.stages
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, k_elems], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, v_elems], 1024]
+            k_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            v_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+
+        limit = min(SMEM_LIMIT, SMEM_PER_SM // t.ctas_per_sm - 1024)
+        if SharedStorage.size_in_bytes() > limit:
+            raise ValueError(f"{t} needs {SharedStorage.size_in_bytes()} bytes of shared memory, over {limit}")
+        return SharedStorage
+
+    def _mmas(self):
+        t = self.tiles
+        k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        qk = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, k_major, cutlass.Float32, (1, 1, 1), (ROWS, t.block_n)
+        )
+        pv = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, mn_major, cutlass.Float32, (1, 1, 1), (ROWS, self.head_dim),
+            warpgroup.OperandSource.RMEM,
+        )  # fmt: skip
+        return qk, pv
+
+    def _pipelines(self, storage):
+        """K and V rings: "full" armed by the producer thread with the stage's bytes (every box,
+        zero-filled or not, counts whole) and completed by TMA; "empty" takes the consumers."""
+        t = self.tiles
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 128)
+
+        def make(bars):
+            return pipeline.PipelineTmaAsync.create(
+                barrier_storage=bars.data_ptr(),
+                num_stages=t.stages,
+                producer_group=producer,
+                consumer_group=consumers,
+                tx_count=t.block_n * self.head_dim * (self.dtype.width // 8),
+                defer_sync=True,
+            )
+
+        return make(storage.k_bars), make(storage.v_bars)
+
+    # ---------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(
+        self,
+        k_tma: cute.CopyAtom,
+        mK: cute.Tensor,
+        v_tma: cute.CopyAtom,
+        mV: cute.Tensor,
+        q: cute.Pointer,
+        o: cute.Pointer,
+        lse: cute.Pointer,
+        page_table: cute.Pointer,
+        seq_len_kv: cute.Pointer,
+        o_partial: cute.Pointer,
+        lse_partial: cute.Pointer,
+        batch: cutlass.Int32,
+        heads_kv: cutlass.Int32,
+        group: cutlass.Int32,
+        s_new: cutlass.Int32,
+        rows: cutlass.Int32,
+        row_blocks: cutlass.Int32,
+        max_pages: cutlass.Int32,
+        pages: cutlass.Int32,
+        rows_per_page: cutlass.Int32,
+        chunk: cutlass.Int32,
+        splits: cutlass.Int32,
+        q_sb: cutlass.Int64,
+        q_sh: cutlass.Int64,
+        q_ss: cutlass.Int64,
+        o_sb: cutlass.Int64,
+        o_sh: cutlass.Int64,
+        o_ss: cutlass.Int64,
+        lse_sb: cutlass.Int64,
+        lse_sh: cutlass.Int64,
+        lse_ss: cutlass.Int64,
+        pt_sb: cutlass.Int64,
+        scale_log2: cutlass.Float32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(tidx // 32)
+        split, head_rows, b = cute.arch.block_idx()
+        t = self.tiles
+
+        capacity = max_pages * self.page_size
+        kv_len = cutlass.min(cutlass.max(cute.make_tensor(seq_len_kv + b, cute.make_layout(1))[0], 0), capacity)
+        key_first = split * chunk
+        key_end = cutlass.min(key_first + chunk, kv_len)
+        blocks = cutlass.max(key_end - key_first + (t.block_n - 1), 0) // t.block_n
+        work = Work(b, head_rows // row_blocks, head_rows % row_blocks, kv_len, key_first, blocks)
+        # a split past the sequence's end has nothing to add (the combine kernel counts the
+        # splits from the lengths); with one split the CTA writes the rows even without keys
+        args = (
+            work, (k_tma, mK), (v_tma, mV), q, (q_sb, q_sh, q_ss), (o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss),
+            (o_partial, lse_partial), page_table + cutlass.Int64(b) * pt_sb, (group, s_new, rows, splits, split),
+            (heads_kv, pages, rows_per_page), scale_log2, tidx, warp,
+        )  # fmt: skip
+        if cutlass.const_expr(self.variant.split):
+            if blocks > 0:
+                self._run(*args)
+        else:
+            self._run(*args)
+
+    @cute.jit
+    def _run(self, work, k_load, v_load, q, q_strides, o_args, lse_args, partials, pt_row, geometry, extents,
+             scale_log2, tidx, warp):  # fmt: skip
+        heads_kv, pages, rows_per_page = extents
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        k_pipe, v_pipe = self._pipelines(storage)
+        sQ_layout, sK_layout, sV_layout = self._smem_layouts()
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        if warp == PRODUCER_WARP:
+            if tidx % 32 == 0:
+                self._produce(k_pipe, v_pipe, sK, sV, k_load, v_load, work, pt_row, pages, rows_per_page)
+        else:
+            self._consume(k_pipe, v_pipe, sQ, sK, sV, work, geometry, q, q_strides, tidx, scale_log2, o_args,
+                          lse_args, partials, heads_kv)  # fmt: skip
+
+    # ---------------------------------------------------------------- producer
+    def _box_page(self, pt_row, key, pages):
+        """The cache page holding `key` (a position the sequence has), or -1 for a page id
+        outside the cache (a broken page table: read nothing)."""
+        page = cute.make_tensor(pt_row + key // self.page_size, cute.make_layout(1))[0]
+        return cutlass.select_(page < pages, cutlass.max(page, -1), -1)
+
+    @cute.jit
+    def _produce(self, k_pipe, v_pipe, sK, sV, k_load, v_load, work, pt_row, pages, rows_per_page):
+        t = self.tiles
+        boxes = t.block_n // t.box_rows
+        ring = Ring(t.stages)
+        (k_tma, mK), (v_tma, mV) = k_load, v_load
+        # each box's page, read one block ahead so the loads overlap the ring's waits
+        next_pages = self._block_pages(pt_row, work, 0, pages)
+        for j in range(0, work.blocks, 1):
+            block_pages = next_pages
+            next_pages = self._block_pages(pt_row, work, cutlass.min(j + 1, work.blocks - 1), pages)
+            key0 = work.key_first + j * t.block_n
+            stage, phase = ring.at(j)
+            k_pipe.sync_object_empty.wait(stage, phase ^ 1)
+            k_pipe.sync_object_full.arrive(stage, None)
+            for i in cutlass.range_constexpr(boxes):
+                key = key0 + i * t.box_rows
+                page, valid = self._box_extent(block_pages[i], key, work.kv_len)
+                start = page * rows_per_page + key % self.page_size + valid
+                view = cute.domain_offset((RAGGED_ROWS - valid, 0), mK[None, None, work.head_kv, RAGGED_ROWS, start])
+                for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
+                    g_box = cute.local_tile(view, (t.box_rows, D_CHUNK), (0, c))
+                    s_box = cute.local_tile(sK[None, None, stage], (t.box_rows, D_CHUNK), (i, c))
+                    self._copy_box(k_tma, s_box, g_box, k_pipe.sync_object_full.get_barrier(stage))
+            v_pipe.sync_object_empty.wait(stage, phase ^ 1)
+            v_pipe.sync_object_full.arrive(stage, None)
+            for i in cutlass.range_constexpr(boxes):
+                key = key0 + i * t.box_rows
+                page, valid = self._box_extent(block_pages[i], key, work.kv_len)
+                start = page * rows_per_page + key % self.page_size + valid
+                view = cute.domain_offset((0, RAGGED_ROWS - valid), mV[None, None, work.head_kv, RAGGED_ROWS, start])
+                for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
+                    g_box = cute.local_tile(view, (D_CHUNK, t.box_rows), (c, 0))
+                    s_box = cute.local_tile(sV[None, None, stage], (D_CHUNK, t.box_rows), (c, i))
+                    self._copy_box(v_tma, s_box, g_box, v_pipe.sync_object_full.get_barrier(stage))
+
+    def _block_pages(self, pt_row, work, j, pages):
+        """The page of each box of key block j (boxes past the sequence's end: any valid id)."""
+        t = self.tiles
+        result = []
+        for i in range(t.block_n // t.box_rows):
+            key = cutlass.min(work.key_first + j * t.block_n + i * t.box_rows, cutlass.max(work.kv_len - 1, 0))
+            result.append(self._box_page(pt_row, key, pages))
+        return tuple(result)
+
+    def _box_extent(self, page, key, kv_len):
+        """(page, rows of the box the sequence has): 0 rows past its end or on a bad page id."""
+        valid = cutlass.max(cutlass.min(kv_len - key, self.tiles.box_rows), 0)
+        return cutlass.max(page, 0), cutlass.select_(page < 0, 0, valid)
+
+    @cute.jit
+    def _copy_box(self, tma, s_box, g_box, barrier):
+        s_part, g_part = cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(s_box, 0, 2),
+                                               cute.group_modes(g_box, 0, 2))  # fmt: skip
+        cute.copy(tma, g_part, s_part, tma_bar_ptr=barrier)
+
+    # ---------------------------------------------------------------- consumer
+    @cute.jit
+    def _load_q(self, sQ, q, q_strides, work, group, s_new, rows, tidx):
+        """The CTA's query rows (token t, head g of the group; g fastest) into shared memory in
+        16-byte pieces; rows past the last are zeros (their results are never stored)."""
+        q_sb, q_sh, q_ss = (cute.assume(x, divby=8) for x in q_strides)
+        elems = 8
+        per_row = self.head_dim // elems
+        for i in cutlass.range_constexpr(ROWS * per_row // 128):
+            piece = i * 128 + tidx
+            r, col = piece // per_row, (piece % per_row) * elems
+            row = work.row_block * ROWS + r
+            vec = cute.make_rmem_tensor(elems, self.dtype)
+            vec.fill(0.0)
+            if row < rows:
+                token, g = row // group, row % group
+                offset = cutlass.Int64(work.batch) * q_sb + cutlass.Int64(work.head_kv * group + g) * q_sh
+                offset = offset + cutlass.Int64(token) * q_ss + col
+                src = cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(elems))
+                vec.store(src.load())
+            dst = cute.local_tile(sQ, (1, elems), (r, col // elems))
+            dst.store(cute.make_tensor(vec.iterator, cute.make_layout((1, elems))).load())
+        cute.arch.fence_proxy("async.shared", space="cta")
+        pipeline.NamedBarrier(barrier_id=BARRIER_Q, num_threads=128).arrive_and_wait()
+
+    @cute.jit
+    def _consume(self, k_pipe, v_pipe, sQ, sK, sV, work, geometry, q, q_strides, tidx, scale_log2, o_args, lse_args,
+                 partials, heads_kv):  # fmt: skip
+        t = self.tiles
+        group, s_new, rows, splits, split = geometry
+        ring = Ring(t.stages)
+        qk_mma, pv_mma = self._mmas()
+        qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+        qk_thr, pv_thr = qk_mma.get_slice(tidx), pv_mma.get_slice(tidx)
+        self._load_q(sQ, q, q_strides, work, group, s_new, rows, tidx)
+        tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
+        tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N, K, stage)
+        tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
+        acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((ROWS, self.head_dim)))
+        acc_O.fill(0.0)
+        softmax = OnlineSoftmax.create(cute.size(_wgmma_rows_by_cols(acc_O).shape[0]), scale_log2)
+        softmax.reset()
+        s_shape = qk_thr.partition_shape_C((ROWS, t.block_n))
+        rP = cute.make_rmem_tensor(_c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
+        mask = DecodeMask(self.variant.causal, work.kv_len, s_new, group, work.row_block * ROWS)
+
+        if work.blocks > 0:
+            # step j issues S_j = Q K_jᵀ with O += P_{j-1} V_{j-1}; softmax(S_j) runs under P V
+            acc_S = qk_thr.make_fragment_C(s_shape)
+            acc_S.fill(0.0)
+            k_pipe.sync_object_full.wait(0, 0)
+            warpgroup.fence()
+            self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, 0)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            k_pipe.sync_object_empty.arrive(0, None)
+            self._scores(qk_thr, acc_S, softmax, mask, work.key_first)
+            cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+            for j in range(1, work.blocks, 1):
+                stage, phase = ring.at(j)
+                prev_stage, prev_phase = ring.at(j - 1)
+                acc_S = qk_thr.make_fragment_C(s_shape)
+                acc_S.fill(0.0)
+                k_pipe.sync_object_full.wait(stage, phase)
+                v_pipe.sync_object_full.wait(prev_stage, prev_phase)
+                warpgroup.fence()
+                self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
+                warpgroup.commit_group()
+                self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)  # S_j is ready; P V may still run
+                k_pipe.sync_object_empty.arrive(stage, None)
+                self._scores(qk_thr, acc_S, softmax, mask, work.key_first + j * t.block_n)
+                warpgroup.wait_group(0)
+                v_pipe.sync_object_empty.arrive(prev_stage, None)
+                softmax.rescale(_wgmma_rows_by_cols(acc_O))
+                cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+            last_stage, last_phase = ring.at(work.blocks - 1)
+            v_pipe.sync_object_full.wait(last_stage, last_phase)
+            warpgroup.fence()
+            self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            v_pipe.sync_object_empty.arrive(last_stage, None)
+
+        softmax.normalize(_wgmma_rows_by_cols(acc_O))  # no keys: O = 0, LSE = -inf
+        self._epilogue(pv_thr, acc_O, softmax, work, geometry, o_args, lse_args, partials, heads_kv)
+
+    @cute.jit
+    def _gemm_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage):
+        for kk in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
+            cute.gemm(qk_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk, stage], acc_S)
+
+    @cute.jit
+    def _gemm_pv(self, pv_mma, acc_O, rP, tOrV, stage):
+        for kk in cutlass.range_constexpr(cute.size(rP.shape[2])):
+            cute.gemm(pv_mma, acc_O, rP[None, None, kk], tOrV[None, None, kk, stage], acc_O)
+
+    @cute.jit
+    def _scores(self, qk_thr, acc_S, softmax, mask, key0):
+        s_mn = _wgmma_rows_by_cols(acc_S)
+        if mask.needed(key0 + self.tiles.block_n):
+            mask.apply(qk_thr, s_mn, key0, self.tiles.block_n)
+            softmax.update(s_mn)
+        else:
+            softmax.update(s_mn)
+
+    @cute.jit
+    def _epilogue(self, pv_thr, acc_O, softmax, work, geometry, o_args, lse_args, partials, heads_kv):
+        """Rows of this CTA that exist: O and LSE into the caller's tensors (one split), or the
+        split's normalized O (fp32) and LSE into the workspace for the combine kernel."""
+        group, s_new, rows, splits, split = geometry
+        o_mn = _wgmma_rows_by_cols(acc_O)
+        c_mn = _wgmma_rows_by_cols(pv_thr.partition_C(cute.make_identity_tensor((ROWS, self.head_dim))))
+        quad_leader = cute.arch.thread_idx()[0] % 4 == 0
+        for r in cutlass.range_constexpr(cute.size(o_mn.shape[0])):
+            row = work.row_block * ROWS + c_mn[r, 0][0]
+            if row < rows:
+                if cutlass.const_expr(self.variant.split):
+                    o_partial, lse_partial = partials
+                    index = ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
+                    out = cute.make_tensor(o_partial + index * self.head_dim, cute.make_layout(self.head_dim))
+                    for c in cutlass.range_constexpr(cute.size(o_mn.shape[1])):
+                        out[c_mn[r, c][1]] = o_mn[r, c]
+                    if quad_leader:
+                        cute.make_tensor(lse_partial + index, cute.make_layout(1))[0] = softmax.lse(r)
+                else:
+                    token, head = row // group, work.head_kv * group + row % group
+                    o, o_sb, o_sh, o_ss = o_args
+                    offset = cutlass.Int64(work.batch) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
+                    out = cute.make_tensor(o + offset, cute.make_layout(self.head_dim))
+                    for c in cutlass.range_constexpr(cute.size(o_mn.shape[1])):
+                        out[c_mn[r, c][1]] = o_mn[r, c].to(self.dtype)
+                    if cutlass.const_expr(self.variant.has_lse):
+                        lse, lse_sb, lse_sh, lse_ss = lse_args
+                        if quad_leader:
+                            at = cutlass.Int64(work.batch) * lse_sb + cutlass.Int64(head) * lse_sh
+                            at = at + cutlass.Int64(token) * lse_ss
+                            cute.make_tensor(lse + at, cute.make_layout(1))[0] = softmax.lse(r)

@@ -1,0 +1,271 @@
+"""The kv_append op: this step's new keys and values into a paged KV cache, in place.
+
+  k, v        (b, hkv, s_new, d)          this step's new tokens (1: plain decode; up to 16:
+                                          speculative decoding, chunked prefill)
+  k_cache,    (pages, page_size, hkv, d)  the caches, updated in place (read and written):
+  v_cache                                 the plan writes only the appended rows
+  page_table  int32 (b, max_pages)        row b lists sequence b's pages, in order
+  seq_len_kv  int32 (b,)                  each sequence's cache length AFTER the append
+
+New token t of sequence b goes to cache position p = seq_len_kv[b] - s_new + t: page
+page_table[b, p // page_size], row p % page_size. The lengths and the page table stay on the
+device (the caller writes them before each execute); a position outside the sequence's
+capacity (max_pages * page_size) or a page id outside [0, pages) is skipped, so the plan never
+writes outside the caches, whatever they hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from frostc.kernels.kv_append import INT_PARAMS, POINTERS, STRIDE_PARAMS, KvAppendVariant
+from frostc.resolved import Arg, ResolvedLaunch
+
+if TYPE_CHECKING:
+    from frostc.graph import Tensor
+    from frostc.resolve import ResolveContext
+    from frostc.validate import CheckedTensor, NodeContext
+
+KEYS = ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv")
+
+DATA_DTYPES = ("bf16", "fp16")
+INDEX_DTYPE = "int32"
+MAX_NEW_TOKENS = 16
+PAGE_ALIGN = 16  # rows per page: a multiple of this
+MAX_PAGE_SIZE = 256
+HEAD_DIMS = (64, 128, 256)
+ROW_ALIGN_ELEMS = 8  # 16-byte rows of 2-byte elements
+INT32_MAX = (1 << 31) - 1
+
+# The named dims of each role; shared names must agree across roles.
+_DIMS = {
+    "k": ("b", "hkv", "s_new", "d"),
+    "v": ("b", "hkv", "s_new", "d"),
+    "k_cache": ("pages", "page_size", "hkv", "d"),
+    "v_cache": ("pages", "page_size", "hkv", "d"),
+    "page_table": ("b", "max_pages"),
+    "seq_len_kv": ("b",),
+}
+_LETTERS = {"k": "bhsd", "v": "bhsd", "k_cache": "pshd", "v_cache": "pshd", "page_table": "bp", "seq_len_kv": "b"}
+_UPDATED = ("k_cache", "v_cache")
+_DIM_WORDS = {
+    "b": "batch", "hkv": "kv heads", "s_new": "new tokens", "d": "head dim", "pages": "pages",
+    "page_size": "page size", "max_pages": "pages per sequence",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KvAppend:
+    """A validated kv_append node."""
+
+    op: ClassVar[str] = "kv_append"
+    name: str
+    path: str
+    k: str
+    v: str
+    k_cache: str
+    v_cache: str
+    page_table: str
+    seq_len_kv: str
+    batch: int
+    heads_kv: int
+    s_new: int
+    head_dim: int
+    pages: int
+    page_size: int
+    max_pages: int
+
+    @property
+    def capacity(self) -> int:
+        """The most tokens one sequence's cache holds."""
+        return self.max_pages * self.page_size
+
+    @property
+    def inputs(self) -> tuple[tuple[str, str], ...]:
+        return (("k", self.k), ("v", self.v), ("page_table", self.page_table), ("seq_len_kv", self.seq_len_kv))
+
+    @property
+    def outputs(self) -> tuple[tuple[str, str], ...]:
+        """The caches: updated in place (also read)."""
+        return (("k_cache", self.k_cache), ("v_cache", self.v_cache))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks of a node
+
+
+def validate(ctx: NodeContext) -> KvAppend | None:
+    before = len(ctx.problems)
+    tensors: dict[str, CheckedTensor] = {}
+    for role, names in _DIMS.items():
+        c = ctx.tensor(
+            role,
+            letters=_LETTERS[role],
+            dims=f"({', '.join(names)})" if len(names) > 1 else f"({names[0]},)",
+            updated=role in _UPDATED,
+        )
+        if c is not None:
+            tensors[role] = c
+    sizes = _check_shapes(tensors, ctx)
+    _check_dtypes(tensors, ctx)
+    if len(ctx.problems) > before or ctx.name is None or sizes is None:
+        return None
+    return KvAppend(
+        name=ctx.name,
+        path=ctx.path,
+        **{role: ctx.value(role) for role in KEYS},
+        batch=sizes["b"],
+        heads_kv=sizes["hkv"],
+        s_new=sizes["s_new"],
+        head_dim=sizes["d"],
+        pages=sizes["pages"],
+        page_size=sizes["page_size"],
+        max_pages=sizes["max_pages"],
+    )
+
+
+def _check_shapes(tensors: dict[str, CheckedTensor], ctx: NodeContext) -> dict[str, int] | None:
+    """Each named dim's size, from the first role that has it; a problem for each mismatch and
+    for what the op does not allow (more than 16 new tokens, a page size not a multiple of 16)."""
+    sizes: dict[str, int] = {}
+    owner: dict[str, str] = {}
+    ok = True
+    for role, names in _DIMS.items():
+        c = tensors.get(role)
+        if c is None or c.dims is None:
+            ok = False
+            continue
+        for i, (name, size) in enumerate(zip(names, c.dims)):
+            if name not in sizes:
+                sizes[name], owner[name] = size, role
+            elif sizes[name] != size:
+                message = f"{_DIM_WORDS[name]} {size} does not match {owner[name]}'s {sizes[name]}; make them equal"
+                ctx.problems_at(c.at(f"dims[{i}]"), message)
+                ok = False
+    s_new = sizes.get("s_new")
+    if s_new is not None and s_new > MAX_NEW_TOKENS:
+        message = (
+            f"{s_new} new tokens per sequence; kv_append takes 1 to {MAX_NEW_TOKENS} (decode, speculative "
+            f"decoding and chunked prefill of up to {MAX_NEW_TOKENS} tokens): append longer chunks in steps "
+            f"of at most {MAX_NEW_TOKENS}"
+        )
+        ctx.problems_at(tensors[owner["s_new"]].at("dims[2]"), message)
+        ok = False
+    page_size = sizes.get("page_size")
+    if page_size is not None and (page_size % PAGE_ALIGN or page_size > MAX_PAGE_SIZE):
+        message = (
+            f"page size {page_size} is not supported; use a multiple of {PAGE_ALIGN} of at most {MAX_PAGE_SIZE} "
+            "(16, 32, 64, 128 or 256 are usual)"
+        )
+        ctx.problems_at(tensors[owner["page_size"]].at("dims[1]"), message)
+        ok = False
+    return sizes if ok else None
+
+
+def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext) -> None:
+    k = tensors.get("k")
+    k_dtype = k.dtype if k is not None and k.dtype in DATA_DTYPES else None
+    for role, c in tensors.items():
+        if c.dtype is None:
+            continue
+        if role in ("k", "v", "k_cache", "v_cache"):
+            if c.dtype not in DATA_DTYPES:
+                message = f'kv_append {role} must be {" or ".join(DATA_DTYPES)}, got "{c.dtype}"'
+                ctx.problems_at(c.at("dtype"), message + f'; write dtype = "{k_dtype or DATA_DTYPES[0]}"')
+            elif k_dtype is not None and c.dtype != k_dtype:
+                message = (
+                    f"{c.dtype} does not match k's {k_dtype}; k, v and the caches must share one dtype: "
+                    f'write dtype = "{k_dtype}"'
+                )
+                ctx.problems_at(c.at("dtype"), message)
+        elif c.dtype != INDEX_DTYPE:
+            what = "page ids" if role == "page_table" else "sequence lengths"
+            ctx.problems_at(c.at("dtype"), f'{role} holds {what}: it must be {INDEX_DTYPE}, got "{c.dtype}"')
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel support and the launch
+
+
+def resolve(node: KvAppend, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
+    before = len(ctx.problems)
+    _check_supported(node, ctx)
+    if len(ctx.problems) > before:
+        return ()
+    # the kernel clamps to this (never writing outside the caches); check_lengths checks it
+    ctx.length_contract(node.seq_len_kv, "lengths", node.capacity)
+    variant = KvAppendVariant(ctx.slot(node.k).dtype, node.head_dim)
+    slots = {role: ctx.slot(name) for role, name in node.inputs + node.outputs}
+    values = {
+        "heads_kv": node.heads_kv,
+        "s_new": node.s_new,
+        "pages": node.pages,
+        "page_size": node.page_size,
+        "max_pages": node.max_pages,
+    }
+    assert tuple(values) == INT_PARAMS
+    for role, names in (("k", "bhs"), ("v", "bhs"), ("k_cache", "psh"), ("v_cache", "psh")):
+        # a dim of extent 1 is never stepped along: its stride (any value) becomes 0, which the
+        # kernel's 16-byte assumption holds for
+        slot = slots[role]
+        values |= {f"{role}.stride_{x}": st if n > 1 else 0 for x, st, n in zip(names, slot.strides, slot.dims)}
+    values["page_table.stride_b"] = slots["page_table"].strides[0]
+    assert all(p in values for p in STRIDE_PARAMS)
+    args = []
+    for param, kind in variant.params:
+        if param in POINTERS:
+            args.append(Arg(param, kind, slot=slots[param].index))
+        else:
+            args.append(Arg(param, kind, value=values[param]))
+    return (ResolvedLaunch(node.name, variant, (node.batch, node.s_new, 1), tuple(args)),)
+
+
+def _check_supported(node: KvAppend, ctx: ResolveContext) -> None:
+    k = ctx.tensor(node.k)
+    if node.head_dim not in HEAD_DIMS:
+        ctx.problem(
+            f"{k.path}.dims[3]",
+            f"head dim {node.head_dim} is not supported yet; supported: {', '.join(map(str, HEAD_DIMS))}",
+        )
+    for name, letters in ((node.k, "bhsd"), (node.v, "bhsd"), (node.k_cache, "pshd"), (node.v_cache, "pshd")):
+        _check_row_layout(ctx.tensor(name), letters, ctx)
+    table = ctx.tensor(node.page_table)
+    if node.max_pages > 1 and table.strides[1] != 1:
+        ctx.problem(
+            f"{table.path}.strides[1]",
+            f"stride {table.strides[1]}: each sequence's page ids must be contiguous (stride 1); "
+            'leave strides out or use layout = "bp"',
+        )
+    lengths = ctx.tensor(node.seq_len_kv)
+    if node.batch > 1 and lengths.strides[0] != 1:
+        ctx.problem(
+            f"{lengths.path}.strides[0]",
+            f"stride {lengths.strides[0]}: length tensors must be contiguous (stride 1); leave strides out",
+        )
+    cache = ctx.tensor(node.k_cache)
+    if node.capacity > INT32_MAX:
+        ctx.problem(
+            f"{table.path}.dims[1]",
+            f"{node.max_pages} pages of {node.page_size} tokens make {node.capacity} tokens per sequence, which do "
+            f"not fit the kernel's int32; at most {INT32_MAX // node.page_size} pages per sequence",
+        )
+    if node.pages > INT32_MAX:
+        ctx.problem(f"{cache.path}.dims[0]", f"{node.pages} pages do not fit int32 page ids; at most {INT32_MAX}")
+
+
+def _check_row_layout(t: Tensor, letters: str, ctx: ResolveContext) -> None:
+    """The kernel copies whole 16-byte pieces of each head-dim row."""
+    if t.strides[-1] != 1:
+        ctx.problem(
+            f"{t.path}.strides[3]",
+            f"the head dim must be innermost (stride 1), found stride {t.strides[-1]}; "
+            f'use a layout ending in d, such as "{letters}"',
+        )
+    for i, letter in enumerate(letters[:-1]):
+        if t.dims[i] > 1 and t.strides[i] % ROW_ALIGN_ELEMS:
+            ctx.problem(
+                f"{t.path}.strides[{i}]",
+                f"stride {t.strides[i]} of dim {letter} must be a multiple of {ROW_ALIGN_ELEMS} elements "
+                "(16 bytes) so rows can be copied in 16-byte pieces; pad the dims inside it to a multiple of 8",
+            )

@@ -1,0 +1,230 @@
+"""The sdpa op's paged form (decode over a paged KV cache): what its kernels support and how a
+node becomes launches. `frostc.ops.sdpa` validates the node (all forms) and hands paged nodes
+here.
+
+Split-KV is decided here, at build, from the capacities and the target's SM count: with few
+(sequence, KV head) pairs a cache read by one CTA per pair would leave most SMs idle, so each
+sequence's keys are cut into chunks of `chunk` keys, one CTA each; the chunks' partial results
+go to the workspace and a combine launch merges them. The plan records the split count (the
+attention launch's grid x) and the chunk (an argument of both launches).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from frostc.kernels.sdpa_common import LOG2_E
+from frostc.kernels.sdpa_decode_combine import INT_PARAMS as COMBINE_INT_PARAMS
+from frostc.kernels.sdpa_decode_combine import DecodeCombineVariant
+from frostc.kernels.sdpa_decode_paged import BLOCK_N, INT_PARAMS, ROWS, PagedDecodeVariant
+from frostc.resolved import Arg, ResolvedLaunch
+
+if TYPE_CHECKING:
+    from frostc.graph import Tensor
+    from frostc.ops.sdpa import Sdpa
+    from frostc.resolve import ResolveContext
+
+HEAD_DIMS = (64, 128, 256)
+ROW_ALIGN_ELEMS = 8  # 16-byte rows of 2-byte elements
+ELEMENT_BYTES = 2
+TMA_STRIDE_LIMIT = 1 << 40  # bytes
+INT32_MAX = (1 << 31) - 1
+GRID_YZ_MAX = 65535
+TARGET_SMS = {"sm_90a": 132}  # H100 SXM and H200
+WAVES = 3  # CTAs per resident slot the splits aim for (at full capacity): the tail stays short
+MIN_CHUNK_BLOCKS = 4  # keys per split at least 4 blocks: the combine's cost stays small
+
+
+def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
+    before = len(ctx.problems)
+    _check_supported(node, ctx)
+    if len(ctx.problems) > before:
+        return ()
+    ctx.length_contract(node.kv_lengths, "lengths", node.seq_kv)
+    variant_split = PagedDecodeVariant(
+        ctx.slot(node.q).dtype, node.head_dim, node.page_size, node.causal, True, node.lse is not None
+    )
+    splits, chunk = split_plan(node, variant_split.tile_shape.ctas_per_sm, TARGET_SMS[ctx.graph.target])
+    rows = _rows(node)
+    if splits == 1:
+        variant = PagedDecodeVariant(
+            ctx.slot(node.q).dtype, node.head_dim, node.page_size, node.causal, False, node.lse is not None
+        )
+        return (_attention_launch(node, variant, splits, chunk, None, ctx),)
+    partials = node.batch * node.heads_kv * splits * rows
+    workspace = {
+        "o_partial": ctx.workspace(f"{node.name}.o_partial", partials * node.head_dim * 4),
+        "lse_partial": ctx.workspace(f"{node.name}.lse_partial", partials * 4),
+    }
+    return (
+        _attention_launch(node, variant_split, splits, chunk, workspace, ctx),
+        _combine_launch(node, splits, chunk, workspace, ctx),
+    )
+
+
+def _rows(node: Sdpa) -> int:
+    """Query rows per (sequence, KV head): the new tokens of every query head of the group."""
+    return node.seq_q * (node.heads_q // node.heads_kv)
+
+
+def split_plan(node: Sdpa, ctas_per_sm: int, sms: int) -> tuple[int, int]:
+    """(splits, chunk keys): enough CTAs at full capacity for WAVES per resident slot, each
+    split at least MIN_CHUNK_BLOCKS blocks; chunk is a whole number of blocks."""
+    units = node.batch * node.heads_kv * -(-_rows(node) // ROWS)
+    blocks = -(-node.seq_kv // BLOCK_N)
+    wanted = -(-WAVES * sms * ctas_per_sm // units)
+    splits = max(1, min(wanted, blocks // MIN_CHUNK_BLOCKS))
+    chunk_blocks = -(-blocks // splits)
+    return -(-blocks // chunk_blocks), chunk_blocks * BLOCK_N
+
+
+def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
+    q, k, v = ctx.tensor(node.q), ctx.tensor(node.k), ctx.tensor(node.v)
+    if node.head_dim not in HEAD_DIMS:
+        ctx.problem(
+            f"{q.path}.dims[3]",
+            f"head dim {node.head_dim} is not supported yet; supported: {', '.join(map(str, HEAD_DIMS))}",
+        )
+    if ctx.graph.target not in TARGET_SMS:
+        ctx.problem("target", f"the paged form is built for {', '.join(TARGET_SMS)} (its SM count sets the splits)")
+    for name in (node.q, node.o, node.k, node.v):
+        _check_rows(ctx.tensor(name), ctx)
+    _check_cache(k, ctx)
+    if v.strides != k.strides:
+        ctx.problem(
+            f"{v.path}.strides",
+            f"the V cache's strides {list(v.strides)} differ from the K cache's {list(k.strides)}; "
+            "give both caches the same layout",
+        )
+    table = ctx.tensor(node.page_table)
+    if table.dims[1] > 1 and table.strides[1] != 1:
+        ctx.problem(f"{table.path}.strides[1]", f"stride {table.strides[1]}: each row of page ids must be contiguous")
+    lengths = ctx.tensor(node.kv_lengths)
+    if lengths.dims[0] > 1 and lengths.strides[0] != 1:
+        ctx.problem(f"{lengths.path}.strides[0]", f"stride {lengths.strides[0]}: lengths must be contiguous (stride 1)")
+    if node.batch > GRID_YZ_MAX:
+        ctx.problem(
+            f"{q.path}.dims[0]", f"batch {node.batch} is over {GRID_YZ_MAX}, a launch's grid z; split the batch"
+        )
+    if node.seq_kv > INT32_MAX:
+        ctx.problem(
+            f"{table.path}.dims[1]",
+            f"{table.dims[1]} pages of {node.page_size} tokens do not fit the kernel's int32 positions",
+        )
+
+
+def _check_rows(t: Tensor, ctx: ResolveContext) -> None:
+    """Every row of d elements is read or written in 16-byte pieces (TMA boxes for the caches)."""
+    last = len(t.dims) - 1
+    if t.strides[last] != 1:
+        ctx.problem(f"{t.path}.strides[{last}]", f"the head dim must be innermost (stride 1), found {t.strides[last]}")
+    for i in range(last):
+        if t.dims[i] > 1 and t.strides[i] % ROW_ALIGN_ELEMS:
+            ctx.problem(
+                f"{t.path}.strides[{i}]",
+                f"stride {t.strides[i]} must be a multiple of {ROW_ALIGN_ELEMS} elements (16 bytes) so rows "
+                "can be loaded in 16-byte pieces",
+            )
+
+
+def _check_cache(k: Tensor, ctx: ResolveContext) -> None:
+    """The cache is read as ragged rows: page p's row r is row p * (page stride / row stride) + r,
+    which must be a whole row and fit int32; TMA strides stay under 2**40 bytes."""
+    pages, page_size = k.dims[0], k.dims[1]
+    page_stride, row_stride = k.strides[0], k.strides[1]
+    if pages > 1 and (row_stride == 0 or page_stride % row_stride):
+        ctx.problem(
+            f"{k.path}.strides[0]",
+            f"page stride {page_stride} is not a multiple of the row stride {row_stride}: keep pages outermost, "
+            'as layout "pshd" (the default) does',
+        )
+    elif row_stride and (pages - 1) * (page_stride // row_stride) + page_size > INT32_MAX:
+        ctx.problem(f"{k.path}.dims[0]", f"{pages} pages of {page_size} rows do not fit the kernel's int32 rows")
+    for i in (1, 2):
+        if k.dims[i] > 1 and k.strides[i] * ELEMENT_BYTES >= TMA_STRIDE_LIMIT:
+            ctx.problem(f"{k.path}.strides[{i}]", "TMA loads need strides under 2**40 bytes")
+
+
+def _tma_stride(extent: int, stride: int) -> int:
+    """A dim of extent 1 is never stepped over: any stride TMA accepts (16 bytes) will do."""
+    return stride if extent > 1 else ROW_ALIGN_ELEMS
+
+
+def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chunk: int, workspace, ctx):
+    q, o, k = ctx.slot(node.q), ctx.slot(node.o), ctx.slot(node.k)
+    lse = ctx.slot(node.lse) if node.lse else None
+    table = ctx.slot(node.page_table)
+    rows = _rows(node)
+    row_blocks = -(-rows // ROWS)
+    row_stride = _tma_stride(k.dims[1], k.strides[1])
+    ints = {
+        "batch": node.batch,
+        "heads_kv": node.heads_kv,
+        "group": node.heads_q // node.heads_kv,
+        "s_new": node.seq_q,
+        "rows": rows,
+        "row_blocks": row_blocks,
+        "max_pages": table.dims[1],
+        "pages": node.pages,
+        "rows_per_page": k.strides[0] // row_stride if node.pages > 1 else node.page_size,
+        "chunk": chunk,
+        "splits": splits,
+    }
+    assert tuple(ints) == INT_PARAMS
+    values: dict[str, int | float] = dict(ints)
+    for role, slot in (("q", q), ("o", o), ("lse", lse)):
+        for i, s in enumerate(("stride_b", "stride_h", "stride_s")):
+            values[f"{role}.{s}"] = slot.strides[i] if slot is not None else 0
+    values["page_table.stride_b"] = table.strides[0]
+    values["scale_log2"] = node.attn_scale * LOG2_E
+    values["k.extents"] = values["v.extents"] = node.heads_kv
+    slots = {"k": k, "v": ctx.slot(node.v), "q": q, "o": o, "lse": lse, "page_table": table}
+    slots["seq_len_kv"] = ctx.slot(node.kv_lengths)
+    args = []
+    for param, kind in variant.params:
+        role = param.split(".")[0]
+        if kind in ("ptr", "tmap") and role in slots:
+            slot = slots[role]
+            args.append(Arg(param, kind, slot=slot.index) if slot is not None else Arg(param, kind, value=0))
+        elif kind == "ptr":  # the partial results: workspace with several splits, unused with one
+            args.append(Arg(param, kind, workspace=workspace[param]) if workspace else Arg(param, kind, value=0))
+        else:
+            args.append(Arg(param, kind, value=values[param]))
+    cache_strides = tuple(
+        _tma_stride(extent, stride)
+        for cache in (k, slots["v"])
+        for extent, stride in zip(cache.dims[:3], cache.strides[:3])
+    )
+    shape = (tuple(ints.values()), cache_strides)
+    grid = (splits, node.heads_kv * row_blocks, node.batch)
+    return ResolvedLaunch(node.name, variant, grid, tuple(args), shape)
+
+
+def _combine_launch(node: Sdpa, splits: int, chunk: int, workspace: dict[str, int], ctx) -> ResolvedLaunch:
+    o = ctx.slot(node.o)
+    lse = ctx.slot(node.lse) if node.lse else None
+    variant = DecodeCombineVariant(o.dtype, node.head_dim, lse is not None)
+    ints = {
+        "heads_kv": node.heads_kv,
+        "group": node.heads_q // node.heads_kv,
+        "rows": _rows(node),
+        "capacity": node.seq_kv,
+        "chunk": chunk,
+        "splits": splits,
+    }
+    assert tuple(ints) == COMBINE_INT_PARAMS
+    values: dict[str, int] = dict(ints)
+    for role, slot in (("o", o), ("lse", lse)):
+        for i, s in enumerate(("stride_b", "stride_h", "stride_s")):
+            values[f"{role}.{s}"] = slot.strides[i] if slot is not None else 0
+    slots = {"o": o, "lse": lse, "seq_len_kv": ctx.slot(node.kv_lengths)}
+    args = []
+    for param, kind in variant.params:
+        if param in workspace:
+            args.append(Arg(param, kind, workspace=workspace[param]))
+        elif param in slots:
+            slot = slots[param]
+            args.append(Arg(param, kind, slot=slot.index) if slot is not None else Arg(param, kind, value=0))
+        else:
+            args.append(Arg(param, kind, value=values[param]))
+    return ResolvedLaunch(node.name, variant, (_rows(node), node.heads_kv, node.batch), tuple(args))
