@@ -150,7 +150,7 @@ class DecodeCombine:
         lane, grp = tidx % self.lanes, tidx // self.lanes
         acc = cute.make_rmem_tensor(VECTOR, cutlass.Float32)
         acc.fill(0.0)
-        for s in range(grp, active, self.groups):
+        for s in cutlass.range(grp, active, self.groups, unroll=4):  # the loads overlap
             weight = cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
             src = cute.make_tensor(
                 o_partial + ((first + cutlass.Int64(s) * rows) * d + lane * VECTOR), cute.make_layout(VECTOR)

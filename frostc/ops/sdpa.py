@@ -294,7 +294,7 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
     if "hq" in sizes and "hkv" in sizes and sizes["hq"] % sizes["hkv"]:
         hq, hkv = sizes["hq"], sizes["hkv"]
         message = f"q has {hq} heads and k has {hkv}; GQA needs hq % hkv == 0, but {hq} % {hkv} = {hq % hkv}"
-        ctx.problems_at(tensors["k"].at("dims[1]"), message)
+        ctx.problems_at(tensors["k"].at(f"dims[{dims_of['k'].index('hkv')}]"), message)
         ok = False
     if "page_size" in sizes and (sizes["page_size"] % PAGE_SIZE_STEP or sizes["page_size"] > MAX_PAGE_SIZE):
         message = (

@@ -1,0 +1,189 @@
+"""The sdpa op's paged form (decode over a paged KV cache): its checks with their field paths,
+the split-KV decision made at build (from the capacities and the SM count), the launches and
+workspace it resolves into, a plan of append + attend, and real offline compiles of its kernels.
+Numerics are tests/gpu's business."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from frost_runtime.schema import decode_plan
+
+from frostc.build import build
+from frostc.description import parse_description
+from frostc.errors import DescriptionError
+from frostc.inspect import plan_summary
+from frostc.kernels.sdpa_decode_paged import BLOCK_N, decode_tiles
+from frostc.ops.sdpa_paged import TARGET_SMS, split_plan
+from frostc.resolve import resolve
+from tests.descriptions import check, edited, only, problems
+
+B, HQ, HKV, D, PAGE, MAX_PAGES, PAGES = 4, 8, 2, 128, 16, 64, 300
+
+
+def base(batch: int = B, max_pages: int = MAX_PAGES, new_tokens: int = 1) -> dict[str, Any]:
+    """Attention of `new_tokens` per sequence over a paged cache (bf16, GQA 4, d 128, pages of 16)."""
+    cache = {"dtype": "bf16", "dims": [PAGES, PAGE, HKV, D]}
+    rows = {"dtype": "bf16", "dims": [batch, HQ, new_tokens, D], "layout": "bshd"}
+    return {
+        "format": 1,
+        "name": "decode",
+        "tensors": {
+            "q": dict(rows),
+            "k_cache": dict(cache),
+            "v_cache": dict(cache),
+            "page_table": {"dtype": "int32", "dims": [batch, max_pages]},
+            "cache_len": {"dtype": "int32", "dims": [batch]},
+            "o": dict(rows),
+        },
+        "nodes": [
+            {
+                "op": "sdpa", "name": "attn", "q": "q", "k": "k_cache", "v": "v_cache", "o": "o",
+                "page_table": "page_table", "seq_len_kv": "cache_len", "causal": True,
+            }
+        ],
+    }  # fmt: skip
+
+
+def tweak(**changes: Any) -> dict[str, Any]:
+    return edited(base(), **changes)
+
+
+def test_a_paged_node_validates_with_its_capacities():
+    graph = check(base())
+    (node,) = graph.nodes
+    assert node.form == "paged"
+    assert (node.page_size, node.pages, node.seq_kv, node.seq_q) == (PAGE, PAGES, MAX_PAGES * PAGE, 1)
+    assert node.mask.alignment == "bottom_right"  # the new tokens are the cache's last
+    assert [role for role, _ in node.inputs] == ["q", "k", "v", "page_table", "seq_len_kv"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "words"),
+    [
+        ({"tensors.k_cache.dims": [PAGES, 24, HKV, D], "tensors.v_cache.dims": [PAGES, 24, HKV, D]},
+         "tensors.k_cache.dims[1]", ("page size 24", "multiple of 16")),
+        ({"tensors.k_cache.dims": [PAGES, 512, HKV, D], "tensors.v_cache.dims": [PAGES, 512, HKV, D]},
+         "tensors.k_cache.dims[1]", ("at most 256",)),
+        ({"tensors.q.dims": [B, HQ, 17, D], "tensors.o.dims": [B, HQ, 17, D]}, "tensors.q.dims[2]", ("1 (decode) to 16",)),
+        ({"nodes.0.diagonal_alignment": "top_left"}, "nodes[0].diagonal_alignment", ("bottom_right",)),
+        ({"nodes.0.window_left": 128}, "nodes[0].window_left", ("not supported in the paged form",)),
+        ({"nodes.0.softcap": 30.0}, "nodes[0].softcap", ("not supported in the paged form",)),
+        ({"nodes.0.seq_len_q": "cache_len"}, "nodes[0].seq_len_q", ("remove seq_len_q",)),
+        ({"nodes.0.max_seqlen_kv": 100}, "nodes[0].max_seqlen_kv", ("remove max_seqlen_kv",)),
+        ({"nodes.0.seq_len_kv": None, "tensors.cache_len": None}, "nodes[0].seq_len_kv", ("missing",)),
+        ({"tensors.page_table.dtype": "fp32"}, "tensors.page_table.dtype", ("page ids", "int32")),
+        ({"tensors.cache_len.dtype": "fp32"}, "tensors.cache_len.dtype", ("int32",)),
+        ({"tensors.page_table.dims": [B + 1, MAX_PAGES]}, "tensors.page_table.dims[0]", ("batch 5", "4")),
+        ({"tensors.v_cache.dims": [PAGES, PAGE, HKV + 1, D]}, "tensors.v_cache.dims[2]", ("kv heads 3",)),
+        ({"tensors.k_cache.dims": [PAGES, PAGE, 3, D], "tensors.v_cache.dims": [PAGES, PAGE, 3, D]},
+         "tensors.k_cache.dims[2]", ("GQA", "8 % 3")),
+        ({"tensors.k_cache.dims": [PAGES, PAGE, HKV]}, "tensors.k_cache.dims", ("(pages, page_size, hkv, d)",)),
+    ],
+)  # fmt: skip
+def test_bad_paged_declarations_name_the_field_and_the_fix(changes, path, words):
+    only(tweak(**changes), path, *words)
+
+
+def declined(d: dict[str, Any]) -> list:
+    graph = check(d)  # valid: only the kernels' support is lacking
+    with pytest.raises(DescriptionError) as e:
+        resolve(graph)
+    return e.value.problems
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "words"),
+    [
+        ({"tensors.k_cache.layout": "sphd", "tensors.v_cache.layout": "sphd"}, "tensors.k_cache.strides[0]",
+         ("multiple of the row stride", "pshd")),
+        ({"tensors.v_cache.layout": "phsd"}, "tensors.v_cache.strides", ("same layout",)),
+        ({"tensors.q.dims": [B, HQ, 1, 96], "tensors.o.dims": [B, HQ, 1, 96], "tensors.k_cache.dims": [PAGES, PAGE, HKV, 96],
+          "tensors.v_cache.dims": [PAGES, PAGE, HKV, 96]}, "tensors.q.dims[3]", ("head dim 96",)),
+        ({"tensors.q.strides": [1024, 128, 1024, 1], "tensors.q.layout": None, "tensors.page_table.strides": [1, B]},
+         "tensors.page_table.strides[1]", ("contiguous",)),
+        ({"tensors.o.strides": [1025, 128, 1025, 1], "tensors.o.layout": None}, "tensors.o.strides[0]", ("multiple of 8",)),
+    ],
+)  # fmt: skip
+def test_unsupported_layouts_are_declined_at_resolve(changes, path, words):
+    found = declined(tweak(**changes))
+    assert path in [p.path for p in found], found
+    message = next(p.message for p in found if p.path == path)
+    for word in words:
+        assert word in message
+
+
+def test_a_long_context_for_few_sequences_is_split():
+    plan = resolve(check(base(batch=1, max_pages=8192)))  # 131072 keys, 2 KV heads
+    attention, combine = plan.launches
+    splits, chunk = attention.grid[0], _arg(attention, "chunk")
+    assert splits > 1 and _arg(attention, "splits") == splits == _arg(combine, "splits")
+    assert chunk % BLOCK_N == 0 and splits * chunk >= 8192 * PAGE > (splits - 1) * chunk
+    assert combine.grid == (HQ // HKV, HKV, 1)  # one CTA per query row
+    names = [r.name for r in plan.workspace]
+    assert names == ["attn.o_partial", "attn.lse_partial"]
+    rows = HQ // HKV
+    assert plan.workspace[0].bytes == HKV * splits * rows * D * 4
+    assert [c.longest for c in plan.lengths] == [8192 * PAGE]
+
+
+def test_many_sequences_run_unsplit_with_no_workspace():
+    plan = resolve(check(base(batch=512, max_pages=16)))
+    (attention,) = plan.launches
+    assert attention.grid == (1, HKV, 512)
+    assert attention.variant.split is False and plan.workspace_bytes == 0
+
+
+def test_the_split_count_follows_the_sm_count_and_the_residency():
+    node = check(base(batch=8, max_pages=3072)).nodes[0]
+    ctas = decode_tiles(D, PAGE).ctas_per_sm
+    few, _ = split_plan(node, ctas, 66)
+    many, chunk = split_plan(node, ctas, TARGET_SMS["sm_90a"])
+    assert 1 < few < many
+    units = 8 * HKV
+    assert units * many >= 2 * TARGET_SMS["sm_90a"] * ctas  # waves of CTAs at full capacity
+    assert chunk >= 4 * BLOCK_N
+
+
+def test_more_rows_than_one_warpgroup_make_row_blocks():
+    d = base(new_tokens=16)  # 16 tokens x 4 heads of a group = 64 rows: one block
+    assert resolve(check(d)).launches[0].grid[1] == HKV
+    d = edited(d, **{"tensors.q.dims": [B, 16, 16, D], "tensors.o.dims": [B, 16, 16, D]})  # 128 rows
+    assert resolve(check(d)).launches[0].grid[1] == 2 * HKV
+
+
+def _arg(launch, name: str):
+    return next(a.value for a in launch.args if a.param == name)
+
+
+def decode_step() -> dict[str, Any]:
+    """kv_append then sdpa over the same caches, lengths and page table."""
+    d = base(batch=2, max_pages=512)
+    d["tensors"]["k_new"] = {"dtype": "bf16", "dims": [2, HKV, 1, D], "layout": "bshd"}
+    d["tensors"]["v_new"] = {"dtype": "bf16", "dims": [2, HKV, 1, D], "layout": "bshd"}
+    d["tensors"]["lse"] = {"dtype": "fp32", "dims": [2, HQ, 1]}
+    d["nodes"][0]["lse"] = "lse"
+    append = {
+        "op": "kv_append", "name": "append", "k": "k_new", "v": "v_new", "k_cache": "k_cache",
+        "v_cache": "v_cache", "page_table": "page_table", "seq_len_kv": "cache_len",
+    }  # fmt: skip
+    d["nodes"].insert(0, append)
+    return d
+
+
+def test_a_decode_step_plan_builds_and_inspect_shows_nodes_splits_and_workspace():
+    import json
+
+    plan = decode_plan(build(parse_description(json.dumps(decode_step()), fmt="json")))
+    assert [launch.node for launch in plan.launches] == ["append", "attn", "attn"]
+    assert [s.name for s in plan.slots if s.is_output] == ["k_cache", "v_cache", "o", "lse"]
+    text = json.dumps(plan_summary(plan))
+    for word in ("kv_append", "sdpa_decode_paged", "sdpa_decode_combine", "splits", "attn.o_partial", "cache_len"):
+        assert word in text, word
+
+
+def test_the_caches_cannot_be_written_by_the_attention():
+    d = decode_step()
+    d["nodes"][1]["o"] = "k_cache"
+    assert any("k_cache" in p.message for p in problems(d))
