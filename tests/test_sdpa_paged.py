@@ -66,7 +66,8 @@ def test_a_paged_node_validates_with_its_capacities():
          "tensors.k_cache.dims[1]", ("page size 24", "multiple of 16")),
         ({"tensors.k_cache.dims": [PAGES, 512, HKV, D], "tensors.v_cache.dims": [PAGES, 512, HKV, D]},
          "tensors.k_cache.dims[1]", ("at most 256",)),
-        ({"tensors.q.dims": [B, HQ, 17, D], "tensors.o.dims": [B, HQ, 17, D]}, "tensors.q.dims[2]", ("1 (decode) to 16",)),
+        ({"tensors.q.dims": [B, HQ, 17, D], "tensors.o.dims": [B, HQ, 17, D]}, "tensors.q.dims[2]",
+         ("1 (decode) to 16",)),
         ({"nodes.0.diagonal_alignment": "top_left"}, "nodes[0].diagonal_alignment", ("bottom_right",)),
         ({"nodes.0.window_left": 128}, "nodes[0].window_left", ("not supported in the paged form",)),
         ({"nodes.0.softcap": 30.0}, "nodes[0].softcap", ("not supported in the paged form",)),
@@ -99,11 +100,13 @@ def declined(d: dict[str, Any]) -> list:
         ({"tensors.k_cache.layout": "sphd", "tensors.v_cache.layout": "sphd"}, "tensors.k_cache.strides[0]",
          ("multiple of the row stride", "pshd")),
         ({"tensors.v_cache.layout": "phsd"}, "tensors.v_cache.strides", ("same layout",)),
-        ({"tensors.q.dims": [B, HQ, 1, 96], "tensors.o.dims": [B, HQ, 1, 96], "tensors.k_cache.dims": [PAGES, PAGE, HKV, 96],
-          "tensors.v_cache.dims": [PAGES, PAGE, HKV, 96]}, "tensors.q.dims[3]", ("head dim 96",)),
+        ({"tensors.q.dims": [B, HQ, 1, 96], "tensors.o.dims": [B, HQ, 1, 96],
+          "tensors.k_cache.dims": [PAGES, PAGE, HKV, 96], "tensors.v_cache.dims": [PAGES, PAGE, HKV, 96]},
+         "tensors.q.dims[3]", ("head dim 96",)),
         ({"tensors.q.strides": [1024, 128, 1024, 1], "tensors.q.layout": None, "tensors.page_table.strides": [1, B]},
          "tensors.page_table.strides[1]", ("contiguous",)),
-        ({"tensors.o.strides": [1025, 128, 1025, 1], "tensors.o.layout": None}, "tensors.o.strides[0]", ("multiple of 8",)),
+        ({"tensors.o.strides": [1025, 128, 1025, 1], "tensors.o.layout": None}, "tensors.o.strides[0]",
+         ("multiple of 8",)),
     ],
 )  # fmt: skip
 def test_unsupported_layouts_are_declined_at_resolve(changes, path, words):
@@ -136,14 +139,18 @@ def test_many_sequences_run_unsplit_with_no_workspace():
 
 
 def test_the_split_count_follows_the_sm_count_and_the_residency():
-    node = check(base(batch=8, max_pages=3072)).nodes[0]
+    node = check(base(batch=32, max_pages=4096)).nodes[0]  # 64 (sequence, KV head) pairs, 65536 keys
     ctas = decode_tiles(D, PAGE).ctas_per_sm
     few, _ = split_plan(node, ctas, 66)
     many, chunk = split_plan(node, ctas, TARGET_SMS["sm_90a"])
     assert 1 < few < many
-    units = 8 * HKV
-    assert units * many >= 2 * TARGET_SMS["sm_90a"] * ctas  # waves of CTAs at full capacity
-    assert chunk >= 4 * BLOCK_N
+    assert 32 * HKV * many >= 4 * TARGET_SMS["sm_90a"] * ctas  # waves of CTAs at full capacity
+    assert chunk >= 2048 and chunk % BLOCK_N == 0
+
+
+def test_short_capacities_and_full_grids_are_not_split():
+    assert split_plan(check(base(batch=2, max_pages=64)).nodes[0], 2, 132)[0] == 1  # 1024 keys: one chunk
+    assert split_plan(check(base(batch=512, max_pages=4096)).nodes[0], 2, 132)[0] == 1  # 1024 CTAs already
 
 
 def test_more_rows_than_one_warpgroup_make_row_blocks():

@@ -9,9 +9,9 @@ kernel's CTAs past the end wrote nothing, so their workspace is stale, and a seq
 short to fill every split is merged from the splits it has. A row that sees no key (every
 split LSE = -inf, or no split) gets O = 0 and LSE = -inf.
 
-One CTA per (row, KV head, sequence); 128 threads: the splits' LSE are reduced across the
+One CTA per (row, KV head, sequence); 256 threads: the splits' LSE are reduced across the
 CTA, then O is summed with 16-byte loads, each thread a 4-float piece of d for every
-`128 / (d / 4)`-th split, and the pieces' partial sums added through shared memory.
+`256 / (d / 4)`-th split, and the pieces' partial sums added through shared memory.
 """
 
 from dataclasses import dataclass
@@ -23,7 +23,7 @@ from cutlass.cute.typing import AddressSpace
 
 from frostc.kernels.sdpa_common import LN_2, LOG2_E, dsl_dtype
 
-THREADS = 128
+THREADS = 256
 WARPS = THREADS // 32
 VECTOR = 4  # fp32 elements per 16-byte load
 INT_PARAMS = ("heads_kv", "group", "rows", "capacity", "chunk", "splits")
@@ -164,11 +164,13 @@ class DecodeCombine:
         token, head = row // group, head_kv * group + row % group
         at = cutlass.Int64(b) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
         out = cute.make_tensor(o + at, cute.make_layout(d))
-        for col in cutlass.range_constexpr(0, d, THREADS):
-            value = cutlass.Float32(0.0)
-            for g in cutlass.range_constexpr(self.groups):
-                value = value + pieces[col + tidx, g]
-            out[col + tidx] = (value * inv).to(self.dtype)
+        for first in cutlass.range_constexpr(0, d, THREADS):  # d may be more or fewer than the threads
+            col = first + tidx
+            if col < d:
+                value = cutlass.Float32(0.0)
+                for g in cutlass.range_constexpr(self.groups):
+                    value = value + pieces[col, g]
+                out[col] = (value * inv).to(self.dtype)
         if cutlass.const_expr(self.v.has_lse):
             if tidx == 0:
                 at = cutlass.Int64(b) * lse_sb + cutlass.Int64(head) * lse_sh + cutlass.Int64(token) * lse_ss
@@ -179,7 +181,7 @@ class DecodeCombine:
 
     @cute.jit
     def _cta_reduce(self, value, scratch, tidx, combine):
-        """`combine` over the CTA's 128 values; every thread gets the result."""
+        """`combine` over the CTA's values (one a thread); every thread gets the result."""
         value = cute.arch.warp_reduction(value, combine)
         if tidx % 32 == 0:
             scratch[tidx // 32] = value

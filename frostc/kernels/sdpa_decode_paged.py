@@ -215,6 +215,7 @@ class Work:
     head_kv: cutlass.Int32
     row_block: cutlass.Int32
     kv_len: cutlass.Int32  # the sequence's keys (clamped to the capacity)
+    capacity: cutlass.Int32  # positions the page table lists (max_pages * page_size)
     key_first: cutlass.Int32  # the split's first key
     blocks: cutlass.Int32  # key blocks of the split that hold keys (0: nothing to do)
 
@@ -430,12 +431,15 @@ class PagedDecode:
         key_first = split * chunk
         key_end = cutlass.min(key_first + chunk, kv_len)
         blocks = cutlass.max(key_end - key_first + (t.block_n - 1), 0) // t.block_n
-        work = Work(b, head_rows // row_blocks, head_rows % row_blocks, kv_len, key_first, blocks)
+        work = Work(b, head_rows // row_blocks, head_rows % row_blocks, kv_len, capacity, key_first, blocks)
+        # the first block's page ids do not depend on the length: their loads overlap its load
+        pt_row = page_table + cutlass.Int64(b) * pt_sb
+        first_pages = self._block_pages(pt_row, work, 0, pages)
         # a split past the sequence's end has nothing to add (the combine kernel counts the
         # splits from the lengths); with one split the CTA writes the rows even without keys
         args = (
             work, (k_tma, mK), (v_tma, mV), q, (q_sb, q_sh, q_ss), (o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss),
-            (o_partial, lse_partial), page_table + cutlass.Int64(b) * pt_sb, (group, s_new, rows, splits, split),
+            (o_partial, lse_partial), (pt_row, first_pages), (group, s_new, rows, splits, split),
             (heads_kv, pages, rows_per_page), scale_log2, tidx, warp,
         )  # fmt: skip
         if cutlass.const_expr(self.variant.split):
@@ -445,7 +449,7 @@ class PagedDecode:
             self._run(*args)
 
     @cute.jit
-    def _run(self, work, k_load, v_load, q, q_strides, o_args, lse_args, partials, pt_row, geometry, extents,
+    def _run(self, work, k_load, v_load, q, q_strides, o_args, lse_args, partials, page_ids, geometry, extents,
              scale_log2, tidx, warp):  # fmt: skip
         heads_kv, pages, rows_per_page = extents
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
@@ -458,7 +462,7 @@ class PagedDecode:
         cute.arch.sync_threads()
         if warp == PRODUCER_WARP:
             if tidx % 32 == 0:
-                self._produce(k_pipe, v_pipe, sK, sV, k_load, v_load, work, pt_row, pages, rows_per_page)
+                self._produce(k_pipe, v_pipe, sK, sV, k_load, v_load, work, page_ids, pages, rows_per_page)
         else:
             self._consume(k_pipe, v_pipe, sQ, sK, sV, work, geometry, q, q_strides, tidx, scale_log2, o_args,
                           lse_args, partials, heads_kv)  # fmt: skip
@@ -471,13 +475,13 @@ class PagedDecode:
         return cutlass.select_(page < pages, cutlass.max(page, -1), -1)
 
     @cute.jit
-    def _produce(self, k_pipe, v_pipe, sK, sV, k_load, v_load, work, pt_row, pages, rows_per_page):
+    def _produce(self, k_pipe, v_pipe, sK, sV, k_load, v_load, work, page_ids, pages, rows_per_page):
         t = self.tiles
         boxes = t.block_n // t.box_rows
         ring = Ring(t.stages)
         (k_tma, mK), (v_tma, mV) = k_load, v_load
         # each box's page, read one block ahead so the loads overlap the ring's waits
-        next_pages = self._block_pages(pt_row, work, 0, pages)
+        pt_row, next_pages = page_ids
         for j in range(0, work.blocks, 1):
             block_pages = next_pages
             next_pages = self._block_pages(pt_row, work, cutlass.min(j + 1, work.blocks - 1), pages)
@@ -507,11 +511,12 @@ class PagedDecode:
                     self._copy_box(v_tma, s_box, g_box, v_pipe.sync_object_full.get_barrier(stage))
 
     def _block_pages(self, pt_row, work, j, pages):
-        """The page of each box of key block j (boxes past the sequence's end: any valid id)."""
+        """The page of each box of key block j, from the page table (positions past the capacity
+        read the last entry: within the table; boxes past the sequence's end load nothing)."""
         t = self.tiles
         result = []
         for i in range(t.block_n // t.box_rows):
-            key = cutlass.min(work.key_first + j * t.block_n + i * t.box_rows, cutlass.max(work.kv_len - 1, 0))
+            key = cutlass.min(work.key_first + j * t.block_n + i * t.box_rows, work.capacity - 1)
             result.append(self._box_page(pt_row, key, pages))
         return tuple(result)
 

@@ -31,8 +31,10 @@ TMA_STRIDE_LIMIT = 1 << 40  # bytes
 INT32_MAX = (1 << 31) - 1
 GRID_YZ_MAX = 65535
 TARGET_SMS = {"sm_90a": 132}  # H100 SXM and H200
-WAVES = 3  # CTAs per resident slot the splits aim for (at full capacity): the tail stays short
-MIN_CHUNK_BLOCKS = 4  # keys per split at least 4 blocks: the combine's cost stays small
+WAVES = 5  # CTAs per resident slot the splits aim for at full capacity: lengths vary, the tail stays short
+UNSPLIT_WAVES = 3  # as many (sequence, KV head) CTAs as this many waves: no split needed
+MIN_CHUNK_BLOCKS = 32  # 2048 keys per split at least: a CTA's start and the combine stay a small part
+# (bench/NOTES.md: decode v1 measured 2, 3, 5 and 8 waves on the issue's rows)
 
 
 def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
@@ -68,11 +70,13 @@ def _rows(node: Sdpa) -> int:
 
 
 def split_plan(node: Sdpa, ctas_per_sm: int, sms: int) -> tuple[int, int]:
-    """(splits, chunk keys): enough CTAs at full capacity for WAVES per resident slot, each
-    split at least MIN_CHUNK_BLOCKS blocks; chunk is a whole number of blocks."""
+    """(splits, chunk keys): one split when the (sequence, KV head) CTAs already fill
+    UNSPLIT_WAVES waves of the resident slots; else enough splits for WAVES waves at full
+    capacity, each at least MIN_CHUNK_BLOCKS blocks. The chunk is a whole number of blocks."""
     units = node.batch * node.heads_kv * -(-_rows(node) // ROWS)
+    slots = sms * ctas_per_sm
     blocks = -(-node.seq_kv // BLOCK_N)
-    wanted = -(-WAVES * sms * ctas_per_sm // units)
+    wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
     splits = max(1, min(wanted, blocks // MIN_CHUNK_BLOCKS))
     chunk_blocks = -(-blocks // splits)
     return -(-blocks // chunk_blocks), chunk_blocks * BLOCK_N

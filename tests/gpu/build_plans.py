@@ -1,10 +1,14 @@
 """Build the plans the GPU tests need into tests/.built (ignored by git; carried to the GPU).
 
-    python -m tests.gpu.build_plans
+    python -m tests.gpu.build_plans [--only sdpa|decode]
 
 Runs on the CPU machine: compiling needs the CuTe DSL, which the GPU machine does not have.
+The sdpa plans go to manifest.json (and two-nodes.frost), the paged-KV decode plans of
+tests/gpu/decode_cases.py to decode-manifest.json. A decode plan that fails to build is reported
+by name with its error, the others are still built, and the command exits 1.
 """
 
+import argparse
 import json
 import sys
 import time
@@ -15,6 +19,8 @@ from frostc import GraphBuilder
 from frostc.build import build
 from frostc.planfile import write_atomic
 from tests.gpu.cases import TWO_NODES, Case, cases
+from tests.gpu.decode_cases import DecodeCase
+from tests.gpu.decode_cases import cases as decode_cases
 
 BUILT = Path(__file__).resolve().parent.parent / ".built"
 
@@ -67,8 +73,34 @@ def description(case: Case, g: GraphBuilder | None = None, prefix: str = ""):
     return g.build() if alone else g
 
 
-def main() -> int:
-    BUILT.mkdir(exist_ok=True)
+def decode_description(case: DecodeCase):
+    """kv_append then sdpa over the paged caches (or either alone, as the case says)."""
+    g = GraphBuilder(case.id)
+    b, hq, hkv, d, n = case.batch, case.heads_q, case.heads_kv, case.head_dim, case.s_new
+    append, attend = case.nodes in ("both", "append"), case.nodes in ("both", "sdpa")
+    if attend:
+        g.tensor("q", dtype=case.dtype, dims=(b, hq, n, d), layout=case.layout)
+    if append:
+        for name in ("k_new", "v_new"):
+            g.tensor(name, dtype=case.dtype, dims=(b, hkv, n, d), layout=case.layout)
+    for name in ("k_cache", "v_cache"):  # (pages, page_size, hkv, d)
+        g.tensor(name, dtype=case.dtype, dims=(case.pages, case.page_size, hkv, d))
+    g.tensor("page_table", dtype="int32", dims=(b, case.max_pages))
+    g.tensor("cache_len", dtype="int32", dims=(b,))
+    if attend:
+        g.tensor("o", dtype=case.dtype, dims=(b, hq, n, d), layout=case.layout)
+        if case.lse:
+            g.tensor("lse", dtype="fp32", dims=(b, hq, n))
+    paged = dict(k_cache="k_cache", v_cache="v_cache", page_table="page_table", seq_len_kv="cache_len")
+    if append:
+        g.node("kv_append", name="append", k="k_new", v="v_new", **paged)
+    if attend:
+        g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", lse="lse" if case.lse else None,
+               page_table="page_table", seq_len_kv="cache_len", causal=case.causal or None)  # fmt: skip
+    return g.build()
+
+
+def build_sdpa() -> None:
     manifest = []
     start = time.time()
     all_cases = cases()
@@ -83,6 +115,47 @@ def main() -> int:
         description(case, g, prefix)
     write_atomic(BUILT / "two-nodes.frost", build(g.build()))
     print("two-nodes", flush=True)
+
+
+def build_decode() -> list[tuple[str, str]]:
+    """Build every decode case it can; returns (case id, error) of those that failed. The
+    manifest lists the built ones (test_decode.py fails on the missing ones by name)."""
+    manifest, failed = [], []
+    start = time.time()
+    all_cases = decode_cases()
+    for stale in BUILT.glob("decode-*.frost"):  # a plan that no longer builds must not be tested
+        stale.unlink()
+    for i, case in enumerate(all_cases):
+        path = BUILT / f"{case.id}.frost"
+        try:
+            write_atomic(path, build(decode_description(case)))
+        except Exception as exc:  # reported by name below; the other cases still build
+            failed.append((case.id, f"{type(exc).__name__}: {exc}"))
+            print(f"[decode {i + 1}/{len(all_cases)}] {case.id}  FAILED: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        extra = {"plan": path.name, "pages": case.pages, "capacity": case.capacity}
+        manifest.append(asdict(case) | extra)
+        size = path.stat().st_size >> 10
+        print(f"[decode {i + 1}/{len(all_cases)}] {case.id}  {size} KiB ({time.time() - start:.0f} s)", flush=True)
+    write_atomic(BUILT / "decode-manifest.json", json.dumps(manifest, indent=1).encode())
+    return failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Build the GPU tests' plans into tests/.built.")
+    parser.add_argument("--only", choices=["sdpa", "decode"], help="build one set only (default: both)")
+    args = parser.parse_args()
+    BUILT.mkdir(exist_ok=True)
+    if args.only != "decode":
+        build_sdpa()
+    if args.only == "sdpa":
+        return 0
+    failed = build_decode()
+    if failed:
+        print(f"\n{len(failed)} of {len(decode_cases())} decode plans FAILED to build (not in decode-manifest.json):")
+        for case_id, error in failed:
+            print(f"  {case_id}: {error.splitlines()[0] if error else ''}")
+        return 1
     return 0
 
 

@@ -1,0 +1,346 @@
+"""Paged-KV decode throughput: one frostc plan per row (kv_append + attention over the paged
+caches) beside FlashAttention-4's paged path (where installed) and torch SDPA on a gathered
+dense cache, with this GPU's measured read ceiling, one run.
+
+    python bench/decode.py build                       # CPU machine: compile into bench/.built
+    python bench/decode.py run [--json FILE] [--md FILE]   # GPU machine: time everything, print a table
+
+Rows: bf16, hq 32, hkv 8, d 128, contexts uniform in [mean/2, 3·mean/2] (seeded; the batch-1 row
+exactly 131072), pages of each sequence a shuffled draw from the pool. The plans' capacity is
+max_pages = ceil(3·mean/2 / page) per sequence (batch 1: 131072 / page), the pool batch ·
+max_pages pages. A frostc step is the whole plan, `bound.execute()`: the append of this step's
+K/V rows, then the attention (split-KV plans: partial results + combine). FlashAttention-4
+appends nothing: its time is attention alone. torch's time counts the gather of the pages into a
+dense (batch, hkv, longest, d) cache, the length mask and SDPA.
+
+Times are device times from CUDA-graph replays (`bench/sdpa.py`'s `time_ms`: 20 steps in one
+graph, median of 10 replays). TB/s counts the KV bytes a step must read: Σ len · hkv · d · 2 bytes
+· 2 (K and V). The ceiling is the fastest plain read of a 4 GiB buffer in the same run (a torch
+reduction, which reads every byte once and writes a scalar). frostc's O is checked against
+float32 attention on the gathered cache before its time is reported; a row that fails prints
+"wrong" and the run exits 1.
+"""
+
+import argparse
+import datetime
+import functools
+import json
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILT = ROOT / "bench" / ".built"
+sys.path.insert(0, str(ROOT / "bench"))
+from sdpa import time_ms  # noqa: E402
+
+HQ, HKV, D = 32, 8, 128
+LONG = 131072
+CEILING_BYTES = 4 << 30
+
+
+@dataclass(frozen=True)
+class Row:
+    batch: int
+    mean: int  # contexts uniform in [mean/2, 3 mean/2]; batch 1: exactly LONG
+    page: int
+    s_new: int = 1
+    causal: bool = False  # bottom-right (speculative tokens see the cache and each other in order)
+
+    @property
+    def max_pages(self) -> int:
+        return LONG // self.page if self.batch == 1 else -(-(3 * self.mean // 2) // self.page)
+
+    @property
+    def pages(self) -> int:
+        return self.batch * self.max_pages
+
+    @property
+    def plan(self) -> str:
+        return f"decode-b{self.batch}-ctx{self.mean}-p{self.page}-n{self.s_new}{'-causal' if self.causal else ''}"
+
+    def lengths(self) -> list[int]:
+        if self.batch == 1:
+            return [LONG]
+        rng = random.Random(f"{self.batch}-{self.mean}")  # the same contexts at every page size
+        return [rng.randint(self.mean // 2, 3 * self.mean // 2) for _ in range(self.batch)]
+
+
+ROWS = [
+    Row(32, 8192, 128),
+    Row(32, 8192, 16),
+    Row(8, 32768, 128),
+    Row(128, 2048, 128),
+    Row(1, LONG, 128),
+    Row(32, 8192, 128, s_new=4, causal=True),  # speculative decoding: 4 tokens per step
+]
+
+
+def build() -> int:
+    sys.path.insert(0, str(ROOT))
+    from frostc import GraphBuilder
+    from frostc.build import build as build_plan
+    from frostc.planfile import write_atomic
+
+    BUILT.mkdir(parents=True, exist_ok=True)
+    for row in ROWS:
+        b, n = row.batch, row.s_new
+        g = GraphBuilder(row.plan)
+        g.tensor("q", dtype="bf16", dims=(b, HQ, n, D), layout="bshd")
+        g.tensor("k_new", dtype="bf16", dims=(b, HKV, n, D), layout="bshd")
+        g.tensor("v_new", dtype="bf16", dims=(b, HKV, n, D), layout="bshd")
+        g.tensor("k_cache", dtype="bf16", dims=(row.pages, row.page, HKV, D))
+        g.tensor("v_cache", dtype="bf16", dims=(row.pages, row.page, HKV, D))
+        g.tensor("page_table", dtype="int32", dims=(b, row.max_pages))
+        g.tensor("cache_len", dtype="int32", dims=(b,))
+        g.tensor("o", dtype="bf16", dims=(b, HQ, n, D), layout="bshd")
+        g.node("kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache",
+               page_table="page_table", seq_len_kv="cache_len")  # fmt: skip
+        g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", page_table="page_table", seq_len_kv="cache_len",
+               causal=row.causal or None)  # fmt: skip
+        write_atomic(BUILT / f"{row.plan}.frost", build_plan(g.build()))
+        print("built", row.plan, flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------- the GPU side
+
+
+def read_ceiling() -> dict:
+    """Bytes per second of the fastest plain read of a 4 GiB buffer (a reduction to a scalar:
+    every byte read once, nothing written back but the result). Also the device copy (read +
+    write, both counted) for reference."""
+    import torch
+
+    x = torch.ones(CEILING_BYTES // 2, dtype=torch.bfloat16, device="cuda")
+    readers = {
+        "torch.sum of 4 GiB bf16 (fp32 accumulation)": lambda: x.sum(dtype=torch.float32),
+        "torch.sum of the same 4 GiB viewed as fp32": lambda: x.view(torch.float32).sum(),
+    }
+    rates = {name: CEILING_BYTES / (time_ms(fn) * 1e-3) for name, fn in readers.items()}
+    best = max(rates, key=rates.get)
+    half = x[: x.numel() // 2]
+    y = torch.empty_like(half)
+    copy = 2 * half.numel() * 2 / (time_ms(lambda: y.copy_(half)) * 1e-3)
+    return {"bytes_per_s": rates[best], "how": best, "all": rates, "copy_read_plus_write": copy}
+
+
+def _fa4():
+    """FlashAttention-4's paged entry where importable (../shared/tools/fa4-peer), else the reason."""
+    try:
+        from flash_attn.cute.interface import _flash_attn_fwd
+    except Exception as exc:  # ImportError, or the DSL failing to import on this machine
+        return None, f"{type(exc).__name__}: {exc}"
+    return _flash_attn_fwd, None
+
+
+def _mask(lens, n: int, keys: int, causal: bool):
+    """(b, 1, n, keys) bool from the device lengths: key j of sequence b is seen by query t when
+    j < len (and j <= len - n + t when causal)."""
+    import torch
+
+    j = torch.arange(keys, device="cuda")[None, None, None, :]
+    end = lens.long()[:, None, None, None]
+    seen = j < end
+    if causal:
+        t = torch.arange(n, device="cuda")[None, None, :, None]
+        seen = seen & (j <= end - n + t)
+    return seen
+
+
+def _reference(row: Row, q, k_cache, v_cache, table: list[list[int]], lens: list[int]):
+    """float32 attention of each sequence on its gathered cache: (b, n, hq, d) like q."""
+    import torch
+    import torch.nn.functional as F
+
+    out = torch.empty(q.shape, dtype=torch.float32, device="cuda")
+    n, group = row.s_new, HQ // HKV
+    for b, length in enumerate(lens):
+        ids = torch.tensor(table[b][: -(-length // row.page)], device="cuda")
+        k, v = (c[ids].reshape(-1, HKV, D)[:length].transpose(0, 1).float() for c in (k_cache, v_cache))
+        k, v = k.repeat_interleave(group, 0)[None], v.repeat_interleave(group, 0)[None]
+        mask = None
+        if row.causal:
+            mask = torch.arange(length, device="cuda")[None, :] <= torch.arange(n, device="cuda")[:, None] + length - n
+        qb = q[b].transpose(0, 1)[None].float()  # (1, hq, n, d)
+        out[b] = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask)[0].transpose(0, 1)
+    return out
+
+
+def _rel_err(got, want) -> float:
+    return float((got.float() - want).norm() / want.norm())
+
+
+def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    b, n, P = row.batch, row.s_new, row.page
+    lens = row.lengths()
+    torch.manual_seed(0)
+    t = {
+        "q": torch.randn(b, n, HQ, D, device="cuda", dtype=torch.bfloat16),  # physical bshd
+        "k_new": torch.randn(b, n, HKV, D, device="cuda", dtype=torch.bfloat16),
+        "v_new": torch.randn(b, n, HKV, D, device="cuda", dtype=torch.bfloat16),
+        "k_cache": torch.randn(row.pages, P, HKV, D, device="cuda", dtype=torch.bfloat16),
+        "v_cache": torch.randn(row.pages, P, HKV, D, device="cuda", dtype=torch.bfloat16),
+        "page_table": torch.randperm(row.pages, device="cuda").to(torch.int32).view(b, row.max_pages),  # shuffled
+        "cache_len": torch.tensor(lens, dtype=torch.int32, device="cuda"),
+        "o": torch.empty(b, n, HQ, D, device="cuda", dtype=torch.bfloat16),
+    }
+    logical = {name: t[name].transpose(1, 2) for name in ("q", "k_new", "v_new", "o")}  # (b, h, n, d)
+    table = t["page_table"].tolist()
+    kv_bytes = sum(lens) * HKV * D * 2 * 2
+    result = {"row": row.plan, "batch": b, "mean": row.mean, "page": P, "s_new": n, "causal": row.causal,
+              "lengths": lens, "kv_bytes": kv_bytes, "us": {}, "errors": {}}  # fmt: skip
+
+    plan = frost_runtime.load(BUILT / f"{row.plan}.frost")
+    result["launches"] = [launch.node for launch in plan.data.launches]
+    bound = plan.bind(*[logical.get(name, t.get(name)) for name in plan.slots], workspace=plan.allocate_workspace())
+    t["o"].fill_(float("nan"))
+    bound.execute()
+    torch.cuda.synchronize()
+    want = _reference(row, t["q"], t["k_cache"], t["v_cache"], table, lens)  # the caches after the append
+    result["errors"]["frostc"] = err = _rel_err(t["o"], want)
+    if not err < 2e-2:
+        result["wrong"] = True
+        plan.close()
+        return result
+    result["us"]["frostc"] = time_ms(bound.execute) * 1e3
+
+    if fa4 is not None:  # attention alone: FlashAttention-4 has no append
+        fa4_call = functools.partial(fa4, t["q"], t["k_cache"], t["v_cache"], seqused_k=t["cache_len"],
+                                     page_table=t["page_table"], causal=row.causal)  # fmt: skip
+        try:
+            out = fa4_call()  # the first call JIT-compiles (seconds): a warm-up outside the timing
+            out = out[0] if isinstance(out, tuple) else out
+            torch.cuda.synchronize()
+            result["errors"]["fa4"] = _rel_err(out, want)
+            result["us"]["fa4"] = time_ms(fa4_call) * 1e3
+        except Exception as exc:  # reported in its column; the row goes on
+            result["fa4_failed"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+    # torch: gather every sequence's pages (up to the longest) into a dense cache, mask, SDPA
+    keys_pages = -(-max(lens) // P)
+    ids = t["page_table"][:, :keys_pages]
+
+    def torch_gathered(gqa: bool):
+        def call():
+            k, v = (c[ids].reshape(b, keys_pages * P, HKV, D).transpose(1, 2) for c in (t["k_cache"], t["v_cache"]))
+            if not gqa:
+                k, v = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
+            mask = _mask(t["cache_len"], n, keys_pages * P, row.causal)
+            return F.scaled_dot_product_attention(logical["q"], k, v, attn_mask=mask, enable_gqa=gqa)
+
+        return call
+
+    for gqa in (True, False):
+        try:
+            out = torch_gathered(gqa)()
+            torch.cuda.synchronize()
+            result["errors"]["torch"] = _rel_err(out.transpose(1, 2), want)
+            result["us"]["torch"] = time_ms(torch_gathered(gqa)) * 1e3
+            result["torch_form"] = "enable_gqa" if gqa else "repeated heads"
+            break
+        except Exception as exc:  # enable_gqa with a mask may be refused: repeat the heads instead
+            result["torch_failed"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            torch.cuda.synchronize()
+    if "torch" in result["us"]:
+        result.pop("torch_failed", None)
+    result["tb_s"] = {name: kv_bytes / (us * 1e-6) / 1e12 for name, us in result["us"].items()}
+    result["of_ceiling"] = kv_bytes / (result["us"]["frostc"] * 1e-6) / ceiling
+    plan.close()
+    return result
+
+
+def run(json_path: str | None, md_path: str | None) -> int:
+    import torch
+
+    sys.path.insert(0, str(ROOT / "runtime"))
+    import frost_runtime
+
+    fa4, fa4_missing = _fa4()
+    ceiling = read_ceiling()
+    torch.cuda.empty_cache()  # the 4 GiB buffer
+    print(f"read ceiling: {ceiling['bytes_per_s'] / 1e12:.2f} TB/s ({ceiling['how']})", flush=True)
+    rows = []
+    for row in ROWS:
+        rows.append(_measure(frost_runtime, row, fa4, ceiling["bytes_per_s"]))
+        torch.cuda.empty_cache()  # the row's caches
+        print(_line(rows[-1]), flush=True)
+    table = _markdown(rows, ceiling, torch.cuda.get_device_name(), torch.__version__, fa4_missing)
+    print(table)
+    if md_path:
+        Path(md_path).write_text(table)
+    if json_path:
+        Path(json_path).write_text(json.dumps({"ceiling": ceiling, "rows": rows}, indent=1))
+    return 1 if any(r.get("wrong") for r in rows) else 0
+
+
+def _line(r: dict) -> str:
+    if r.get("wrong"):
+        return f"{r['row']:34} WRONG: relative error {r['errors']['frostc']:.2e}"
+    return f"{r['row']:34} " + "  ".join(f"{k} {v:8.1f} µs" for k, v in r["us"].items())
+
+
+def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing: str | None) -> str:
+    today = datetime.date.today().isoformat()
+    top = ceiling["bytes_per_s"] / 1e12
+    lines = [
+        f"Paged-KV decode, bf16, hq {HQ}, hkv {HKV}, d {D} — {device}, torch {torch_version}, {today}.",
+        "µs per step from CUDA-graph replays (20 steps per graph, median of 10 replays); TB/s = KV bytes read "
+        "(Σ len · hkv · d · 2 B · 2) per second.",
+        f"Read ceiling in this run: {top:.2f} TB/s ({ceiling['how']}); device copy (read + write counted): "
+        f"{ceiling['copy_read_plus_write'] / 1e12:.2f} TB/s.",
+        "frostc = kv_append + attention (the whole plan); FA4 = FlashAttention-4 paged attention alone (no append); "
+        "torch = gather pages to a dense cache + length mask + SDPA (gather counted).",
+        "",
+        "| batch | mean ctx | page | s_new | launches | frostc µs | frostc TB/s | % of ceiling | FA4 µs | FA4 TB/s "
+        "| frostc / FA4 | torch µs | frostc / torch | err |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        head = f"| {r['batch']} | {r['mean']} | {r['page']} | {r['s_new']}{' causal' if r['causal'] else ''} | "
+        head += f"{len(r['launches'])} | "
+        if r.get("wrong"):
+            lines.append(head + f"wrong (rel. err {r['errors']['frostc']:.1e}) | | | | | | | | |")
+            continue
+        us, tb = r["us"], r["tb_s"]
+        if "fa4" in us:
+            fa4_cells = f"{us['fa4']:.1f} | {tb['fa4']:.2f} | {us['fa4'] / us['frostc']:.2f}"
+        else:
+            why = "not installed" if fa4_missing else f"failed: {r.get('fa4_failed', '?')}"
+            fa4_cells = f"{why} | — | —"
+        if "torch" in us:
+            torch_cells = f"{us['torch']:.1f} | {us['torch'] / us['frostc']:.2f}"
+        else:
+            torch_cells = f"failed: {r.get('torch_failed', '?')} | —"
+        lines.append(
+            head + f"{us['frostc']:.1f} | {tb['frostc']:.2f} | {100 * r['of_ceiling']:.0f} % | {fa4_cells} | "
+            f"{torch_cells} | {r['errors']['frostc']:.1e} |"
+        )
+    lines += [
+        "",
+        "- frostc / FA4 and frostc / torch are speed ratios (their time over frostc's: above 1, frostc is faster);",
+        "  launches = the plan's kernel launches per step (append, attention, and a combine when split-KV).",
+    ]
+    if fa4_missing:
+        lines.append(f"- FlashAttention-4 was not installed in this run ({fa4_missing}).")
+    forms = {r.get("torch_form") for r in rows if r.get("torch_form")}
+    if forms:
+        lines.append(f"- torch SDPA form: {', '.join(sorted(forms))}; backend chosen by torch (a boolean mask).")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["build", "run"])
+    parser.add_argument("--json", help="also write the raw numbers here")
+    parser.add_argument("--md", help="also write the table (markdown) here")
+    args = parser.parse_args()
+    return build() if args.mode == "build" else run(args.json, args.md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

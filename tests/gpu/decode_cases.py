@@ -1,0 +1,102 @@
+"""The paged-KV decode test matrix, as plain data (the GPU side imports this without frostc).
+
+Each case is one plan: kv_append (this step's new K/V rows into the paged caches) then sdpa
+over the caches, or one of the two alone. The list is written out rather than crossed: every
+value of each factor appears at least once (dtype bf16/fp16; head dim 64, 128, one 256; page
+size 16, 32, 48, 64, 128, 256; hq/hkv 1, 4, 8 and MQA; s_new 1, 4, 16 with and without the
+bottom-right causal mask; LSE on some; batch 1..8; q/o/k_new layouts bshd and bhsd), and the
+capacities (max_pages per sequence) are chosen so that some plans see many pages per sequence
+and few sequences (the split-KV path) and others few pages and many sequences (one launch).
+~24 plans of ~100-300 KB each keep the carried folder small.
+"""
+
+from dataclasses import dataclass
+
+SPARE_PAGES = 5  # pages in the pool beyond batch * max_pages: never in a table, always NaN
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    dtype: str
+    batch: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    page_size: int
+    max_pages: int  # the page table's width: capacity = max_pages * page_size tokens per sequence
+    s_new: int  # tokens appended (and queried) per sequence per step
+    causal: bool  # bottom-right: query t sees keys 0 .. len - s_new + t
+    lse: bool
+    layout: str  # q, k_new, v_new and o: "bshd" or "bhsd"
+    nodes: str = "both"  # both (kv_append then sdpa) | sdpa (sdpa alone) | append (kv_append alone)
+
+    @property
+    def pages(self) -> int:
+        """Pages in the cache pool: every sequence can reach its capacity, plus spares."""
+        return self.batch * self.max_pages + SPARE_PAGES
+
+    @property
+    def capacity(self) -> int:
+        return self.max_pages * self.page_size
+
+    @property
+    def id(self) -> str:
+        c = "causal" if self.causal else "full"
+        return (
+            f"decode-{self.nodes}-{self.dtype}-d{self.head_dim}-p{self.page_size}x{self.max_pages}"
+            f"-b{self.batch}-h{self.heads_q}x{self.heads_kv}-n{self.s_new}-{c}-{self.layout}"
+            f"{'-lse' if self.lse else ''}"
+        )
+
+
+_ = DecodeCase
+# fmt: off
+CASES = [
+    #  dtype   b  hq hkv   d    P  pages s_new causal lse   layout
+    # plain decode (s_new 1), every page size
+    _("bf16", 4, 32, 8, 128, 16, 64, 1, False, True, "bshd"),
+    _("fp16", 8, 8, 8, 128, 16, 16, 1, False, False, "bhsd"),
+    _("bf16", 3, 16, 2, 64, 32, 32, 1, False, True, "bshd"),
+    _("bf16", 2, 32, 4, 128, 48, 40, 1, False, True, "bhsd"),
+    _("fp16", 8, 32, 4, 128, 64, 64, 1, False, False, "bhsd"),
+    _("fp16", 8, 16, 2, 128, 128, 4, 1, False, False, "bshd"),
+    _("bf16", 2, 8, 2, 64, 256, 32, 1, False, True, "bshd"),
+    _("bf16", 2, 8, 2, 256, 64, 32, 1, False, True, "bshd"),  # the d=256 case
+    # one long sequence: many pages per sequence (split-KV)
+    _("bf16", 1, 32, 8, 128, 128, 128, 1, False, True, "bshd"),
+    _("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd"),  # causal with s_new 1: the same mask
+    _("fp16", 1, 16, 4, 64, 64, 128, 16, False, False, "bhsd"),
+    _("bf16", 2, 32, 8, 128, 16, 256, 16, True, True, "bshd"),
+    # several new tokens (speculative decoding, chunked prefill), with and without the diagonal
+    _("fp16", 5, 8, 1, 64, 32, 8, 4, True, False, "bshd"),  # MQA
+    _("fp16", 6, 8, 8, 128, 64, 16, 4, True, True, "bshd"),
+    _("fp16", 3, 8, 8, 128, 256, 4, 4, False, False, "bhsd"),
+    _("fp16", 2, 8, 2, 128, 48, 12, 16, True, False, "bshd"),
+    _("bf16", 4, 8, 8, 64, 128, 8, 16, False, True, "bshd"),
+    _("fp16", 7, 16, 16, 64, 16, 8, 4, False, False, "bshd"),
+    # sdpa alone: the caller appended by other means
+    _("bf16", 4, 32, 8, 128, 128, 16, 1, False, True, "bshd", "sdpa"),
+    _("fp16", 3, 8, 2, 64, 16, 64, 4, True, False, "bhsd", "sdpa"),
+    _("bf16", 1, 16, 2, 128, 64, 64, 16, True, True, "bshd", "sdpa"),
+    _("fp16", 8, 8, 8, 128, 32, 8, 1, False, True, "bshd", "sdpa"),
+    # kv_append alone (hq, causal and lse do not apply)
+    _("bf16", 4, 8, 8, 128, 16, 16, 4, False, False, "bhsd", "append"),
+]
+# fmt: on
+del _
+
+
+def cases() -> list[DecodeCase]:
+    return list(CASES)
+
+
+def graph_case() -> DecodeCase:
+    """The CUDA-graph decode loop's plan: append + attention, one new token per step, many short
+    sequences (the attention in one launch, no split, as built at the time of writing)."""
+    return next(c for c in CASES if c.nodes == "both" and c.s_new == 1 and c.batch >= 8 and c.page_size == 16)
+
+
+def contract_case() -> DecodeCase:
+    """The execute-contract checks' plan: append + attention, LSE, a long capacity (workspace
+    when split-KV is chosen)."""
+    return next(c for c in CASES if c.nodes == "both" and c.batch == 1 and c.max_pages >= 128 and c.lse)

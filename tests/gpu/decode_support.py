@@ -1,0 +1,318 @@
+"""What the paged-KV decode tests share: the decode manifest, the lengths each mix draws from,
+and `DecodeBuffers`: one decode plan's buffers (tensor names as tests/gpu/build_plans.py declares
+them: q, k_new, v_new, k_cache, v_cache, page_table, cache_len, o, lse), filled the way that
+makes a wrong read or write show:
+
+- the page table maps each sequence to pages drawn from a random permutation of the pool, and
+  every entry past the pages a sequence owns holds a poison id (-1, the pool size, 2^31 - 1);
+- the caches hold fresh random rows (never zeros) where a sequence has tokens, NaN everywhere
+  else: pages no table names, rows past a sequence's length in its last page, and the rows this
+  step's append is to write (so a missed append turns O into NaN);
+- O and LSE are NaN inside guarded allocations (sentinels before and after), and so are the
+  caches (their guards are part of the bitwise comparison).
+
+The checks: the caches bitwise equal to a CPU copy taken before the run with this step's new
+rows written where the spec says (every other byte untouched, guards included), O and LSE
+against a float64 reference computed on the gathered (expected) cache, sequence by sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+from tests.gpu.support import BUILT, GUARD, SENTINEL, TOLERANCE, gpu_skip_reason, reference_sequence, torch_dtype
+
+DECODE_MANIFEST = BUILT / "decode-manifest.json"
+INT32_MAX = 2**31 - 1
+DEVICE = "cuda"  # a module setting so the harness itself can be exercised on the CPU with a stand-in plan
+
+
+def decode_skip_reason() -> str | None:
+    reason = gpu_skip_reason()
+    if reason is not None and not reason.startswith("no built plans"):
+        return reason
+    if not DECODE_MANIFEST.exists():
+        return f"no decode plans in {BUILT}: run `python -m tests.gpu.build_plans` on the build machine first"
+    return None
+
+
+def decode_manifest_entries() -> list[dict]:
+    """For parametrizing at collection time; empty (so tests skip) where nothing was built."""
+    return json.loads(DECODE_MANIFEST.read_text()) if DECODE_MANIFEST.exists() else []
+
+
+def has_append(case: dict) -> bool:
+    return case["nodes"] in ("both", "append")
+
+
+def has_attention(case: dict) -> bool:
+    return case["nodes"] in ("both", "sdpa")
+
+
+# ---------------------------------------------------------------------------- lengths
+
+
+def special_lengths(case: dict, longest: int | None = None) -> list[int]:
+    """The lengths every plan must meet (cache_len after the append, so at least s_new): 1 (plain
+    decode), each side of a page, the capacity."""
+    p, n = case["page_size"], case["s_new"]
+    longest = case["capacity"] if longest is None else longest
+    wanted = [1, p - 1, p, p + 1, 2 * p + 1, longest]
+    return sorted({x for x in wanted if n <= x <= longest})
+
+
+def length_mixes(case: dict, rng: random.Random, count: int = 3) -> list[list[int]]:
+    """`count` mixes or more: together they hold every special length once, the rest random."""
+    b, n, cap = case["batch"], case["s_new"], case["capacity"]
+    specials = special_lengths(case)
+    count = max(count, math.ceil((len(specials) + 1) / b))
+    slots = [specials[i] if i < len(specials) else rng.randint(n, cap) for i in range(count * b)]
+    rng.shuffle(slots)
+    return [slots[i * b : (i + 1) * b] for i in range(count)]
+
+
+# ---------------------------------------------------------------------------- buffers
+
+
+class DecodeBuffers:
+    """One decode plan's buffers by tensor name, and the checks of a run."""
+
+    def __init__(self, case: dict, plan, seed: int = 0):
+        import torch
+
+        self.case, self.plan = case, plan
+        self.dtype = torch_dtype(case["dtype"])
+        self.gen = torch.Generator(device=DEVICE).manual_seed(seed)
+        self.rng = random.Random(seed)
+        b, hq, hkv, d, n = case["batch"], case["heads_q"], case["heads_kv"], case["head_dim"], case["s_new"]
+        self.tensors: dict = {}
+        self.storage: dict = {}  # guarded allocations: o, lse, k_cache, v_cache
+        cache_shape = (case["pages"], case["page_size"], hkv, d)
+        for name in ("k_cache", "v_cache"):
+            self._guarded(name, cache_shape, (0, 1, 2, 3), self.dtype)
+        self.tensors["page_table"] = torch.zeros(b, case["max_pages"], dtype=torch.int32, device=DEVICE)
+        self.tensors["cache_len"] = torch.zeros(b, dtype=torch.int32, device=DEVICE)
+        if has_append(case):
+            for name in ("k_new", "v_new"):
+                self.tensors[name] = self._in_layout(b, hkv, n, d)
+        if has_attention(case):
+            self.tensors["q"] = self._in_layout(b, hq, n, d)
+            if case["layout"] == "bhsd":
+                self._guarded("o", (b, hq, n, d), (0, 1, 2, 3), self.dtype)
+            else:
+                self._guarded("o", (b, n, hq, d), (0, 2, 1, 3), self.dtype)
+            if case["lse"]:
+                self._guarded("lse", (b, hq, n), (0, 1, 2), torch.float32)
+        self.workspace = plan.allocate_workspace()
+        self.lens: list[int] = []
+        self.table: list[list[int]] = []  # the page table as written (host copy, never read back)
+        self.before: dict = {}  # CPU copies of the cache storages, taken by snapshot()
+
+    # -- allocation
+
+    def _in_layout(self, b, h, s, d):
+        import torch
+
+        if self.case["layout"] == "bhsd":
+            return torch.empty(b, h, s, d, device=DEVICE, dtype=self.dtype)
+        return torch.empty(b, s, h, d, device=DEVICE, dtype=self.dtype).transpose(1, 2)
+
+    def _guarded(self, name: str, physical: tuple, permute: tuple, dtype) -> None:
+        import torch
+
+        n = math.prod(physical)
+        storage = torch.full((n + 2 * GUARD,), SENTINEL, device=DEVICE, dtype=dtype)
+        self.storage[name] = storage
+        self.tensors[name] = storage[GUARD : GUARD + n].view(physical).permute(permute)
+
+    @property
+    def all(self) -> list:
+        """In the plan's slot order."""
+        return [self.tensors[name] for name in self.plan.slots]
+
+    def bind(self):
+        return self.plan.bind(*self.all, workspace=self.workspace)
+
+    def execute(self, **kwargs) -> None:
+        self.plan.execute(*self.all, workspace=self.workspace, **kwargs)
+
+    # -- filling
+
+    def setup(self, lens: list[int], reach: list[int] | None = None, poison: dict | None = None) -> None:
+        """A fresh step: `lens` are cache_len (after this step's append); the table maps each
+        sequence's first ceil(reach / P) pages (default: its length) to pages of a random
+        permutation of the pool, poison ids past them; `poison` {(b, i): id} overrides entries.
+        Caches random where a sequence already has tokens, NaN elsewhere; new q/k/v random;
+        O and LSE NaN, their guards sentinels. Ends with snapshot()."""
+        import torch
+
+        case, t = self.case, self.tensors
+        b, p, n, mp = case["batch"], case["page_size"], case["s_new"], case["max_pages"]
+        reach = lens if reach is None else reach
+        order = torch.randperm(case["pages"], generator=torch.Generator().manual_seed(self.rng.getrandbits(32)))
+        order = order.tolist()
+        poisons = (-1, case["pages"], INT32_MAX)
+        self.table = []
+        for i in range(b):
+            owned = min(mp, -(-max(reach[i], 0) // p))
+            row = order[i * mp : i * mp + owned] + [poisons[(i + j) % 3] for j in range(mp - owned)]
+            self.table.append(row)
+        for (i, j), page in (poison or {}).items():
+            self.table[i][j] = page
+        t["page_table"].copy_(torch.tensor(self.table, dtype=torch.int32))
+        self.lens = list(lens)
+        t["cache_len"].copy_(torch.tensor(lens, dtype=torch.int32))
+        # rows a sequence already holds before this step: all of them for sdpa alone
+        held = [max(0, x - n) if has_append(case) else x for x in lens]
+        for name in ("k_cache", "v_cache"):
+            cache = t[name]
+            cache.fill_(float("nan"))
+            fresh = torch.randn(cache.shape, device=DEVICE, dtype=self.dtype, generator=self.gen)
+            mask = torch.zeros(cache.shape[:2], dtype=torch.bool, device="cpu")
+            for i in range(b):
+                for pos in range(min(held[i], case["capacity"])):
+                    page = self.table[i][pos // p]
+                    if 0 <= page < case["pages"]:
+                        mask[page, pos % p] = True
+            mask = mask.to(DEVICE)
+            cache[mask] = fresh[mask]
+            storage = self.storage[name]
+            storage[:GUARD].fill_(SENTINEL)
+            storage[GUARD + cache.numel() :].fill_(SENTINEL)
+        self.new_inputs()
+
+    def new_inputs(self, snapshot: bool = True) -> None:
+        """Fresh q, k_new, v_new (copied into the same buffers); O and LSE poisoned; snapshot()
+        unless told not to (a decode loop keeps the expected caches of the step before)."""
+        import torch
+
+        for name in ("q", "k_new", "v_new"):
+            if name in self.tensors:
+                x = self.tensors[name]
+                x.copy_(torch.randn(x.shape, device=DEVICE, dtype=self.dtype, generator=self.gen))
+        for name in ("o", "lse"):
+            if name in self.storage:
+                self.storage[name].fill_(SENTINEL)
+                self.tensors[name].fill_(float("nan"))
+        if snapshot:
+            self.snapshot()
+
+    def snapshot(self) -> None:
+        """CPU copies of the cache storages (guards included): what the run starts from."""
+        self.before = {name: self.storage[name].cpu() for name in ("k_cache", "v_cache")}
+
+    # -- what the run must produce
+
+    def appended_rows(self):
+        """(name, page, row, values) of every row this step's append writes, by the spec:
+        position p = len - n + t of sequence b goes to page table[b][p // P], row p % P; positions
+        outside [0, capacity) and page ids outside [0, pages) are skipped."""
+        case = self.case
+        if not has_append(case):
+            return
+        P, n, cap, pages = case["page_size"], case["s_new"], case["capacity"], case["pages"]
+        new = {"k_cache": self.tensors["k_new"].cpu(), "v_cache": self.tensors["v_new"].cpu()}
+        for b, length in enumerate(self.lens):
+            for t in range(n):
+                pos = length - n + t
+                if not 0 <= pos < cap:
+                    continue
+                page = self.table[b][pos // P]
+                if not 0 <= page < pages:
+                    continue
+                for name, x in new.items():
+                    yield name, page, pos % P, x[b, :, t]  # (hkv, d)
+
+    def expected_caches(self) -> dict:
+        """The cache storages (CPU, guards included) the run must leave."""
+        case = self.case
+        shape = (case["pages"], case["page_size"], case["heads_kv"], case["head_dim"])
+        out = {name: storage.clone() for name, storage in self.before.items()}
+        views = {name: x[GUARD : GUARD + math.prod(shape)].view(shape) for name, x in out.items()}
+        for name, page, row, values in self.appended_rows():
+            views[name][page, row] = values
+        return out
+
+    # -- checks
+
+    def assert_caches(self, expected: dict | None = None) -> dict:
+        """Bitwise: the caches (and their guards) equal the expected ones; returns those."""
+        import torch
+
+        expected = self.expected_caches() if expected is None else expected
+        case = self.case
+        shape = (case["pages"], case["page_size"], case["heads_kv"], case["head_dim"])
+        for name, want in expected.items():
+            got = self.storage[name].cpu()
+            same = got.view(torch.int16) == want.view(torch.int16)
+            if bool(same.all()):
+                continue
+            bad = (~same).nonzero().flatten()
+            first = int(bad[0])
+            if first < GUARD or first >= GUARD + math.prod(shape):
+                where = "a guard element outside the cache"
+            else:
+                page, row, head, col = torch.unravel_index(torch.tensor(first - GUARD), shape)
+                where = f"page {int(page)} row {int(row)} head {int(head)} element {int(col)}"
+            raise AssertionError(
+                f"{name}: {len(bad)} elements differ from the expected cache; the first at {where} "
+                f"(got {got[first].item()!r}, want {want[first].item()!r})"
+            )
+        return expected
+
+    def gathered(self, caches: dict, b: int):
+        """Sequence b's K and V (hkv, len, d) on the GPU, read through the page table from the
+        given cache storages."""
+        case = self.case
+        P, hkv, d = case["page_size"], case["heads_kv"], case["head_dim"]
+        shape = (case["pages"], P, hkv, d)
+        length = self.lens[b]
+        ids = self.table[b][: -(-length // P)]
+        out = []
+        for name in ("k_cache", "v_cache"):
+            cache = caches[name][GUARD : GUARD + math.prod(shape)].view(shape)
+            rows = cache[ids].reshape(-1, hkv, d)[:length]
+            out.append(rows.permute(1, 0, 2).to(DEVICE))
+        return out
+
+    def assert_attention(self, caches: dict) -> None:
+        """O and LSE of every sequence against float64 on the gathered cache; nothing NaN;
+        the guards intact."""
+        import torch
+
+        if not has_attention(self.case):
+            return
+        rel_tol, abs_tol, lse_tol = TOLERANCE[self.case["dtype"]]
+        mask = {"causal": self.case["causal"], "alignment": "bottom_right"}
+        t = self.tensors
+        err_sq = ref_sq = worst = lse_worst = 0.0
+        for b in range(self.case["batch"]):
+            k, v = self.gathered(caches, b)
+            ref_o, ref_lse = reference_sequence(mask, t["q"][b], k, v)
+            o = t["o"][b]
+            assert not torch.isnan(o).any(), f"sequence {b} (len {self.lens[b]}): some O rows are NaN"
+            diff = o.double() - ref_o
+            err_sq += float((diff * diff).sum())
+            ref_sq += float((ref_o * ref_o).sum())
+            worst = max(worst, float(diff.abs().max()))
+            if "lse" in t:
+                lse = t["lse"][b]
+                assert not torch.isnan(lse).any(), f"sequence {b} (len {self.lens[b]}): some LSE rows are NaN"
+                lse_worst = max(lse_worst, float((lse.double() - ref_lse).abs().max()))
+        rel = math.sqrt(err_sq / ref_sq) if ref_sq else math.sqrt(err_sq)
+        where = f"lengths {self.lens}"
+        assert rel < rel_tol and worst < abs_tol, f"O: relative error {rel:.2e}, max abs error {worst:.2e} ({where})"
+        assert lse_worst < lse_tol, f"LSE: max abs error {lse_worst:.2e} ({where})"
+        for name in ("o", "lse"):
+            if name in self.storage:
+                storage, size = self.storage[name], self.tensors[name].numel()
+                intact = bool((storage[:GUARD] == SENTINEL).all() and (storage[GUARD + size :] == SENTINEL).all())
+                assert intact, f"the plan wrote outside {name}"
+
+    def assert_correct(self) -> dict:
+        """Caches bitwise, then attention on the expected caches; returns the expected caches."""
+        expected = self.assert_caches()
+        self.assert_attention(expected)
+        return expected
