@@ -122,7 +122,8 @@ def read_ceiling() -> dict:
     best = max(rates, key=rates.get)
     half = x[: x.numel() // 2]
     y = torch.empty_like(half)
-    copy = 2 * half.numel() * 2 / (time_ms(lambda: y.copy_(half)) * 1e-3)
+    # an elementwise kernel: a captured copy_ becomes a memcpy node, served by the copy engines
+    copy = 2 * half.numel() * 2 / (time_ms(lambda: torch.mul(half, 1, out=y)) * 1e-3)
     return {"bytes_per_s": rates[best], "how": best, "all": rates, "copy_read_plus_write": copy}
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "bench" / ".built" / "host-b2-h8-s256-d128-causal.frost"
 VARLEN_PLAN = ROOT / "bench" / ".built" / "host-varlen-b2-h8-s256-d128-causal.frost"
+DECODE_PLAN = ROOT / "bench" / ".built" / "host-decode-b2-h8x2-p16-d128.frost"
+DECODE = {"batch": 2, "hq": 8, "hkv": 2, "d": 128, "page": 16, "max_pages": 256}  # split-KV: 3 launches
 SHAPE = (2, 8, 256, 128)
 BURST, REPS = 64, 25
 EMPTY_PTX = b"""
@@ -50,7 +52,44 @@ def build() -> int:
     g.sdpa(q="q", k="k", v="v", o="o", cu_seqlens_q="cu", cu_seqlens_kv="cu", causal=True)
     write_atomic(VARLEN_PLAN, build_plan(g.build()))
     print("built", VARLEN_PLAN.name)
+    write_atomic(DECODE_PLAN, build_plan(_decode_description(GraphBuilder)))
+    print("built", DECODE_PLAN.name)
     return 0
+
+
+def _decode_description(GraphBuilder):
+    """A decode step: kv_append, then split-KV attention over the paged cache and its combine."""
+    c = DECODE
+    b, hq, hkv, d, page, max_pages = c["batch"], c["hq"], c["hkv"], c["d"], c["page"], c["max_pages"]
+    g = GraphBuilder("host-overhead-decode")
+    for name, heads in (("k_new", hkv), ("v_new", hkv), ("q", hq), ("o", hq)):
+        g.tensor(name, dtype="bf16", dims=(b, heads, 1, d), layout="bshd")
+    for name in ("k_cache", "v_cache"):
+        g.tensor(name, dtype="bf16", dims=(b * max_pages, page, hkv, d))
+    g.tensor("page_table", dtype="int32", dims=(b, max_pages))
+    g.tensor("cache_len", dtype="int32", dims=(b,))
+    paged = {"k_cache": "k_cache", "v_cache": "v_cache", "page_table": "page_table", "seq_len_kv": "cache_len"}
+    g.node("kv_append", name="append", k="k_new", v="v_new", **paged)
+    g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", page_table="page_table", seq_len_kv="cache_len")
+    return g.build()
+
+
+def _decode_buffers(plan) -> list:
+    """Buffers in the plan's slot order, each of its slot's dims and strides: random data, lengths
+    that fill the cache, an identity page table."""
+    import torch
+
+    c = DECODE
+    buffers = []
+    for slot in plan.data.slots:
+        if slot.name == "page_table":
+            buffers.append(torch.arange(c["batch"] * c["max_pages"], dtype=torch.int32, device="cuda").view(slot.dims))
+        elif slot.name == "cache_len":
+            buffers.append(torch.full(slot.dims, c["page"] * c["max_pages"], dtype=torch.int32, device="cuda"))
+        else:
+            x = torch.empty_strided(slot.dims, slot.strides, dtype=torch.bfloat16, device="cuda")
+            buffers.append(x.copy_(torch.randn(slot.dims, device="cuda")))
+    return buffers
 
 
 def host_us(call) -> float:
@@ -112,6 +151,10 @@ def run() -> int:
     workspace = varlen.allocate_workspace()
     varlen_args = (*packed[:3], cu_seqlens, packed[3])  # one prefix-sum tensor serves q and kv
     varlen_bound = varlen.bind(*varlen_args, workspace=workspace)
+    decode = frost_runtime.load(DECODE_PLAN)
+    decode_args = _decode_buffers(decode)
+    decode_bound = decode.bind(*decode_args, workspace=decode.allocate_workspace())
+    decode_launches = len(decode.data.launches)
     graph = torch.cuda.CUDAGraph()
     plan.execute(q, k, v, o)
     with torch.cuda.graph(graph):
@@ -128,6 +171,7 @@ def run() -> int:
             host_us(lambda: varlen.execute(*varlen_args, workspace=workspace)),
         ),
         ("varlen (2 launches): bound.execute()", host_us(varlen_bound.execute)),
+        (f"decode step ({decode_launches} launches): bound.execute()", host_us(decode_bound.execute)),
         ("torch SDPA, cuDNN backend", host_us(torch_sdpa(SDPBackend.CUDNN_ATTENTION))),
         ("torch SDPA, flash backend", host_us(torch_sdpa(SDPBackend.FLASH_ATTENTION))),
     ]
@@ -143,7 +187,8 @@ def run() -> int:
         f"Cold `load()` of the one-kernel plan (module load included): first {load_ms[0]:.2f} ms, "
         f"median of 10 {statistics.median(load_ms):.2f} ms.",
         f"The varlen plan launches twice per call: per launch its bound.execute() is "
-        f"{rows[-3][1] / 2 / floor:.2f} × the floor.",
+        f"{rows[-4][1] / 2 / floor:.2f} × the floor; the decode step ({decode_launches} launches: append, attention, "
+        f"combine) {rows[-3][1] / decode_launches / floor:.2f} × the floor per launch.",
         f"TMA tensor maps: {_tensor_maps(plan)} per launch, encoded at build time; execute writes each "
         "map's 8-byte address as it writes a pointer, and encodes nothing.",
         "",

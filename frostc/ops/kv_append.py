@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from frostc.kernels.kv_append import INT_PARAMS, POINTERS, STRIDE_PARAMS, KvAppendVariant
+from frostc.ops.paged_cache import new_tokens_problem, page_size_problem
 from frostc.resolved import Arg, ResolvedLaunch
 
 if TYPE_CHECKING:
@@ -31,9 +32,6 @@ KEYS = ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv")
 
 DATA_DTYPES = ("bf16", "fp16")
 INDEX_DTYPE = "int32"
-MAX_NEW_TOKENS = 16
-PAGE_ALIGN = 16  # rows per page: a multiple of this
-MAX_PAGE_SIZE = 256
 HEAD_DIMS = (64, 128, 256)
 ROW_ALIGN_ELEMS = 8  # 16-byte rows of 2-byte elements
 INT32_MAX = (1 << 31) - 1
@@ -144,20 +142,11 @@ def _check_shapes(tensors: dict[str, CheckedTensor], ctx: NodeContext) -> dict[s
                 ctx.problems_at(c.at(f"dims[{i}]"), message)
                 ok = False
     s_new = sizes.get("s_new")
-    if s_new is not None and s_new > MAX_NEW_TOKENS:
-        message = (
-            f"{s_new} new tokens per sequence; kv_append takes 1 to {MAX_NEW_TOKENS} (decode, speculative "
-            f"decoding and chunked prefill of up to {MAX_NEW_TOKENS} tokens): append longer chunks in steps "
-            f"of at most {MAX_NEW_TOKENS}"
-        )
+    if s_new is not None and (message := new_tokens_problem(s_new)):
         ctx.problems_at(tensors[owner["s_new"]].at("dims[2]"), message)
         ok = False
     page_size = sizes.get("page_size")
-    if page_size is not None and (page_size % PAGE_ALIGN or page_size > MAX_PAGE_SIZE):
-        message = (
-            f"page size {page_size} is not supported; use a multiple of {PAGE_ALIGN} of at most {MAX_PAGE_SIZE} "
-            "(16, 32, 64, 128 or 256 are usual)"
-        )
+    if page_size is not None and (message := page_size_problem(page_size)):
         ctx.problems_at(tensors[owner["page_size"]].at("dims[1]"), message)
         ok = False
     return sizes if ok else None

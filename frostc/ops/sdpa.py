@@ -32,6 +32,7 @@ from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
 from frostc.ops import sdpa_paged
+from frostc.ops.paged_cache import new_tokens_problem, page_size_problem
 from frostc.resolved import Arg, ResolvedLaunch
 
 if TYPE_CHECKING:
@@ -81,9 +82,6 @@ _PAGED_DIMS = {
     "page_table": ("b", "max_pages"),
     "seq_len_kv": ("b",),
 }
-PAGE_SIZE_STEP = 16  # page sizes are multiples of this (a TMA box of the cache never spans pages)
-MAX_PAGE_SIZE = 256
-MAX_NEW_TOKENS = 16  # query tokens per sequence in the paged form (speculative decoding, chunks)
 _DIM_WORDS = {
     "b": "batch", "hq": "heads", "sq": "sequence length", "d": "head dim", "hkv": "kv heads",
     "skv": "kv sequence length", "dv": "head dim", "tq": "tokens", "tkv": "kv tokens", "b + 1": "batch + 1",
@@ -296,18 +294,10 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
         message = f"q has {hq} heads and k has {hkv}; GQA needs hq % hkv == 0, but {hq} % {hkv} = {hq % hkv}"
         ctx.problems_at(tensors["k"].at(f"dims[{dims_of['k'].index('hkv')}]"), message)
         ok = False
-    if "page_size" in sizes and (sizes["page_size"] % PAGE_SIZE_STEP or sizes["page_size"] > MAX_PAGE_SIZE):
-        message = (
-            f"page size {sizes['page_size']} is not supported: pages hold a multiple of {PAGE_SIZE_STEP} "
-            f"tokens, at most {MAX_PAGE_SIZE} (16, 32, 64, 128 and 256 are the common sizes)"
-        )
+    if "page_size" in sizes and (message := page_size_problem(sizes["page_size"])):
         ctx.problems_at(tensors["k"].at("dims[1]"), message)
         ok = False
-    if "page_size" in sizes and "sq" in sizes and not 1 <= sizes["sq"] <= MAX_NEW_TOKENS:
-        message = (
-            f"{sizes['sq']} new query tokens per sequence; the paged form takes 1 (decode) to "
-            f"{MAX_NEW_TOKENS} (speculative decoding, chunked prefill): split longer chunks into several steps"
-        )
+    if "page_size" in sizes and "sq" in sizes and (message := new_tokens_problem(sizes["sq"])):
         ctx.problems_at(tensors["q"].at("dims[2]"), message)
         ok = False
     if "b + 1" in sizes and sizes["b + 1"] < 2:
