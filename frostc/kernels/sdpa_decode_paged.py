@@ -533,7 +533,7 @@ class PagedDecode:
 
     # ---------------------------------------------------------------- consumer
     @cute.jit
-    def _load_q(self, sQ, q, q_strides, work, group, s_new, rows, tidx):
+    def _load_q(self, sQ, q, q_strides, work, group, rows, tidx):
         """The CTA's query rows (token t, head g of the group; g fastest) into shared memory in
         16-byte pieces; rows past the last are zeros (their results are never stored)."""
         q_sb, q_sh, q_ss = (cute.assume(x, divby=8) for x in q_strides)
@@ -566,7 +566,7 @@ class PagedDecode:
         qk_mma.set(warpgroup.Field.ACCUMULATE, True)
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
         qk_thr, pv_thr = qk_mma.get_slice(tidx), pv_mma.get_slice(tidx)
-        self._load_q(sQ, q, q_strides, work, group, s_new, rows, tidx)
+        self._load_q(sQ, q, q_strides, work, group, rows, tidx)
         tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N, K, stage)
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
