@@ -4,7 +4,8 @@
     python bench/sdpa.py run [--md FILE]  # GPU machine: time everything, print a table
 
 Each row: bf16, BHSD, one (batch, heads, seq, head dim) shape, causal or not. Times are device
-times from CUDA-graph replays (see `time_ms`), so no contestant's host overhead is counted;
+times from CUDA-graph replays (see `time_ms`), so no contestant's host overhead is counted; each
+contestant is measured ROUNDS times in rotated order and its median reported;
 TFLOP/s counts 4*b*h*s*s*d matmul FLOPs (half of that when causal). frostc's output is
 checked against the cuDNN backend's on every timed shape before its time is reported.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "bench" / ".built"
+ROUNDS = 4  # measurements of each contestant per shape, in rotated order (median reported)
 SHAPES = [
     (16, 16, 512, 128),
     (8, 16, 1024, 128),
@@ -123,17 +125,30 @@ def _measure(plan, shape, causal: bool) -> dict:
     err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
     if not err < 2e-2:
         raise SystemExit(f"{plan_name(shape, causal)}: frostc differs from cuDNN (relative error {err:.2e})")
-    times = {
-        "frostc": time_ms(lambda: plan.execute(q, k, v, o)),
-        "cudnn": time_ms(torch_sdpa(SDPBackend.CUDNN_ATTENTION)),
-        "flash": time_ms(torch_sdpa(SDPBackend.FLASH_ATTENTION)),
+    contestants = {
+        "frostc": lambda: plan.execute(q, k, v, o),
+        "cudnn": torch_sdpa(SDPBackend.CUDNN_ATTENTION),
+        "flash": torch_sdpa(SDPBackend.FLASH_ATTENTION),
     }
     fa4 = _fa4()
     if fa4 is not None:  # FlashAttention-4 takes (b, s, h, d)
         qb, kb, vb = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-        times["fa4"] = time_ms(lambda: fa4(qb, kb, vb, causal=causal))
+        contestants["fa4"] = lambda: fa4(qb, kb, vb, causal=causal)
+    times = _alternating(contestants)
     tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in times.items()}
     return {"shape": shape, "causal": causal, "rel_err": err, "ms": times, "tflops": tflops}
+
+
+def _alternating(contestants: dict, rounds: int = ROUNDS) -> dict[str, float]:
+    """Each contestant's median time over `rounds` measurements, the order rotated every round.
+    Sustained tensor-core load lowers the clock within milliseconds (bench/NOTES.md v15): the
+    first measurement after a pause runs faster, so no contestant may always go first."""
+    names = list(contestants)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples[name].append(time_ms(contestants[name]))
+    return {name: statistics.median(xs) for name, xs in samples.items()}
 
 
 def _fa4():
@@ -159,7 +174,8 @@ def _markdown(rows, device: str, torch_version: str) -> str:
     have_fa4 = all("fa4" in r["tflops"] for r in rows)
     fa4_head = " FA4 | frostc / FA4 | frostc / best |" if have_fa4 else ""
     lines = [
-        f"SDPA forward, bf16, BHSD — {device}, torch {torch_version}, {today}. TFLOP/s from CUDA-graph replays.",
+        f"SDPA forward, bf16, BHSD — {device}, torch {torch_version}, {today}. TFLOP/s from CUDA-graph replays, "
+        f"each contestant's median of {ROUNDS} measurements taken in rotated order.",
         "",
         f"| b, h, s, d | causal | frostc | torch cuDNN | torch flash | frostc / cuDNN |{fa4_head} rel. err vs cuDNN |",
         "|---|---|---:|---:|---:|---:|" + ("---:|---:|---:|" if have_fa4 else "") + "---:|",

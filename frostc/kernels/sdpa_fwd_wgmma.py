@@ -41,7 +41,7 @@ Constraints: fp16 / bf16; head dim 64, 128 or 256 (static); rows of Q, K, V, O 1
 aligned; any lengths (0 included for variable lengths).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cutlass
 import cutlass.cute as cute
@@ -89,6 +89,7 @@ class WgmmaTiles:
     stages: int  # K/V shared-memory ring depth
     o_buffer: bool  # O staged in its own buffer (else in the Q buffer)
     ctas_per_sm: int = 1  # persistent grid: the runtime launches min(tiles, SMs * this) CTAs
+    l2_sections: bool = False  # longest-first tiles grouped by heads whose K and V fit in L2
 
     @property
     def num_threads(self) -> int:
@@ -151,15 +152,21 @@ class SdpaFwdVariant:
     mask: MaskFlags
     has_lse: bool
     varlen: bool = False  # lengths from the scheduling kernel's table, ragged tensor maps
+    # one CTA per tile, the hardware handing each freed SM the next (longest first within L2
+    # sections of heads): long causal tiles, where a static persistent order loses more to
+    # imbalance and L2 misses than a CTA's exposed start costs (bench/NOTES.md v16)
+    per_tile: bool = False
 
     @property
     def name(self) -> str:
         name = f"sdpa_fwd_wgmma.{self.dtype}.d{self.head_dim}.{self.mask.label}"
-        return name + (".varlen" if self.varlen else "") + (".lse" if self.has_lse else "")
+        name += (".varlen" if self.varlen else "") + (".per_tile" if self.per_tile else "")
+        return name + (".lse" if self.has_lse else "")
 
     @property
     def tile_shape(self) -> WgmmaTiles:
-        return tiles_for_head_dim(self.head_dim, self.mask.left)
+        tiles = tiles_for_head_dim(self.head_dim, self.mask.left)
+        return replace(tiles, ctas_per_sm=0, l2_sections=True) if self.per_tile else tiles
 
     @property
     def tiles(self) -> dict[str, int]:
@@ -176,6 +183,8 @@ class SdpaFwdVariant:
     @property
     def grid_rule(self) -> str:
         t = self.tile_shape
+        if self.per_tile:
+            return f"(ceil(seq_q / {t.block_m}) * heads_q * batch, 1, 1): one CTA per tile, longest first"
         if self.varlen:
             tiles = "(units listed by the scheduling kernel, at most the capacity's) * heads_q"
         else:
@@ -311,6 +320,9 @@ class Sequences:
         )
 
 
+L2_SECTION_BYTES = 32 << 20  # K and V of the heads whose tiles run together (H100/H200 L2: 50/60 MB)
+
+
 @dataclass(frozen=True)
 class DenseTiles:
     """Fixed shapes: tile -> (query block, head, batch). Without a diagonal, the query blocks
@@ -319,6 +331,8 @@ class DenseTiles:
 
     shape: "Shape"
     longest_first: bool
+    sectioned: bool = False  # longest first within sections of `section` (head, batch) pairs (L2)
+    section: cutlass.Int32 = 0
 
     def count(self):
         return self.shape.m_blocks * self.shape.heads_q * self.shape.batch
@@ -329,6 +343,11 @@ class DenseTiles:
         m_block, hb = tile % s.m_blocks, tile // s.m_blocks
         if cutlass.const_expr(self.longest_first):
             m_block, hb = s.m_blocks - 1 - tile // heads_batch, tile % heads_batch
+            if cutlass.const_expr(self.sectioned):
+                first_pair = tile // (self.section * s.m_blocks) * self.section
+                r = tile - first_pair * s.m_blocks
+                pairs = cutlass.min(self.section, heads_batch - first_pair)
+                m_block, hb = s.m_blocks - 1 - r // pairs, first_pair + r % pairs
         return m_block, hb % s.heads_q, hb // s.heads_q
 
 
@@ -657,7 +676,13 @@ class SdpaForwardWgmma:
         if cutlass.const_expr(self.varlen):
             tiles = ListedTiles(units, tile_count, heads_q)
         else:
-            tiles = DenseTiles(shape, longest_first=self.mask_flags.right)
+            section = cutlass.Int32(0)
+            if cutlass.const_expr(self.tiles.l2_sections):
+                # K and V bytes per query head: seq_kv · d · 2 B · 2, shared by the group
+                pair_bytes = cutlass.Int64(seq_kv) * (4 * self.head_dim) // group
+                fit = cutlass.Int32(cutlass.max(cutlass.Int64(L2_SECTION_BYTES) // cutlass.max(pair_bytes, 1), 1))
+                section = cutlass.min(fit, heads_q * batch)
+            tiles = DenseTiles(shape, self.mask_flags.right, self.tiles.l2_sections, section)
         o_sb, o_sh, o_ss = (cute.assume(x, divby=8) for x in (o_sb, o_sh, o_ss))  # 16-byte rows (build checks)
         seqs = Sequences(self.varlen, sequences, shape, (q_rows, k_rows, v_rows), (o_sb, o_ss), (lse_sb, lse_ss))
         window = (window_left, window_right)

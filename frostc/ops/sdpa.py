@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
-from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant
+from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant, tiles_for_head_dim
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
 from frostc.ops import sdpa_paged
@@ -406,6 +406,7 @@ HEAD_DIMS = (64, 128, 256)
 TMA_STRIDE_LIMIT = 1 << 40  # bytes: the largest global stride a tensor map can hold, exclusive
 ELEMENT_BYTES = 2
 INT32_MAX = (1 << 31) - 1
+PER_TILE_MIN_KEY_BLOCKS = 64  # causal tiles of 32 key blocks on average and more (bench/NOTES.md v16)
 
 
 def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
@@ -442,9 +443,20 @@ def _record_length_contracts(node: Sdpa, ctx: ResolveContext) -> None:
 
 
 def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
-    """The attention kernel's compile key (its tiles follow from it)."""
+    """The attention kernel's compile key (its tiles follow from it). Dense causal tiles of many
+    key blocks run one CTA each (`per_tile`): measured faster from PER_TILE_MIN_KEY_BLOCKS on."""
+    flags = node.mask.flags
+    block_n = tiles_for_head_dim(node.head_dim, flags.left).block_n
+    per_tile = (
+        node.form == "dense" and flags.right and not flags.left and node.seq_kv >= PER_TILE_MIN_KEY_BLOCKS * block_n
+    )
     return SdpaFwdVariant(
-        ctx.slot(node.q).dtype, node.head_dim, node.mask.flags, node.lse is not None, varlen=node.form != "dense"
+        ctx.slot(node.q).dtype,
+        node.head_dim,
+        flags,
+        node.lse is not None,
+        varlen=node.form != "dense",
+        per_tile=per_tile,
     )
 
 

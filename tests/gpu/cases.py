@@ -134,8 +134,18 @@ def varlen_cases() -> list[Case]:
     return out
 
 
+def long_tile_cases() -> list[Case]:
+    """Dense causal plans whose tiles see 64+ key blocks: one CTA per tile (the per_tile variant),
+    at d 64 and 128 (d 256 gets it from 4096 keys: the dense set's 4096 rows), odd sizes included."""
+    return [
+        Case("bf16", 1, 4, 2, 8192, 8192, 128, True, "bhsd", True),
+        Case("fp16", 1, 4, 1, 8200, 8200, 64, True, "bshd", False),
+        Case("bf16", 2, 4, 4, 3000, 8500, 128, True, "bshd", True, "dense", "bottom_right"),
+    ]
+
+
 def cases() -> list[Case]:
-    return dense_cases() + mask_cases() + varlen_cases()
+    return dense_cases() + mask_cases() + varlen_cases() + long_tile_cases()
 
 
 # One plan of two independent sdpa nodes (they run in order, each with its own launches and
