@@ -7,9 +7,12 @@ of a tile sees and to mask the blocks some rows see only in part) and by the sch
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.runtime import make_ptr
+from cutlass.cute.typing import AddressSpace
 
 LOG2_E = 1.4426950408889634
 LN_2 = 0.6931471805599453
@@ -17,6 +20,32 @@ LN_2 = 0.6931471805599453
 
 def dsl_dtype(name: str):
     return {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32, "int32": cutlass.Int32}[name]
+
+
+def fake_ptr(dtype, align: int):
+    """A stand-in global pointer for compiling without a GPU: its type and alignment are all the
+    DSL uses."""
+    return make_ptr(dtype, 0x10000, AddressSpace.gmem, assumed_align=align)
+
+
+class TmaVariant:
+    """For a kernel variant whose kernel takes TMA tensor maps of the slots in TMA_SLOTS: the build
+    encodes each launch's maps on the CPU with the kernel's own `encode_tensor_maps` (frostc.compile).
+    A subclass (a frozen dataclass) provides `dtype`, `kernel()`, `fake_scalars()` (stand-ins for
+    the argument tuples, the first two being what the encoder takes) and `tensor_map_args`."""
+
+    TMA_SLOTS: ClassVar[tuple[str, ...]]
+
+    @property
+    def tensor_map_params(self) -> tuple[str, ...]:
+        return tuple(f"{name}.tmap" for name in self.TMA_SLOTS)
+
+    def tensor_map_encoder(self):
+        return self.kernel().encode_tensor_maps
+
+    def tensor_map_compile_args(self) -> tuple:
+        pointers = [fake_ptr(dsl_dtype(self.dtype), 16) for _ in self.TMA_SLOTS]
+        return (*pointers, fake_ptr(cutlass.Uint8, 64), *self.fake_scalars()[:2])
 
 
 @dataclass(frozen=True)

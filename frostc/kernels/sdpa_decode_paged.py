@@ -42,7 +42,7 @@ from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
 
-from frostc.kernels.sdpa_common import dsl_dtype
+from frostc.kernels.sdpa_common import TmaVariant, dsl_dtype, fake_ptr
 from frostc.kernels.sdpa_fwd_wgmma import (
     RAGGED_EXTENT,
     RAGGED_ROWS,
@@ -108,7 +108,7 @@ POINTERS = ("q", "o", "lse", "page_table", "seq_len_kv", "o_partial", "lse_parti
 
 
 @dataclass(frozen=True)
-class PagedDecodeVariant:
+class PagedDecodeVariant(TmaVariant):
     """Compile key of the paged attention kernel: declaration facts only (shapes are arguments)."""
 
     dtype: str
@@ -160,21 +160,18 @@ class PagedDecodeVariant:
 
     def compile_args(self) -> tuple:
         dtype = dsl_dtype(self.dtype)
-        pointers = [_fake_ptr(dtype, 16) for _ in LOADED]
-        pointers += [_fake_ptr(dtype, 16), _fake_ptr(dtype, 16), _fake_ptr(cutlass.Float32, 4)]
-        pointers += [_fake_ptr(cutlass.Int32, 4), _fake_ptr(cutlass.Int32, 4)]
-        pointers += [_fake_ptr(cutlass.Float32, 16), _fake_ptr(cutlass.Float32, 4)]
+        pointers = [fake_ptr(dtype, 16) for _ in LOADED]
+        pointers += [fake_ptr(dtype, 16), fake_ptr(dtype, 16), fake_ptr(cutlass.Float32, 4)]
+        pointers += [fake_ptr(cutlass.Int32, 4), fake_ptr(cutlass.Int32, 4)]
+        pointers += [fake_ptr(cutlass.Float32, 16), fake_ptr(cutlass.Float32, 4)]
         return (*pointers, *_fake_scalars(), make_fake_stream())
 
-    # tensor maps: the build encodes them on the CPU with the same code the kernel uses
-    tensor_map_params = tuple(f"{name}.tmap" for name in LOADED)
+    # tensor maps (TmaVariant): the build encodes them on the CPU with the same code the kernel uses
+    TMA_SLOTS = LOADED
 
-    def tensor_map_encoder(self):
-        return self.kernel().encode_tensor_maps
-
-    def tensor_map_compile_args(self) -> tuple:
-        dtype = dsl_dtype(self.dtype)
-        return (*[_fake_ptr(dtype, 16) for _ in LOADED], _fake_ptr(cutlass.Uint8, 64), *_fake_scalars()[:2])
+    @staticmethod
+    def fake_scalars() -> tuple:
+        return _fake_scalars()
 
     def tensor_map_args(self, shape, addresses: list[int], out: int) -> tuple:
         """`shape`: (ints, strides): INT_PARAMS values and the caches' (page, row, head) strides."""
@@ -188,10 +185,6 @@ class PagedDecodeVariant:
             tuple(cutlass.Int32(x) for x in ints),
             tuple(cutlass.Int64(x) for x in strides),
         )
-
-
-def _fake_ptr(dtype, align: int):
-    return make_ptr(dtype, 0x10000, AddressSpace.gmem, assumed_align=align)
 
 
 def _fake_scalars() -> tuple:
@@ -477,7 +470,6 @@ class PagedDecode:
     @cute.jit
     def _produce(self, k_pipe, v_pipe, sK, sV, k_load, v_load, work, page_ids, pages, rows_per_page):
         t = self.tiles
-        boxes = t.block_n // t.box_rows
         ring = Ring(t.stages)
         (k_tma, mK), (v_tma, mV) = k_load, v_load
         # each box's page, read one block ahead so the loads overlap the ring's waits
@@ -487,28 +479,36 @@ class PagedDecode:
             next_pages = self._block_pages(pt_row, work, cutlass.min(j + 1, work.blocks - 1), pages)
             key0 = work.key_first + j * t.block_n
             stage, phase = ring.at(j)
-            k_pipe.sync_object_empty.wait(stage, phase ^ 1)
-            k_pipe.sync_object_full.arrive(stage, None)
-            for i in cutlass.range_constexpr(boxes):
-                key = key0 + i * t.box_rows
-                page, valid = self._box_extent(block_pages[i], key, work.kv_len)
-                start = page * rows_per_page + key % self.page_size + valid
-                view = cute.domain_offset((RAGGED_ROWS - valid, 0), mK[None, None, work.head_kv, RAGGED_ROWS, start])
-                for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
-                    g_box = cute.local_tile(view, (t.box_rows, D_CHUNK), (0, c))
-                    s_box = cute.local_tile(sK[None, None, stage], (t.box_rows, D_CHUNK), (i, c))
-                    self._copy_box(k_tma, s_box, g_box, k_pipe.sync_object_full.get_barrier(stage))
-            v_pipe.sync_object_empty.wait(stage, phase ^ 1)
-            v_pipe.sync_object_full.arrive(stage, None)
-            for i in cutlass.range_constexpr(boxes):
-                key = key0 + i * t.box_rows
-                page, valid = self._box_extent(block_pages[i], key, work.kv_len)
-                start = page * rows_per_page + key % self.page_size + valid
-                view = cute.domain_offset((0, RAGGED_ROWS - valid), mV[None, None, work.head_kv, RAGGED_ROWS, start])
-                for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
-                    g_box = cute.local_tile(view, (D_CHUNK, t.box_rows), (c, 0))
-                    s_box = cute.local_tile(sV[None, None, stage], (D_CHUNK, t.box_rows), (c, i))
-                    self._copy_box(v_tma, s_box, g_box, v_pipe.sync_object_full.get_barrier(stage))
+            blocks = (key0, block_pages, stage, phase)
+            self._load_block(k_pipe, k_tma, mK, sK, blocks, work, rows_per_page, keys_mode=0)
+            self._load_block(v_pipe, v_tma, mV, sV, blocks, work, rows_per_page, keys_mode=1)
+
+    @cute.jit
+    def _load_block(self, pipe, tma, mX, sX, block, work, rows_per_page, keys_mode: int):
+        """One K or V block into its ring stage, box by box: each box is `box_rows` keys of one
+        page (ragged: rows the sequence lacks are zero-filled) by 64 of d. `keys_mode`: where
+        the keys are in the tiles, 0 for K's (keys, d), 1 for V's (d, keys)."""
+        t = self.tiles
+        key0, block_pages, stage, phase = block
+        pipe.sync_object_empty.wait(stage, phase ^ 1)
+        pipe.sync_object_full.arrive(stage, None)
+        for i in cutlass.range_constexpr(t.block_n // t.box_rows):
+            key = key0 + i * t.box_rows
+            page, valid = self._box_extent(block_pages[i], key, work.kv_len)
+            start = page * rows_per_page + key % self.page_size + valid
+            rows = mX[None, None, work.head_kv, RAGGED_ROWS, start]
+            for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
+                if cutlass.const_expr(keys_mode == 0):
+                    g_box = cute.local_tile(
+                        cute.domain_offset((RAGGED_ROWS - valid, 0), rows), (t.box_rows, D_CHUNK), (0, c)
+                    )
+                    s_box = cute.local_tile(sX[None, None, stage], (t.box_rows, D_CHUNK), (i, c))
+                else:
+                    g_box = cute.local_tile(
+                        cute.domain_offset((0, RAGGED_ROWS - valid), rows), (D_CHUNK, t.box_rows), (c, 0)
+                    )
+                    s_box = cute.local_tile(sX[None, None, stage], (D_CHUNK, t.box_rows), (c, i))
+                self._copy_box(tma, s_box, g_box, pipe.sync_object_full.get_barrier(stage))
 
     def _block_pages(self, pt_row, work, j, pages):
         """The page of each box of key block j, from the page table (positions past the capacity

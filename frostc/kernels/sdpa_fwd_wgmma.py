@@ -52,7 +52,7 @@ from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
 
-from frostc.kernels.sdpa_common import LN_2, KeyRange, MaskFlags, dsl_dtype, quad_max, quad_sum
+from frostc.kernels.sdpa_common import LN_2, KeyRange, MaskFlags, TmaVariant, dsl_dtype, fake_ptr, quad_max, quad_sum
 
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
 # producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
@@ -144,7 +144,7 @@ SCHEDULE_POINTERS = ("sequences", "tiles", "tile_count")  # workspace regions (v
 
 
 @dataclass(frozen=True)
-class SdpaFwdVariant:
+class SdpaFwdVariant(TmaVariant):
     """The compile key of one attention kernel: declaration facts only (shapes are arguments)."""
 
     dtype: str
@@ -211,19 +211,16 @@ class SdpaFwdVariant:
 
     def compile_args(self) -> tuple:
         dtype = dsl_dtype(self.dtype)
-        pointers = [_fake_ptr(dtype, 16) for _ in range(4)] + [_fake_ptr(cutlass.Float32, 4)]
-        pointers += [_fake_ptr(cutlass.Int32, 4) for _ in SCHEDULE_POINTERS]
+        pointers = [fake_ptr(dtype, 16) for _ in range(4)] + [fake_ptr(cutlass.Float32, 4)]
+        pointers += [fake_ptr(cutlass.Int32, 4) for _ in SCHEDULE_POINTERS]
         return (*pointers, *_fake_scalars(), make_fake_stream())
 
-    # tensor maps: the build encodes them on the CPU with the same code the kernel uses
-    tensor_map_params = tuple(f"{name}.tmap" for name in LOADED)
+    # tensor maps (TmaVariant): the build encodes them on the CPU with the same code the kernel uses
+    TMA_SLOTS = LOADED
 
-    def tensor_map_encoder(self):
-        return self.kernel().encode_tensor_maps
-
-    def tensor_map_compile_args(self) -> tuple:
-        dtype = dsl_dtype(self.dtype)
-        return (*[_fake_ptr(dtype, 16) for _ in LOADED], _fake_ptr(cutlass.Uint8, 64), *_fake_scalars()[:2])
+    @staticmethod
+    def fake_scalars() -> tuple:
+        return _fake_scalars()
 
     def tensor_map_args(self, shape, addresses: list[int], out: int) -> tuple:
         """`shape`: (ints, strides) as resolved for the launch (INT_PARAMS order; (b, h, s) of
@@ -238,10 +235,6 @@ class SdpaFwdVariant:
             tuple(cutlass.Int32(x) for x in ints),
             tuple(cutlass.Int64(x) for triple in strides for x in triple),
         )
-
-
-def _fake_ptr(dtype, align: int):
-    return make_ptr(dtype, 0x10000, AddressSpace.gmem, assumed_align=align)
 
 
 def _fake_scalars() -> tuple:
