@@ -130,32 +130,39 @@ class DecodeCombine:
         reduce = storage.reduce.get_tensor(cute.make_layout(WARPS))
         pieces = storage.pieces.get_tensor(cute.make_layout((d, self.groups)))
 
-        kv_len = cutlass.min(cutlass.max(cute.make_tensor(seq_len_kv + b, cute.make_layout(1))[0], 0), capacity)
-        active = cutlass.min((kv_len + chunk - 1) // chunk, splits)
         first = (cutlass.Int64(b) * heads_kv + head_kv) * splits * rows + row  # split 0's (row) index
         lses = cute.make_tensor(lse_partial + first, cute.make_layout(splits, stride=rows))
+        lane, grp = tidx % self.lanes, tidx // self.lanes
+
+        # Loads that do not wait for the length: this thread's first LSE and first O piece (of
+        # splits that exist; used only if the sequence has them), beside the length itself.
+        length = cute.make_tensor(seq_len_kv + b, cute.make_layout(1))[0]
+        my_lse = lses[cutlass.min(tidx, splits - 1)]
+        my_piece = self._piece(o_partial, first, cutlass.min(grp, splits - 1), rows, lane).load()
+        kv_len = cutlass.min(cutlass.max(length, 0), capacity)
+        active = cutlass.min((kv_len + chunk - 1) // chunk, splits)
 
         # the largest LSE, then the sum of the weights
-        largest = -cutlass.Float32.inf
-        for s in range(tidx, active, THREADS):
+        largest = cutlass.select_(tidx < active, my_lse, -cutlass.Float32.inf)
+        for s in range(tidx + THREADS, active, THREADS):
             largest = cute.arch.fmax(largest, lses[s])
         largest = self._cta_reduce(largest, reduce, tidx, cute.arch.fmax)
         shift = 0.0 if largest == -cutlass.Float32.inf else largest
         total = cutlass.Float32(0.0)
-        for s in range(tidx, active, THREADS):
+        if tidx < active:
+            total = cute.math.exp2((my_lse - shift) * LOG2_E, fastmath=True)
+        for s in range(tidx + THREADS, active, THREADS):
             total = total + cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
         total = self._cta_reduce(total, reduce, tidx, lambda a, c: a + c)
 
         # Σ w_s O_s: thread (lane, grp) sums the 4-float piece `lane` of splits grp, grp + groups, ...
-        lane, grp = tidx % self.lanes, tidx // self.lanes
         acc = cute.make_rmem_tensor(VECTOR, cutlass.Float32)
         acc.fill(0.0)
-        for s in cutlass.range(grp, active, self.groups, unroll=4):  # the loads overlap
+        if grp < active:
+            acc.store(my_piece * cute.math.exp2((lses[grp] - shift) * LOG2_E, fastmath=True))
+        for s in cutlass.range(grp + self.groups, active, self.groups, unroll=4):  # the loads overlap
             weight = cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
-            src = cute.make_tensor(
-                o_partial + ((first + cutlass.Int64(s) * rows) * d + lane * VECTOR), cute.make_layout(VECTOR)
-            )
-            acc.store(acc.load() + src.load() * weight)
+            acc.store(acc.load() + self._piece(o_partial, first, s, rows, lane).load() * weight)
         for i in cutlass.range_constexpr(VECTOR):
             pieces[lane * VECTOR + i, grp] = acc[i]
         cute.arch.sync_threads()
@@ -178,6 +185,11 @@ class DecodeCombine:
                 if total > 0.0:
                     value = shift + cute.math.log2(total) * LN_2
                 cute.make_tensor(lse + at, cute.make_layout(1))[0] = value
+
+    def _piece(self, o_partial, first, split, rows, lane):
+        """Split `split`'s 4-float piece `lane` of the row's partial O."""
+        at = (first + cutlass.Int64(split) * rows) * self.v.head_dim + lane * VECTOR
+        return cute.make_tensor(o_partial + at, cute.make_layout(VECTOR))
 
     @cute.jit
     def _cta_reduce(self, value, scratch, tidx, combine):
