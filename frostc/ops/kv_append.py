@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 from frostc.kernels.kv_append import INT_PARAMS, POINTERS, STRIDE_PARAMS, KvAppendVariant
 from frostc.ops.paged_cache import new_tokens_problem, page_size_problem
+from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout
 from frostc.resolved import Arg, ResolvedLaunch
 
 if TYPE_CHECKING:
-    from frostc.graph import Tensor
     from frostc.resolve import ResolveContext
     from frostc.validate import CheckedTensor, NodeContext
 
@@ -32,9 +32,6 @@ KEYS = ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv")
 
 DATA_DTYPES = ("bf16", "fp16")
 INDEX_DTYPE = "int32"
-HEAD_DIMS = (64, 128, 256)
-ROW_ALIGN_ELEMS = 8  # 16-byte rows of 2-byte elements
-INT32_MAX = (1 << 31) - 1
 
 # The named dims of each role; shared names must agree across roles.
 _DIMS = {
@@ -212,13 +209,9 @@ def resolve(node: KvAppend, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
 
 def _check_supported(node: KvAppend, ctx: ResolveContext) -> None:
     k = ctx.tensor(node.k)
-    if node.head_dim not in HEAD_DIMS:
-        ctx.problem(
-            f"{k.path}.dims[3]",
-            f"head dim {node.head_dim} is not supported yet; supported: {', '.join(map(str, HEAD_DIMS))}",
-        )
+    check_head_dim(node.head_dim, f"{k.path}.dims[3]", ctx)
     for name, letters in ((node.k, "bhsd"), (node.v, "bhsd"), (node.k_cache, "pshd"), (node.v_cache, "pshd")):
-        _check_row_layout(ctx.tensor(name), letters, ctx)
+        check_row_layout(ctx.tensor(name), letters, f'"{letters}"', ctx)
     table = ctx.tensor(node.page_table)
     if node.max_pages > 1 and table.strides[1] != 1:
         ctx.problem(
@@ -241,20 +234,3 @@ def _check_supported(node: KvAppend, ctx: ResolveContext) -> None:
         )
     if node.pages > INT32_MAX:
         ctx.problem(f"{cache.path}.dims[0]", f"{node.pages} pages do not fit int32 page ids; at most {INT32_MAX}")
-
-
-def _check_row_layout(t: Tensor, letters: str, ctx: ResolveContext) -> None:
-    """The kernel copies whole 16-byte pieces of each head-dim row."""
-    if t.strides[-1] != 1:
-        ctx.problem(
-            f"{t.path}.strides[3]",
-            f"the head dim must be innermost (stride 1), found stride {t.strides[-1]}; "
-            f'use a layout ending in d, such as "{letters}"',
-        )
-    for i, letter in enumerate(letters[:-1]):
-        if t.dims[i] > 1 and t.strides[i] % ROW_ALIGN_ELEMS:
-            ctx.problem(
-                f"{t.path}.strides[{i}]",
-                f"stride {t.strides[i]} of dim {letter} must be a multiple of {ROW_ALIGN_ELEMS} elements "
-                "(16 bytes) so rows can be copied in 16-byte pieces; pad the dims inside it to a multiple of 8",
-            )

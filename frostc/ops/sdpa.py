@@ -33,10 +33,10 @@ from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
 from frostc.ops import sdpa_paged
 from frostc.ops.paged_cache import new_tokens_problem, page_size_problem
+from frostc.ops.rows import HEAD_DIMS, INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
 from frostc.resolved import Arg, ResolvedLaunch
 
 if TYPE_CHECKING:
-    from frostc.graph import Tensor
     from frostc.resolve import ResolveContext
     from frostc.validate import CheckedTensor, NodeContext
 
@@ -401,11 +401,6 @@ def _check_capacities(ctx: NodeContext, form: str, sizes: dict[str, int] | None)
 # ---------------------------------------------------------------------------------------------
 # Kernel support and launches
 
-ROW_ALIGN_ELEMS = 8  # 16-byte rows of 2-byte elements
-HEAD_DIMS = (64, 128, 256)
-TMA_STRIDE_LIMIT = 1 << 40  # bytes: the largest global stride a tensor map can hold, exclusive
-ELEMENT_BYTES = 2
-INT32_MAX = (1 << 31) - 1
 PER_TILE_MIN_KEY_BLOCKS = 64  # causal tiles of 32 key blocks on average and more (bench/NOTES.md v16)
 
 
@@ -478,16 +473,13 @@ def _unit_capacity(node: Sdpa, block_m: int) -> int:
 
 def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     q = ctx.tensor(node.q)
-    if node.head_dim not in HEAD_DIMS:
-        d_index = len(q.dims) - 1
-        ctx.problem(
-            f"{q.path}.dims[{d_index}]",
-            f"head dim {node.head_dim} is not supported yet; supported: {', '.join(map(str, HEAD_DIMS))}",
-        )
+    check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx)
+    letters = _letters(node.form)
+    layouts = '"thd"' if node.form == "packed" else '"bshd" or "bhsd"'
     for name in (node.q, node.k, node.v, node.o):
-        _check_row_layout(ctx.tensor(name), node.form, ctx)
+        check_row_layout(ctx.tensor(name), letters, layouts, ctx)
     for name in (node.q, node.k, node.v):
-        _check_tma_strides(ctx.tensor(name), node.form, ctx)
+        check_tma_strides(ctx.tensor(name), letters, tuple(range(len(letters) - 1)), ctx)
     for name in (node.q_lengths, node.kv_lengths):
         if name is not None:
             t = ctx.tensor(name)
@@ -526,36 +518,6 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
 def _letters(form: str) -> str:
     """The logical dims of q, k, v and o in the node's form."""
     return "thd" if form == "packed" else "bhsd"
-
-
-def _check_row_layout(t: Tensor, form: str, ctx: ResolveContext) -> None:
-    """The kernel reads and writes whole 16-byte pieces of each head-dim row."""
-    if t.strides[-1] != 1:
-        ctx.problem(
-            f"{t.path}.strides[{len(t.dims) - 1}]",
-            f"the head dim must be innermost (stride 1), found stride {t.strides[-1]}; "
-            f'use a layout ending in d, such as "{"thd" if form == "packed" else "bshd"}" or "bhsd"',
-        )
-    letters = _letters(form)
-    for i, letter in enumerate(letters[:-1]):
-        if t.dims[i] > 1 and t.strides[i] % ROW_ALIGN_ELEMS:
-            ctx.problem(
-                f"{t.path}.strides[{i}]",
-                f"stride {t.strides[i]} of dim {letter} must be a multiple of {ROW_ALIGN_ELEMS} elements "
-                "(16 bytes) so rows can be loaded in 16-byte pieces",
-            )
-
-
-def _check_tma_strides(t: Tensor, form: str, ctx: ResolveContext) -> None:
-    """Q, K and V are loaded through TMA tensor maps, whose strides must stay under 2**40 bytes."""
-    letters = _letters(form)
-    for i, letter in enumerate(letters[:-1]):
-        if t.dims[i] > 1 and t.strides[i] * ELEMENT_BYTES >= TMA_STRIDE_LIMIT:
-            ctx.problem(
-                f"{t.path}.strides[{i}]",
-                f"stride {t.strides[i]} of dim {letter} is {t.strides[i] * ELEMENT_BYTES} bytes; TMA "
-                f"loads need strides under 2**40 bytes ({TMA_STRIDE_LIMIT // ELEMENT_BYTES} elements)",
-            )
 
 
 def _check_padded_rows(node: Sdpa, ctx: ResolveContext) -> None:
@@ -679,7 +641,6 @@ def _bhs_strides(slot, form: str) -> tuple[int, int, int]:
 
 
 def _tma_strides(slot, strides: tuple[int, int, int]) -> tuple[int, int, int]:
-    """A dim of extent 1 is never stepped over, so its stride (which the description may leave
-    at any value) becomes one TMA accepts (16 bytes); so does a packed tensor's absent b."""
+    """(b, h, s) strides TMA accepts; a packed tensor's absent b has extent 0 (never stepped)."""
     extents = (0, slot.dims[1], slot.dims[0]) if len(slot.dims) == 3 else slot.dims[:3]
-    return tuple(st if extent > 1 else ROW_ALIGN_ELEMS for extent, st in zip(extents, strides))
+    return tuple(tma_stride(extent, st) for extent, st in zip(extents, strides))

@@ -17,6 +17,7 @@ from frostc.kernels.sdpa_common import LOG2_E
 from frostc.kernels.sdpa_decode_combine import INT_PARAMS as COMBINE_INT_PARAMS
 from frostc.kernels.sdpa_decode_combine import DecodeCombineVariant
 from frostc.kernels.sdpa_decode_paged import BLOCK_N, INT_PARAMS, ROWS, PagedDecodeVariant
+from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
 from frostc.resolved import Arg, ResolvedLaunch
 
 if TYPE_CHECKING:
@@ -24,11 +25,6 @@ if TYPE_CHECKING:
     from frostc.ops.sdpa import Sdpa
     from frostc.resolve import ResolveContext
 
-HEAD_DIMS = (64, 128, 256)
-ROW_ALIGN_ELEMS = 8  # 16-byte rows of 2-byte elements
-ELEMENT_BYTES = 2
-TMA_STRIDE_LIMIT = 1 << 40  # bytes
-INT32_MAX = (1 << 31) - 1
 GRID_YZ_MAX = 65535
 TARGET_SMS = {"sm_90a": 132}  # H100 SXM and H200
 WAVES = 5  # CTAs per resident slot the splits aim for at full capacity: lengths vary, the tail stays short
@@ -84,15 +80,13 @@ def split_plan(node: Sdpa, ctas_per_sm: int, sms: int) -> tuple[int, int]:
 
 def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     q, k, v = ctx.tensor(node.q), ctx.tensor(node.k), ctx.tensor(node.v)
-    if node.head_dim not in HEAD_DIMS:
-        ctx.problem(
-            f"{q.path}.dims[3]",
-            f"head dim {node.head_dim} is not supported yet; supported: {', '.join(map(str, HEAD_DIMS))}",
-        )
+    check_head_dim(node.head_dim, f"{q.path}.dims[3]", ctx)
     if ctx.graph.target not in TARGET_SMS:
         ctx.problem("target", f"the paged form is built for {', '.join(TARGET_SMS)} (its SM count sets the splits)")
-    for name in (node.q, node.o, node.k, node.v):
-        _check_rows(ctx.tensor(name), ctx)
+    for name in (node.q, node.o):
+        check_row_layout(ctx.tensor(name), "bhsd", '"bshd" or "bhsd"', ctx)
+    for cache in (k, v):
+        check_row_layout(cache, "pshd", '"pshd"', ctx)
     _check_cache(k, ctx)
     if v.strides != k.strides:
         ctx.problem(
@@ -117,20 +111,6 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
         )
 
 
-def _check_rows(t: Tensor, ctx: ResolveContext) -> None:
-    """Every row of d elements is read or written in 16-byte pieces (TMA boxes for the caches)."""
-    last = len(t.dims) - 1
-    if t.strides[last] != 1:
-        ctx.problem(f"{t.path}.strides[{last}]", f"the head dim must be innermost (stride 1), found {t.strides[last]}")
-    for i in range(last):
-        if t.dims[i] > 1 and t.strides[i] % ROW_ALIGN_ELEMS:
-            ctx.problem(
-                f"{t.path}.strides[{i}]",
-                f"stride {t.strides[i]} must be a multiple of {ROW_ALIGN_ELEMS} elements (16 bytes) so rows "
-                "can be loaded in 16-byte pieces",
-            )
-
-
 def _check_cache(k: Tensor, ctx: ResolveContext) -> None:
     """The cache is read as ragged rows: page p's row r is row p * (page stride / row stride) + r,
     which must be a whole row and fit int32; TMA strides stay under 2**40 bytes."""
@@ -144,14 +124,7 @@ def _check_cache(k: Tensor, ctx: ResolveContext) -> None:
         )
     elif row_stride and (pages - 1) * (page_stride // row_stride) + page_size > INT32_MAX:
         ctx.problem(f"{k.path}.dims[0]", f"{pages} pages of {page_size} rows do not fit the kernel's int32 rows")
-    for i in (1, 2):
-        if k.dims[i] > 1 and k.strides[i] * ELEMENT_BYTES >= TMA_STRIDE_LIMIT:
-            ctx.problem(f"{k.path}.strides[{i}]", "TMA loads need strides under 2**40 bytes")
-
-
-def _tma_stride(extent: int, stride: int) -> int:
-    """A dim of extent 1 is never stepped over: any stride TMA accepts (16 bytes) will do."""
-    return stride if extent > 1 else ROW_ALIGN_ELEMS
+    check_tma_strides(k, "pshd", (1, 2), ctx)  # the row and head strides (pages: whole rows)
 
 
 def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chunk: int, workspace, ctx):
@@ -160,7 +133,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     table = ctx.slot(node.page_table)
     rows = _rows(node)
     row_blocks = -(-rows // ROWS)
-    row_stride = _tma_stride(k.dims[1], k.strides[1])
+    row_stride = tma_stride(k.dims[1], k.strides[1])
     ints = {
         "batch": node.batch,
         "heads_kv": node.heads_kv,
@@ -195,7 +168,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
         else:
             args.append(Arg(param, kind, value=values[param]))
     cache_strides = tuple(
-        _tma_stride(extent, stride)
+        tma_stride(extent, stride)
         for cache in (k, slots["v"])
         for extent, stride in zip(cache.dims[:3], cache.strides[:3])
     )

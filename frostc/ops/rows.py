@@ -1,0 +1,59 @@
+"""What every op's kernels require of the tensors they move, and how anything else is declined
+at resolve time (with the field path): head dims the kernels are built for, rows of d
+elements moved in 16-byte pieces, TMA strides under 2**40 bytes, int32 extents."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from frostc.graph import Tensor
+    from frostc.resolve import ResolveContext
+
+HEAD_DIMS = (64, 128, 256)
+ROW_ALIGN_ELEMS = 8  # 16-byte rows of 2-byte elements
+ELEMENT_BYTES = 2
+TMA_STRIDE_LIMIT = 1 << 40  # bytes: the largest global stride a tensor map can hold, exclusive
+INT32_MAX = (1 << 31) - 1
+
+
+def check_head_dim(head_dim: int, path: str, ctx: ResolveContext) -> None:
+    if head_dim not in HEAD_DIMS:
+        supported = ", ".join(map(str, HEAD_DIMS))
+        ctx.problem(path, f"head dim {head_dim} is not supported yet; supported: {supported}")
+
+
+def check_row_layout(t: Tensor, letters: str, layouts: str, ctx: ResolveContext) -> None:
+    """The head dim (the last of `letters`) innermost, every other stride a whole number of
+    16-byte pieces; `layouts` suggests layouts that are, e.g. '"bshd" or "bhsd"'."""
+    last = len(t.dims) - 1
+    if t.strides[last] != 1:
+        ctx.problem(
+            f"{t.path}.strides[{last}]",
+            f"the head dim must be innermost (stride 1), found stride {t.strides[last]}; "
+            f"use a layout ending in d, such as {layouts}",
+        )
+    for i, letter in enumerate(letters[:-1]):
+        if t.dims[i] > 1 and t.strides[i] % ROW_ALIGN_ELEMS:
+            ctx.problem(
+                f"{t.path}.strides[{i}]",
+                f"stride {t.strides[i]} of dim {letter} must be a multiple of {ROW_ALIGN_ELEMS} elements "
+                "(16 bytes) so rows can be moved in 16-byte pieces",
+            )
+
+
+def check_tma_strides(t: Tensor, letters: str, dims: tuple[int, ...], ctx: ResolveContext) -> None:
+    """Strides a TMA tensor map holds (of `dims`) must stay under 2**40 bytes."""
+    for i in dims:
+        if t.dims[i] > 1 and t.strides[i] * ELEMENT_BYTES >= TMA_STRIDE_LIMIT:
+            ctx.problem(
+                f"{t.path}.strides[{i}]",
+                f"stride {t.strides[i]} of dim {letters[i]} is {t.strides[i] * ELEMENT_BYTES} bytes; TMA "
+                f"loads need strides under 2**40 bytes ({TMA_STRIDE_LIMIT // ELEMENT_BYTES} elements)",
+            )
+
+
+def tma_stride(extent: int, stride: int) -> int:
+    """A dim of extent 1 is never stepped over, so its stride (which a description may leave at
+    any value) becomes one TMA accepts (16 bytes)."""
+    return stride if extent > 1 else ROW_ALIGN_ELEMS
