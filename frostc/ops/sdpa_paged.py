@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from frostc.kernels.sdpa_common import LOG2_E
 from frostc.kernels.sdpa_decode_combine import INT_PARAMS as COMBINE_INT_PARAMS
 from frostc.kernels.sdpa_decode_combine import DecodeCombineVariant
-from frostc.kernels.sdpa_decode_paged import BLOCK_N, INT_PARAMS, ROWS, PagedDecodeVariant
+from frostc.kernels.sdpa_decode_paged import BLOCK_N, INT_PARAMS, ROWS, PagedDecodeVariant, decode_tiles
 from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
 from frostc.resolved import Arg, ResolvedLaunch
 
@@ -39,23 +39,20 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     if len(ctx.problems) > before:
         return ()
     ctx.length_contract(node.kv_lengths, "lengths", node.seq_kv)
-    variant_split = PagedDecodeVariant(
-        ctx.slot(node.q).dtype, node.head_dim, node.page_size, node.causal, True, node.lse is not None
+    ctas_per_sm = decode_tiles(node.head_dim, node.page_size).ctas_per_sm
+    splits, chunk = split_plan(node, ctas_per_sm, TARGET_SMS[ctx.graph.target])
+    variant = PagedDecodeVariant(
+        ctx.slot(node.q).dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None
     )
-    splits, chunk = split_plan(node, variant_split.tile_shape.ctas_per_sm, TARGET_SMS[ctx.graph.target])
-    rows = _rows(node)
     if splits == 1:
-        variant = PagedDecodeVariant(
-            ctx.slot(node.q).dtype, node.head_dim, node.page_size, node.causal, False, node.lse is not None
-        )
         return (_attention_launch(node, variant, splits, chunk, None, ctx),)
-    partials = node.batch * node.heads_kv * splits * rows
+    partials = node.batch * node.heads_kv * splits * _rows(node)
     workspace = {
         "o_partial": ctx.workspace(f"{node.name}.o_partial", partials * node.head_dim * 4),
         "lse_partial": ctx.workspace(f"{node.name}.lse_partial", partials * 4),
     }
     return (
-        _attention_launch(node, variant_split, splits, chunk, workspace, ctx),
+        _attention_launch(node, variant, splits, chunk, workspace, ctx),
         _combine_launch(node, splits, chunk, workspace, ctx),
     )
 
