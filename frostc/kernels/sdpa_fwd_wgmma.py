@@ -25,8 +25,12 @@ TMA, two or three consumer warpgroups compute with WGMMA, taking turns on the te
   O += P V with warpgroup MMAs, P kept in registers. Each turn issues S_j together with
   P_(j-1) V_(j-1) and runs the softmax of S_j (`OnlineSoftmax`) while P V still runs; a
   ring of named barriers makes the consumers take turns, so one's softmax also hides under
-  the others' GEMMs. O leaves through shared memory in 16-byte stores: its own buffer where
-  it fits (then Q is released right after the tile's last S = Q Kᵀ), else the consumer's Q
+  the others' GEMMs. The consumers' own instructions between turns are the critical path
+  (bench/NOTES.md v18), so the steps run in three loops of straight-line bodies (blocks a
+  consumer's rows see in part on the right, whole, in part on the left), O is rescaled only
+  when a row's max grew enough that keeping it would let a probability exceed 2**8, and
+  stage indices are bit operations. O leaves through shared memory in 16-byte stores: its
+  own buffer where it fits (then Q is released right after the tile's last S = Q Kᵀ), else the consumer's Q
   buffer (released after the store). A tile whose rows see no key writes O = 0, LSE = -inf.
 
 Tensor maps (Q, K, V) are kernel parameters; `tensor_maps` builds them, and the build runs the
@@ -260,6 +264,12 @@ class Ring:
     stages: int
 
     def at(self, position):
+        """(stage, phase) of a non-negative position. A power-of-two depth takes two bit
+        operations each; signed % and // cost a dozen uniform instructions per use, in the
+        consumers' critical path (bench/NOTES.md v18)."""
+        if cutlass.const_expr(self.stages & (self.stages - 1) == 0):
+            shift = self.stages.bit_length() - 1
+            return position & (self.stages - 1), (position >> shift) & 1
         return position % self.stages, position // self.stages % 2
 
 
@@ -312,6 +322,10 @@ class Sequences:
             lse_offset=cutlass.Int64(batch) * self.lse_strides[0] + cutlass.Int64(q_token) * self.lse_strides[1],
         )
 
+
+# the online softmax keeps a row's reference max until a block raises it by more than this
+# (log2 units; probabilities stay <= 2**8 = 256, exact in bf16/fp16 range and fp32 sums)
+RESCALE_LOG2 = 8.0
 
 L2_SECTION_BYTES = 32 << 20  # K and V of the heads whose tiles run together (H100/H200 L2: 50/60 MB)
 
@@ -374,6 +388,19 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class TileSteps:
+    """What the steps of one consumer's tile share: the ring position of its first block,
+    its key blocks (n_end - 1 down to n_end - n_blocks) and the mask as its rows see it."""
+
+    ring: Ring
+    consumed: cutlass.Int32  # K/V blocks consumed before this tile
+    n_end: cutlass.Int32
+    n_blocks: cutlass.Int32
+    mask: "ConsumerMask"
+    score_scale: cutlass.Float32
+
+
+@dataclass(frozen=True)
 class ConsumerMask:
     """The mask as one consumer's rows of one tile see it: which key blocks its rows all see
     whole (no mask needed), and the per-element mask of the others."""
@@ -430,13 +457,25 @@ class OnlineSoftmax:
 
     @cute.jit
     def update(self, s_mn):
-        """Scores (rows, cols) -> unnormalized probabilities in place; the factor the output so
-        far must be scaled by goes to `correction` (applied once the P V that writes it ended)."""
-        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+        """Scores (rows, cols) -> unnormalized probabilities in place. Returns whether this
+        warp's output so far must be scaled by `correction` (applied once the P V that writes
+        it ended). A row's reference max moves only when some row of the warp grew by more
+        than RESCALE_LOG2 (log2 units): below that the stale max is kept, probabilities reach
+        at most 2**RESCALE_LOG2, and the warp skips the rescale of O (exact either way: the
+        output and the row sum always share one reference max)."""
+        rows = cute.size(self.row_max)
+        block_max = cute.make_rmem_tensor(rows, cutlass.Float32)
+        grow = cutlass.Boolean(False)
+        for r in cutlass.range_constexpr(rows):
+            block_max[r] = quad_max(s_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
+            # a row that saw no key has max -inf: any finite score grows it (inf > threshold)
+            grow = grow | ((block_max[r] - self.row_max[r]) * self.scale_log2 > RESCALE_LOG2)
+        moved = cute.arch.vote_any_sync(grow)
+        for r in cutlass.range_constexpr(rows):
             row = s_mn[r, None].load()
             prev_max = self.row_max[r]
-            new_max = cute.arch.fmax(prev_max, quad_max(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)))
-            # a row that has seen no key yet keeps max -inf; exponentiate against 0 instead
+            new_max = cutlass.select_(moved, cute.arch.fmax(prev_max, block_max[r]), prev_max)
+            # a row that has seen no key yet keeps max -inf: exponentiate against 0 instead
             safe_max = 0.0 if new_max == -cutlass.Float32.inf else new_max
             shift = safe_max * self.scale_log2
             probs = cute.math.exp2(row * self.scale_log2 - shift, fastmath=True)
@@ -445,6 +484,7 @@ class OnlineSoftmax:
             self.correction[r] = factor
             self.row_max[r] = new_max
             s_mn[r, None] = probs
+        return moved
 
     @cute.jit
     def rescale(self, o_mn):
@@ -593,10 +633,11 @@ class SdpaForwardWgmma:
 
     def _pipelines(self, storage):
         """Q: one stage; K and V: `stages` each. "full" is armed by the producer thread with the
-        stage's byte count and completed by TMA; "empty" takes every consumer thread."""
+        stage's byte count and completed by TMA; "empty" takes one arrival per consumer warp
+        (`_release`)."""
         t = self.tiles
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * t.consumers)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * t.consumers)
         elem = self.dtype.width // 8
 
         def make(bars, stages, rows):
@@ -817,7 +858,7 @@ class SdpaForwardWgmma:
         qk_mma.set(warpgroup.Field.ACCUMULATE, True)
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
         qk_thr, pv_thr = qk_mma.get_slice(wg_tidx), pv_mma.get_slice(wg_tidx)
-        tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ[None, None, cw]))
+        tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, M, K, consumer)
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N, K, stage)
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
         acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((wg_m, self.head_dim)))
@@ -833,6 +874,8 @@ class SdpaForwardWgmma:
         their_turn = pipeline.NamedBarrier(barrier_id=Barrier.TURN + (cw + 1) % consumers, num_threads=256)
         if cw == consumers - 1:
             their_turn.arrive()  # consumer 0 goes first
+        turns = (my_turn, their_turn)
+        operands = (qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, cw)
 
         first, num_tiles, grid = self._schedule(tiles)
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
@@ -872,43 +915,33 @@ class SdpaForwardWgmma:
                 k_pipe.sync_object_full.wait(stage, phase)
                 my_turn.arrive_and_wait()
                 warpgroup.fence()
-                self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
+                self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, cw)
                 warpgroup.commit_group()
                 their_turn.arrive()
                 warpgroup.wait_group(0)
-                k_pipe.sync_object_empty.arrive(stage, None)
+                self._release(k_pipe, stage)
                 if cutlass.const_expr(t.o_buffer):
                     if n_blocks == 1:
-                        q_pipe.sync_object_empty.arrive(0, None)  # the tile's last read of Q
+                        self._release(q_pipe, 0)  # the tile's last read of Q
                 n_block = n_end - 1
-                self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale)
+                if n_block < mask.full_first or n_block >= mask.full_end:
+                    self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale, True)
+                else:
+                    self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale, False)
                 cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
 
-                for step in range(1, n_blocks, 1):
-                    n_block = n_end - 1 - step
-                    stage, phase = ring.at(consumed + step)
-                    prev_stage, prev_phase = ring.at(consumed + step - 1)
-                    acc_S = qk_thr.make_fragment_C(s_shape)
-                    acc_S.fill(0.0)
-                    k_pipe.sync_object_full.wait(stage, phase)
-                    v_pipe.sync_object_full.wait(prev_stage, prev_phase)
-                    my_turn.arrive_and_wait()
-                    warpgroup.fence()
-                    self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
-                    warpgroup.commit_group()
-                    self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage)
-                    warpgroup.commit_group()
-                    their_turn.arrive()
-                    warpgroup.wait_group(1)  # S_j is ready; P V may still run
-                    k_pipe.sync_object_empty.arrive(stage, None)
-                    if cutlass.const_expr(t.o_buffer):
-                        if step == n_blocks - 1:
-                            q_pipe.sync_object_empty.arrive(0, None)
-                    self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale)
-                    warpgroup.wait_group(0)  # O and P_{j-1} are free again
-                    v_pipe.sync_object_empty.arrive(prev_stage, None)
-                    softmax.rescale(_wgmma_rows_by_cols(acc_O))
-                    cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+                # the steps in three loops, so each loop's body is straight-line code: blocks
+                # this consumer's rows see in part on the right (e.g. the causal diagonal), blocks
+                # they see whole, blocks they see in part on the left (a window)
+                right_end = cutlass.max(cutlass.min(n_end - mask.full_end, n_blocks), 1)
+                whole_end = cutlass.max(cutlass.min(n_end - mask.full_first, n_blocks), right_end)
+                tile_steps = TileSteps(ring, consumed, n_end, n_blocks, mask, score_scale)
+                for step in range(1, right_end, 1):
+                    self._step(operands, (q_pipe, k_pipe, v_pipe), turns, softmax, tile_steps, step, True)
+                for step in range(right_end, whole_end, 1):
+                    self._step(operands, (q_pipe, k_pipe, v_pipe), turns, softmax, tile_steps, step, False)
+                for step in range(whole_end, n_blocks, 1):
+                    self._step(operands, (q_pipe, k_pipe, v_pipe), turns, softmax, tile_steps, step, True)
 
                 last_stage, last_phase = ring.at(consumed + n_blocks - 1)
                 v_pipe.sync_object_full.wait(last_stage, last_phase)
@@ -918,12 +951,12 @@ class SdpaForwardWgmma:
                 warpgroup.commit_group()
                 their_turn.arrive()
                 warpgroup.wait_group(0)
-                v_pipe.sync_object_empty.arrive(last_stage, None)
+                self._release(v_pipe, last_stage)
 
                 self._epilogue(pv_mma, acc_O, softmax, sO[None, None, cw], o_args, lse_args, seq, head, row_tile,
                                cw, wg_tidx)  # fmt: skip
                 if cutlass.const_expr(not t.o_buffer):
-                    q_pipe.sync_object_empty.arrive(0, None)  # O has left the Q buffer
+                    self._release(q_pipe, 0)  # O has left the Q buffer
             else:
                 self._empty_rows(pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx)
             consumed += n_blocks
@@ -932,9 +965,21 @@ class SdpaForwardWgmma:
             my_turn.arrive_and_wait()  # the last consumer's last hand-over
 
     @cute.jit
-    def _gemm_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage):
+    def _release(self, pipe, stage):
+        """A consumer warp is done with a stage: one arrival per warp (lane 0), after the whole
+        warp's reads (WGMMA reads end at wait_group, which every lane passed)."""
+        if cute.arch.lane_idx() == 0:
+            pipe.sync_object_empty.arrive(stage, None)
+
+    @cute.jit
+    def _gemm_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage, cw):
+        # Q's descriptors: indexing the consumer's buffer at each issue lets ptxas keep them in
+        # uniform registers at d <= 128; at d=256 it moves them from general registers instead
+        # (bench/NOTES.md v18), so there the consumer's slice is taken once
+        q_mine = tSrQ[None, None, None, cw]
         for kk in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
-            cute.gemm(qk_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk, stage], acc_S)
+            q_k = tSrQ[None, None, kk, cw] if cutlass.const_expr(self.head_dim <= 128) else q_mine[None, None, kk]
+            cute.gemm(qk_mma, acc_S, q_k, tSrK[None, None, kk, stage], acc_S)
 
     @cute.jit
     def _gemm_pv(self, pv_mma, acc_O, rP, tOrV, stage):
@@ -942,18 +987,49 @@ class SdpaForwardWgmma:
             cute.gemm(pv_mma, acc_O, rP[None, None, kk], tOrV[None, None, kk, stage], acc_O)
 
     @cute.jit
-    def _scores(self, qk_thr, acc_S, softmax, mask, n_block, score_scale):
-        """S_j -> probabilities: softcap, mask (only blocks some row sees in part), softmax."""
+    def _step(self, operands, pipes, turns, softmax, tile: "TileSteps", step, masked: bool):
+        """Step j of a tile: issue S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} in this consumer's
+        turn, then softmax(S_j) while P V still runs. V_{j-1} is waited for after S_j is
+        issued (the two loads complete separately). `masked`: the block is one this
+        consumer's rows see in part (a separate loop, so each loop's body is straight-line)."""
+        qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, cw = operands
+        q_pipe, k_pipe, v_pipe = pipes
+        my_turn, their_turn = turns
+        stage, phase = tile.ring.at(tile.consumed + step)
+        prev_stage, prev_phase = tile.ring.at(tile.consumed + step - 1)
+        acc_S = qk_thr.make_fragment_C(s_shape)
+        acc_S.fill(0.0)
+        k_pipe.sync_object_full.wait(stage, phase)
+        my_turn.arrive_and_wait()
+        warpgroup.fence()
+        self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, cw)
+        warpgroup.commit_group()
+        v_pipe.sync_object_full.wait(prev_stage, prev_phase)
+        self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage)
+        warpgroup.commit_group()
+        their_turn.arrive()
+        warpgroup.wait_group(1)  # S_j is ready; P V may still run
+        self._release(k_pipe, stage)
+        if cutlass.const_expr(self.tiles.o_buffer):
+            if step == tile.n_blocks - 1:
+                self._release(q_pipe, 0)  # the tile's last read of Q
+        moved = self._scores(qk_thr, acc_S, softmax, tile.mask, tile.n_end - 1 - step, tile.score_scale, masked)
+        warpgroup.wait_group(0)  # O and P_{j-1} are free again
+        self._release(v_pipe, prev_stage)
+        if moved:
+            softmax.rescale(_wgmma_rows_by_cols(acc_O))
+        cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+
+    @cute.jit
+    def _scores(self, qk_thr, acc_S, softmax, mask, n_block, score_scale, masked: bool):
+        """S_j -> probabilities: softcap, mask (a block some row sees in part), softmax.
+        Returns whether O must be rescaled (`OnlineSoftmax.update`)."""
         if cutlass.const_expr(self.mask_flags.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
         s_mn = _wgmma_rows_by_cols(acc_S)
-        # two copies of the softmax: the unmasked one stays straight-line code, which the
-        # compiler schedules against the GEMMs better than one copy behind a branch
-        if n_block < mask.full_first or n_block >= mask.full_end:
+        if cutlass.const_expr(masked):
             mask.apply(qk_thr, s_mn, n_block)
-            softmax.update(s_mn)
-        else:
-            softmax.update(s_mn)
+        return softmax.update(s_mn)
 
     def _out_rows(self, o_args, seq, head):
         """This (sequence, head)'s O rows, (q_len, d); strides are multiples of 8 (checked at build)."""
