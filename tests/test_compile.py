@@ -21,7 +21,7 @@ from frostc.kernels.sdpa_fwd_wgmma import SdpaFwdVariant
 from frostc.planfile import build_key
 
 DEFAULT = Path(__file__).resolve().parent.parent / "plans" / "examples" / "default.toml"
-VARIANT = SdpaFwdVariant("bf16", 128, MaskFlags(right=True), has_lse=True)
+VARIANT = SdpaFwdVariant("bf16", 128, MaskFlags(right=True), has_lse=True, paired=True)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def plan(plan_bytes: bytes) -> PlanData:
 
 
 def test_one_kernel_of_the_expected_variant(plan: PlanData) -> None:
-    assert [k.name for k in plan.kernels] == ["sdpa_fwd_wgmma.bf16.d128.causal.lse"]
+    assert [k.name for k in plan.kernels] == ["sdpa_fwd_wgmma.bf16.d128.causal.paired.lse"]
 
 
 def test_cubin_is_an_elf_file(plan: PlanData) -> None:
@@ -217,7 +217,7 @@ def test_dump_writes_every_stage(tmp_path: Path, plan: PlanData) -> None:
         "1-description.toml",
         "2-graph.json",
         "3-resolved.json",
-        "4-sdpa_fwd_wgmma.bf16.d128.causal.lse.cubin",
+        "4-sdpa_fwd_wgmma.bf16.d128.causal.paired.lse.cubin",
     ]
     assert (tmp_path / "stages" / names[-1]).read_bytes() == plan.kernels[0].cubin
     assert load_description(tmp_path / "stages" / "1-description.toml") == load_description(DEFAULT)

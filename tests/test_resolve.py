@@ -142,8 +142,32 @@ def test_variant_holds_only_declaration_facts() -> None:
     plan = resolved(graph_builder(dtype="fp16", d=128, causal=None, lse=False))
     assert plan.variants == (SdpaFwdVariant("fp16", 128, MaskFlags(), False),)
     assert plan.variants[0].name == "sdpa_fwd_wgmma.fp16.d128.full"
-    causal = resolved(graph_builder(d=64, causal=True, lse=True))
+    causal = resolved(graph_builder(d=64, causal=True, lse=True, sq=4096, skv=4096))
     assert causal.variants[0].name == "sdpa_fwd_wgmma.bf16.d64.causal.lse"
+
+
+@pytest.mark.parametrize(
+    ("d", "sq", "skv", "walk"),
+    [
+        (128, 200, 256, "paired"),  # 2 query blocks
+        (128, 1536, 1536, "paired"),  # 12: the last paired
+        (128, 1537, 1537, "persistent"),  # 13
+        (128, 4096, 4096, "persistent"),
+        (128, 8192, 8192, "per_tile"),  # 64 key blocks
+        (64, 2304, 2304, "paired"),  # 12 blocks of 192 rows
+        (64, 4096, 4096, "persistent"),
+        (256, 4096, 4096, "per_tile"),  # 64 blocks of 64 keys
+    ],
+)
+def test_causal_tile_walk_follows_the_measured_rules(d: int, sq: int, skv: int, walk: str) -> None:
+    (variant,) = resolved(graph_builder(d=d, sq=sq, skv=skv, causal=True)).variants
+    assert (variant.paired, variant.per_tile) == (walk == "paired", walk == "per_tile")
+    assert variant.name.endswith(".lse") and (f".{walk}" in variant.name) == (walk != "persistent")
+
+
+def test_non_causal_plans_walk_neither_in_pairs_nor_per_tile() -> None:
+    (variant,) = resolved(graph_builder(d=128, sq=200, skv=256, causal=None)).variants
+    assert not variant.paired and not variant.per_tile
 
 
 def test_args_follow_the_kernel_abi_in_order() -> None:

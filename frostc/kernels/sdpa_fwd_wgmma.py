@@ -160,11 +160,15 @@ class SdpaFwdVariant(TmaVariant):
     # sections of heads): long causal tiles, where a static persistent order loses more to
     # imbalance and L2 misses than a CTA's exposed start costs (bench/NOTES.md v16)
     per_tile: bool = False
+    # persistent, a diagonal's tiles walked in pairs of equal cost, head by head (short causal
+    # tiles, whose K and V a longest-first walk over all heads keeps missing in L2; NOTES v19)
+    paired: bool = False
 
     @property
     def name(self) -> str:
         name = f"sdpa_fwd_wgmma.{self.dtype}.d{self.head_dim}.{self.mask.label}"
         name += (".varlen" if self.varlen else "") + (".per_tile" if self.per_tile else "")
+        name += ".paired" if self.paired else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
@@ -189,6 +193,9 @@ class SdpaFwdVariant(TmaVariant):
         t = self.tile_shape
         if self.per_tile:
             return f"(ceil(seq_q / {t.block_m}) * heads_q * batch, 1, 1): one CTA per tile, longest first"
+        if self.paired:
+            tiles = f"ceil(seq_q / {t.block_m}) * heads_q * batch"
+            return f"(min({tiles}, SMs * {t.ctas_per_sm}), 1, 1), persistent over pairs of tiles"
         if self.varlen:
             tiles = "(units listed by the scheduling kernel, at most the capacity's) * heads_q"
         else:
@@ -340,6 +347,8 @@ class DenseTiles:
     longest_first: bool
     sectioned: bool = False  # longest first within sections of `section` (head, batch) pairs (L2)
     section: cutlass.Int32 = 0
+    paired: bool = False  # the persistent walk over pairs of tiles (`paired_tile`)
+    grid: cutlass.Int32 = 0
 
     def count(self):
         return self.shape.m_blocks * self.shape.heads_q * self.shape.batch
@@ -348,7 +357,9 @@ class DenseTiles:
         s = self.shape
         heads_batch = s.heads_q * s.batch
         m_block, hb = tile % s.m_blocks, tile // s.m_blocks
-        if cutlass.const_expr(self.longest_first):
+        if cutlass.const_expr(self.paired):
+            m_block, hb = paired_tile(tile, s.m_blocks, heads_batch, self.grid, DSL_INT_OPS)
+        elif cutlass.const_expr(self.longest_first):
             m_block, hb = s.m_blocks - 1 - tile // heads_batch, tile % heads_batch
             if cutlass.const_expr(self.sectioned):
                 first_pair = tile // (self.section * s.m_blocks) * self.section
@@ -356,6 +367,43 @@ class DenseTiles:
                 pairs = cutlass.min(self.section, heads_batch - first_pair)
                 m_block, hb = s.m_blocks - 1 - r // pairs, first_pair + r % pairs
         return m_block, hb % s.heads_q, hb // s.heads_q
+
+
+# (select, min, max) for `paired_tile`: the DSL's in the kernel, Python's in tests
+DSL_INT_OPS = (cutlass.select_, cutlass.min, cutlass.max)
+
+
+def paired_tile(visit, m_blocks, head_batches, grid, ops):
+    """The (query block, head-batch) of visit `visit` in the paired walk. With a diagonal, query
+    block j and m_blocks - 1 - j of one head cost m_blocks + 1 key blocks together, so a CTA
+    takes such a pair in two consecutive visits (the longer first) and every CTA's pairs cost
+    the same; pairs go head by head, so a round's CTAs share a few heads' K and V in L2. CTA b
+    visits v = b, b + grid, ...: its k-th visit is half k % 2 of pair b + (k // 2)·grid while
+    whole rounds of pairs last. The rest (a last partial round of pairs: long halves, then each
+    head's middle tile when m_blocks is odd, then short halves) is walked with every other
+    round reversed, a partial round too. Integer arithmetic only, through `ops` = (select,
+    min, max), so that tests run it in Python."""
+    select, min_, max_ = ops
+    half_m = m_blocks // 2
+    pairs = half_m * head_batches
+    full_rounds = pairs // grid  # rounds in which every CTA has a pair
+    round_ = visit // grid
+    pair = round_ // 2 * grid + (visit - round_ * grid)
+    long_half = round_ % 2 == 0
+    left = pairs - full_rounds * grid
+    singles = select(m_blocks % 2 == 1, head_batches, 0)
+    rest = visit - 2 * full_rounds * grid
+    rest_round = rest // grid
+    in_round = min_(grid, 2 * left + singles - rest_round * grid)
+    item = select(rest_round % 2 == 1, rest_round * grid + in_round - 1 - (rest - rest_round * grid), rest)
+    in_rest = round_ >= 2 * full_rounds
+    is_middle = in_rest & (item >= left) & (item < left + singles)
+    pair = select(in_rest, full_rounds * grid + select(item < left, item, 2 * left + singles - 1 - item), pair)
+    long_half = select(in_rest, item < left, long_half)
+    half_m_safe = max_(half_m, 1)
+    j = pair - pair // half_m_safe * half_m_safe
+    m_block = select(is_middle, half_m, select(long_half, m_blocks - 1 - j, j))
+    return m_block, select(is_middle, item - left, pair // half_m_safe)
 
 
 @dataclass(frozen=True)
@@ -716,7 +764,8 @@ class SdpaForwardWgmma:
                 pair_bytes = cutlass.Int64(seq_kv) * (4 * self.head_dim) // group
                 fit = cutlass.Int32(cutlass.max(cutlass.Int64(L2_SECTION_BYTES) // cutlass.max(pair_bytes, 1), 1))
                 section = cutlass.min(fit, heads_q * batch)
-            tiles = DenseTiles(shape, self.mask_flags.right, self.tiles.l2_sections, section)
+            grid, _, _ = cute.arch.grid_dim()
+            tiles = DenseTiles(shape, self.mask_flags.right, self.tiles.l2_sections, section, self.variant.paired, grid)
         o_sb, o_sh, o_ss = (cute.assume(x, divby=8) for x in (o_sb, o_sh, o_ss))  # 16-byte rows (build checks)
         seqs = Sequences(self.varlen, sequences, shape, (q_rows, k_rows, v_rows), (o_sb, o_ss), (lse_sb, lse_ss))
         window = (window_left, window_right)
@@ -748,6 +797,8 @@ class SdpaForwardWgmma:
         rounds' differences cancel; a last, partial round keeps its order (a bijection)."""
         if cutlass.const_expr(not (self.varlen or self.mask_flags.right)):
             return tile  # equal tiles: keep a head's query blocks together (K and V in L2)
+        if cutlass.const_expr(self.variant.paired):
+            return tile  # pairs of equal cost (`paired_tile` orders them)
         round_ = tile // grid
         mirrored = round_ * grid + grid - 1 - (tile - round_ * grid)
         full = (round_ + 1) * grid <= count

@@ -402,6 +402,7 @@ def _check_capacities(ctx: NodeContext, form: str, sizes: dict[str, int] | None)
 # Kernel support and launches
 
 PER_TILE_MIN_KEY_BLOCKS = 64  # causal tiles of 32 key blocks on average and more (bench/NOTES.md v16)
+PAIRED_MAX_QUERY_BLOCKS = 12  # causal heads of at most this many tiles walk in pairs (NOTES v19)
 
 
 def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
@@ -439,12 +440,14 @@ def _record_length_contracts(node: Sdpa, ctx: ResolveContext) -> None:
 
 def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
     """The attention kernel's compile key (its tiles follow from it). Dense causal tiles of many
-    key blocks run one CTA each (`per_tile`): measured faster from PER_TILE_MIN_KEY_BLOCKS on."""
+    key blocks run one CTA each (`per_tile`): measured faster from PER_TILE_MIN_KEY_BLOCKS on;
+    a causal head of few tiles is walked in pairs of tiles (`paired`): measured faster up to
+    PAIRED_MAX_QUERY_BLOCKS, slower from 22 (at 16 even)."""
     flags = node.mask.flags
-    block_n = tiles_for_head_dim(node.head_dim, flags.left).block_n
-    per_tile = (
-        node.form == "dense" and flags.right and not flags.left and node.seq_kv >= PER_TILE_MIN_KEY_BLOCKS * block_n
-    )
+    tiles = tiles_for_head_dim(node.head_dim, flags.left)
+    causal_dense = node.form == "dense" and flags.right and not flags.left
+    per_tile = causal_dense and node.seq_kv >= PER_TILE_MIN_KEY_BLOCKS * tiles.block_n
+    paired = causal_dense and not per_tile and -(-node.seq_q // tiles.block_m) <= PAIRED_MAX_QUERY_BLOCKS
     return SdpaFwdVariant(
         ctx.slot(node.q).dtype,
         node.head_dim,
@@ -452,6 +455,7 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
         node.lse is not None,
         varlen=node.form != "dense",
         per_tile=per_tile,
+        paired=paired,
     )
 
 
