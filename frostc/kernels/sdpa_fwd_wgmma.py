@@ -870,25 +870,19 @@ class SdpaForwardWgmma:
 
                 for n_block in range(n_end - 1, n_first - 1, -1):
                     stage, phase = ring.at(loaded + (n_end - 1 - n_block))
-                    k_pipe.sync_object_empty.wait(stage, phase ^ 1)
-                    k_pipe.sync_object_full.arrive(stage, None)
-                    cute.copy(
-                        k_tma,
-                        tKgK[None, n_block],
-                        tKsK[None, stage],
-                        tma_bar_ptr=k_pipe.sync_object_full.get_barrier(stage),
-                    )
-                    v_pipe.sync_object_empty.wait(stage, phase ^ 1)
-                    v_pipe.sync_object_full.arrive(stage, None)
-                    cute.copy(
-                        v_tma,
-                        tVgV[None, n_block],
-                        tVsV[None, stage],
-                        tma_bar_ptr=v_pipe.sync_object_full.get_barrier(stage),
-                    )
+                    self._load_stage(k_pipe, k_tma, tKgK[None, n_block], tKsK[None, stage], stage, phase)
+                    self._load_stage(v_pipe, v_tma, tVgV[None, n_block], tVsV[None, stage], stage, phase)
             blocks = cutlass.max(n_end - n_first, 0)
             loaded += blocks
             q_loads += cutlass.min(blocks, 1)
+
+    @staticmethod
+    def _load_stage(pipe, tma, src, dst, stage, phase):
+        """One TMA load into ring stage `stage`: wait until every consumer released it, arm its
+        "full" barrier with the byte count, issue the copy that completes it."""
+        pipe.sync_object_empty.wait(stage, phase ^ 1)
+        pipe.sync_object_full.arrive(stage, None)
+        cute.copy(tma, src, dst, tma_bar_ptr=pipe.sync_object_full.get_barrier(stage))
 
     # ---------------------------------------------------------------- consumers
     def _row_copy(self):

@@ -442,7 +442,7 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
     """The attention kernel's compile key (its tiles follow from it). Dense causal tiles of many
     key blocks run one CTA each (`per_tile`): measured faster from PER_TILE_MIN_KEY_BLOCKS on;
     a causal head of few tiles is walked in pairs of tiles (`paired`): measured faster up to
-    PAIRED_MAX_QUERY_BLOCKS, slower from 22 (at 16 even)."""
+    PAIRED_MAX_QUERY_BLOCKS (neutral at 16, slower from 22 query blocks on)."""
     flags = node.mask.flags
     tiles = tiles_for_head_dim(node.head_dim, flags.left)
     causal_dense = node.form == "dense" and flags.right and not flags.left
