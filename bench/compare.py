@@ -65,16 +65,22 @@ def _measure(name: str, shape, causal: bool, labels: list[str], dirs: list[Path]
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     outs = {x: torch.full_like(q, float("nan")) for x in labels}
     plans = {x: frost_runtime.load(dir_ / f"{name}.frost") for x, dir_ in zip(labels, dirs)}
+    bound = {x: plans[x].bind(q, k, v, outs[x], workspace=plans[x].allocate_workspace()) for x in labels}
     for x in labels:
-        plans[x].execute(q, k, v, outs[x])
+        bound[x].execute()
     torch.cuda.synchronize()
     ref = outs[labels[0]].float()
     err = {x: ((outs[x].float() - ref).norm() / ref.norm()).item() for x in labels[1:]}
     for x, e in err.items():
         if not e < 1e-2:
             raise SystemExit(f"{name}: {x} differs from {labels[0]} (relative error {e:.2e})")
-    calls = {x: (lambda p=plans[x], o=outs[x]: p.execute(q, k, v, o)) for x in labels}
+    calls = {x: bound[x].execute for x in labels}
     times = _alternating(calls, rounds)
+    torch.cuda.synchronize()
+    for x in labels[1:]:  # the last timed call's output: every call must be right, not the first
+        e = ((outs[x].float() - ref).norm() / ref.norm()).item()
+        if not e < 1e-2:
+            raise SystemExit(f"{name}: {x} differs from {labels[0]} after the timed calls (relative error {e:.2e})")
     flops = 4 * b * h * s * s * d / (2 if causal else 1)
     return {x: flops / (times[x] * 1e-3) / 1e12 for x in labels}, err
 

@@ -27,8 +27,9 @@ def main() -> int:
     shape = next(s.dims for s in plan.data.slots if s.name == "q")
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     o = torch.empty_like(q)
+    workspace = plan.allocate_workspace()
     for _ in range(args.calls):
-        plan.execute(q, k, v, o)
+        plan.execute(q, k, v, o, workspace=workspace)
     torch.cuda.synchronize()
     return 0
 

@@ -3,7 +3,8 @@
     python bench/sdpa.py build            # CPU machine: compile the plans into bench/.built
     python bench/sdpa.py run [--md FILE]  # GPU machine: time everything, print a table
 
-Each row: bf16, BHSD, one (batch, heads, seq, head dim) shape, causal or not. Times are device
+Each row: bf16, BHSD, one (batch, heads, seq, head dim) shape, causal or not; frostc runs its
+serving path (`plan.bind` once, `bound.execute()`). Times are device
 times from CUDA-graph replays (see `time_ms`), so no contestant's host overhead is counted; each
 contestant is measured ROUNDS times in rotated order and its median reported;
 TFLOP/s counts 4*b*h*s*s*d matmul FLOPs (half of that when causal). frostc's output is
@@ -120,13 +121,14 @@ def _measure(plan, shape, causal: bool) -> dict:
 
     ref = torch_sdpa(SDPBackend.CUDNN_ATTENTION)()
     o.fill_(float("nan"))
-    plan.execute(q, k, v, o)
+    bound = plan.bind(q, k, v, o, workspace=plan.allocate_workspace())  # the serving path
+    bound.execute()
     torch.cuda.synchronize()
     err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
     if not err < 2e-2:
         raise SystemExit(f"{plan_name(shape, causal)}: frostc differs from cuDNN (relative error {err:.2e})")
     contestants = {
-        "frostc": lambda: plan.execute(q, k, v, o),
+        "frostc": bound.execute,
         "cudnn": torch_sdpa(SDPBackend.CUDNN_ATTENTION),
         "flash": torch_sdpa(SDPBackend.FLASH_ATTENTION),
     }

@@ -67,7 +67,9 @@ def plan_summary(plan: schema.PlanData) -> dict:
             for launch in plan.launches
         ],
         "workspace_bytes": plan.workspace_bytes,
-        "workspace": [{"name": r.name, "offset": r.offset, "bytes": r.bytes} for r in plan.workspace],
+        "workspace": [
+            {"name": r.name, "offset": r.offset, "bytes": r.bytes, "zeroed": r.zeroed} for r in plan.workspace
+        ],
         "lengths": [
             {"slot": c.slot, "name": plan.slots[c.slot].name, "kind": c.kind, "longest": c.longest, "total": c.total}
             for c in plan.lengths
@@ -110,7 +112,8 @@ def print_plan(plan: schema.PlanData, console: Console) -> None:
         console.print(_table("Sequence lengths (the caller's contract)", rows, ["slot", "name", "contract"]))
     if s["workspace"]:
         title = f"Workspace: {s['workspace_bytes']} bytes (the caller's; plan.allocate_workspace())"
-        console.print(_table(title, s["workspace"], ["name", "offset", "bytes"]))
+        rows = [dict(r, zeroed="yes: kept zero between launches" if r["zeroed"] else "") for r in s["workspace"]]
+        console.print(_table(title, rows, ["name", "offset", "bytes", "zeroed"]))
     else:
         console.print(f"Workspace: {s['workspace_bytes']} bytes")
 

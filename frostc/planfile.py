@@ -48,7 +48,7 @@ def assemble(
             for launch, maps in zip(plan.launches, tensor_maps, strict=True)
         ),
         workspace_bytes=plan.workspace_bytes,
-        workspace=tuple(schema.WorkspaceRegion(r.name, r.offset, r.bytes) for r in plan.workspace),
+        workspace=tuple(schema.WorkspaceRegion(r.name, r.offset, r.bytes, r.zeroed) for r in plan.workspace),
         lengths=tuple(schema.LengthContract(c.slot, c.kind, c.longest, c.total) for c in plan.lengths),
     )
 

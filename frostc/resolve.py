@@ -55,11 +55,12 @@ class ResolveContext:
                 return
         self.lengths.append(LengthContract(index, kind, longest, total))
 
-    def workspace(self, name: str, nbytes: int) -> int:
-        """Carve a region of `nbytes` out of the caller's workspace; returns its byte offset."""
+    def workspace(self, name: str, nbytes: int, zeroed: bool = False) -> int:
+        """Carve a region of `nbytes` out of the caller's workspace; returns its byte offset.
+        `zeroed`: a counter the launches find zero and leave zero (`WorkspaceRegion`)."""
         end = max((r.offset + r.bytes for r in self.regions), default=0)
         offset = -(-end // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-        self.regions.append(WorkspaceRegion(name, offset, nbytes))
+        self.regions.append(WorkspaceRegion(name, offset, nbytes, zeroed))
         return offset
 
 

@@ -27,11 +27,14 @@ class Slot:
 @dataclass(frozen=True)
 class WorkspaceRegion:
     """A named piece of the caller's workspace; its bytes are written and read by the plan's
-    own launches, in order, on one stream (nothing needs to be zeroed beforehand)."""
+    own launches, in order, on one stream. Nothing needs zeroing beforehand, except a `zeroed`
+    region: a counter that must be zero when the launches start and that they leave zero (the
+    runtime zeroes it before a binding's first launch and every `execute`)."""
 
     name: str  # "<node>.<what>", e.g. "attn.tiles"
     offset: int
     bytes: int
+    zeroed: bool = False
 
 
 @dataclass(frozen=True)

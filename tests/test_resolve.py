@@ -143,7 +143,7 @@ def test_variant_holds_only_declaration_facts() -> None:
     assert plan.variants == (SdpaFwdVariant("fp16", 128, MaskFlags(), False),)
     assert plan.variants[0].name == "sdpa_fwd_wgmma.fp16.d128.full"
     causal = resolved(graph_builder(d=64, causal=True, lse=True, sq=4096, skv=4096))
-    assert causal.variants[0].name == "sdpa_fwd_wgmma.bf16.d64.causal.lse"
+    assert causal.variants[0].name == "sdpa_fwd_wgmma.bf16.d64.causal.dynamic.lse"
 
 
 @pytest.mark.parametrize(
@@ -151,18 +151,33 @@ def test_variant_holds_only_declaration_facts() -> None:
     [
         (128, 200, 256, "paired"),  # 2 query blocks
         (128, 1536, 1536, "paired"),  # 12: the last paired
-        (128, 1537, 1537, "persistent"),  # 13
-        (128, 4096, 4096, "persistent"),
+        (128, 1537, 1537, "dynamic"),  # 13
+        (128, 4096, 4096, "dynamic"),
         (128, 8192, 8192, "per_tile"),  # 64 key blocks
         (64, 2304, 2304, "paired"),  # 12 blocks of 192 rows
-        (64, 4096, 4096, "persistent"),
+        (64, 4096, 4096, "dynamic"),
         (256, 4096, 4096, "per_tile"),  # 64 blocks of 64 keys
     ],
 )
 def test_causal_tile_walk_follows_the_measured_rules(d: int, sq: int, skv: int, walk: str) -> None:
-    (variant,) = resolved(graph_builder(d=d, sq=sq, skv=skv, causal=True)).variants
-    assert (variant.paired, variant.per_tile) == (walk == "paired", walk == "per_tile")
-    assert variant.name.endswith(".lse") and (f".{walk}" in variant.name) == (walk != "persistent")
+    plan = resolved(graph_builder(d=d, sq=sq, skv=skv, causal=True))
+    (variant,) = plan.variants
+    assert (variant.paired, variant.per_tile, variant.dynamic) == tuple(walk == w for w in WALKS)
+    assert variant.name.endswith(".lse") and f".{walk}" in variant.name
+    # only the dynamic walk has a counter: one zeroed word of workspace, bound to tile_counter
+    counters = [(r.name, r.bytes, r.zeroed) for r in plan.workspace]
+    assert counters == ([("attn.tile_counter", 4, True)] if walk == "dynamic" else [])
+    counter_arg = next(a for a in only_launch(plan).args if a.param == "tile_counter")
+    assert counter_arg.workspace == (0 if walk == "dynamic" else -1)
+
+
+WALKS = ("paired", "per_tile", "dynamic")
+
+
+def test_non_causal_and_masked_dense_plans_have_no_counter() -> None:
+    for causal in (None, False):
+        plan = resolved(graph_builder(sq=4096, skv=4096, causal=causal))
+        assert plan.workspace == () and not plan.variants[0].dynamic
 
 
 def test_non_causal_plans_walk_neither_in_pairs_nor_per_tile() -> None:
@@ -179,9 +194,10 @@ def test_pointer_args_are_bound_to_their_slots() -> None:
     launch = only_launch(resolved(graph_builder()))
     pointers = {a.param: a.slot for a in launch.args if a.kind in ("ptr", "tmap")}
     assert pointers == {"q.tmap": 0, "k.tmap": 1, "v.tmap": 2, "o": 3, "lse": 4, "sequences": -1, "tiles": -1,
-                        "tile_count": -1}  # fmt: skip
+                        "tile_count": -1, "tile_counter": -1}  # fmt: skip
     # a dense plan has no schedule: its pointers are null constants
-    assert all(a.value == 0 and a.workspace == -1 for a in launch.args if a.param in ("sequences", "tiles"))
+    workspace_params = ("sequences", "tiles", "tile_count", "tile_counter")
+    assert all(a.value == 0 and a.workspace == -1 for a in launch.args if a.param in workspace_params)
 
 
 def test_gqa_group_and_sequence_lengths_in_the_args() -> None:

@@ -122,3 +122,33 @@ def test_length_contracts_name_what_breaks_them() -> None:
     assert length_problem(lengths, [0, 64, 3]) is None
     assert "sequence 1 has length 65" in length_problem(lengths, [0, 65])
     assert "outside [0, 64]" in length_problem(lengths, [-2])
+
+
+# ------------------------------------------------------------------ zeroed workspace regions
+
+
+def test_a_binding_zeroes_its_counters_before_its_first_launch_only(monkeypatch) -> None:
+    """Tile counters (zeroed regions) are filled on the launch stream before a binding's first
+    launch; later launches find them zero (the kernels leave them so) and only launch. A fill
+    recorded by a capture does not count: the next launch outside one fills again."""
+    from frost_runtime import driver
+    from frost_runtime.plan import BoundPlan
+
+    calls: list[tuple] = []
+    capturing = {7: False, 8: True}
+    monkeypatch.setattr(
+        driver, "zero_words_async", lambda address, words, stream: calls.append(("zero", address, words, stream))
+    )
+    monkeypatch.setattr(driver, "stream_is_capturing", lambda stream: capturing[stream])
+    monkeypatch.setattr(driver, "launch_kernel", lambda *a: calls.append(("launch", a[8])) or (driver.SUCCESS,))
+    plan = SimpleNamespace(_raw_stream=lambda device: 7, _device_index=0)
+    bound = BoundPlan(plan, (), [packed()], [(0x1000, 1), (0x2000, 2)])
+
+    bound.execute(stream=8)  # inside a capture: recorded, not yet done for eager launches
+    bound.execute()
+    bound.execute()
+    assert calls == [
+        ("zero", 0x1000, 1, 8), ("zero", 0x2000, 2, 8), ("launch", 8),
+        ("zero", 0x1000, 1, 7), ("zero", 0x2000, 2, 7), ("launch", 7),
+        ("launch", 7),
+    ]  # fmt: skip

@@ -189,7 +189,7 @@ def test_file_is_one_map_with_magic_and_format(encoded: bytes) -> None:
     top = unpack_top(encoded)
     assert list(top) == ["magic", "format", "header", "body"]
     assert top["magic"] == MAGIC == "frostc-plan"
-    assert top["format"] == FORMAT_VERSION == 3
+    assert top["format"] == FORMAT_VERSION == 4
 
 
 def test_bytearray_and_memoryview_are_accepted(encoded: bytes) -> None:
@@ -231,9 +231,9 @@ def test_a_msgpack_file_that_is_not_a_map_is_refused() -> None:
 
 
 def test_newer_format_says_newer_and_to_rebuild(encoded: bytes) -> None:
-    data = with_top(encoded, lambda top: top.update(format=4))
+    data = with_top(encoded, lambda top: top.update(format=5))
     message = decode_error(data)
-    assert "format 4 is newer" in message
+    assert "format 5 is newer" in message
     assert "rebuild" in message
     with pytest.raises(PlanFormatError, match="newer"):
         read_header(data)
@@ -431,7 +431,7 @@ def varlen_plan() -> PlanData:
         kernels=(kernel,),
         launches=(launch,),
         workspace_bytes=300,
-        workspace=(WorkspaceRegion("attn.sequences", 0, 64), WorkspaceRegion("attn.tiles", 256, 44)),
+        workspace=(WorkspaceRegion("attn.sequences", 0, 64), WorkspaceRegion("attn.tiles", 256, 44, zeroed=True)),
         lengths=(LengthContract(2, "offsets", 100, 400),),
     )
 
@@ -452,6 +452,8 @@ def test_workspace_regions_and_contracts_round_trip() -> None:
         ("workspace.1.offset", 200, "multiple of 256"),
         ("workspace.1.bytes", 45, "within the 300-byte workspace"),
         ("workspace.0.name", "attn.tiles", "appears twice"),
+        ("workspace.1.bytes", 43, "zeroed in 4-byte words"),
+        ("workspace.1.zeroed", 1, "zeroed"),
         ("lengths.0.slot", 0, "not a rank-1 int32 slot"),
         ("lengths.0.kind", "prefix", "is not one of"),
         ("lengths.0.longest", -1, "outside"),

@@ -144,7 +144,9 @@ INT_PARAMS = (
     "batch", "heads_q", "seq_q", "seq_kv", "group", "window_left", "window_right",
     "q.rows_per_batch", "k.rows_per_batch", "v.rows_per_batch",
 )  # fmt: skip
-SCHEDULE_POINTERS = ("sequences", "tiles", "tile_count")  # workspace regions (variable lengths)
+# workspace regions: the scheduling kernel's table, list and count (variable lengths); the
+# dynamic walk's counter (`TicketWalk`)
+WORKSPACE_POINTERS = ("sequences", "tiles", "tile_count", "tile_counter")
 
 
 @dataclass(frozen=True)
@@ -163,18 +165,23 @@ class SdpaFwdVariant(TmaVariant):
     # persistent, a diagonal's tiles walked in pairs of equal cost, head by head (short causal
     # tiles, whose K and V a longest-first walk over all heads keeps missing in L2; NOTES v19)
     paired: bool = False
+    # persistent, CTAs taking the next tile of a longest-first walk within L2 sections of heads
+    # from a counter in the workspace (`TicketWalk`): balance and L2 reuse at once
+    dynamic: bool = False
 
     @property
     def name(self) -> str:
         name = f"sdpa_fwd_wgmma.{self.dtype}.d{self.head_dim}.{self.mask.label}"
         name += (".varlen" if self.varlen else "") + (".per_tile" if self.per_tile else "")
-        name += ".paired" if self.paired else ""
+        name += (".paired" if self.paired else "") + (".dynamic" if self.dynamic else "")
         return name + (".lse" if self.has_lse else "")
 
     @property
     def tile_shape(self) -> WgmmaTiles:
         tiles = tiles_for_head_dim(self.head_dim, self.mask.left)
-        return replace(tiles, ctas_per_sm=0, l2_sections=True) if self.per_tile else tiles
+        if self.per_tile:
+            return replace(tiles, ctas_per_sm=0, l2_sections=True)
+        return replace(tiles, l2_sections=True) if self.dynamic else tiles
 
     @property
     def tiles(self) -> dict[str, int]:
@@ -196,6 +203,9 @@ class SdpaFwdVariant(TmaVariant):
         if self.paired:
             tiles = f"ceil(seq_q / {t.block_m}) * heads_q * batch"
             return f"(min({tiles}, SMs * {t.ctas_per_sm}), 1, 1), persistent over pairs of tiles"
+        if self.dynamic:
+            tiles = f"ceil(seq_q / {t.block_m}) * heads_q * batch"
+            return f"(min({tiles}, SMs * {t.ctas_per_sm}), 1, 1), persistent, tiles taken from a counter"
         if self.varlen:
             tiles = "(units listed by the scheduling kernel, at most the capacity's) * heads_q"
         else:
@@ -210,7 +220,7 @@ class SdpaFwdVariant(TmaVariant):
         params: list[tuple[str, str]] = []
         for name in LOADED:
             params += [(f"{name}.tmap", "tmap"), (f"{name}.extents", "i32" if self.varlen else "i32x3")]
-        params += [("o", "ptr"), ("lse", "ptr")] + [(name, "ptr") for name in SCHEDULE_POINTERS]
+        params += [("o", "ptr"), ("lse", "ptr")] + [(name, "ptr") for name in WORKSPACE_POINTERS]
         params += [(name, "i32") for name in INT_PARAMS]
         for name in ("o", "lse"):
             params += [(f"{name}.{s}", "i64") for s in STRIDE_NAMES]
@@ -223,7 +233,7 @@ class SdpaFwdVariant(TmaVariant):
     def compile_args(self) -> tuple:
         dtype = dsl_dtype(self.dtype)
         pointers = [fake_ptr(dtype, 16) for _ in range(4)] + [fake_ptr(cutlass.Float32, 4)]
-        pointers += [fake_ptr(cutlass.Int32, 4) for _ in SCHEDULE_POINTERS]
+        pointers += [fake_ptr(cutlass.Int32, 4) for _ in WORKSPACE_POINTERS]
         return (*pointers, *_fake_scalars(), make_fake_stream())
 
     # tensor maps (TmaVariant): the build encodes them on the CPU with the same code the kernel uses
@@ -424,6 +434,42 @@ class ListedTiles:
 
 
 @dataclass(frozen=True)
+class TicketWalk:
+    """Fixed shapes, the dynamic walk: which tile a CTA takes next is decided at run time. CTA
+    b starts with tile b; every later tile is `grid + n` for the n-th take of a counter in the
+    workspace, so a CTA that finishes early takes more and the longest-first order is kept
+    (within L2 sections: `DenseTiles`). The producer thread takes a ticket while the current
+    tile loads (its round trip is hidden) and tells the consumers through a shared-memory word
+    published with the Q buffer's "full" barrier (arrive has release semantics, the wait
+    acquire). The counter must hold zero before the first launch; each launch leaves it zero:
+    every tile taken leads to one take, so exactly `tiles` takes happen, and the CTA whose take
+    returns the last one writes zero back (no take can follow it)."""
+
+    counter: cute.Pointer  # int32 in the workspace
+    shared: cute.Tensor  # int32, the tile the producer published
+
+    @cute.jit
+    def take(self, grid, num_tiles, current):
+        """The tile after `current`: a ticket while tiles remain, else `current` (past the end)."""
+        upcoming = current
+        if current < num_tiles:
+            upcoming = grid + cute.arch.atomic_add(self.counter, cutlass.Int32(1), scope="gpu")
+        return upcoming
+
+    def publish(self, tile):
+        self.shared[0] = tile
+
+    def read(self):
+        return self.shared[0]
+
+    @cute.jit
+    def finish(self, grid, num_tiles, last_taken):
+        """The producer is done: the CTA that took the last ticket resets the counter."""
+        if last_taken == grid + num_tiles - 1:
+            cute.arch.atomic_exch(self.counter, cutlass.Int32(0), scope="gpu")
+
+
+@dataclass(frozen=True)
 class Shape:
     """The problem's fixed extents, as the kernel sees them."""
 
@@ -572,7 +618,20 @@ class SdpaForwardWgmma:
     # ---------------------------------------------------------------- host side
     @cute.jit
     def __call__(
-        self, q, k, v, o, lse, sequences, units, tile_count, ints: tuple, strides: tuple, floats: tuple, stream
+        self,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        sequences,
+        units,
+        tile_count,
+        tile_counter,
+        ints: tuple,
+        strides: tuple,
+        floats: tuple,
+        stream,
     ):
         self.shared_storage = self._shared_storage()
         self.smem_bytes = self.shared_storage.size_in_bytes()
@@ -582,7 +641,21 @@ class SdpaForwardWgmma:
         # the DSL's own launcher's, which frostc never uses
         grid = (cute.ceil_div(seq_q, self.tiles.block_m) * heads_q * batch, 1, 1)
         self.kernel(
-            q_tma, mQ, k_tma, mK, v_tma, mV, o, lse, sequences, units, tile_count, *ints, *strides[9:], *floats
+            q_tma,
+            mQ,
+            k_tma,
+            mK,
+            v_tma,
+            mV,
+            o,
+            lse,
+            sequences,
+            units,
+            tile_count,
+            tile_counter,
+            *ints,
+            *strides[9:],
+            *floats,
         ).launch(
             grid=grid, block=[self.tiles.num_threads, 1, 1], smem=self.smem_bytes, stream=stream, min_blocks_per_mp=1
         )
@@ -636,6 +709,7 @@ class SdpaForwardWgmma:
         q_elems, k_elems, v_elems = (cute.cosize(x) for x in self._smem_layouts())
         o_elems = q_elems if t.o_buffer else 8  # unused placeholder when O goes through Q
         stages = t.stages
+        dynamic = self.variant.dynamic
 
         @cute.struct
         class SharedStorage:
@@ -646,6 +720,8 @@ class SdpaForwardWgmma:
             sK: cute.struct.Align[cute.struct.MemRange[dtype, k_elems], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, v_elems], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[dtype, o_elems], 1024]
+            if dynamic:
+                ticket: cute.struct.MemRange[cutlass.Int32, 4]  # the tile the producer took
 
         if SharedStorage.size_in_bytes() > SMEM_LIMIT:
             raise ValueError(f"{t} needs {SharedStorage.size_in_bytes()} bytes of shared memory, over {SMEM_LIMIT}")
@@ -719,6 +795,7 @@ class SdpaForwardWgmma:
         sequences: cute.Pointer,
         units: cute.Pointer,
         tile_count: cute.Pointer,
+        tile_counter: cute.Pointer,
         batch: cutlass.Int32,
         heads_q: cutlass.Int32,
         seq_q: cutlass.Int32,
@@ -769,18 +846,21 @@ class SdpaForwardWgmma:
         o_sb, o_sh, o_ss = (cute.assume(x, divby=8) for x in (o_sb, o_sh, o_ss))  # 16-byte rows (build checks)
         seqs = Sequences(self.varlen, sequences, shape, (q_rows, k_rows, v_rows), (o_sb, o_ss), (lse_sb, lse_ss))
         window = (window_left, window_right)
+        ticket = None
+        if cutlass.const_expr(self.variant.dynamic):
+            ticket = TicketWalk(tile_counter, storage.ticket.get_tensor(cute.make_layout(1)))
         producer_regs, consumer_regs = self.tiles.registers
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)
             if wg_tidx == 0:  # one thread issues every TMA load
                 self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
-                              (q_tma, mQ), (k_tma, mK), (v_tma, mV))  # fmt: skip
+                              (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket)  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self._consume(
                 q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, tiles, seqs, shape, window,
                 (o, o_sh, o_ss), (lse, lse_sh, lse_ss),
-                wg - 1, wg_tidx, scale_log2, score_scale,
+                wg - 1, wg_tidx, scale_log2, score_scale, ticket,
             )  # fmt: skip
 
     def _schedule(self, tiles):
@@ -829,52 +909,80 @@ class SdpaForwardWgmma:
 
     # ---------------------------------------------------------------- producer
     @cute.jit
-    def _produce(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window, q_load, k_load, v_load):
+    def _produce(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window, q_load, k_load, v_load,
+                 ticket):  # fmt: skip
+        loads = (q_pipe, k_pipe, v_pipe, sQ, sK, sV, q_load, k_load, v_load)
+        first, num_tiles, grid = self._schedule(tiles)
+        loaded = cutlass.Int32(0)  # K/V blocks issued so far: the ring position
+        q_loads = cutlass.Int32(0)  # Q buffer uses so far: its phase
+        if cutlass.const_expr(self.variant.dynamic):
+            # the first tile is the CTA's own; each later one is taken from the counter while
+            # the current one loads, so the atomic's round trip is hidden
+            tile = first
+            upcoming = ticket.take(grid, num_tiles, tile)
+            while tile < num_tiles:
+                q_pipe.sync_object_empty.wait(0, q_loads % 2 ^ 1)
+                ticket.publish(tile)
+                m_block, head, batch = tiles.work(tile)
+                loaded += self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads, True)
+                q_loads += 1
+                tile = upcoming
+                upcoming = ticket.take(grid, num_tiles, tile)
+            q_pipe.sync_object_empty.wait(0, q_loads % 2 ^ 1)
+            ticket.publish(tile)  # past the end: the consumers stop
+            cute.arch.mbarrier_arrive(q_pipe.sync_object_full.get_barrier(0))
+            ticket.finish(grid, num_tiles, tile)
+        else:
+            for tile in range(first, num_tiles, grid):
+                m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
+                blocks = self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads, False)
+                loaded += blocks
+                q_loads += cutlass.min(blocks, 1)
+
+    @cute.jit
+    def _produce_tile(self, loads, seqs, shape, window, m_block, head, batch, loaded, q_loads, announce: bool):
+        """Issue one tile's loads: Q once the consumers released the previous tile's, then its
+        K and V blocks, last to first, into the ring from position `loaded` (`q_loads`: the Q
+        buffer's uses so far). Returns the
+        number of K/V blocks. `announce`: the Q barrier also tells the consumers which tile
+        comes (the dynamic walk), so a tile without keys completes it without a load."""
         t = self.tiles
         d = self.head_dim
         wg_m = t.block_m // t.consumers
         ring = Ring(t.stages)
-        (q_tma, mQ), (k_tma, mK), (v_tma, mV) = q_load, k_load, v_load
+        q_pipe, k_pipe, v_pipe, sQ, sK, sV, (q_tma, mQ), (k_tma, mK), (v_tma, mV) = loads
         one = cute.make_layout(1)
-        first, num_tiles, grid = self._schedule(tiles)
-        loaded = cutlass.Int32(0)  # K/V blocks issued so far: the ring position
-        q_loads = cutlass.Int32(0)  # tiles whose Q was loaded: the Q buffer's phase
-        for tile in range(first, num_tiles, grid):
-            m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
-            seq = seqs.get(batch)
-            keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
-            n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
-            if n_end > n_first:
-                head_kv = head // shape.group
-                mQ_seq = self._ragged_view(mQ, head, seq.q_start, seq.q_len, batch, 0)
-                mK_seq = self._ragged_view(mK, head_kv, seq.k_start, seq.kv_len, batch, 0)
-                mV_seq = self._ragged_view(mV, head_kv, seq.v_start, seq.kv_len, batch, 1)
-                # rows past the end of a sequence arrive as zeros (TMA's out-of-bounds fill)
-                gK = cute.local_tile(mK_seq, (t.block_n, d), (None, 0))  # (n, d, blocks)
-                gV = cute.local_tile(mV_seq, (d, t.block_n), (0, None))  # (d, n, blocks)
-                tKsK, tKgK = cpasync.tma_partition(
-                    k_tma, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-                )
-                tVsV, tVgV = cpasync.tma_partition(
-                    v_tma, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
-                )
+        seq = seqs.get(batch)
+        keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
+        n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
+        if n_end > n_first:
+            head_kv = head // shape.group
+            mQ_seq = self._ragged_view(mQ, head, seq.q_start, seq.q_len, batch, 0)
+            mK_seq = self._ragged_view(mK, head_kv, seq.k_start, seq.kv_len, batch, 0)
+            mV_seq = self._ragged_view(mV, head_kv, seq.v_start, seq.kv_len, batch, 1)
+            # rows past the end of a sequence arrive as zeros (TMA's out-of-bounds fill)
+            gK = cute.local_tile(mK_seq, (t.block_n, d), (None, 0))  # (n, d, blocks)
+            gV = cute.local_tile(mV_seq, (d, t.block_n), (0, None))  # (d, n, blocks)
+            tKsK, tKgK = cpasync.tma_partition(k_tma, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(v_tma, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
+            if cutlass.const_expr(not announce):  # the dynamic walk waited before publishing
                 q_pipe.sync_object_empty.wait(0, q_loads % 2 ^ 1)
-                q_pipe.sync_object_full.arrive(0, None)  # expects every consumer's rows
-                for c in cutlass.range_constexpr(t.consumers):
-                    gQ = cute.local_tile(mQ_seq, (wg_m, d), (m_block * t.consumers + c, 0))
-                    tQsQ, tQgQ = cpasync.tma_partition(
-                        q_tma, 0, one, cute.group_modes(sQ[None, None, c], 0, 2), cute.group_modes(gQ, 0, 2)
-                    )
-                    cute.copy(q_tma, tQgQ, tQsQ, tma_bar_ptr=q_pipe.sync_object_full.get_barrier(0))
+            q_pipe.sync_object_full.arrive(0, None)  # expects every consumer's rows
+            for c in cutlass.range_constexpr(t.consumers):
+                gQ = cute.local_tile(mQ_seq, (wg_m, d), (m_block * t.consumers + c, 0))
+                tQsQ, tQgQ = cpasync.tma_partition(
+                    q_tma, 0, one, cute.group_modes(sQ[None, None, c], 0, 2), cute.group_modes(gQ, 0, 2)
+                )
+                cute.copy(q_tma, tQgQ, tQsQ, tma_bar_ptr=q_pipe.sync_object_full.get_barrier(0))
 
-                for n_block in range(n_end - 1, n_first - 1, -1):
-                    stage, phase = ring.at(loaded + (n_end - 1 - n_block))
-                    self._load_stage(k_pipe, k_tma, tKgK[None, n_block], tKsK[None, stage], stage, phase)
-                    self._load_stage(v_pipe, v_tma, tVgV[None, n_block], tVsV[None, stage], stage, phase)
-            blocks = cutlass.max(n_end - n_first, 0)
-            loaded += blocks
-            q_loads += cutlass.min(blocks, 1)
+            for n_block in range(n_end - 1, n_first - 1, -1):
+                stage, phase = ring.at(loaded + (n_end - 1 - n_block))
+                self._load_stage(k_pipe, k_tma, tKgK[None, n_block], tKsK[None, stage], stage, phase)
+                self._load_stage(v_pipe, v_tma, tVgV[None, n_block], tVsV[None, stage], stage, phase)
+        elif cutlass.const_expr(announce):
+            cute.arch.mbarrier_arrive(q_pipe.sync_object_full.get_barrier(0))
+        return cutlass.max(n_end - n_first, 0)
 
     @staticmethod
     def _load_stage(pipe, tma, src, dst, stage, phase):
@@ -895,10 +1003,9 @@ class SdpaForwardWgmma:
 
     @cute.jit
     def _consume(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, tiles, seqs, shape, window, o_args, lse_args, cw,
-                 wg_tidx, scale_log2, score_scale):  # fmt: skip
+                 wg_tidx, scale_log2, score_scale, ticket):  # fmt: skip
         t = self.tiles
         wg_m = t.block_m // t.consumers
-        ring = Ring(t.stages)
         qk_mma, pv_mma = self._mmas()
         qk_mma.set(warpgroup.Field.ACCUMULATE, True)
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -924,90 +1031,121 @@ class SdpaForwardWgmma:
 
         first, num_tiles, grid = self._schedule(tiles)
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
-        q_loads = cutlass.Int32(0)
-        if cutlass.const_expr(self.varlen):
-            # A tile's (sequence, block) and its sequence's lengths are loads, one depending on
-            # the other: read them ahead (this tile's row, the next tile's unit) so they arrive
-            # while a tile computes instead of stalling the start of the next one.
-            unit = self._unit_at(tiles, first, grid, num_tiles, shape)
-            row = seqs.row(unit[2])
-            next_unit = self._unit_at(tiles, first + grid, grid, num_tiles, shape)
-        for tile in range(first, num_tiles, grid):
-            if cutlass.const_expr(self.varlen):
-                m_block, head, batch = unit
-                seq = seqs.make(batch, row)
-                row = seqs.row(next_unit[2])
-                unit = next_unit
-                next_unit = self._unit_at(tiles, tile + 2 * grid, grid, num_tiles, shape)
-            else:
-                m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
-                seq = seqs.get(batch)
-            keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
-            n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
-            row_tile = m_block * t.consumers + cw
-            mask = ConsumerMask.of(keys, seq, row_tile, wg_m, t.block_n)
-            n_blocks = cutlass.max(n_end - n_first, 0)
-            if n_blocks > 0:
-                acc_O.fill(0.0)
-                softmax.reset()
+        q_loads = cutlass.Int32(0)  # Q buffer uses so far: its phase
+        args = (operands, (q_pipe, k_pipe, v_pipe), turns, softmax, sO, o_args, lse_args, window, wg_tidx,
+                score_scale)  # fmt: skip
+        if cutlass.const_expr(self.variant.dynamic):
+            # the producer publishes each tile with its Q (`TicketWalk`); past the end: stop
+            q_pipe.sync_object_full.wait(0, 0)
+            tile = ticket.read()
+            while tile < num_tiles:
+                m_block, head, batch = tiles.work(tile)
+                consumed += self._consume_tile(args, m_block, head, batch, seqs.get(batch), consumed, q_loads, True)
+                q_loads += 1
                 q_pipe.sync_object_full.wait(0, q_loads % 2)
-
-                # Software pipeline: step j issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1}
-                # together, then runs softmax(S_j) while P V is still on the tensor cores.
-                acc_S = qk_thr.make_fragment_C(s_shape)
-                acc_S.fill(0.0)
-                stage, phase = ring.at(consumed)
-                k_pipe.sync_object_full.wait(stage, phase)
-                my_turn.arrive_and_wait()
-                warpgroup.fence()
-                self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, cw)
-                warpgroup.commit_group()
-                their_turn.arrive()
-                warpgroup.wait_group(0)
-                self._release(k_pipe, stage)
-                if cutlass.const_expr(t.o_buffer):
-                    if n_blocks == 1:
-                        self._release(q_pipe, 0)  # the tile's last read of Q
-                n_block = n_end - 1
-                if n_block < mask.full_first or n_block >= mask.full_end:
-                    self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale, True)
+                tile = ticket.read()
+        else:
+            if cutlass.const_expr(self.varlen):
+                # A tile's (sequence, block) and its sequence's lengths are loads, one depending on
+                # the other: read them ahead (this tile's row, the next tile's unit) so they arrive
+                # while a tile computes instead of stalling the start of the next one.
+                unit = self._unit_at(tiles, first, grid, num_tiles, shape)
+                row = seqs.row(unit[2])
+                next_unit = self._unit_at(tiles, first + grid, grid, num_tiles, shape)
+            for tile in range(first, num_tiles, grid):
+                if cutlass.const_expr(self.varlen):
+                    m_block, head, batch = unit
+                    seq = seqs.make(batch, row)
+                    row = seqs.row(next_unit[2])
+                    unit = next_unit
+                    next_unit = self._unit_at(tiles, tile + 2 * grid, grid, num_tiles, shape)
                 else:
-                    self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale, False)
-                cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
-
-                # the steps in three loops, so each loop's body is straight-line code: blocks
-                # this consumer's rows see in part on the right (e.g. the causal diagonal), blocks
-                # they see whole, blocks they see in part on the left (a window)
-                right_end = cutlass.max(cutlass.min(n_end - mask.full_end, n_blocks), 1)
-                whole_end = cutlass.max(cutlass.min(n_end - mask.full_first, n_blocks), right_end)
-                tile_steps = TileSteps(ring, consumed, n_end, n_blocks, mask, score_scale)
-                for step in range(1, right_end, 1):
-                    self._step(operands, (q_pipe, k_pipe, v_pipe), turns, softmax, tile_steps, step, True)
-                for step in range(right_end, whole_end, 1):
-                    self._step(operands, (q_pipe, k_pipe, v_pipe), turns, softmax, tile_steps, step, False)
-                for step in range(whole_end, n_blocks, 1):
-                    self._step(operands, (q_pipe, k_pipe, v_pipe), turns, softmax, tile_steps, step, True)
-
-                last_stage, last_phase = ring.at(consumed + n_blocks - 1)
-                v_pipe.sync_object_full.wait(last_stage, last_phase)
-                my_turn.arrive_and_wait()
-                warpgroup.fence()
-                self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
-                warpgroup.commit_group()
-                their_turn.arrive()
-                warpgroup.wait_group(0)
-                self._release(v_pipe, last_stage)
-
-                self._epilogue(pv_mma, acc_O, softmax, sO[None, None, cw], o_args, lse_args, seq, head, row_tile,
-                               cw, wg_tidx)  # fmt: skip
-                if cutlass.const_expr(not t.o_buffer):
-                    self._release(q_pipe, 0)  # O has left the Q buffer
-            else:
-                self._empty_rows(pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx)
-            consumed += n_blocks
-            q_loads += cutlass.min(n_blocks, 1)
+                    m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
+                    seq = seqs.get(batch)
+                n_blocks = self._consume_tile(args, m_block, head, batch, seq, consumed, q_loads, False)
+                consumed += n_blocks
+                q_loads += cutlass.min(n_blocks, 1)
         if cw == 0:
             my_turn.arrive_and_wait()  # the last consumer's last hand-over
+
+    @cute.jit
+    def _consume_tile(self, args, m_block, head, batch, seq, consumed, q_loads, announced: bool):
+        """One tile of this consumer's rows, from ring position `consumed`; returns its number
+        of K/V blocks. `announced`: Q's barrier was waited for already (the dynamic walk), and
+        a tile without keys releases Q too (the producer completed the barrier for it)."""
+        t = self.tiles
+        wg_m = t.block_m // t.consumers
+        ring = Ring(t.stages)
+        operands, pipes, turns, softmax, sO, o_args, lse_args, window, wg_tidx, score_scale = args
+        qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, cw = operands
+        q_pipe, k_pipe, v_pipe = pipes
+        my_turn, their_turn = turns
+        keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
+        n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
+        row_tile = m_block * t.consumers + cw
+        mask = ConsumerMask.of(keys, seq, row_tile, wg_m, t.block_n)
+        n_blocks = cutlass.max(n_end - n_first, 0)
+        if n_blocks > 0:
+            acc_O.fill(0.0)
+            softmax.reset()
+            if cutlass.const_expr(not announced):
+                q_pipe.sync_object_full.wait(0, q_loads % 2)
+
+            # Software pipeline: step j issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1}
+            # together, then runs softmax(S_j) while P V is still on the tensor cores.
+            acc_S = qk_thr.make_fragment_C(s_shape)
+            acc_S.fill(0.0)
+            stage, phase = ring.at(consumed)
+            k_pipe.sync_object_full.wait(stage, phase)
+            my_turn.arrive_and_wait()
+            warpgroup.fence()
+            self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, cw)
+            warpgroup.commit_group()
+            their_turn.arrive()
+            warpgroup.wait_group(0)
+            self._release(k_pipe, stage)
+            if cutlass.const_expr(t.o_buffer):
+                if n_blocks == 1:
+                    self._release(q_pipe, 0)  # the tile's last read of Q
+            n_block = n_end - 1
+            if n_block < mask.full_first or n_block >= mask.full_end:
+                self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale, True)
+            else:
+                self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale, False)
+            cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+
+            # the steps in three loops, so each loop's body is straight-line code: blocks
+            # this consumer's rows see in part on the right (e.g. the causal diagonal), blocks
+            # they see whole, blocks they see in part on the left (a window)
+            right_end = cutlass.max(cutlass.min(n_end - mask.full_end, n_blocks), 1)
+            whole_end = cutlass.max(cutlass.min(n_end - mask.full_first, n_blocks), right_end)
+            tile_steps = TileSteps(ring, consumed, n_end, n_blocks, mask, score_scale)
+            for step in range(1, right_end, 1):
+                self._step(operands, pipes, turns, softmax, tile_steps, step, True)
+            for step in range(right_end, whole_end, 1):
+                self._step(operands, pipes, turns, softmax, tile_steps, step, False)
+            for step in range(whole_end, n_blocks, 1):
+                self._step(operands, pipes, turns, softmax, tile_steps, step, True)
+
+            last_stage, last_phase = ring.at(consumed + n_blocks - 1)
+            v_pipe.sync_object_full.wait(last_stage, last_phase)
+            my_turn.arrive_and_wait()
+            warpgroup.fence()
+            self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
+            warpgroup.commit_group()
+            their_turn.arrive()
+            warpgroup.wait_group(0)
+            self._release(v_pipe, last_stage)
+
+            self._epilogue(pv_mma, acc_O, softmax, sO[None, None, cw], o_args, lse_args, seq, head, row_tile,
+                           cw, wg_tidx)  # fmt: skip
+            if cutlass.const_expr(not t.o_buffer):
+                self._release(q_pipe, 0)  # O has left the Q buffer
+        else:
+            self._empty_rows(pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx)
+            if cutlass.const_expr(announced):
+                self._release(q_pipe, 0)
+        return n_blocks
 
     @cute.jit
     def _release(self, pipe, stage):

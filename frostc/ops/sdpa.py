@@ -414,7 +414,10 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         return ()
     variant = _variant(node, ctx)
     if node.form == "dense":
-        return (_attention_launch(node, variant, ctx, None),)
+        counter = None
+        if variant.dynamic:  # the tiles' counter: zero at every launch's start, left zero
+            counter = {"tile_counter": ctx.workspace(f"{node.name}.tile_counter", 4, zeroed=True)}
+        return (_attention_launch(node, variant, ctx, counter),)
     _record_length_contracts(node, ctx)
     tiles = variant.tile_shape
     units = _unit_capacity(node, tiles.block_m)
@@ -442,12 +445,15 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
     """The attention kernel's compile key (its tiles follow from it). Dense causal tiles of many
     key blocks run one CTA each (`per_tile`): measured faster from PER_TILE_MIN_KEY_BLOCKS on;
     a causal head of few tiles is walked in pairs of tiles (`paired`): measured faster up to
-    PAIRED_MAX_QUERY_BLOCKS (neutral at 16, slower from 22 query blocks on)."""
+    PAIRED_MAX_QUERY_BLOCKS (neutral at 16, slower from 22 query blocks on); the causal heads
+    between take their tiles from a counter (`dynamic`: longest first within L2 sections,
+    balanced at run time; NOTES v20), which needs a zeroed word of workspace."""
     flags = node.mask.flags
     tiles = tiles_for_head_dim(node.head_dim, flags.left)
     causal_dense = node.form == "dense" and flags.right and not flags.left
     per_tile = causal_dense and node.seq_kv >= PER_TILE_MIN_KEY_BLOCKS * tiles.block_n
     paired = causal_dense and not per_tile and -(-node.seq_q // tiles.block_m) <= PAIRED_MAX_QUERY_BLOCKS
+    dynamic = causal_dense and not per_tile and not paired
     return SdpaFwdVariant(
         ctx.slot(node.q).dtype,
         node.head_dim,
@@ -456,6 +462,7 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
         varlen=node.form != "dense",
         per_tile=per_tile,
         paired=paired,
+        dynamic=dynamic,
     )
 
 
@@ -543,7 +550,7 @@ def _check_padded_rows(node: Sdpa, ctx: ResolveContext) -> None:
 def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, workspace) -> ResolvedLaunch:
     slots = {role: ctx.slot(name) for role, name in (node.inputs + node.outputs)}
     group = node.heads_q // node.heads_kv
-    varlen = workspace is not None
+    varlen = node.form != "dense"
     strides = {role: _bhs_strides(slots.get(role), node.form) for role in ("q", "k", "v", "o", "lse")}
     rows_per_batch = {
         role: strides[role][0] // strides[role][2] if node.form == "padded" else 0 for role in ("q", "k", "v")
@@ -583,7 +590,8 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
             # an absent LSE: the variant never touches its pointer, so a null constant is bound
             args.append(Arg(param, kind, slot=slot.index) if slot is not None else Arg(param, kind, value=0))
         elif kind == "ptr":
-            args.append(Arg(param, kind, workspace=workspace[param]) if varlen else Arg(param, kind, value=0))
+            in_workspace = workspace is not None and param in workspace
+            args.append(Arg(param, kind, workspace=workspace[param]) if in_workspace else Arg(param, kind, value=0))
         else:
             args.append(Arg(param, kind, value=values[param]))
     tile_strides = tuple(_tma_strides(slots[role], strides[role]) for role in ("q", "k", "v")) + (

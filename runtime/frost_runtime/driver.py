@@ -92,5 +92,15 @@ def unload_kernel(kernel: LoadedKernel) -> None:
     check(cu.cuModuleUnload(kernel.module))
 
 
+def zero_words_async(address: int, words: int, stream: int) -> None:
+    """Queue a zero fill of `words` 32-bit words at `address` on `stream` (capturable)."""
+    check(cu.cuMemsetD32Async(address, 0, words, stream))
+
+
+def stream_is_capturing(stream: int) -> bool:
+    status = check(cu.cuStreamIsCapturing(stream))
+    return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
 SUCCESS = cu.CUresult.CUDA_SUCCESS
 launch_kernel = cu.cuLaunchKernel  # (f, grid xyz, block xyz, smem, stream, params, extra)

@@ -9,7 +9,10 @@ second and capture it in a CUDA graph):
    resolved by the compiler; `execute` only checks buffer metadata and patches pointers.
 3. Every device operation on the launch stream, and no device memory owned by the runtime:
    scratch, when a plan needs any, comes from the caller's workspace (`workspace_bytes`;
-   `allocate_workspace()` makes one with torch).
+   `allocate_workspace()` makes one with torch). Its "zeroed" regions (tile counters: the
+   kernels find them zero and leave them zero) are zeroed on the launch stream by every
+   `execute` and by a binding's first launch; between a binding's launches nothing else may
+   write them.
 4. Nothing observed at execute can cause a compile or a module load: modules are loaded in
    `load()`, so even a first `execute` inside a graph capture is a plain launch.
 """
@@ -128,6 +131,8 @@ class Plan:
         self.device = device
         self.slots: tuple[str, ...] = tuple(s.name for s in data.slots)
         self.workspace_bytes = data.workspace_bytes
+        # (byte offset, 32-bit words) of the regions the launches must find zero
+        self._zeroed = tuple((r.offset, r.bytes // 4) for r in data.workspace if r.zeroed)
         self._slot_index = {name: i for i, name in enumerate(self.slots)}
         self._checks = tuple(_slot_check(i, s, device.ordinal) for i, s in enumerate(data.slots))
         self._loaded = [driver.load_kernel(k.cubin, k.entry, k.smem_bytes) for k in data.kernels]
@@ -152,8 +157,10 @@ class Plan:
             return
         self.closed = True
         self._launches = _ClosedLaunches()
+        self._zeroed = ()  # nothing at all is queued after close, not even a fill
         for bound in list(self._bound):
             bound._calls = _ClosedLaunches()
+            bound._counters_to_zero = []
         loaded, self._loaded = self._loaded, []
         for kernel in loaded:
             driver.unload_kernel(kernel)
@@ -185,6 +192,8 @@ class Plan:
         handle = self._raw_stream(self._device_index) if stream is None else _stream_handle(stream)
         launch, success = self._launch, driver.SUCCESS
         with self._lock:
+            for offset, words in self._zeroed:  # tile counters, ordered before the launches
+                driver.zero_words_async(base + offset, words, handle)
             for packed in self._launches:
                 for slot, field in packed.slot_fields:
                     field.value = pointers[slot]
@@ -205,7 +214,8 @@ class Plan:
             raise PlanClosedError(f"plan {self.header.name!r} is closed")
         pointers, base = self._validated_pointers(buffers, workspace)
         launches = [self._pack(pointers, base, i) for i in range(len(self.data.launches))]
-        bound = BoundPlan(self, buffers + ((workspace,) if workspace is not None else ()), launches)
+        counters = [(base + offset, words) for offset, words in self._zeroed]
+        bound = BoundPlan(self, buffers + ((workspace,) if workspace is not None else ()), launches, counters)
         self._bound.add(bound)
         return bound
 
@@ -449,18 +459,32 @@ class _ClosedLaunches:
 class BoundPlan:
     """A plan with its buffers bound (see `Plan.bind`): `execute` only launches."""
 
-    def __init__(self, plan: Plan, buffers: tuple, launches: list[_PackedLaunch]):
+    def __init__(self, plan: Plan, buffers: tuple, launches: list[_PackedLaunch], counters: list[tuple[int, int]]):
         self.plan = plan
         self.buffers = buffers  # held (the workspace too) so the bound memory outlives the binding
         self._launches = launches  # immutable after packing: no lock needed
         self._calls = [(p.function, p.geometry, p.param_address) for p in launches]
         self._raw_stream, self._device_index = plan._raw_stream, plan._device_index
+        # zeroed workspace regions (address, words), until a first launch outside a capture
+        # zeroed them: from then on the kernels keep them zero
+        self._counters_to_zero = counters
 
     def execute(self, stream=None) -> None:
         """Launch on `stream` (as for `Plan.execute`; None: torch's current stream)."""
         handle = self._raw_stream(self._device_index) if stream is None else _stream_handle(stream)
+        if self._counters_to_zero:
+            self._zero_counters(handle)
         launch, success = driver.launch_kernel, driver.SUCCESS
         for function, geometry, params in self._calls:
             (code,) = launch(function, *geometry, handle, params, 0)
             if code != success:
                 driver.check_launch(code)
+
+    def _zero_counters(self, handle: int) -> None:
+        """Zero the counters on the launch stream before the first launch. A capture only
+        records the fill (the graph then zeroes at every replay): the next launch outside a
+        capture zeroes them again."""
+        for address, words in self._counters_to_zero:
+            driver.zero_words_async(address, words, handle)
+        if not driver.stream_is_capturing(handle):
+            self._counters_to_zero = []

@@ -3,13 +3,14 @@ reads through `decode_plan`.
 
 A plan file is one msgpack map:
 
-    {"magic": "frostc-plan", "format": 3, "header": {...}, "body": <bytes>}
+    {"magic": "frostc-plan", "format": 4, "header": {...}, "body": <bytes>}
 
 The header is readable without a GPU and without decoding the body; `header.content_hash` is
 the SHA-256 of the body bytes, so corruption is found before anything in the body is used.
 The body is a msgpack map of tensors (each bound to an ordered slot), kernels (cubin, entry,
 parameter ABI, launch geometry), the launch sequence, the workspace (its size and named
-regions: scratch the plan's own launches write and read, carved from the caller's buffer) and
+regions: scratch the plan's own launches write and read, carved from the caller's buffer; a
+"zeroed" region must hold zeros when a launch sequence starts, and the launches leave it so) and
 what the plan assumes of its sequence-length slots. Maps are written with their keys in a
 fixed order and floats as float64, so the same plan always encodes to the same bytes.
 
@@ -26,7 +27,8 @@ import msgpack
 MAGIC = "frostc-plan"
 # 2: tensor-map and i32x3 parameters, persistent grids (ctas_per_sm)
 # 3: int32 slots, workspace arguments and named workspace regions
-FORMAT_VERSION = 3
+# 4: zeroed workspace regions (tile counters the runtime zeroes before a binding's first launch)
+FORMAT_VERSION = 4
 MAX_PLAN_BYTES = 1 << 30  # a plan is a few hundred KiB; refuse to decode absurd inputs
 MAX_CUBIN_BYTES = 64 << 20  # one kernel's cubin is ~100 KiB
 MAX_PARAM_BYTES = 4096  # the classic CUDA kernel-parameter limit (what every driver accepts)
@@ -116,11 +118,14 @@ class Launch:
 
 @dataclass(frozen=True)
 class WorkspaceRegion:
-    """A named piece of the workspace, for people (`frostc inspect`); launches hold offsets."""
+    """A named piece of the workspace (launches hold offsets). `zeroed`: the region must hold
+    zeros when the plan's launches start, and they leave it zero (a counter the CTAs take work
+    from); the runtime zeroes it before the first launch of a binding and every `execute`."""
 
     name: str
     offset: int
     bytes: int
+    zeroed: bool = False
 
 
 @dataclass(frozen=True)
@@ -206,7 +211,9 @@ def _body_map(plan: PlanData) -> dict:
             for launch in plan.launches
         ],
         "workspace_bytes": plan.workspace_bytes,
-        "workspace": [{"name": r.name, "offset": r.offset, "bytes": r.bytes} for r in plan.workspace],
+        "workspace": [
+            {"name": r.name, "offset": r.offset, "bytes": r.bytes, "zeroed": r.zeroed} for r in plan.workspace
+        ],
         "lengths": [{"slot": c.slot, "kind": c.kind, "longest": c.longest, "total": c.total} for c in plan.lengths],
     }
 
@@ -399,8 +406,9 @@ def _read_slot(r: _Reader) -> TensorSlot:
 
 def _read_region(r: _Reader) -> WorkspaceRegion:
     return WorkspaceRegion(
-        name=r.str("name", 128), offset=r.int("offset", 0, I64_MAX), bytes=r.int("bytes", 0, I64_MAX)
-    )
+        name=r.str("name", 128), offset=r.int("offset", 0, I64_MAX), bytes=r.int("bytes", 0, I64_MAX),
+        zeroed=r.get("zeroed", bool),
+    )  # fmt: skip
 
 
 def _read_contract(r: _Reader) -> LengthContract:
@@ -553,6 +561,8 @@ def _check_workspace(plan: PlanData) -> None:
                 f"{where}: {r.bytes} bytes at offset {r.offset} must start at a multiple of {WORKSPACE_ALIGN} "
                 f"and lie within the {plan.workspace_bytes}-byte workspace"
             )
+        if r.zeroed and r.bytes % 4:
+            raise PlanFormatError(f"{where}: a zeroed region is zeroed in 4-byte words; {r.bytes} bytes is not")
 
 
 def _check_arg(arg: Arg, param: Param, n_slots: int, workspace_bytes: int, where: str) -> None:

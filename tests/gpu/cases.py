@@ -144,8 +144,21 @@ def long_tile_cases() -> list[Case]:
     ]
 
 
+def dynamic_walk_cases() -> list[Case]:
+    """Dense causal plans of 13+ query blocks and fewer than 64 key blocks: tiles taken from a
+    counter in the workspace (the dynamic variant) at each head dim, odd sizes, and one whose
+    first 2000 query rows see no key (bottom-right alignment), so the walk meets empty tiles.
+    The first is also the execute-contract tests' dynamic plan."""
+    return [
+        Case("bf16", 1, 4, 2, 2000, 2000, 128, True, "bhsd", True),
+        Case("fp16", 2, 4, 1, 3000, 3000, 64, True, "bshd", False),
+        Case("bf16", 2, 4, 4, 2500, 3100, 256, True, "bshd", True, "dense", "bottom_right"),
+        Case("fp16", 1, 8, 2, 3000, 1000, 128, True, "bhsd", True, "dense", "bottom_right"),
+    ]
+
+
 def cases() -> list[Case]:
-    return dense_cases() + mask_cases() + varlen_cases() + long_tile_cases()
+    return dense_cases() + mask_cases() + varlen_cases() + long_tile_cases() + dynamic_walk_cases()
 
 
 # One plan of two independent sdpa nodes (they run in order, each with its own launches and

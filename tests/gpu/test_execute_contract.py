@@ -2,7 +2,8 @@
 first execute, and one graph for every mix of sequence lengths), ordered on the stream it is
 given, safe from several threads, allocation-free, never loading a module after `load()`;
 and the plan's lifetime: close() unloads, a load/close soak keeps memory flat. Each test runs
-on a dense plan and on a packed variable-length plan (two launches and a workspace)."""
+on a dense plan, on a dense causal plan that takes its tiles from a counter in the workspace,
+and on a packed variable-length plan (two launches and a workspace)."""
 
 import contextlib
 import random
@@ -27,7 +28,13 @@ def _packed_case(entry: dict) -> bool:
     return entry["form"] == "packed" and entry["lse"] and entry["causal"]
 
 
-CONTRACT_CASES = {"dense": _dense_case, "packed": _packed_case}
+def _dynamic_case(entry: dict) -> bool:
+    """cases.dynamic_walk_cases()'s first: a dense causal plan whose tiles come from a counter
+    in the workspace (a zeroed region)."""
+    return entry["form"] == "dense" and entry["causal"] and entry["seq_q"] == 2000 and entry["head_dim"] == 128
+
+
+CONTRACT_CASES = {"dense": _dense_case, "packed": _packed_case, "dense-dynamic": _dynamic_case}
 
 
 @pytest.fixture(scope="module", params=list(CONTRACT_CASES))
@@ -376,6 +383,27 @@ def test_workspace_is_checked_and_nothing_is_launched_without_a_good_one(manifes
             plan.bind(*buffers.all, workspace=workspace)
     torch.cuda.synchronize()
     assert bool(torch.isnan(buffers.tensors["o"]).all()), "a refused execute must launch nothing"
+
+
+def test_tile_counter_is_zeroed_before_use_and_left_zero(manifest):
+    """The dynamic walk's counter (a zeroed region) may start as garbage: execute zeroes it on
+    its stream every call, a binding before its first launch; every launch leaves it zero."""
+    case = next((c for c in built_manifest_entries() if _dynamic_case(c)), None)
+    if case is None:
+        pytest.skip("no dense-dynamic plan among the built plans")
+    plan = _load(case)
+    (region,) = [r for r in plan.data.workspace if r.zeroed]
+    buffers = _buffers(case, plan)
+    counter = buffers.workspace[region.offset : region.offset + region.bytes].view(torch.int32)
+    for launch in ("execute", "bound"):
+        buffers.workspace.fill_(0xA5)  # a counter of -1515870811: no tile would be right
+        bound = plan.bind(*buffers.all, workspace=buffers.workspace)
+        for _ in range(3):
+            buffers.refill()
+            buffers.execute() if launch == "execute" else bound.execute()
+            torch.cuda.synchronize()
+            buffers.assert_correct()
+            assert counter.tolist() == [0], launch
 
 
 def test_check_lengths_names_what_breaks_the_capacities(manifest):
