@@ -1091,11 +1091,17 @@ class SdpaForwardWgmma:
             if cutlass.const_expr(not announced):
                 q_pipe.sync_object_full.wait(0, q_loads % 2)
 
+            # blocks at the top that none of this consumer's rows see are only handed through
+            start, top, count = consumed, n_end, n_blocks
+            if cutlass.const_expr(self._may_skip_unseen()):
+                skipped = self._skip_unseen(keys, seq, row_tile, n_end, n_blocks, consumed, pipes, turns)
+                start, top, count = consumed + skipped, n_end - skipped, n_blocks - skipped
+
             # Software pipeline: step j issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1}
             # together, then runs softmax(S_j) while P V is still on the tensor cores.
             acc_S = qk_thr.make_fragment_C(s_shape)
             acc_S.fill(0.0)
-            stage, phase = ring.at(consumed)
+            stage, phase = ring.at(start)
             k_pipe.sync_object_full.wait(stage, phase)
             my_turn.arrive_and_wait()
             warpgroup.fence()
@@ -1105,9 +1111,9 @@ class SdpaForwardWgmma:
             warpgroup.wait_group(0)
             self._release(k_pipe, stage)
             if cutlass.const_expr(t.o_buffer):
-                if n_blocks == 1:
+                if count == 1:
                     self._release(q_pipe, 0)  # the tile's last read of Q
-            n_block = n_end - 1
+            n_block = top - 1
             if n_block < mask.full_first or n_block >= mask.full_end:
                 self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale, True)
             else:
@@ -1117,14 +1123,14 @@ class SdpaForwardWgmma:
             # the steps in three loops, so each loop's body is straight-line code: blocks
             # this consumer's rows see in part on the right (e.g. the causal diagonal), blocks
             # they see whole, blocks they see in part on the left (a window)
-            right_end = cutlass.max(cutlass.min(n_end - mask.full_end, n_blocks), 1)
-            whole_end = cutlass.max(cutlass.min(n_end - mask.full_first, n_blocks), right_end)
-            tile_steps = TileSteps(ring, consumed, n_end, n_blocks, mask, score_scale)
+            right_end = cutlass.max(cutlass.min(top - mask.full_end, count), 1)
+            whole_end = cutlass.max(cutlass.min(top - mask.full_first, count), right_end)
+            tile_steps = TileSteps(ring, start, top, count, mask, score_scale)
             for step in range(1, right_end, 1):
                 self._step(operands, pipes, turns, softmax, tile_steps, step, True)
             for step in range(right_end, whole_end, 1):
                 self._step(operands, pipes, turns, softmax, tile_steps, step, False)
-            for step in range(whole_end, n_blocks, 1):
+            for step in range(whole_end, count, 1):
                 self._step(operands, pipes, turns, softmax, tile_steps, step, True)
 
             last_stage, last_phase = ring.at(consumed + n_blocks - 1)
@@ -1146,6 +1152,38 @@ class SdpaForwardWgmma:
             if cutlass.const_expr(announced):
                 self._release(q_pipe, 0)
         return n_blocks
+
+    def _may_skip_unseen(self) -> bool:
+        """Whether a consumer's rows can miss the top key block of a tile: rows of a tile that
+        span several key blocks (d=64: 192 over 128; d=256: 128 over 64), or a diagonal moved
+        off the block grid (bottom-right, windows). Top-left causal 128 over 128 never does."""
+        f = self.mask_flags
+        return f.right and (self.tiles.block_m > self.tiles.block_n or f.bottom_right or f.left)
+
+    @cute.jit
+    def _skip_unseen(self, keys, seq, row_tile, n_end, n_blocks, consumed, pipes, turns):
+        """The key blocks at the top of a tile that none of this consumer's rows see (a 192-row
+        tile over 128-key blocks has one for some consumers; a bottom-right diagonal can make
+        one): take their turns and release their stages once loaded, computing nothing.
+        Returns how many; at least one block is left. Waiting for the loads keeps a release
+        from counting toward the stage's previous use."""
+        t = self.tiles
+        wg_m = t.block_m // t.consumers
+        ring = Ring(t.stages)
+        _, k_pipe, v_pipe = pipes
+        my_turn, their_turn = turns
+        first_row = row_tile * wg_m
+        _, mine_end = keys.blocks(first_row, cutlass.min(first_row + wg_m, seq.q_len) - 1, t.block_n)
+        skipped = cutlass.max(cutlass.min(n_end - mine_end, n_blocks - 1), 0)
+        for j in range(0, skipped, 1):
+            stage, phase = ring.at(consumed + j)
+            k_pipe.sync_object_full.wait(stage, phase)
+            v_pipe.sync_object_full.wait(stage, phase)
+            my_turn.arrive_and_wait()
+            their_turn.arrive()
+            self._release(k_pipe, stage)
+            self._release(v_pipe, stage)
+        return skipped
 
     @cute.jit
     def _release(self, pipe, stage):
