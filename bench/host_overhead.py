@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "bench" / ".built" / "host-b2-h8-s256-d128-causal.frost"
 VARLEN_PLAN = ROOT / "bench" / ".built" / "host-varlen-b2-h8-s256-d128-causal.frost"
 DECODE_PLAN = ROOT / "bench" / ".built" / "host-decode-b2-h8x2-p16-d128.frost"
+# a dense causal plan whose tiles come from a counter in the workspace (a zeroed region)
+COUNTER_PLAN = ROOT / "bench" / ".built" / "host-counter-b1-h8-s2048-d128-causal.frost"
+COUNTER_SHAPE = (1, 8, 2048, 128)
 DECODE = {"batch": 2, "hq": 8, "hkv": 2, "d": 128, "page": 16, "max_pages": 256}  # split-KV: 3 launches
 SHAPE = (2, 8, 256, 128)
 BURST, REPS = 64, 25
@@ -54,6 +57,12 @@ def build() -> int:
     print("built", VARLEN_PLAN.name)
     write_atomic(DECODE_PLAN, build_plan(_decode_description(GraphBuilder)))
     print("built", DECODE_PLAN.name)
+    g = GraphBuilder("host-overhead-counter")
+    for t in ("q", "k", "v", "o"):
+        g.tensor(t, dtype="bf16", dims=COUNTER_SHAPE, layout="bhsd")
+    g.sdpa(q="q", k="k", v="v", o="o", causal=True)
+    write_atomic(COUNTER_PLAN, build_plan(g.build()))
+    print("built", COUNTER_PLAN.name)
     return 0
 
 
@@ -155,6 +164,10 @@ def run() -> int:
     decode_args = _decode_buffers(decode)
     decode_bound = decode.bind(*decode_args, workspace=decode.allocate_workspace())
     decode_launches = len(decode.data.launches)
+    counter = frost_runtime.load(COUNTER_PLAN)
+    counter_args = [torch.randn(COUNTER_SHAPE, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    counter_ws = counter.allocate_workspace()
+    counter_bound = counter.bind(*counter_args, workspace=counter_ws)
     graph = torch.cuda.CUDAGraph()
     plan.execute(q, k, v, o)
     with torch.cuda.graph(graph):
@@ -172,6 +185,11 @@ def run() -> int:
         ),
         ("varlen (2 launches): bound.execute()", host_us(varlen_bound.execute)),
         (f"decode step ({decode_launches} launches): bound.execute()", host_us(decode_bound.execute)),
+        (
+            "tile counter (1 launch + its zero fill): execute(q, k, v, o, workspace=)",
+            host_us(lambda: counter.execute(*counter_args, workspace=counter_ws)),
+        ),
+        ("tile counter: bound.execute() (zeroed once, at the first launch)", host_us(counter_bound.execute)),
         ("torch SDPA, cuDNN backend", host_us(torch_sdpa(SDPBackend.CUDNN_ATTENTION))),
         ("torch SDPA, flash backend", host_us(torch_sdpa(SDPBackend.FLASH_ATTENTION))),
     ]
@@ -187,8 +205,8 @@ def run() -> int:
         f"Cold `load()` of the one-kernel plan (module load included): first {load_ms[0]:.2f} ms, "
         f"median of 10 {statistics.median(load_ms):.2f} ms.",
         f"The varlen plan launches twice per call: per launch its bound.execute() is "
-        f"{rows[-4][1] / 2 / floor:.2f} × the floor; the decode step ({decode_launches} launches: append, attention, "
-        f"combine) {rows[-3][1] / decode_launches / floor:.2f} × the floor per launch.",
+        f"{rows[-6][1] / 2 / floor:.2f} × the floor; the decode step ({decode_launches} launches: append, attention, "
+        f"combine) {rows[-5][1] / decode_launches / floor:.2f} × the floor per launch.",
         f"TMA tensor maps: {_tensor_maps(plan)} per launch, encoded at build time; execute writes each "
         "map's 8-byte address as it writes a pointer, and encodes nothing.",
         "",
