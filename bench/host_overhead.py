@@ -41,12 +41,15 @@ def build() -> int:
     from frostc.build import build as build_plan
     from frostc.planfile import write_atomic
 
-    g = GraphBuilder("host-overhead")
-    for t in ("q", "k", "v", "o"):
-        g.tensor(t, dtype="bf16", dims=SHAPE, layout="bhsd")
-    g.sdpa(q="q", k="k", v="v", o="o", causal=True)
-    write_atomic(PLAN, build_plan(g.build()))
-    print("built", PLAN.name)
+    def dense_causal(name: str, shape: tuple, path: Path) -> None:
+        g = GraphBuilder(name)
+        for t in ("q", "k", "v", "o"):
+            g.tensor(t, dtype="bf16", dims=shape, layout="bhsd")
+        g.sdpa(q="q", k="k", v="v", o="o", causal=True)
+        write_atomic(path, build_plan(g.build()))
+        print("built", path.name)
+
+    dense_causal("host-overhead", SHAPE, PLAN)
     g = GraphBuilder("host-overhead-varlen")  # two launches: scheduling + attention kernels
     b, h, s, d = SHAPE
     for t in ("q", "k", "v", "o"):
@@ -57,12 +60,7 @@ def build() -> int:
     print("built", VARLEN_PLAN.name)
     write_atomic(DECODE_PLAN, build_plan(_decode_description(GraphBuilder)))
     print("built", DECODE_PLAN.name)
-    g = GraphBuilder("host-overhead-counter")
-    for t in ("q", "k", "v", "o"):
-        g.tensor(t, dtype="bf16", dims=COUNTER_SHAPE, layout="bhsd")
-    g.sdpa(q="q", k="k", v="v", o="o", causal=True)
-    write_atomic(COUNTER_PLAN, build_plan(g.build()))
-    print("built", COUNTER_PLAN.name)
+    dense_causal("host-overhead-counter", COUNTER_SHAPE, COUNTER_PLAN)
     return 0
 
 
