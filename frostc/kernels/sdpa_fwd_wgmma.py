@@ -4,9 +4,11 @@ TMA, two or three consumer warpgroups compute with WGMMA, taking turns on the te
 - Tiles: a tile is `block_m` query rows of one (sequence, head). The grid is at most one CTA
   per SM (the runtime caps it, `ctas_per_sm`); each CTA walks the tiles blockIdx.x,
   blockIdx.x + gridDim.x, ... so the next tile's loads overlap the current tile's last
-  blocks and epilogue. Which tile an index names is the tile walk's business: `DenseTiles`
-  (fixed shapes; with a diagonal, longest first) or `ListedTiles` (variable lengths: the
-  scheduling kernel, sdpa_schedule.py, listed the (sequence, query block) units longest
+  blocks and epilogue, or (the `dynamic` variant: dense causal heads of many tiles) takes
+  each next tile from a counter in the workspace (`TicketWalk`). Which tile an index names
+  is the tile walk's business: `DenseTiles` (fixed shapes; with a diagonal, longest first,
+  within L2 sections of heads or in pairs of equal cost) or `ListedTiles` (variable lengths:
+  the scheduling kernel, sdpa_schedule.py, listed the (sequence, query block) units longest
   first in the workspace, and the count).
 - Sequences: `Sequence` holds one sequence's lengths and where its rows start. Fixed shapes
   use the plan's lengths; variable lengths read the table the scheduling kernel wrote
@@ -617,22 +619,8 @@ class SdpaForwardWgmma:
 
     # ---------------------------------------------------------------- host side
     @cute.jit
-    def __call__(
-        self,
-        q,
-        k,
-        v,
-        o,
-        lse,
-        sequences,
-        units,
-        tile_count,
-        tile_counter,
-        ints: tuple,
-        strides: tuple,
-        floats: tuple,
-        stream,
-    ):
+    def __call__(self, q, k, v, o, lse, sequences, units, tile_count, tile_counter, ints: tuple, strides: tuple,
+                 floats: tuple, stream):  # fmt: skip
         self.shared_storage = self._shared_storage()
         self.smem_bytes = self.shared_storage.size_in_bytes()
         (q_tma, mQ), (k_tma, mK), (v_tma, mV) = self.tma_loads(q, k, v, ints, strides)
@@ -640,23 +628,8 @@ class SdpaForwardWgmma:
         # the plan's grid is what runs (the runtime caps it at the device's SMs); this one is
         # the DSL's own launcher's, which frostc never uses
         grid = (cute.ceil_div(seq_q, self.tiles.block_m) * heads_q * batch, 1, 1)
-        self.kernel(
-            q_tma,
-            mQ,
-            k_tma,
-            mK,
-            v_tma,
-            mV,
-            o,
-            lse,
-            sequences,
-            units,
-            tile_count,
-            tile_counter,
-            *ints,
-            *strides[9:],
-            *floats,
-        ).launch(
+        pointers = (o, lse, sequences, units, tile_count, tile_counter)
+        self.kernel(q_tma, mQ, k_tma, mK, v_tma, mV, *pointers, *ints, *strides[9:], *floats).launch(
             grid=grid, block=[self.tiles.num_threads, 1, 1], smem=self.smem_bytes, stream=stream, min_blocks_per_mp=1
         )
 
