@@ -70,17 +70,20 @@ def _measure(name: str, shape, causal: bool, labels: list[str], dirs: list[Path]
         bound[x].execute()
     torch.cuda.synchronize()
     ref = outs[labels[0]].float()
-    err = {x: ((outs[x].float() - ref).norm() / ref.norm()).item() for x in labels[1:]}
-    for x, e in err.items():
-        if not e < 1e-2:
-            raise SystemExit(f"{name}: {x} differs from {labels[0]} (relative error {e:.2e})")
+
+    def check(when: str) -> dict[str, float]:
+        """Each plan's output against the first's, as the last call left it."""
+        err = {x: ((outs[x].float() - ref).norm() / ref.norm()).item() for x in labels[1:]}
+        for x, e in err.items():
+            if not e < 1e-2:
+                raise SystemExit(f"{name}: {x} differs from {labels[0]}{when} (relative error {e:.2e})")
+        return err
+
+    err = check("")
     calls = {x: bound[x].execute for x in labels}
     times = _alternating(calls, rounds)
     torch.cuda.synchronize()
-    for x in labels[1:]:  # the last timed call's output: every call must be right, not the first
-        e = ((outs[x].float() - ref).norm() / ref.norm()).item()
-        if not e < 1e-2:
-            raise SystemExit(f"{name}: {x} differs from {labels[0]} after the timed calls (relative error {e:.2e})")
+    check(" after the timed calls")  # every call must be right, not only the first
     flops = 4 * b * h * s * s * d / (2 if causal else 1)
     return {x: flops / (times[x] * 1e-3) / 1e12 for x in labels}, err
 

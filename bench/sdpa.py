@@ -4,9 +4,9 @@
     python bench/sdpa.py run [--md FILE]  # GPU machine: time everything, print a table
 
 Each row: bf16, BHSD, one (batch, heads, seq, head dim) shape, causal or not; frostc runs its
-serving path (`plan.bind` once, `bound.execute()`). Times are device
-times from CUDA-graph replays (see `time_ms`), so no contestant's host overhead is counted; each
-contestant is measured ROUNDS times in rotated order and its median reported;
+serving path (`plan.bind` once, `bound.execute()`). Times are device times from CUDA-graph
+replays (see `time_ms`), so no contestant's host overhead is counted; each contestant is
+measured ROUNDS times in rotated order and its median reported;
 TFLOP/s counts 4*b*h*s*s*d matmul FLOPs (half of that when causal). frostc's output is
 checked against the cuDNN backend's on every timed shape before its time is reported.
 """

@@ -200,19 +200,18 @@ class SdpaFwdVariant(TmaVariant):
     @property
     def grid_rule(self) -> str:
         t = self.tile_shape
+        tiles = f"ceil(seq_q / {t.block_m}) * heads_q * batch"
         if self.per_tile:
-            return f"(ceil(seq_q / {t.block_m}) * heads_q * batch, 1, 1): one CTA per tile, longest first"
-        if self.paired:
-            tiles = f"ceil(seq_q / {t.block_m}) * heads_q * batch"
-            return f"(min({tiles}, SMs * {t.ctas_per_sm}), 1, 1), persistent over pairs of tiles"
-        if self.dynamic:
-            tiles = f"ceil(seq_q / {t.block_m}) * heads_q * batch"
-            return f"(min({tiles}, SMs * {t.ctas_per_sm}), 1, 1), persistent, tiles taken from a counter"
+            return f"({tiles}, 1, 1): one CTA per tile, longest first"
         if self.varlen:
             tiles = "(units listed by the scheduling kernel, at most the capacity's) * heads_q"
+        if self.paired:
+            walk = "persistent over pairs of tiles"
+        elif self.dynamic:
+            walk = "persistent, tiles taken from a counter"
         else:
-            tiles = f"ceil(seq_q / {t.block_m}) * heads_q * batch"
-        return f"(min({tiles}, SMs * {t.ctas_per_sm}), 1, 1), persistent over the tiles"
+            walk = "persistent over the tiles"
+        return f"(min({tiles}, SMs * {t.ctas_per_sm}), 1, 1), {walk}"
 
     @property
     def params(self) -> tuple[tuple[str, str], ...]:
