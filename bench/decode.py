@@ -14,9 +14,10 @@ appends nothing: its time is attention alone. torch's time counts the gather of 
 dense (batch, hkv, longest, d) cache, the length mask and SDPA.
 
 Times are device times from CUDA-graph replays (`bench/sdpa.py`'s `time_ms`: 20 steps in one
-graph, median of 10 replays). TB/s counts the KV bytes a step must read: Σ len · hkv · d · 2 bytes
-· 2 (K and V). The ceiling is the fastest plain read of a 4 GiB buffer in the same run (a torch
-reduction, which reads every byte once and writes a scalar). frostc's O is checked against
+graph, replayed to settle, then timed over a window of replays). TB/s counts the KV bytes a
+step must read: Σ len · hkv · d · 2 bytes · 2 (K and V). The ceiling is the fastest plain
+read of a 4 GiB buffer in the same run (a torch reduction, which reads every byte once and
+writes a scalar). frostc's O is checked against
 float32 attention on the gathered cache before its time is reported; a row that fails prints
 "wrong" and the run exits 1.
 """
@@ -290,7 +291,7 @@ def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing:
     top = ceiling["bytes_per_s"] / 1e12
     lines = [
         f"Paged-KV decode, bf16, hq {HQ}, hkv {HKV}, d {D} — {device}, torch {torch_version}, {today}.",
-        "µs per step from CUDA-graph replays (20 steps per graph, median of 10 replays); TB/s = KV bytes read "
+        "µs per step from CUDA-graph replays (20 steps per graph, settled, then a timed window); TB/s = KV bytes read "
         "(Σ len · hkv · d · 2 B · 2) per second.",
         f"Read ceiling in this run: {top:.2f} TB/s ({ceiling['how']}); device copy (read + write counted): "
         f"{ceiling['copy_read_plus_write'] / 1e12:.2f} TB/s.",

@@ -5,8 +5,8 @@
 
 Each row: bf16, BHSD, one (batch, heads, seq, head dim) shape, causal or not; frostc runs its
 serving path (`plan.bind` once, `bound.execute()`). Times are device times from CUDA-graph
-replays (see `time_ms`), so no contestant's host overhead is counted; each contestant is
-measured ROUNDS times in rotated order and its median reported;
+replays in the power-capped steady state (see `time_ms`), so no contestant's host overhead
+is counted; each contestant is measured ROUNDS times in rotated order and its median reported;
 TFLOP/s counts 4*b*h*s*s*d matmul FLOPs (half of that when causal). frostc's output is
 checked against the cuDNN backend's on every timed shape before its time is reported.
 """
@@ -14,6 +14,7 @@ checked against the cuDNN backend's on every timed shape before its time is repo
 import argparse
 import datetime
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -21,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "bench" / ".built"
 ROUNDS = 4  # measurements of each contestant per shape, in rotated order (median reported)
+SETTLE_S = 0.2  # seconds of a contestant's own load before its timed window (`time_ms`)
+WINDOW_S = 0.4  # seconds of replays in one timed window
 SHAPES = [
     (16, 16, 512, 128),
     (8, 16, 1024, 128),
@@ -58,10 +61,18 @@ def build() -> int:
     return 0
 
 
-def time_ms(fn, warmup: int = 10, calls: int = 20, replays: int = 10) -> float:
-    """Device time of one call: the median over `replays` replays of a CUDA graph holding
-    `calls` calls, divided by `calls`. Graphs keep every contestant's host launch cost (tens of
-    µs for torch SDPA) out of the number, which otherwise dominates at short sequences."""
+def time_ms(fn, warmup: int = 10, calls: int = 20, settle_s: float = SETTLE_S, window_s: float = WINDOW_S) -> float:
+    """Device time of one call, from a CUDA graph holding `calls` calls: replayed back to back
+    for `settle_s` seconds, then timed over as many replays as fill `window_s` seconds, with no
+    pause between the two. Graphs keep every contestant's host launch cost (tens of µs for
+    torch SDPA) out of the number, which otherwise dominates at short sequences.
+
+    Why so long: under sustained tensor-core load the H200 runs at its power cap, and the SM
+    clock swings between about 1.4 and 1.7 GHz from one 25 ms sample to the next while the
+    cap's controller follows the power of whatever ran just before (bench/NOTES.md, "the
+    benchmark's method"). A window of tens of ms samples that swing; settling on the
+    contestant's own load and averaging over several hundred ms measures the steady state a
+    serving GPU is in, the same for every contestant."""
     import torch
 
     for _ in range(warmup):
@@ -71,15 +82,21 @@ def time_ms(fn, warmup: int = 10, calls: int = 20, replays: int = 10) -> float:
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    for start, end in zip(starts, ends):
-        start.record()
-        graph.replay()
-        end.record()
+    end.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / calls
+    replay_s = max(start.elapsed_time(end) * 1e-3, 1e-6)
+    for _ in range(math.ceil(settle_s / replay_s)):
+        graph.replay()
+    replays = max(10, math.ceil(window_s / replay_s))
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (replays * calls)
 
 
 def run(md_path: str | None) -> int:
@@ -143,8 +160,8 @@ def _measure(plan, shape, causal: bool) -> dict:
 
 def _alternating(contestants: dict, rounds: int = ROUNDS) -> dict[str, float]:
     """Each contestant's median time over `rounds` measurements, the order rotated every round.
-    Sustained tensor-core load lowers the clock within milliseconds (bench/NOTES.md v15): the
-    first measurement after a pause runs faster, so no contestant may always go first."""
+    The rotation keeps any order effect left after `time_ms`'s settling (bench/NOTES.md v15:
+    the first measurement after a pause runs faster) from always favouring one contestant."""
     names = list(contestants)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
@@ -176,8 +193,9 @@ def _markdown(rows, device: str, torch_version: str) -> str:
     have_fa4 = all("fa4" in r["tflops"] for r in rows)
     fa4_head = " FA4 | frostc / FA4 | frostc / best |" if have_fa4 else ""
     lines = [
-        f"SDPA forward, bf16, BHSD — {device}, torch {torch_version}, {today}. TFLOP/s from CUDA-graph replays, "
-        f"each contestant's median of {ROUNDS} measurements taken in rotated order.",
+        f"SDPA forward, bf16, BHSD — {device}, torch {torch_version}, {today}. TFLOP/s from CUDA-graph replays "
+        f"({SETTLE_S:g} s settling, then a {WINDOW_S:g} s timed window), each contestant's median of {ROUNDS} "
+        "measurements taken in rotated order.",
         "",
         f"| b, h, s, d | causal | frostc | torch cuDNN | torch flash | frostc / cuDNN |{fa4_head} rel. err vs cuDNN |",
         "|---|---|---:|---:|---:|---:|" + ("---:|---:|---:|" if have_fa4 else "") + "---:|",
