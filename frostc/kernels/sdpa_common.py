@@ -11,8 +11,10 @@ from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_ptr
 from cutlass.cute.typing import AddressSpace
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 LOG2_E = 1.4426950408889634
 LN_2 = 0.6931471805599453
@@ -130,3 +132,20 @@ def quad_max(value):
 
 def quad_sum(value):
     return quad_reduce(value, lambda a, b: a + b)
+
+
+@dsl_user_op
+def any_at_barrier(pred, barrier_id, threads: int, *, loc=None, ip=None):
+    """Whether `pred` holds for any of the `threads` threads that meet at named barrier
+    `barrier_id` (bar.red.or: a barrier that also ORs a predicate; the DSL has no wrapper).
+    Every one of those threads must call it."""
+    found = llvm.inline_asm(
+        T.i32(),
+        [cutlass.Int32(pred).ir_value(loc=loc, ip=ip), cutlass.Int32(barrier_id).ir_value(loc=loc, ip=ip)],
+        f"{{\n.reg .pred p, q;\nsetp.ne.s32 p, $1, 0;\nbar.red.or.pred q, $2, {threads}, p;\nselp.s32 $0, 1, 0, q;\n}}",
+        "=r,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return cutlass.Int32(found) != 0

@@ -31,9 +31,13 @@ TMA, two or three consumer warpgroups compute with WGMMA, taking turns on the te
   (bench/NOTES.md v18), so the steps run in three loops of straight-line bodies (blocks a
   consumer's rows see in part on the right, whole, in part on the left), O is rescaled only
   when a row's max grew enough that keeping it would let a probability exceed 2**8, and
-  stage indices are bit operations. O leaves through shared memory in 16-byte stores: its
-  own buffer where it fits (then Q is released right after the tile's last S = Q Kᵀ), else the consumer's Q
-  buffer (released after the store). A tile whose rows see no key writes O = 0, LSE = -inf.
+  stage indices are bit operations. At d=128 a tile's later steps do not even compute the
+  block's max: they exponentiate against the reference max as it stands and keep the result
+  unless some thread's sum of probabilities exceeds FAST_SUM_LIMIT, in which case the
+  consumer redoes S = Q Kᵀ and the exact step (`OnlineSoftmax.update_fast`). O leaves
+  through shared memory in 16-byte stores: its own buffer where it fits (then Q is released
+  right after the tile's last S = Q Kᵀ), else the consumer's Q buffer (released after the
+  store). A tile whose rows see no key writes O = 0, LSE = -inf.
 
 Tensor maps (Q, K, V) are kernel parameters; `tensor_maps` builds them, and the build runs the
 same code on the CPU (`encode_tensor_maps`) so the plan holds each launch's maps. Modes as the
@@ -58,7 +62,17 @@ from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
 
-from frostc.kernels.sdpa_common import LN_2, KeyRange, MaskFlags, TmaVariant, dsl_dtype, fake_ptr, quad_max, quad_sum
+from frostc.kernels.sdpa_common import (
+    LN_2,
+    KeyRange,
+    MaskFlags,
+    TmaVariant,
+    any_at_barrier,
+    dsl_dtype,
+    fake_ptr,
+    quad_max,
+    quad_sum,
+)
 
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
 # producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
@@ -83,6 +97,7 @@ class Barrier:
 
     TURN = 2  # TURN + c: consumer c may issue its GEMMs (it and its predecessor, 256 threads)
     EPILOGUE = TURN + MAX_CONSUMERS  # EPILOGUE + c: consumer c's O staging (128 threads)
+    RETRY = EPILOGUE + MAX_CONSUMERS  # RETRY + c: whether consumer c redoes a block exactly (128)
 
 
 @dataclass(frozen=True)
@@ -344,6 +359,10 @@ class Sequences:
 # the online softmax keeps a row's reference max until a block raises it by more than this
 # (log2 units; probabilities stay <= 2**8 = 256, exact in bf16/fp16 range and fp32 sums)
 RESCALE_LOG2 = 8.0
+# a block's probabilities taken against the reference max without computing the block's max
+# (`OnlineSoftmax.update_fast`) are kept when each thread's sum of them stays at most this, so
+# no probability exceeds it (fp16's P and fp32 sums stay far from overflow)
+FAST_SUM_LIMIT = 4096.0
 
 L2_SECTION_BYTES = 32 << 20  # K and V of the heads whose tiles run together (H100/H200 L2: 50/60 MB)
 
@@ -540,11 +559,12 @@ class OnlineSoftmax:
     row_max: cute.Tensor
     row_sum: cute.Tensor
     correction: cute.Tensor
+    block_sum: cute.Tensor  # `update_fast`'s sums, added by `accept_fast`
 
     @staticmethod
     def create(rows: int, scale_log2) -> "OnlineSoftmax":
         make = lambda: cute.make_rmem_tensor(rows, cutlass.Float32)  # noqa: E731
-        return OnlineSoftmax(scale_log2, make(), make(), make())
+        return OnlineSoftmax(scale_log2, make(), make(), make(), make())
 
     def reset(self):
         self.row_max.fill(-cutlass.Float32.inf)
@@ -580,6 +600,32 @@ class OnlineSoftmax:
             self.row_max[r] = new_max
             s_mn[r, None] = probs
         return moved
+
+    @cute.jit
+    def update_fast(self, s_mn):
+        """Scores -> probabilities against each row's reference max as it stands, without this
+        block's max (its reductions were a third of a step's instructions, all ahead of the
+        exponentials on the consumer's critical path). Returns whether this thread needs the
+        exact `update` instead: a row without a reference yet (max -inf), or a sum of its
+        probabilities above FAST_SUM_LIMIT (or NaN), so that some probability may have grown
+        past it. The scores are overwritten either way: an exact retry recomputes them."""
+        retry = cutlass.Boolean(False)
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            reference = self.row_max[r]
+            unset = reference == -cutlass.Float32.inf
+            shift = cutlass.select_(unset, cutlass.Float32(0.0), reference * self.scale_log2)
+            probs = cute.math.exp2(s_mn[r, None].load() * self.scale_log2 - shift, fastmath=True)
+            total = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+            retry = retry | unset | (total > FAST_SUM_LIMIT) | (total != total)
+            self.block_sum[r] = total
+            s_mn[r, None] = probs
+        return retry
+
+    @cute.jit
+    def accept_fast(self):
+        """Keep `update_fast`'s probabilities: the reference max did not move, no rescale."""
+        for r in cutlass.range_constexpr(cute.size(self.row_sum)):
+            self.row_sum[r] = self.row_sum[r] + self.block_sum[r]
 
     @cute.jit
     def rescale(self, o_mn):
@@ -1184,7 +1230,8 @@ class SdpaForwardWgmma:
         """Step j of a tile: issue S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} in this consumer's
         turn, then softmax(S_j) while P V still runs. V_{j-1} is waited for after S_j is
         issued (the two loads complete separately). `masked`: the block is one this
-        consumer's rows see in part (a separate loop, so each loop's body is straight-line)."""
+        consumer's rows see in part (a separate loop, so each loop's body is straight-line).
+        With `_fast_softmax`, K_j (and Q) are released only once no retry can read them."""
         qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, cw = operands
         q_pipe, k_pipe, v_pipe = pipes
         my_turn, their_turn = turns
@@ -1202,16 +1249,57 @@ class SdpaForwardWgmma:
         warpgroup.commit_group()
         their_turn.arrive()
         warpgroup.wait_group(1)  # S_j is ready; P V may still run
-        self._release(k_pipe, stage)
-        if cutlass.const_expr(self.tiles.o_buffer):
-            if step == tile.n_blocks - 1:
-                self._release(q_pipe, 0)  # the tile's last read of Q
-        moved = self._scores(qk_thr, acc_S, softmax, tile.mask, tile.n_end - 1 - step, tile.score_scale, masked)
+        n_block = tile.n_end - 1 - step
+        if cutlass.const_expr(self._fast_softmax()):
+            moved = cutlass.Boolean(False)
+            retry = self._scores_fast(acc_S, softmax, tile.mask, n_block, tile.score_scale, masked, qk_thr)
+            # the consumer's warps decide together: the retry's GEMM is one warpgroup instruction
+            if any_at_barrier(retry, Barrier.RETRY + cw, 128):
+                warpgroup.wait_group(0)
+                acc_S.fill(0.0)
+                warpgroup.fence()
+                self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, cw)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                moved = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked)
+            else:
+                softmax.accept_fast()
+            self._release_reads(pipes, stage, step, tile)  # a retry read K_j and Q again
+        else:
+            self._release_reads(pipes, stage, step, tile)
+            moved = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked)
         warpgroup.wait_group(0)  # O and P_{j-1} are free again
         self._release(v_pipe, prev_stage)
         if moved:
             softmax.rescale(_wgmma_rows_by_cols(acc_O))
         cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+
+    @cute.jit
+    def _release_reads(self, pipes, stage, step, tile: "TileSteps"):
+        """S_j's operands are read: release K_j, and Q after the tile's last S (own O buffer)."""
+        q_pipe, k_pipe, _ = pipes
+        self._release(k_pipe, stage)
+        if cutlass.const_expr(self.tiles.o_buffer):
+            if step == tile.n_blocks - 1:
+                self._release(q_pipe, 0)  # the tile's last read of Q
+
+    def _fast_softmax(self) -> bool:
+        """Whether the steps after a tile's first take probabilities against the reference max
+        without computing each block's max (`OnlineSoftmax.update_fast`). Measured (bench/NOTES.md
+        v22): +1 to +5.5 % at d=128; at d=64 its live state spills (three consumers at 160
+        registers) and at d=256 the later K release costs more than the shorter softmax saves."""
+        return self.head_dim == 128
+
+    @cute.jit
+    def _scores_fast(self, acc_S, softmax, mask, n_block, score_scale, masked: bool, qk_thr):
+        """`_scores` against the reference max as it stands (`OnlineSoftmax.update_fast`);
+        returns whether this thread needs the exact retry."""
+        if cutlass.const_expr(self.mask_flags.softcap):
+            acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
+        s_mn = _wgmma_rows_by_cols(acc_S)
+        if cutlass.const_expr(masked):
+            mask.apply(qk_thr, s_mn, n_block)
+        return softmax.update_fast(s_mn)
 
     @cute.jit
     def _scores(self, qk_thr, acc_S, softmax, mask, n_block, score_scale, masked: bool):

@@ -8,6 +8,7 @@ side of each tile size, the capacity, random ones), with NaN in every input row 
 sequences, and must leave output rows past each sequence untouched.
 """
 
+import math
 import random
 import sys
 import zlib
@@ -45,6 +46,42 @@ def test_plan_matches_float64_reference(runtime, manifest, case):
             buffers.execute()
             torch.cuda.synchronize()
             buffers.assert_correct()
+
+
+def _spiked_cases() -> list[dict]:
+    """One dense plan per (dtype, head dim, causal) whose keys reach past the spikes below."""
+    chosen = {}
+    for case in built_manifest_entries():
+        plain = case["alignment"] == "top_left" and case["window_left"] is None and case["window_right"] is None
+        if case["form"] == "dense" and plain and case["softcap"] is None and case["seq_kv"] >= 1000:
+            chosen.setdefault((case["dtype"], case["head_dim"], case["causal"]), case)
+    return list(chosen.values())
+
+
+# (first key, end key, log2 units added to the scores of a row of weight 1): the key blocks are
+# walked last to first, so these come after the blocks that set each row's reference max
+SPIKES = ((700, 710, 5.0), (300, 310, 20.0), (0, 10, 200.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _spiked_cases(), ids=lambda c: c["plan"].removesuffix(".frost"))
+def test_scores_that_outgrow_the_reference_max(runtime, manifest, case):
+    """Keys walked later score far above the ones that set each row's reference max: by a
+    little (kept against the stale max), by a lot (rescaled, or at d=128 redone exactly), and
+    past float32's exponent range (inf probabilities unless redone). Each row weighs the
+    spikes differently (its q[0] uniform in [0, 8]); against float64 like every plan."""
+    seed = zlib.crc32(b"spikes" + case["plan"].encode())
+    torch.manual_seed(seed)
+    with runtime.load(BUILT / case["plan"]) as plan:
+        buffers = Buffers(case, plan)
+        q, k = buffers.tensors["q"], buffers.tensors["k"]
+        q[..., 0] = torch.rand(q.shape[:-1], device="cuda") * 8
+        for first, end, log2_gain in SPIKES:
+            # with q[0] = 8 the score grows by 8 · k[0] · scale = log2_gain · ln 2 (scale = 1/√d)
+            k[:, :, first:end, 0] = log2_gain * math.log(2) * math.sqrt(case["head_dim"]) / 8
+        buffers.execute()
+        torch.cuda.synchronize()
+        buffers.assert_correct()
 
 
 @pytest.mark.gpu
