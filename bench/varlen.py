@@ -230,7 +230,7 @@ def _measure(frost_runtime, mix: Mix, fa4) -> dict:
         dense = frost_runtime.load(BUILT / f"{dense_plan(mix)}.frost")
         s = mix.lengths[0]
         shaped = [x.view(b, s, x.shape[1], D).transpose(1, 2) for x in (q, k, v, o)]
-        times["frostc_dense"] = time_ms(dense.bind(*shaped).execute)
+        times["frostc_dense"] = time_ms(dense.bind(*shaped, workspace=dense.allocate_workspace()).execute)
         dense_flops = useful_flops(Mix("dense", mix.lengths, mix.causal))
     flops = useful_flops(mix)
     tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in times.items()}
