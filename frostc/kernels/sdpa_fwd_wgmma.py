@@ -1252,7 +1252,7 @@ class SdpaForwardWgmma:
         n_block = tile.n_end - 1 - step
         if cutlass.const_expr(self._fast_softmax()):
             moved = cutlass.Boolean(False)
-            retry = self._scores_fast(acc_S, softmax, tile.mask, n_block, tile.score_scale, masked, qk_thr)
+            retry = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked, True)
             # the consumer's warps decide together: the retry's GEMM is one warpgroup instruction
             if any_at_barrier(retry, Barrier.RETRY + cw, 128):
                 warpgroup.wait_group(0)
@@ -1291,25 +1291,17 @@ class SdpaForwardWgmma:
         return self.head_dim == 128
 
     @cute.jit
-    def _scores_fast(self, acc_S, softmax, mask, n_block, score_scale, masked: bool, qk_thr):
-        """`_scores` against the reference max as it stands (`OnlineSoftmax.update_fast`);
-        returns whether this thread needs the exact retry."""
+    def _scores(self, qk_thr, acc_S, softmax, mask, n_block, score_scale, masked: bool, fast: bool = False):
+        """S_j -> probabilities: softcap, mask (a block some row sees in part), softmax. Returns
+        whether O must be rescaled (`OnlineSoftmax.update`); `fast`: against the reference max
+        as it stands, returning whether this thread needs the exact retry (`update_fast`)."""
         if cutlass.const_expr(self.mask_flags.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
         s_mn = _wgmma_rows_by_cols(acc_S)
         if cutlass.const_expr(masked):
             mask.apply(qk_thr, s_mn, n_block)
-        return softmax.update_fast(s_mn)
-
-    @cute.jit
-    def _scores(self, qk_thr, acc_S, softmax, mask, n_block, score_scale, masked: bool):
-        """S_j -> probabilities: softcap, mask (a block some row sees in part), softmax.
-        Returns whether O must be rescaled (`OnlineSoftmax.update`)."""
-        if cutlass.const_expr(self.mask_flags.softcap):
-            acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
-        s_mn = _wgmma_rows_by_cols(acc_S)
-        if cutlass.const_expr(masked):
-            mask.apply(qk_thr, s_mn, n_block)
+        if cutlass.const_expr(fast):
+            return softmax.update_fast(s_mn)
         return softmax.update(s_mn)
 
     def _out_rows(self, o_args, seq, head):
