@@ -29,6 +29,7 @@ def graph_builder(
     uids: dict[str, int] | None = None,
     strides: dict[str, tuple[int, ...]] | None = None,
     layouts: dict[str, str] | None = None,
+    **node_keys,
 ) -> GraphBuilder:
     """A valid GQA graph (q, k, v, o and optionally lse, declared in that order)."""
     uids = uids or {}
@@ -41,7 +42,8 @@ def graph_builder(
         g.tensor(name, dtype=dtype, dims=dims, layout=layout, strides=strides.get(name), uid=uids.get(name))
     if lse:
         g.tensor("lse", dtype="fp32", dims=(b, hq, sq), uid=uids.get("lse"))
-    g.sdpa(q="q", k="k", v="v", o="o", lse="lse" if lse else None, causal=causal, attn_scale=attn_scale, name="attn")
+    g.sdpa(q="q", k="k", v="v", o="o", lse="lse" if lse else None, causal=causal, attn_scale=attn_scale, name="attn",
+           **node_keys)  # fmt: skip
     return g
 
 
@@ -362,3 +364,31 @@ def test_declined_error_message_lists_every_path() -> None:
     text = str(e.value)
     assert "tensors.q.dims[3]: head dim 96" in text
     assert "tensors.o.strides[2]: stride 100" in text
+
+
+def _with_visit_counts(sq: int, d: int = 128) -> GraphBuilder:
+    return graph_builder(d=d, sq=sq, skv=sq, causal=True, debug_tile_visits=True)
+
+
+def test_a_debug_build_counts_the_dynamic_walks_visits_in_the_workspace() -> None:
+    """`debug_tile_visits`: one int32 per (tile, consumer) in a region of its own (not zeroed:
+    the counts are the result), bound to the tile list's pointer, which a dense plan leaves
+    unused; the counter is still there."""
+    plan = resolved(_with_visit_counts(2000))
+    (variant,) = plan.variants
+    assert variant.dynamic and variant.count_visits and variant.name.endswith(".dynamic.visits.lse")
+    tiles = 16 * 8 * 2  # 16 query blocks x 8 heads x batch 2
+    regions = {r.name: (r.offset, r.bytes, r.zeroed) for r in plan.workspace}
+    assert regions["attn.tile_counter"][1:] == (4, True)
+    assert regions["attn.tile_visits"][1:] == (4 * tiles * 2, False)  # two consumer warpgroups at d=128
+    bound = {a.param: a.workspace for a in only_launch(plan).args if a.kind == "ptr"}
+    assert bound["tiles"] == regions["attn.tile_visits"][0]
+    assert bound["tile_counter"] == regions["attn.tile_counter"][0]
+
+
+def test_a_debug_build_of_another_walk_is_refused_with_the_field_path() -> None:
+    with pytest.raises(DescriptionError) as info:
+        resolved(_with_visit_counts(700))  # 6 query blocks: the paired walk
+    (problem,) = info.value.problems
+    assert problem.path.endswith("debug_tile_visits")
+    assert "pairs of tiles" in problem.message and "remove debug_tile_visits" in problem.message

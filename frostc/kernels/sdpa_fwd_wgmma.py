@@ -69,9 +69,11 @@ from frostc.kernels.sdpa_common import (
     TmaVariant,
     any_at_barrier,
     dsl_dtype,
+    exit_thread,
     fake_ptr,
     quad_max,
     quad_sum,
+    sync_at_barrier_unaligned,
 )
 
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
@@ -98,6 +100,8 @@ class Barrier:
     TURN = 2  # TURN + c: consumer c may issue its GEMMs (it and its predecessor, 256 threads)
     EPILOGUE = TURN + MAX_CONSUMERS  # EPILOGUE + c: consumer c's O staging (128 threads)
     RETRY = EPILOGUE + MAX_CONSUMERS  # RETRY + c: whether consumer c redoes a block exactly (128)
+    TICKET_FULL = RETRY + MAX_CONSUMERS  # the dynamic walk's next tile is written (`TicketWalk`)
+    TICKET_EMPTY = TICKET_FULL + 1  # ... and read by every consumer thread
 
 
 @dataclass(frozen=True)
@@ -185,12 +189,16 @@ class SdpaFwdVariant(TmaVariant):
     # persistent, CTAs taking the next tile of a longest-first walk within L2 sections of heads
     # from a counter in the workspace (`TicketWalk`): balance and L2 reuse at once
     dynamic: bool = False
+    # debug builds of the dynamic walk: each consumer counts its visits of each tile into the
+    # workspace (the stress test: every tile exactly once per launch)
+    count_visits: bool = False
 
     @property
     def name(self) -> str:
         name = f"sdpa_fwd_wgmma.{self.dtype}.d{self.head_dim}.{self.mask.label}"
         name += (".varlen" if self.varlen else "") + (".per_tile" if self.per_tile else "")
         name += (".paired" if self.paired else "") + (".dynamic" if self.dynamic else "")
+        name += ".visits" if self.count_visits else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
@@ -458,15 +466,27 @@ class TicketWalk:
     """Fixed shapes, the dynamic walk: which tile a CTA takes next is decided at run time. CTA
     b starts with tile b; every later tile is `grid + n` for the n-th take of a counter in the
     workspace, so a CTA that finishes early takes more and the longest-first order is kept
-    (within L2 sections: `DenseTiles`). The producer thread takes a ticket while the current
-    tile loads (its round trip is hidden) and tells the consumers through a shared-memory word
-    published with the Q buffer's "full" barrier (arrive has release semantics, the wait
-    acquire). The counter must hold zero before the first launch; each launch leaves it zero:
-    every tile taken leads to one take, so exactly `tiles` takes happen, and the CTA whose take
-    returns the last one writes zero back (no take can follow it)."""
+    (within L2 sections: `DenseTiles`). The counter must hold zero before the first launch;
+    each launch leaves it zero: every tile taken leads to one take, so exactly `tiles` takes
+    happen, and the CTA whose take returns the last one writes zero back (no take can follow).
+
+    The producer thread takes a ticket while the current tile loads (its round trip is hidden)
+    and hands it to the consumers through one shared-memory word guarded by two named barriers
+    (bench/NOTES.md "the ticket's hand-over"): `full` (the producer wrote the word: producer
+    arrives, consumers wait) and `empty` (every consumer thread read it: consumers arrive, the
+    producer waits before the next write). Named barriers order memory between the threads
+    that meet there, and compute-sanitizer's racecheck sees them; the producer thread meets
+    them alone for its warp, whose other threads exit first (`exit_thread`)."""
 
     counter: cute.Pointer  # int32 in the workspace
     shared: cute.Tensor  # int32, the tile the producer published
+    consumers: int  # consumer warpgroups
+    visits: cute.Pointer  # debug builds (`count_visits`): int32 visits per (tile, consumer)
+
+    @property
+    def threads(self) -> int:
+        """The producer's warp and every consumer thread."""
+        return 32 + 128 * self.consumers
 
     @cute.jit
     def take(self, grid, num_tiles, current):
@@ -476,11 +496,24 @@ class TicketWalk:
             upcoming = grid + cute.arch.atomic_add(self.counter, cutlass.Int32(1), scope="gpu")
         return upcoming
 
-    def publish(self, tile):
+    def publish(self, tile, first: bool):
+        """Producer: write the next tile once the consumers read the previous one, then tell them."""
+        if cutlass.const_expr(not first):
+            sync_at_barrier_unaligned(Barrier.TICKET_EMPTY, self.threads)
         self.shared[0] = tile
+        pipeline.NamedBarrier(barrier_id=Barrier.TICKET_FULL, num_threads=self.threads).arrive_unaligned()
+
+    def drain(self):
+        """Producer, after publishing the end: wait until the consumers read it (every arrival
+        at `empty` meets a wait)."""
+        sync_at_barrier_unaligned(Barrier.TICKET_EMPTY, self.threads)
 
     def read(self):
-        return self.shared[0]
+        """Consumers: the tile the producer published, then free the word for the next one."""
+        pipeline.NamedBarrier(barrier_id=Barrier.TICKET_FULL, num_threads=self.threads).arrive_and_wait()
+        tile = self.shared[0]
+        pipeline.NamedBarrier(barrier_id=Barrier.TICKET_EMPTY, num_threads=self.threads).arrive()
+        return tile
 
     @cute.jit
     def finish(self, grid, num_tiles, last_taken):
@@ -866,10 +899,15 @@ class SdpaForwardWgmma:
         window = (window_left, window_right)
         ticket = None
         if cutlass.const_expr(self.variant.dynamic):
-            ticket = TicketWalk(tile_counter, storage.ticket.get_tensor(cute.make_layout(1)))
+            # a dense plan has no tile list: debug builds bind its pointer to the visit table
+            shared_word = storage.ticket.get_tensor(cute.make_layout(1))
+            ticket = TicketWalk(tile_counter, shared_word, self.tiles.consumers, units)
         producer_regs, consumer_regs = self.tiles.registers
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)
+            if cutlass.const_expr(self.variant.dynamic):
+                if wg_tidx != 0:
+                    exit_thread()  # the ticket's named barriers count warp 0 through its one live thread
             if wg_tidx == 0:  # one thread issues every TMA load
                 self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
                               (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket)  # fmt: skip
@@ -938,32 +976,30 @@ class SdpaForwardWgmma:
             # the current one loads, so the atomic's round trip is hidden
             tile = first
             upcoming = ticket.take(grid, num_tiles, tile)
+            ticket.publish(tile, True)
             while tile < num_tiles:
-                q_pipe.sync_object_empty.wait(0, q_loads % 2 ^ 1)
-                ticket.publish(tile)
                 m_block, head, batch = tiles.work(tile)
-                loaded += self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads, True)
-                q_loads += 1
+                blocks = self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads)
+                loaded += blocks
+                q_loads += cutlass.min(blocks, 1)
                 tile = upcoming
                 upcoming = ticket.take(grid, num_tiles, tile)
-            q_pipe.sync_object_empty.wait(0, q_loads % 2 ^ 1)
-            ticket.publish(tile)  # past the end: the consumers stop
-            cute.arch.mbarrier_arrive(q_pipe.sync_object_full.get_barrier(0))
+                ticket.publish(tile, False)  # past the end: the consumers stop
+            ticket.drain()
             ticket.finish(grid, num_tiles, tile)
         else:
             for tile in range(first, num_tiles, grid):
                 m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
-                blocks = self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads, False)
+                blocks = self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads)
                 loaded += blocks
                 q_loads += cutlass.min(blocks, 1)
 
     @cute.jit
-    def _produce_tile(self, loads, seqs, shape, window, m_block, head, batch, loaded, q_loads, announce: bool):
+    def _produce_tile(self, loads, seqs, shape, window, m_block, head, batch, loaded, q_loads):
         """Issue one tile's loads: Q once the consumers released the previous tile's, then its
         K and V blocks, last to first, into the ring from position `loaded` (`q_loads`: the Q
-        buffer's uses so far). Returns the
-        number of K/V blocks. `announce`: the Q barrier also tells the consumers which tile
-        comes (the dynamic walk), so a tile without keys completes it without a load."""
+        buffer's uses so far). Returns the number of K/V blocks (a tile without any loads
+        nothing)."""
         t = self.tiles
         d = self.head_dim
         wg_m = t.block_m // t.consumers
@@ -984,8 +1020,7 @@ class SdpaForwardWgmma:
             tKsK, tKgK = cpasync.tma_partition(k_tma, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(v_tma, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
-            if cutlass.const_expr(not announce):  # the dynamic walk waited before publishing
-                q_pipe.sync_object_empty.wait(0, q_loads % 2 ^ 1)
+            q_pipe.sync_object_empty.wait(0, q_loads % 2 ^ 1)
             q_pipe.sync_object_full.arrive(0, None)  # expects every consumer's rows
             for c in cutlass.range_constexpr(t.consumers):
                 gQ = cute.local_tile(mQ_seq, (wg_m, d), (m_block * t.consumers + c, 0))
@@ -998,8 +1033,6 @@ class SdpaForwardWgmma:
                 stage, phase = ring.at(loaded + (n_end - 1 - n_block))
                 self._load_stage(k_pipe, k_tma, tKgK[None, n_block], tKsK[None, stage], stage, phase)
                 self._load_stage(v_pipe, v_tma, tVgV[None, n_block], tVsV[None, stage], stage, phase)
-        elif cutlass.const_expr(announce):
-            cute.arch.mbarrier_arrive(q_pipe.sync_object_full.get_barrier(0))
         return cutlass.max(n_end - n_first, 0)
 
     @staticmethod
@@ -1053,14 +1086,15 @@ class SdpaForwardWgmma:
         args = (operands, (q_pipe, k_pipe, v_pipe), turns, softmax, sO, o_args, lse_args, window, wg_tidx,
                 score_scale)  # fmt: skip
         if cutlass.const_expr(self.variant.dynamic):
-            # the producer publishes each tile with its Q (`TicketWalk`); past the end: stop
-            q_pipe.sync_object_full.wait(0, 0)
+            # the producer publishes each tile (`TicketWalk`); past the end: stop
             tile = ticket.read()
             while tile < num_tiles:
                 m_block, head, batch = tiles.work(tile)
-                consumed += self._consume_tile(args, m_block, head, batch, seqs.get(batch), consumed, q_loads, True)
-                q_loads += 1
-                q_pipe.sync_object_full.wait(0, q_loads % 2)
+                if cutlass.const_expr(self.variant.count_visits):
+                    self._count_visit(ticket.visits, tile, cw, wg_tidx)
+                n_blocks = self._consume_tile(args, m_block, head, batch, seqs.get(batch), consumed, q_loads)
+                consumed += n_blocks
+                q_loads += cutlass.min(n_blocks, 1)
                 tile = ticket.read()
         else:
             if cutlass.const_expr(self.varlen):
@@ -1080,17 +1114,16 @@ class SdpaForwardWgmma:
                 else:
                     m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
                     seq = seqs.get(batch)
-                n_blocks = self._consume_tile(args, m_block, head, batch, seq, consumed, q_loads, False)
+                n_blocks = self._consume_tile(args, m_block, head, batch, seq, consumed, q_loads)
                 consumed += n_blocks
                 q_loads += cutlass.min(n_blocks, 1)
         if cw == 0:
             my_turn.arrive_and_wait()  # the last consumer's last hand-over
 
     @cute.jit
-    def _consume_tile(self, args, m_block, head, batch, seq, consumed, q_loads, announced: bool):
-        """One tile of this consumer's rows, from ring position `consumed`; returns its number
-        of K/V blocks. `announced`: Q's barrier was waited for already (the dynamic walk), and
-        a tile without keys releases Q too (the producer completed the barrier for it)."""
+    def _consume_tile(self, args, m_block, head, batch, seq, consumed, q_loads):
+        """One tile of this consumer's rows, from ring position `consumed` (`q_loads`: the Q
+        buffer's uses so far); returns its number of K/V blocks."""
         t = self.tiles
         wg_m = t.block_m // t.consumers
         ring = Ring(t.stages)
@@ -1106,8 +1139,7 @@ class SdpaForwardWgmma:
         if n_blocks > 0:
             acc_O.fill(0.0)
             softmax.reset()
-            if cutlass.const_expr(not announced):
-                q_pipe.sync_object_full.wait(0, q_loads % 2)
+            q_pipe.sync_object_full.wait(0, q_loads % 2)
 
             # blocks at the top that none of this consumer's rows see are only handed through
             start, top, count = consumed, n_end, n_blocks
@@ -1167,9 +1199,14 @@ class SdpaForwardWgmma:
                 self._release(q_pipe, 0)  # O has left the Q buffer
         else:
             self._empty_rows(pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx)
-            if cutlass.const_expr(announced):
-                self._release(q_pipe, 0)
         return n_blocks
+
+    @cute.jit
+    def _count_visit(self, visits, tile, cw, wg_tidx):
+        """Debug builds (`count_visits`): one more visit of `tile` by consumer `cw`, in the
+        workspace's int32 table (tile, consumer), for the stress test of the dynamic walk."""
+        if wg_tidx == 0:
+            cute.arch.atomic_add(visits + (tile * self.tiles.consumers + cw), cutlass.Int32(1), scope="gpu")
 
     def _may_skip_unseen(self) -> bool:
         """Whether a consumer's rows can miss the top key block of a tile: rows of a tile that

@@ -44,7 +44,7 @@ KEYS = (
     "q", "k", "v", "o", "lse",
     "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "max_seqlen_q", "max_seqlen_kv",
     "attn_scale", "causal", "diagonal_alignment", "window_left", "window_right", "softcap", "inference",
-    "page_table",
+    "page_table", "debug_tile_visits",
 )  # fmt: skip
 
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -144,6 +144,8 @@ class Sdpa:
     page_table: str | None = None  # paged: seq_kv is max_pages * page_size, the capacity
     page_size: int = 0
     pages: int = 0
+    # a debug build: the dynamic tile walk counts each tile's visits into the workspace
+    debug_tile_visits: bool = False
 
     @property
     def causal(self) -> bool:
@@ -191,6 +193,7 @@ def validate(ctx: NodeContext) -> Sdpa | None:
     mask = _check_mask(ctx, form)
     scale = ctx.positive_float("attn_scale", "omit it for the default 1/sqrt(head dim)")
     inference = ctx.bool("inference")
+    debug_tile_visits = ctx.bool("debug_tile_visits")
     if inference is False and not ctx.given("lse"):
         message = (
             'inference = false (training) requires lse: add lse = "<name>" naming an fp32 tensor '
@@ -227,6 +230,7 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         page_table=ctx.value("page_table") if paged else None,
         page_size=sizes["page_size"] if paged else 0,
         pages=sizes["pages"] if paged else 0,
+        debug_tile_visits=bool(debug_tile_visits),
     )
 
 
@@ -417,6 +421,9 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         counter = None
         if variant.dynamic:  # the tiles' counter: zero at every launch's start, left zero
             counter = {"tile_counter": ctx.workspace(f"{node.name}.tile_counter", 4, zeroed=True)}
+        if variant.count_visits:  # int32 per (tile, consumer), through the tile list's pointer
+            visits = _tile_capacity(node, variant.tile_shape.block_m) * variant.tile_shape.consumers
+            counter["tiles"] = ctx.workspace(f"{node.name}.tile_visits", 4 * visits)
         return (_attention_launch(node, variant, ctx, counter),)
     _record_length_contracts(node, ctx)
     tiles = variant.tile_shape
@@ -454,6 +461,14 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
     per_tile = causal_dense and node.seq_kv >= PER_TILE_MIN_KEY_BLOCKS * tiles.block_n
     paired = causal_dense and not per_tile and -(-node.seq_q // tiles.block_m) <= PAIRED_MAX_QUERY_BLOCKS
     dynamic = causal_dense and not per_tile and not paired
+    if node.debug_tile_visits and not dynamic:
+        walk = "one CTA per tile" if per_tile else "pairs of tiles" if paired else "a fixed walk"
+        ctx.problem(
+            f"{node.path}.debug_tile_visits",
+            f"counts the visits of the dynamic tile walk (dense causal heads of {PAIRED_MAX_QUERY_BLOCKS + 1} or "
+            f"more query blocks and fewer than {PER_TILE_MIN_KEY_BLOCKS} key blocks), but this node's tiles "
+            f"run as {walk}: remove debug_tile_visits",
+        )
     return SdpaFwdVariant(
         ctx.slot(node.q).dtype,
         node.head_dim,
@@ -463,6 +478,7 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
         per_tile=per_tile,
         paired=paired,
         dynamic=dynamic,
+        count_visits=dynamic and node.debug_tile_visits,
     )
 
 

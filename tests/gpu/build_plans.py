@@ -68,6 +68,7 @@ def description(case: Case, g: GraphBuilder | None = None, prefix: str = ""):
         window_left=case.window_left,
         window_right=case.window_right,
         softcap=case.softcap,
+        debug_tile_visits=case.count_visits or None,
         **lengths,
     )
     return g.build() if alone else g

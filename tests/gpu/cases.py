@@ -12,7 +12,7 @@ Three sets:
 """
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SEQS = [(1, 1), (17, 17), (128, 128), (1000, 1000), (4096, 4096), (128, 1000)]
 VARIANTS = list(itertools.product(("bf16", "fp16"), (64, 128, 256), (False, True)))  # dtype, d, causal
@@ -62,6 +62,7 @@ class Case:
     tokens_q: int = 0  # packed: the buffers' tokens
     tokens_kv: int = 0
     lengths: str = "qkv"  # padded: which sides have per-sequence lengths ("q", "kv", "qkv")
+    count_visits: bool = False  # a debug build of the dynamic walk that counts tile visits
 
     @property
     def id(self) -> str:
@@ -82,6 +83,8 @@ class Case:
             extra += f"-padded_{self.lengths}"
         elif self.form == "packed":
             extra += f"-packed_t{self.tokens_q}x{self.tokens_kv}"
+        if self.count_visits:
+            extra += "-visits"
         return base + extra
 
 
@@ -157,8 +160,18 @@ def dynamic_walk_cases() -> list[Case]:
     ]
 
 
+def visit_count_cases() -> list[Case]:
+    """Debug builds of the dynamic walk's plans (`debug_tile_visits`): each consumer counts its
+    visits of each tile into the workspace; the stress test (test_dynamic_walk.py) launches
+    them thousands of times and wants every count exactly 1 per launch."""
+    return [replace(case, count_visits=True) for case in dynamic_walk_cases()]
+
+
 def cases() -> list[Case]:
-    return dense_cases() + mask_cases() + varlen_cases() + long_tile_cases() + dynamic_walk_cases()
+    return (
+        dense_cases() + mask_cases() + varlen_cases() + long_tile_cases() + dynamic_walk_cases()
+        + visit_count_cases()
+    )  # fmt: skip
 
 
 # One plan of two independent sdpa nodes (they run in order, each with its own launches and

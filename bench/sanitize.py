@@ -1,0 +1,283 @@
+"""compute-sanitizer (memcheck, racecheck, synccheck) over one small plan of every kernel variant.
+
+    python bench/sanitize.py build              # CPU machine: the plans into bench/.built/sanitize
+    python bench/sanitize.py run [--tools ...]  # GPU machine: every plan under every tool, a table
+
+Run it after every kernel change (README's development notes). The plans cover every tile walk
+(static persistent, per tile, paired, dynamic), every mask kind (causal top-left and
+bottom-right, left and two-sided windows, softcap), each head dim, the dense, padded and packed
+forms (with the scheduling kernel), paged decode split and unsplit (with the combine kernel),
+and kv_append alone. Sizes are small, odd where it matters, and large enough that each walk
+is the one its rule picks. Inputs come from the GPU tests' buffers (tests/gpu/support.py):
+fresh random values, lengths drawn within each plan's contracts, outputs poisoned; each
+plan's result is also checked against float64 under the tool.
+
+`run` starts one process per tool (`launch`), which runs every plan in turn and prints a marker
+line before and after each; the sanitizer's reports between two markers belong to that plan.
+The tools check only frostc's kernels (`--kernel-name kns=frostckernels`). racecheck runs with
+`--racecheck-report all` (every hazard, not only the analysed races). Full logs go to $OUT
+when it is set (the device tool's folder), else to bench/.built/sanitize.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILT = ROOT / "bench" / ".built" / "sanitize"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "runtime"))
+
+from tests.gpu.cases import Case  # noqa: E402
+from tests.gpu.decode_cases import DecodeCase  # noqa: E402
+
+TOOLS = ("memcheck", "racecheck", "synccheck")
+SANITIZER = "/usr/local/cuda/bin/compute-sanitizer"
+MARK = "@@sanitize"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One plan and what it covers (the table's row)."""
+
+    label: str
+    covers: str
+    sdpa: Case | None = None
+    decode: DecodeCase | None = None
+
+    @property
+    def plan(self) -> str:
+        return f"{self.label}.frost"
+
+
+def _dense(dtype, b, hq, hkv, sq, skv, d, causal, layout="bshd", lse=True, **kw) -> Case:
+    return Case(dtype, b, hq, hkv, sq, skv, d, causal, layout, lse, **kw)
+
+
+def targets() -> list[Target]:
+    """Every kernel variant once (the walk each rule picks is named in `covers`)."""
+    t = Target
+    return [
+        # dense: each head dim's tiles, the static persistent walk
+        t("dense-d64-full", "static walk, 3 consumers", _dense("fp16", 2, 4, 1, 300, 333, 64, False)),
+        t("dense-d128-full", "static walk, O buffer", _dense("bf16", 1, 4, 2, 500, 777, 128, False, "bhsd")),
+        t("dense-d256-full", "static walk, O through Q", _dense("bf16", 1, 2, 2, 300, 300, 256, False, lse=False)),
+        # the causal walks
+        t("dense-d128-paired", "causal, paired walk", _dense("bf16", 2, 4, 4, 700, 700, 128, True)),
+        t("dense-d128-dynamic", "causal, dynamic walk", _dense("bf16", 1, 4, 2, 2000, 2000, 128, True, "bhsd")),
+        t("dense-d64-dynamic", "causal, dynamic walk, 3 consumers", _dense("fp16", 1, 4, 1, 3000, 3000, 64, True)),
+        t("dense-d256-dynamic-br", "bottom-right causal, dynamic walk, empty tiles",
+          _dense("bf16", 1, 2, 2, 2500, 1000, 256, True, alignment="bottom_right")),
+        t("dense-d256-per-tile", "causal, one CTA per tile", _dense("bf16", 1, 1, 1, 4100, 4100, 256, True, lse=False)),
+        # the other mask kinds
+        t("mask-d128-br", "bottom-right causal, unseen blocks",
+          _dense("bf16", 1, 4, 1, 300, 1000, 128, True, alignment="bottom_right")),
+        t("mask-d64-window", "sliding window (2 consumers)",
+          _dense("fp16", 2, 4, 4, 777, 777, 64, True, window_left=100)),
+        t("mask-d128-two-sided", "two-sided window", _dense("bf16", 1, 4, 4, 600, 600, 128, False,
+          window_left=60, window_right=30)),
+        t("mask-d256-softcap", "softcap", _dense("bf16", 1, 2, 1, 500, 500, 256, False, softcap=30.0)),
+        t("mask-d128-window-softcap", "window + softcap, bottom-right",
+          _dense("fp16", 1, 4, 2, 300, 900, 128, True, alignment="bottom_right", window_left=200, softcap=50.0)),
+        # variable lengths: the scheduling kernel and the listed walk
+        t("padded-d128-causal", "padded, schedule kernel",
+          _dense("bf16", 3, 4, 1, 500, 600, 128, True, form="padded")),
+        t("packed-d64-br", "packed, bottom-right causal", Case("fp16", 4, 4, 2, 500, 600, 64, True, "thd", True,
+          "packed", "bottom_right", tokens_q=1100, tokens_kv=1300)),
+        t("packed-d256-window", "packed, window", Case("bf16", 3, 2, 2, 400, 400, 256, False, "thd", False,
+          "packed", window_left=60, window_right=30, tokens_q=900, tokens_kv=900)),
+        t("padded-d128-softcap", "padded, softcap", _dense("fp16", 2, 4, 4, 300, 300, 128, False, form="padded",
+          lengths="kv", softcap=40.0)),
+        # paged decode
+        t("decode-split", "kv_append + split-KV + combine",
+          decode=DecodeCase("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd")),
+        t("decode-unsplit", "kv_append + one launch, MQA, s_new 4, causal",
+          decode=DecodeCase("fp16", 5, 8, 1, 64, 32, 8, 4, True, False, "bshd")),
+        t("decode-d256", "d=256, several new tokens", decode=DecodeCase("bf16", 2, 8, 2, 256, 64, 8, 4, True, True,
+          "bshd", "sdpa")),
+        t("kv-append", "kv_append alone", decode=DecodeCase("bf16", 4, 8, 8, 128, 16, 16, 4, False, False, "bhsd",
+          "append")),
+    ]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ build (CPU)
+
+
+def build() -> int:
+    from frostc.build import build as build_plan
+    from frostc.planfile import write_atomic
+    from tests.gpu.build_plans import decode_description, description
+
+    BUILT.mkdir(parents=True, exist_ok=True)
+    manifest = []
+    start = time.time()
+    for i, target in enumerate(targets()):
+        desc = description(target.sdpa) if target.sdpa else decode_description(target.decode)
+        data = build_plan(desc)
+        write_atomic(BUILT / target.plan, data)
+        kernels = _kernel_names(data)
+        manifest.append({"label": target.label, "covers": target.covers, "plan": target.plan, "kernels": kernels})
+        print(f"[{i + 1}/{len(targets())}] {target.label}: {', '.join(kernels)} ({time.time() - start:.0f} s)")
+    write_atomic(BUILT / "manifest.json", json.dumps(manifest, indent=1).encode())
+    return 0
+
+
+def _kernel_names(data: bytes) -> list[str]:
+    from frost_runtime.schema import decode_plan
+
+    return [k.name for k in decode_plan(data).kernels]
+
+
+# ------------------------------------------------------------------------------ launch (GPU, under a tool)
+
+
+def launch() -> int:
+    """Every plan once (a variable-length or decode plan: one drawn mix), markers around each."""
+    import random
+    import zlib
+
+    import frost_runtime
+    import torch
+
+    from tests.gpu.decode_support import DecodeBuffers, length_mixes
+    from tests.gpu.support import Buffers, draw_lengths
+
+    by_label = {t.label: t for t in targets()}
+    for entry in json.loads((BUILT / "manifest.json").read_text()):
+        target = by_label[entry["label"]]
+        seed = zlib.crc32(target.label.encode())
+        torch.manual_seed(seed)
+        rng = random.Random(seed)
+        print(f"{MARK} begin {target.label}", flush=True)
+        verdict = "ok"
+        try:
+            with frost_runtime.load(BUILT / target.plan) as plan:
+                if target.sdpa is not None:
+                    case = asdict(target.sdpa)
+                    buffers = Buffers(case, plan)
+                    if case["form"] != "dense":
+                        buffers.set_lengths(*draw_lengths(case, rng))
+                        buffers.refill()
+                        buffers.poison_padding()
+                    buffers.execute()
+                else:
+                    case = asdict(target.decode) | {"pages": target.decode.pages, "capacity": target.decode.capacity}
+                    buffers = DecodeBuffers(case, plan, seed)
+                    buffers.setup(length_mixes(case, rng, 1)[0])
+                    buffers.execute()
+                torch.cuda.synchronize()
+                buffers.assert_correct()
+        except Exception as exc:  # reported in the table; the other plans still run
+            verdict = f"FAILED {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        print(f"{MARK} end {target.label} {verdict}", flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------ run (GPU)
+
+
+@dataclass
+class ToolResult:
+    reports: dict[str, int]  # plan label -> reports (errors and hazards) between its markers
+    verdicts: dict[str, str]  # plan label -> "ok" or why its output check failed
+    summary: str  # the tool's closing summary line
+    exit_code: int
+
+
+def run(tools: list[str], out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    labels = [e["label"] for e in json.loads((BUILT / "manifest.json").read_text())]
+    results = {}
+    for tool in tools:
+        started = time.time()
+        results[tool] = _run_tool(tool, out / f"sanitize-{tool}.log")
+        r = results[tool]
+        print(f"{tool}: {r.summary} (exit {r.exit_code}, {time.time() - started:.0f} s)", flush=True)
+    table = _table(labels, tools, results)
+    print(table)
+    (out / "sanitize.md").write_text(table + "\n")
+    clean = all(
+        r.exit_code == 0 and not any(r.reports.values()) and set(r.verdicts) == set(labels)
+        and all(v == "ok" for v in r.verdicts.values())
+        for r in results.values()
+    )  # fmt: skip
+    print("all clean" if clean else "NOT CLEAN: see the table and the logs")
+    return 0 if clean else 1
+
+
+def _run_tool(tool: str, log: Path) -> ToolResult:
+    command = [SANITIZER, "--tool", tool, "--kernel-name", "kns=frostckernels", "--print-limit", "100000"]
+    if tool == "racecheck":
+        command += ["--racecheck-report", "all"]
+    command += [sys.executable, str(Path(__file__).resolve()), "launch"]
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    text = done.stdout + done.stderr
+    log.write_text(text)
+    return _parse(text, done.returncode)
+
+
+# a report's first line: "========= " then a word (not an indented frame, not a summary)
+_REPORT = re.compile(r"^========= (?!ERROR SUMMARY|RACECHECK SUMMARY|COMPUTE-SANITIZER|Target application)\S")
+
+
+def _parse(text: str, exit_code: int) -> ToolResult:
+    reports: dict[str, int] = {}
+    verdicts: dict[str, str] = {}
+    summary = ""
+    current = None
+    for line in text.splitlines():
+        if line.startswith(f"{MARK} begin "):
+            current = line.split()[2]
+            reports[current] = 0
+        elif line.startswith(f"{MARK} end "):
+            _, _, label, verdict = line.split(" ", 3)
+            verdicts[label] = verdict
+            current = None
+        elif "SUMMARY" in line and line.startswith("========="):
+            summary = line.removeprefix("=========").strip()
+        elif _REPORT.match(line):
+            reports[current or "(outside any plan)"] = reports.get(current or "(outside any plan)", 0) + 1
+    return ToolResult(reports, verdicts, summary, exit_code)
+
+
+def _table(labels: list[str], tools: list[str], results: dict[str, ToolResult]) -> str:
+    covers = {t.label: t.covers for t in targets()}
+    head = "| plan | covers | " + " | ".join(tools) + " | output |"
+    rows = [head, "|" + "---|" * (len(tools) + 3)]
+    for label in labels + [x for x in results[tools[0]].reports if x not in labels]:
+        cells = [str(results[tool].reports.get(label, "-")) for tool in tools]
+        verdicts = {results[tool].verdicts.get(label, "not run") for tool in tools}
+        output = "; ".join(sorted(verdicts))
+        rows.append(f"| {label} | {covers.get(label, '')} | " + " | ".join(cells) + f" | {output} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="compile the plans (CPU machine)")
+    sub.add_parser("launch", help="run every plan once (what each tool's process runs)")
+    run_parser = sub.add_parser("run", help="every plan under every tool; a table (GPU machine)")
+    run_parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated, default: all three")
+    args = parser.parse_args()
+    if args.command == "build":
+        return build()
+    if args.command == "launch":
+        return launch()
+    tools = [t for t in args.tools.split(",") if t]
+    unknown = sorted(set(tools) - set(TOOLS))
+    if unknown:
+        parser.error(f"unknown tool(s) {', '.join(unknown)}; choose from {', '.join(TOOLS)}")
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else BUILT
+    return run(tools, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
