@@ -30,7 +30,7 @@ def is_forbidden(module: str) -> bool:
 def test_importing_the_runtime_loads_no_compiler_or_dsl_module() -> None:
     code = (
         "import sys\n"
-        "import frost_runtime, frost_runtime.plan, frost_runtime.driver, frost_runtime.schema\n"
+        "import frost_runtime, frost_runtime.plan, frost_runtime.driver, frost_runtime.schema, frost_runtime.check\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0].startswith(('frostc', 'cutlass')))\n"
         "assert not bad, bad\n"
         "print('ok')\n"
@@ -42,7 +42,9 @@ def test_importing_the_runtime_loads_no_compiler_or_dsl_module() -> None:
 
 def test_the_runtime_is_the_one_in_this_repository() -> None:
     assert RUNTIME_DIR.parent.name == "runtime"
-    assert sorted(p.name for p in RUNTIME_DIR.glob("*.py")) == ["__init__.py", "driver.py", "plan.py", "schema.py"]
+    assert sorted(p.name for p in RUNTIME_DIR.glob("*.py")) == [
+        "__init__.py", "check.py", "driver.py", "plan.py", "schema.py",
+    ]  # fmt: skip
 
 
 def imported_modules(path: Path) -> list[str]:
