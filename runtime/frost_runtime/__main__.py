@@ -83,8 +83,6 @@ def _check(args) -> int:
 def _bench(args) -> int:
     """The file and --lengths first (exit 2), then whether this machine can run the plan (exit
     1): each an answer, not a traceback. Then measure."""
-    from frost_runtime.plan import BindError, CompatibilityError
-
     data, error = check.read_plan(args.plan)
     if data is None:
         return _fail(args, check.INVALID, error)
@@ -96,6 +94,8 @@ def _bench(args) -> int:
     if verdict["exit_code"] != check.RUNNABLE:
         why = "; ".join(check.check_lines(verdict)[1:-1])
         return _fail(args, verdict["exit_code"], f"{args.plan}: not runnable here: {why}")
+    from frost_runtime.plan import BindError, CompatibilityError
+
     try:
         result = bench.run(args.plan, args.duration, args.graph, args.lengths, args.seed)
     except (bench.BenchError, CompatibilityError, BindError, RuntimeError, OSError) as exc:
