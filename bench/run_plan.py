@@ -1,9 +1,9 @@
-"""Execute one dense SDPA plan a few times on random inputs: a target for profilers (ncu, nsys).
+"""Execute any plan a few times on buffers made from its slots: a target for profilers (ncu, nsys).
 
-    python bench/run_plan.py PLAN.frost [--calls N]
+    python bench/run_plan.py PLAN.frost [--calls N] [--lengths SPEC ...] [--seed N]
 
-The plan's q, k, v and o slots must be BHSD bf16 (as bench/sdpa.py builds them); their shape is
-read from the plan.
+The buffers, lengths and page tables are `python -m frost_runtime bench`'s (see its --help for
+--lengths); the plan is bound once and `bound.execute()` called N times, nothing timed.
 """
 
 import argparse
@@ -18,18 +18,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("plan", type=Path)
     parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--lengths", nargs="+", metavar="SPEC", help="as `python -m frost_runtime bench` takes them")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     import frost_runtime
     import torch
+    from frost_runtime import bench, workload
 
     plan = frost_runtime.load(args.plan)
-    shape = next(s.dims for s in plan.data.slots if s.name == "q")
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    o = torch.empty_like(q)
-    workspace = plan.allocate_workspace()
+    setup = bench.prepare(plan, workload.make_lengths(plan.data, args.lengths, args.seed), args.seed)
     for _ in range(args.calls):
-        plan.execute(q, k, v, o, workspace=workspace)
+        setup.bound.execute()
     torch.cuda.synchronize()
     return 0
 

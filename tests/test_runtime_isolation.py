@@ -1,10 +1,12 @@
 """The runtime stands alone: importing it pulls in neither the compiler (frostc) nor the DSL
-(cutlass), its sources import neither, and the parts that need no GPU (the compatibility rules
-and the parameter-block layout) behave as documented."""
+(cutlass), its sources import neither, its command line (`python -m frost_runtime`) runs where
+only the runtime is on the path and uses no typer or rich, and the parts that need no GPU (the
+compatibility rules and the parameter-block layout) behave as documented."""
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,11 @@ from frost_runtime.plan import _param_offsets
 from frost_runtime.schema import Kernel, Param
 
 RUNTIME_DIR = Path(frost_runtime.__file__).resolve().parent
-FORBIDDEN = ("frostc", "cutlass")
+FORBIDDEN = ("frostc", "cutlass", "typer", "rich")  # the compiler, the DSL, the compiler's CLI libraries
+MODULES = (
+    "frost_runtime",
+    *(f"frost_runtime.{p.stem}" for p in sorted(RUNTIME_DIR.glob("*.py")) if p.stem != "__init__"),
+)
 
 
 def is_forbidden(module: str) -> bool:
@@ -29,9 +35,9 @@ def is_forbidden(module: str) -> bool:
 
 def test_importing_the_runtime_loads_no_compiler_or_dsl_module() -> None:
     code = (
-        "import sys\n"
-        "import frost_runtime, frost_runtime.plan, frost_runtime.driver, frost_runtime.schema\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0].startswith(('frostc', 'cutlass')))\n"
+        "import sys, importlib\n"
+        f"for name in {MODULES!r}: importlib.import_module(name)\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0].startswith({FORBIDDEN!r}))\n"
         "assert not bad, bad\n"
         "print('ok')\n"
     )
@@ -42,7 +48,48 @@ def test_importing_the_runtime_loads_no_compiler_or_dsl_module() -> None:
 
 def test_the_runtime_is_the_one_in_this_repository() -> None:
     assert RUNTIME_DIR.parent.name == "runtime"
-    assert sorted(p.name for p in RUNTIME_DIR.glob("*.py")) == ["__init__.py", "driver.py", "plan.py", "schema.py"]
+    assert sorted(p.name for p in RUNTIME_DIR.glob("*.py")) == [
+        "__init__.py", "__main__.py", "bench.py", "check.py", "driver.py", "plan.py", "schema.py", "workload.py",
+    ]  # fmt: skip
+
+
+def runtime_only(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python -m frost_runtime ARGS` with the runtime alone importable (not the repository's root,
+    so not frostc), reporting the forbidden modules it loaded on its last line."""
+    code = (
+        "import sys, runpy\n"
+        f"sys.argv = ['frost_runtime', *{list(args)!r}]\n"
+        "try:\n"
+        "    runpy.run_module('frost_runtime', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0].startswith({FORBIDDEN!r}))\n"
+        "print('exit', code, 'forbidden', bad)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(RUNTIME_DIR.parent)}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+    )
+
+
+def test_the_command_line_runs_with_the_runtime_alone(tmp_path: Path) -> None:
+    from tests.test_diff_check import make_plan, write  # a hand-made plan: nothing to compile
+
+    plan = write(tmp_path / "toy.frost", make_plan())
+    (tmp_path / "bad.frost").write_bytes(b"not a plan")
+    help_ = runtime_only(tmp_path, "--help")
+    assert "bench" in help_.stdout and help_.stdout.splitlines()[-1] == "exit 0 forbidden []", help_.stderr
+    for args, codes in (
+        (("check", str(plan)), (0, 1)),  # 1: no GPU here
+        (("check", "bad.frost", "--json"), (2,)),
+        (("bench", "bad.frost"), (2,)),
+        (("bench", str(plan), "--duration", "0.1"), (0, 1)),
+    ):
+        result = runtime_only(tmp_path, *args)
+        last = result.stdout.splitlines()[-1]
+        assert last.endswith("forbidden []"), (args, last)
+        assert int(last.split()[1]) in codes, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr, (args, result.stderr)
 
 
 def imported_modules(path: Path) -> list[str]:
