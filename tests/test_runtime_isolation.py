@@ -31,6 +31,7 @@ def test_importing_the_runtime_loads_no_compiler_or_dsl_module() -> None:
     code = (
         "import sys\n"
         "import frost_runtime, frost_runtime.plan, frost_runtime.driver, frost_runtime.schema\n"
+        "import frost_runtime.integrity\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0].startswith(('frostc', 'cutlass')))\n"
         "assert not bad, bad\n"
         "print('ok')\n"
@@ -42,7 +43,8 @@ def test_importing_the_runtime_loads_no_compiler_or_dsl_module() -> None:
 
 def test_the_runtime_is_the_one_in_this_repository() -> None:
     assert RUNTIME_DIR.parent.name == "runtime"
-    assert sorted(p.name for p in RUNTIME_DIR.glob("*.py")) == ["__init__.py", "driver.py", "plan.py", "schema.py"]
+    modules = ["__init__.py", "driver.py", "integrity.py", "plan.py", "schema.py"]
+    assert sorted(p.name for p in RUNTIME_DIR.glob("*.py")) == modules
 
 
 def imported_modules(path: Path) -> list[str]:
