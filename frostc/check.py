@@ -4,9 +4,10 @@ Validity is the runtime's own (`frost_runtime.schema.decode_plan`: magic, format
 hash, every field). Runnability asks the CUDA driver (through cuda-bindings, guarded: a machine
 without a driver or a GPU is an answer, not a crash) for each device's compute capability and
 the driver version, and judges them with the runtime's `compatibility_problems`, the very rule
-`frost_runtime.load` applies. Nothing is loaded and nothing is launched.
+`frost_runtime.load` applies. Nothing is loaded and nothing is launched. With `--sha256` the
+file must also be a pinned plan, checked as `frost_runtime.load(..., sha256=)` checks it.
 
-Exit codes: 0 runnable here, 1 valid but not runnable here, 2 invalid or unreadable.
+Exit codes: 0 runnable here, 1 valid but not runnable here, 2 invalid, unreadable or not pinned.
 """
 
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 import frost_runtime
 from frost_runtime import schema
 from frost_runtime.driver import Device as GpuDevice  # what compatibility_problems reads
+from frost_runtime.integrity import check_sha256
 
 RUNNABLE, NOT_RUNNABLE, INVALID = 0, 1, 2
 
@@ -65,17 +67,31 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def check_plan_file(path: str | Path, probe: Callable[[], Probe] | None = None) -> dict:
-    """The whole verdict, as the JSON `frostc check --json` prints; `exit_code` included."""
+def check_plan_file(
+    path: str | Path, probe: Callable[[], Probe] | None = None, sha256: frost_runtime.Pin | None = None
+) -> dict:
+    """The whole verdict, as the JSON `frostc check --json` prints; `exit_code` included.
+    `sha256`: the pin (`frost_runtime.load`'s), or None."""
     path = Path(path)
     result: dict = {"plan": str(path), "valid": False, "error": None, "header": None, "gpu": None, "devices": []}
-    result["runnable"] = False
+    result |= {"runnable": False, "sha256": None, "pinned": None}
     try:
-        plan = schema.decode_plan(path.read_bytes())
+        allowed = None if sha256 is None else frost_runtime.allowed_sha256(sha256)
+    except (ValueError, TypeError) as exc:  # a pin that cannot be read allows nothing: refused, never ignored
+        return result | {"error": str(exc), "exit_code": INVALID}
+    try:
+        data = path.read_bytes()
+        result["sha256"] = frost_runtime.plan_sha256(data)
+        if allowed is not None:
+            check_sha256(data, allowed)
+            result["pinned"] = True
+        plan = schema.decode_plan(data)
     except FileNotFoundError:
         return result | {"error": f"{path}: no such file", "exit_code": INVALID}
     except OSError as exc:
         return result | {"error": f"{path}: cannot read ({exc.strerror})", "exit_code": INVALID}
+    except frost_runtime.PlanIntegrityError as exc:
+        return result | {"error": f"{path}: {exc}", "pinned": False, "exit_code": INVALID}
     except schema.PlanFormatError as exc:
         return result | {"error": f"{path}: {exc}", "exit_code": INVALID}
     h = plan.header
@@ -113,7 +129,8 @@ def print_check(result: dict, console) -> None:
     from rich.markup import escape
 
     if not result["valid"]:
-        console.print(f"[bold red]invalid:[/bold red] {escape(result['error'])}", highlight=False)
+        verdict = "not the pinned plan" if result["pinned"] is False else "invalid"
+        console.print(f"[bold red]{verdict}:[/bold red] {escape(result['error'])}", highlight=False)
         return
     h = result["header"]
     console.print(
@@ -122,6 +139,8 @@ def print_check(result: dict, console) -> None:
         f"cutlass-dsl {escape(h['cutlass_dsl_version'])}; content hash verified)",
         highlight=False,
     )
+    pinned = "; the pinned plan" if result["pinned"] else ""
+    console.print(f"sha256 {result['sha256']}{pinned}", highlight=False)
     gpu = result["gpu"]
     if not gpu["found"]:
         console.print(f"{escape(gpu['reason'])}", highlight=False)
