@@ -19,6 +19,7 @@ __all__ = [
     "BoundPlan",
     "CompatibilityError",
     "LengthError",
+    "Pin",
     "Plan",
     "PlanClosedError",
     "PlanData",
