@@ -3,7 +3,8 @@
 The verdict is the runtime's own (`frost_runtime.check`, also `python -m frost_runtime check`
 where only the runtime is installed); this module renders it with rich.
 
-Exit codes: 0 runnable here, 1 valid but not runnable here, 2 invalid or unreadable.
+Exit codes: 0 runnable here, 1 valid but not runnable here, 2 invalid, unreadable or not the
+pinned plan (`--sha256`).
 """
 
 from collections.abc import Callable
@@ -16,16 +17,18 @@ from frost_runtime.driver import Device as GpuDevice  # what compatibility_probl
 __all__ = ["INVALID", "NOT_RUNNABLE", "RUNNABLE", "GpuDevice", "Probe", "check_plan_file", "print_check", "probe_gpus"]
 
 
-def check_plan_file(path: str | Path, probe: Callable[[], Probe] | None = None) -> dict:
-    """The whole verdict, as the JSON `frostc check --json` prints; `exit_code` included."""
-    return runtime_check.check_plan_file(path, probe or probe_gpus)
+def check_plan_file(path: str | Path, probe: Callable[[], Probe] | None = None, sha256=None) -> dict:
+    """The whole verdict, as the JSON `frostc check --json` prints; `exit_code` included.
+    `sha256`: the pin (`frost_runtime.load`'s forms), or None."""
+    return runtime_check.check_plan_file(path, probe or probe_gpus, sha256)
 
 
 def print_check(result: dict, console) -> None:
     from rich.markup import escape
 
     if not result["valid"]:
-        console.print(f"[bold red]invalid:[/bold red] {escape(result['error'])}", highlight=False)
+        verdict = "not the pinned plan" if result["pinned"] is False else "invalid"
+        console.print(f"[bold red]{verdict}:[/bold red] {escape(result['error'])}", highlight=False)
         return
     h = result["header"]
     console.print(

@@ -138,12 +138,16 @@ def diff(
 def check(
     plan: Path = typer.Argument(..., help="Plan file (.frost)."),
     as_json: bool = typer.Option(False, "--json", help="The verdict as JSON."),
+    sha256: str | None = typer.Option(
+        None, "--sha256", help="Require this plan: its SHA-256 (hex), or a file of allowed ones (sha256sum output)."
+    ),
 ) -> None:
     """Validate a plan and say whether it can run on this machine's GPU and driver; launches
-    nothing. Exit 0 runnable, 1 valid but not runnable here, 2 invalid or unreadable."""
+    nothing. Exit 0 runnable, 1 valid but not runnable here, 2 invalid, unreadable or not the
+    pinned plan (--sha256)."""
     from frostc.check import check_plan_file, print_check
 
-    result = check_plan_file(plan)
+    result = check_plan_file(plan, sha256=sha256)
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:

@@ -8,13 +8,14 @@ description does not build. `--update` rewrites the JSON files instead (review t
 Renderings, not plan files, are committed: a plan is ~90 KB of cubin that changes with every
 kernel edit; its rendering holds the cubin's SHA-256 and size, which show such a change as well.
 
-Compared: everything in the rendering except `header.build_key`. The build key hashes the
-compiler's own sources, so any commit that touches frostc/ changes it, even one that leaves
-every plan byte-identical; comparing it would force regenerating the goldens on every commit.
-What a source change does to a plan shows in the fields that matter: cubin hashes, geometry,
-parameters, and `header.content_hash` (the SHA-256 of the body, which the build key is not part
-of). The rendering holds no machine-dependent values (no paths, no times), and builds are
-deterministic (tests/test_determinism.py), so the goldens hold on any build machine with the
+Compared: everything in the rendering except `header.build_key` and the two hashes over it.
+The build key hashes the compiler's own sources, so any commit that touches frostc/ changes it,
+even one that leaves every kernel and launch the same; comparing it would force regenerating the
+goldens on every commit. The content hash seals the header (the build key included) with the
+body, and `header.sha256` is the whole file's, so both move with it. What a source change does
+to a plan shows in the fields that matter: the rendering holds every body field (each cubin and
+tensor map by its hash). It holds no machine-dependent values (no paths, no times), and builds
+are deterministic (tests/test_determinism.py), so the goldens hold on any build machine with the
 same frostc and DSL versions.
 """
 
@@ -31,7 +32,7 @@ from frostc.errors import FrostcError
 from frostc.inspect import plan_summary
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "plans" / "golden"
-IGNORED = ("header.build_key",)
+IGNORED = ("header.build_key", "header.content_hash", "header.sha256")
 
 
 def render(plan: schema.PlanData) -> str:

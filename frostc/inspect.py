@@ -5,7 +5,7 @@ Works from the bytes alone (no GPU, no DSL): the schema is the runtime's.
 
 import hashlib
 
-from frost_runtime import schema
+from frost_runtime import plan_sha256, schema
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -26,9 +26,12 @@ def _arg_text(a, plan) -> str | int | float | list[int]:
 
 
 def plan_summary(plan: schema.PlanData) -> dict:
-    """A canonical, diffable rendering: everything but the raw cubin bytes (hashed instead)."""
+    """A canonical, diffable rendering: everything but the raw cubin bytes (hashed instead).
+
+    `header.sha256` is the plan file's SHA-256, its identity (what `load(..., sha256=)` pins): a
+    plan has one encoding (decoding refuses any other), so re-encoding gives the file's bytes."""
     return {
-        "header": schema.header_map(plan.header),
+        "header": schema.header_map(plan.header) | {"sha256": plan_sha256(schema.encode_plan(plan))},
         "slots": [
             {
                 "slot": i,
@@ -54,6 +57,7 @@ def plan_summary(plan: schema.PlanData) -> dict:
                 "grid_rule": k.grid_rule,
                 "tiles": dict(k.tiles),
                 "params": [f"{p.name}:{p.kind}" for p in k.params],
+                "ctas_per_sm": k.ctas_per_sm,
             }
             for k in plan.kernels
         ],
@@ -85,6 +89,7 @@ def print_plan(plan: schema.PlanData, console: Console) -> None:
         f"cutlass-dsl {escape(h['cutlass_dsl_version'])}  min driver {h['min_driver']}"
     )
     console.print(f"content {h['content_hash'][:16]}…  build key {h['build_key'][:16]}…")
+    console.print(f"sha256 {h['sha256']}  (the file's; what load(..., sha256=) pins)", highlight=False)
     console.print(
         _table(
             "Slots (execute's buffer order)",
@@ -100,6 +105,7 @@ def print_plan(plan: schema.PlanData, console: Console) -> None:
             {"field": "dynamic smem", "value": f"{k['smem_bytes']} B"},
             {"field": "grid rule", "value": k["grid_rule"]},
             {"field": "tiles", "value": _kv(k["tiles"])},
+            {"field": "ctas per SM", "value": k["ctas_per_sm"] or "not persistent"},
             {"field": "cubin", "value": f"{k['cubin_bytes']} B, sha256 {k['cubin_sha256'][:16]}…"},
         ]
         console.print(_table(f"Kernel {i}: {escape(k['name'])}", rows, ["field", "value"]))

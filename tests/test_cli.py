@@ -6,6 +6,7 @@ Exit codes: 0 success, 2 bad input with nothing written."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -203,6 +204,13 @@ def test_inspect_json_is_valid_json_with_every_section(plan_file: Path) -> None:
     assert summary["workspace_bytes"] == 0
 
 
+def test_inspect_shows_the_plans_sha256(plan_file: Path) -> None:
+    """The file's SHA-256, what `sha256sum` prints: the plan's identity, to pin."""
+    digest = hashlib.sha256(plan_file.read_bytes()).hexdigest()
+    assert json.loads(frostc("inspect", plan_file, "--json").stdout)["header"]["sha256"] == digest
+    assert f"sha256 {digest}" in frostc("inspect", plan_file).stdout
+
+
 def test_inspect_json_is_stable(plan_file: Path) -> None:
     assert frostc("inspect", plan_file, "--json").stdout == frostc("inspect", plan_file, "--json").stdout
 
@@ -216,7 +224,7 @@ def test_inspect_corrupt_file_exits_2_with_a_clear_message(tmp_path: Path, plan_
     assert result.exit_code == 2
     assert "error:" in result.stderr
     assert str(corrupt) in result.stderr
-    assert "content hash mismatch" in result.stderr
+    assert "content hash does not match" in result.stderr
     assert "Traceback" not in result.output
 
 

@@ -1,9 +1,11 @@
 """`frostc diff` and `frostc check` on hand-made plans (a fake cubin, so nothing is compiled),
 through typer's CliRunner. diff: 0 equal, 1 different, 2 unreadable. check: 0 runnable,
-1 valid but not runnable here, 2 invalid. This machine has no GPU driver: `check` must say so."""
+1 valid but not runnable here, 2 invalid or not the plan `--sha256` pins. This machine has no
+GPU driver: `check` must say so."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -81,8 +83,8 @@ def test_diff_lists_header_differences_first_and_exits_1(tmp_path: Path, plan_a:
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
     assert not report["equal"]
-    # the content hash changed with the body
-    assert [d["path"] for d in report["header"]] == ["header.build_key", "header.content_hash"]
+    # the content hash and the file's sha256 change with the header and the body
+    assert [d["path"] for d in report["header"]] == ["header.build_key", "header.content_hash", "header.sha256"]
     assert report["body"] == [{"path": "launches[0].grid", "change": "changed", "a": [1, 2, 1], "b": [2, 2, 1]}]
     human = frostc("diff", plan_a, b)
     assert human.exit_code == 1
@@ -221,3 +223,53 @@ def test_check_of_a_missing_file_exits_2(tmp_path: Path) -> None:
     result = frostc("check", tmp_path / "missing.frost", "--json")
     assert result.exit_code == 2
     assert "no such file" in json.loads(result.stdout)["error"]
+
+
+# ------------------------------------------------------------------------------ check --sha256
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_check_reports_the_plans_sha256(plan_a: Path) -> None:
+    report = json.loads(frostc("check", plan_a, "--json").stdout)
+    assert report["sha256"] == sha256_of(plan_a) and report["pinned"] is None
+    assert f"sha256 {sha256_of(plan_a)}" in frostc("check", plan_a).output
+
+
+def test_check_with_the_right_sha256_goes_on_to_the_gpus(plan_a: Path, tmp_path: Path) -> None:
+    pins = tmp_path / "pins.sha256"
+    pins.write_text(f"{'0' * 64}  other.frost\n{sha256_of(plan_a).upper()} *{plan_a}\n")
+    for pin in (sha256_of(plan_a), str(pins)):
+        result = frostc("check", plan_a, "--sha256", pin, "--json")
+        report = json.loads(result.stdout)
+        assert result.exit_code == 1, result.output  # pinned, valid; no GPU on this machine
+        assert report["valid"] and report["pinned"] is True
+    assert "the pinned plan" in frostc("check", plan_a, "--sha256", sha256_of(plan_a)).output
+
+
+def test_check_with_another_sha256_exits_2_without_probing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, plan_a: Path
+) -> None:
+    def probe() -> Probe:
+        raise AssertionError("a plan that is not the pinned one needs no GPU probe")
+
+    monkeypatch.setattr(check_module, "probe_gpus", probe)
+    other = write(tmp_path / "b.frost", make_plan(workspace_bytes=64))
+    result = frostc("check", plan_a, "--sha256", sha256_of(other))
+    assert result.exit_code == 2
+    assert "not the pinned plan" in result.output
+    assert f"the plan's SHA-256 is {sha256_of(plan_a)}, not the pinned {sha256_of(other)}" in result.output
+    report = json.loads(frostc("check", plan_a, "--sha256", sha256_of(other), "--json").stdout)
+    assert report["exit_code"] == 2 and report["pinned"] is False and report["sha256"] == sha256_of(plan_a)
+
+
+@pytest.mark.parametrize(
+    "pin, words",
+    [("abc123", "is not a SHA-256 (64 hex digits"), ("missing-pins.txt", "cannot read it"), ("x" * 64, "cannot read")],
+)
+def test_check_with_a_bad_sha256_exits_2_naming_it(plan_a: Path, pin: str, words: str) -> None:
+    result = frostc("check", plan_a, "--sha256", pin)
+    assert result.exit_code == 2
+    assert "sha256" in result.output and words in result.output

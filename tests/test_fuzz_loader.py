@@ -2,12 +2,14 @@
 decode (and then re-encode to the same plan) or raise PlanFormatError; never another exception,
 never a hang.
 
-Mutations: raw byte flips, insertions, deletions and truncations of the whole file (mostly
-stopped by msgpack or the content hash); the same on the body bytes with the content hash fixed
+Mutations: raw byte flips, insertions, deletions and truncations of the whole file (every one
+that changes the bytes must be refused: by msgpack, the content hash over header and body, or
+the canonical-encoding check); the same on the body bytes with the content hash fixed
 afterwards (they reach the body's msgpack decoding); and structure-aware ones: the body (or the
 outer map, or the header) decoded, one field anywhere in it replaced by a random value of a
-random type, or deleted, or given a sibling, then re-encoded with the content hash fixed, so the
-mutation reaches the field and cross-field checks. The plan is a real one, built once.
+random type, or deleted, or given a sibling, then re-encoded (the header's and the body's with
+the content hash fixed, so the mutation reaches the field and cross-field checks; the outer
+map's as it is, which the hash must catch). The plan is a real one, built once.
 """
 
 from __future__ import annotations
@@ -47,11 +49,17 @@ def _split(data: bytes) -> tuple[dict, object]:
     return top, msgpack.unpackb(top["body"], raw=False)
 
 
-def _reseal(top: dict, body_bytes: bytes) -> bytes:
-    """Put a (mutated) body back and fix the content hash, so the mutation gets past it."""
+def _reseal(top: dict, body_bytes: bytes | None = None) -> bytes:
+    """Put a (mutated) body back and fix the content hash as the README defines it (SHA-256 of
+    the msgpack of {magic, format, header without content_hash}, then the body), so the mutation
+    gets past it. A header that is no longer a map is left as it is."""
     top = dict(top)
-    top["header"] = dict(top["header"]) | {"content_hash": hashlib.sha256(body_bytes).hexdigest()}
-    top["body"] = body_bytes
+    if body_bytes is not None:
+        top["body"] = body_bytes
+    if isinstance(top.get("header"), dict) and isinstance(top.get("body"), bytes):
+        fields = {k: v for k, v in top["header"].items() if k != "content_hash"}
+        sealed = _pack({"magic": top.get("magic"), "format": top.get("format"), "header": fields}) + top["body"]
+        top["header"] = dict(top["header"]) | {"content_hash": hashlib.sha256(sealed).hexdigest()}
     return _pack(top)
 
 
@@ -157,13 +165,16 @@ class Corpus:
         self.body_paths = _paths(self.body)
         outer = {k: v for k, v in self.top.items() if k != "body"}
         self.outer_paths = [p for p in _paths(outer) if p]  # the outer map's fields and the header's
+        self.header_paths = [p for p in self.outer_paths if p[0] == "header" and p[1:2] != ("content_hash",)]
 
     def mutate(self, seed: int) -> tuple[str, bytes]:
         """One mutation, all of it decided by `seed`: Hypothesis draws only the seed, because
         drawing every choice through it costs ~4 ms per example, five times the check itself
         (and shrinking a mutation's parts buys nothing here)."""
         rng = random.Random(seed)
-        target = rng.choice(["file-bytes", "body-bytes", "body-field", "body-field", "body-field", "outer-field"])
+        target = rng.choice(
+            ["file-bytes", "body-bytes", "body-field", "body-field", "body-field", "outer-field", "header-field"]
+        )
         if target == "file-bytes":
             return target, _byte_mutation(self.data, rng)
         if target == "body-bytes":
@@ -177,6 +188,9 @@ class Corpus:
             return f"{target} {op} {path} {value!r:.80}", _reseal(
                 self.top, _pack(_mutate_tree(self.body, path, op, value))
             )
+        if target == "header-field":  # resealed: past the hash, to the header's own checks
+            path = rng.choice(self.header_paths)
+            return f"{target} {op} {path} {value!r:.80}", _reseal(_mutate_tree(self.top, path, op, value))
         path = rng.choice(self.outer_paths)
         return f"{target} {op} {path} {value!r:.80}", _pack(_mutate_tree(self.top, path, op, value))
 
@@ -203,8 +217,10 @@ def test_mutated_plans_decode_or_raise_plan_format_error(plan_bytes: bytes) -> N
             counts["refused"] += 1
             return
         counts["decoded"] += 1
+        # unsealed, no changed byte gets through: a plan that decodes is the very file written
+        assert not what.startswith(("file-bytes", "outer-field")) or data == corpus.data, what
         # whatever decodes is a plan the writer accepts too, and it is stable under a round trip
-        # (the content hash may change: ignored extra fields are not written back)
+        # (the content hash may change: ignored extra body fields are not written back)
         again = schema.decode_plan(schema.encode_plan(plan))
         assert replace(again, header=replace(again.header, content_hash=plan.header.content_hash)) == plan, what
 

@@ -1,5 +1,6 @@
 """The plan file format (frost_runtime.schema): round trips, determinism, the header read alone,
-and every kind of corruption declined with PlanFormatError and never another exception.
+the content hash over header and body, and every kind of corruption declined with PlanFormatError
+and never another exception.
 
 Plans here are made by hand with a fake cubin, so nothing is compiled."""
 
@@ -26,6 +27,7 @@ from frost_runtime.schema import (
     PlanFormatError,
     TensorSlot,
     WorkspaceRegion,
+    content_hash,
     decode_plan,
     encode_plan,
     read_header,
@@ -116,6 +118,15 @@ def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True, use_single_float=False)
 
 
+def seal(top: dict) -> None:
+    """Recompute the content hash of a decoded file as the README defines it, written here
+    apart from the schema's code: SHA-256 over the msgpack of {magic, format, the header without
+    content_hash}, then the body bytes."""
+    fields = {k: v for k, v in top["header"].items() if k != "content_hash"}
+    sealed = pack({"magic": top["magic"], "format": top["format"], "header": fields}) + top["body"]
+    top["header"]["content_hash"] = hashlib.sha256(sealed).hexdigest()
+
+
 def with_body(data: bytes, edit: Callable[[dict], None]) -> bytes:
     """`data` with its body edited by hand and the content hash recomputed, so the hash passes
     and only the body's own checks can catch the edit."""
@@ -123,7 +134,7 @@ def with_body(data: bytes, edit: Callable[[dict], None]) -> bytes:
     body = msgpack.unpackb(top["body"], raw=False)
     edit(body)
     top["body"] = pack(body)
-    top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
+    seal(top)
     return pack(top)
 
 
@@ -171,14 +182,17 @@ def test_header_is_readable_alone(encoded: bytes) -> None:
     assert header.target_arch == "sm_90a"
     assert header.min_driver == 13000
     assert header.build_key == "ab" * 32
-    assert header.content_hash == hashlib.sha256(body).hexdigest()
+    assert header.content_hash == content_hash(header, body)
+    top = unpack_top(encoded)
+    seal(top)
+    assert top["header"]["content_hash"] == header.content_hash  # the documented definition
 
 
 def test_header_does_not_decode_the_body(encoded: bytes) -> None:
     # a body that is not even msgpack: read_header still works, decode_plan refuses
     top = unpack_top(encoded)
     top["body"] = b"\xc1 not msgpack"
-    top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
+    seal(top)
     data = pack(top)
     header, _ = read_header(data)
     assert header.name == "toy"
@@ -189,7 +203,7 @@ def test_file_is_one_map_with_magic_and_format(encoded: bytes) -> None:
     top = unpack_top(encoded)
     assert list(top) == ["magic", "format", "header", "body"]
     assert top["magic"] == MAGIC == "frostc-plan"
-    assert top["format"] == FORMAT_VERSION == 4
+    assert top["format"] == FORMAT_VERSION == 5
 
 
 def test_bytearray_and_memoryview_are_accepted(encoded: bytes) -> None:
@@ -231,16 +245,28 @@ def test_a_msgpack_file_that_is_not_a_map_is_refused() -> None:
 
 
 def test_newer_format_says_newer_and_to_rebuild(encoded: bytes) -> None:
-    data = with_top(encoded, lambda top: top.update(format=5))
+    data = with_top(encoded, lambda top: top.update(format=6))
     message = decode_error(data)
-    assert "format 5 is newer" in message
-    assert "rebuild" in message
+    assert "format 6 is newer" in message
+    assert "newer frost_runtime" in message and "frostc build DESC -o PLAN" in message
     with pytest.raises(PlanFormatError, match="newer"):
         read_header(data)
 
 
 def test_older_format_says_older(encoded: bytes) -> None:
     assert "older" in decode_error(with_top(encoded, lambda top: top.update(format=0)))
+
+
+def test_a_format_4_plan_is_refused_with_the_fix(encoded: bytes) -> None:
+    """Format 4 sealed the body alone: such a file, whole as it is, is refused by its format."""
+
+    def as_format_4(top: dict) -> None:
+        top["format"] = 4
+        top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
+
+    message = decode_error(with_top(encoded, as_format_4))
+    assert "plan format 4 is older than this runtime's format 5" in message
+    assert "rebuild it with this frostc: frostc build DESC -o PLAN" in message
 
 
 def test_format_as_a_string_is_refused(encoded: bytes) -> None:
@@ -256,16 +282,92 @@ def test_missing_header_field_is_refused(encoded: bytes) -> None:
     assert "header.min_driver: missing" in decode_error(data)
 
 
+def flip(data: bytes, at: int, bit: int = 0) -> bytes:
+    return data[:at] + bytes([data[at] ^ (1 << bit)]) + data[at + 1 :]
+
+
+MISMATCH = "content hash does not match the header and body"
+
+
 def test_flipped_byte_in_the_body_is_a_hash_mismatch(encoded: bytes) -> None:
     _, body = read_header(encoded)
     at = encoded.index(body) + len(body) // 2  # inside the fake cubin
-    data = encoded[:at] + bytes([encoded[at] ^ 0x01]) + encoded[at + 1 :]
-    assert "content hash mismatch" in decode_error(data)
+    assert MISMATCH in decode_error(flip(encoded, at))
+
+
+@pytest.mark.parametrize(
+    ("text", "edited"),
+    [
+        (b"sm_90a", "target_arch 'sm_91a'"),  # a well-formed target: only the hash can tell
+        (b"\xcd\x32\xc8", "min_driver 13001"),  # 13000 as uint16: the low bit of its last byte
+        (b"ab" * 32, "build_key"),
+        (b"toy", "name"),
+        (b"4.8.0", "cutlass_dsl_version"),
+    ],
+)
+def test_flipped_byte_in_the_header_is_a_hash_mismatch(encoded: bytes, text: bytes, edited: str) -> None:
+    at = encoded.index(text) + len(text) - 1
+    message = decode_error(flip(encoded, at))
+    assert MISMATCH in message, edited
+    assert "frostc build DESC -o PLAN" in message
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("name", "toy2"), ("frostc_version", "0.1.1"), ("cutlass_dsl_version", "4.8.1"), ("target_arch", "sm_100a"),
+     ("min_driver", 12080), ("build_key", "cd" * 32)],
+)  # fmt: skip
+def test_every_header_field_is_under_the_hash(encoded: bytes, field: str, value: Any) -> None:
+    """A header edited with care (well formed, the format-4 body hash left right) is refused."""
+    header, body = read_header(encoded)
+    assert content_hash(replace(header, **{field: value}), body) != header.content_hash
+    assert MISMATCH in decode_error(with_top(encoded, lambda top: top["header"].update({field: value})))
+
+
+def test_a_header_edited_and_resealed_decodes(encoded: bytes) -> None:
+    """The hash proves a file whole, not who wrote it: resealed, an edit decodes (a pin, the
+    file's SHA-256, says which plan it must be; tests/test_integrity.py)."""
+
+    def edit(top: dict) -> None:
+        top["header"]["min_driver"] = 12080
+        seal(top)
+
+    assert decode_plan(with_top(encoded, edit)).header.min_driver == 12080
+
+
+def test_every_single_bit_flip_anywhere_in_the_file_is_refused(encoded: bytes) -> None:
+    for at in range(len(encoded)):
+        for bit in range(8):
+            with pytest.raises(PlanFormatError):
+                decode_plan(flip(encoded, at, bit))
 
 
 def test_edited_content_hash_is_a_mismatch(encoded: bytes) -> None:
     data = with_top(encoded, lambda top: top["header"].update(content_hash="0" * 64))
-    assert "content hash mismatch" in decode_error(data)
+    assert MISMATCH in decode_error(data)
+
+
+@pytest.mark.parametrize("where", ["top", "header"])
+def test_an_extra_field_is_refused_by_name(encoded: bytes, where: str) -> None:
+    def edit(top: dict) -> None:
+        (top if where == "top" else top["header"])["signed_by"] = "me"
+        seal(top)
+
+    message = decode_error(with_top(encoded, edit))
+    assert f"{'plan' if where == 'top' else 'header'}.signed_by: not a field of a format-5 plan" in message
+
+
+def test_another_encoding_of_the_same_values_is_refused(encoded: bytes) -> None:
+    """min_driver 13000 as a uint32 instead of a uint16: the same values, other bytes."""
+    data = encoded.replace(b"\xaamin_driver\xcd\x32\xc8", b"\xaamin_driver\xce\x00\x00\x32\xc8")
+    assert len(data) == len(encoded) + 2
+    assert "not in its canonical encoding" in decode_error(data)
+
+
+def test_fields_in_another_order_are_refused(encoded: bytes) -> None:
+    top = unpack_top(encoded)
+    reordered = pack({k: top[k] for k in ("format", "magic", "header", "body")})
+    assert "not in its canonical encoding" in decode_error(reordered)
 
 
 def set_path(body: dict, path: str, value: Any) -> None:
@@ -340,7 +442,7 @@ def test_missing_body_field_is_refused(encoded: bytes) -> None:
 def test_body_that_is_not_a_map_is_refused(encoded: bytes) -> None:
     top = unpack_top(encoded)
     top["body"] = pack([1, 2, 3])
-    top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
+    seal(top)
     assert "body: expected a map, found list" in decode_error(pack(top))
 
 
@@ -411,7 +513,7 @@ def test_mutated_body_with_a_matching_hash_decodes_or_raises_plan_format_error(
     # past the hash check: the body's own parsing and checks must hold on their own
     top = unpack_top(_ENCODED)
     top["body"] = mutate(_BODY, edits)
-    top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
+    seal(top)
     decodes_or_refuses(pack(top))
 
 

@@ -1,6 +1,7 @@
 """frost_runtime: load a frostc plan and launch it. Imports neither frostc nor cutlass.
 
 plan = frost_runtime.load("plan.frost")        # checks, loads the kernels once
+plan = frost_runtime.load("plan.frost", sha256=pin)  # only that plan (a hash, hashes or a file of them)
 plan.execute(q, k, v, o, lse)                  # buffers in slot order, on torch's current stream
 plan.execute_named(q=q, k=k, v=v, o=o, lse=lse, stream=s)
 bound = plan.bind(q, k, v, o, lse, workspace=ws)  # check once; bound.execute() only launches
@@ -9,6 +10,7 @@ plan.close()                                   # or `with frost_runtime.load(...
 
 import os
 
+from frost_runtime.integrity import Pin, PlanIntegrityError, allowed_sha256, check_sha256, plan_sha256
 from frost_runtime.plan import BindError, BoundPlan, CompatibilityError, LengthError, Plan, PlanClosedError
 from frost_runtime.schema import PlanData, PlanFormatError, decode_plan, read_header
 
@@ -17,29 +19,46 @@ __all__ = [
     "BoundPlan",
     "CompatibilityError",
     "LengthError",
+    "Pin",
     "Plan",
     "PlanClosedError",
     "PlanData",
     "PlanFormatError",
+    "PlanIntegrityError",
+    "allowed_sha256",
     "compatibility_problems",
     "load",
+    "plan_sha256",
     "read_header",
+    "verify_plan",
 ]
 __version__ = "0.1.0"
 
 
-def load(source: str | os.PathLike | bytes) -> Plan:
+def load(source: str | os.PathLike | bytes, *, sha256: Pin | None = None) -> Plan:
     """Read, verify and load a plan on the current CUDA context (the current device's primary
-    context when none is current). Raises PlanFormatError for a corrupt or foreign file and
-    CompatibilityError when this GPU or driver cannot run it; nothing is loaded then."""
+    context when none is current). Raises PlanIntegrityError for a plan `sha256` does not allow
+    (see `verify_plan`), PlanFormatError for a corrupt or foreign file and CompatibilityError when
+    this GPU or driver cannot run it; nothing is loaded then."""
+    data = verify_plan(source, sha256=sha256)
     from frost_runtime import driver  # the GPU is needed from here on
 
-    data = decode_plan(_read(source))
     device = driver.current_context_device()
     problems = compatibility_problems(data.header.target_arch, data.header.min_driver, device)
     if problems:
         raise CompatibilityError(f"plan {data.header.name!r} cannot run here: " + "; ".join(problems))
     return Plan(data, device)
+
+
+def verify_plan(source: str | os.PathLike | bytes, *, sha256: Pin | None = None) -> PlanData:
+    """Everything `load` checks before it touches the GPU: the pin, then the file (format,
+    content hash, every field). `sha256`: the SHA-256 hex of the one plan allowed, a collection
+    of them, or an allow-list file (a path; one per line, `sha256sum` output accepted); None
+    pins nothing. The file is read once: the bytes hashed are the bytes decoded."""
+    data = _read(source)
+    if sha256 is not None:
+        check_sha256(data, sha256)
+    return decode_plan(data)
 
 
 def _read(source) -> bytes:

@@ -46,9 +46,11 @@ def parser() -> argparse.ArgumentParser:
         "check",
         help="is the file a valid plan, can this machine run it? (launches nothing)",
         description="Validate a plan and say whether it can run on this machine's GPU and driver; launches "
-        "nothing. Exit 0 runnable, 1 valid but not runnable here (or no GPU), 2 invalid or unreadable.",
+        "nothing. Exit 0 runnable, 1 valid but not runnable here (or no GPU), 2 invalid, unreadable or not the "
+        "pinned plan.",
     )
     c.add_argument("plan", help="plan file (.frost)")
+    c.add_argument("--sha256", help="require this plan: its SHA-256 (hex), or a file of allowed ones (sha256sum)")
     c.add_argument("--json", action="store_true", help="the verdict as JSON")
     return top
 
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check(args) -> int:
-    result = check.check_plan_file(args.plan)
+    result = check.check_plan_file(args.plan, sha256=args.sha256)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -7,7 +7,8 @@ a GPU is an answer, not a crash) for each device's compute capability and the dr
 and judges them with `compatibility_problems`, the very rule `frost_runtime.load` applies.
 Nothing is loaded and nothing is launched.
 
-Exit codes: 0 runnable here, 1 valid but not runnable here, 2 invalid or unreadable.
+Exit codes: 0 runnable here, 1 valid but not runnable here, 2 invalid, unreadable or not the
+pinned plan (`--sha256`).
 """
 
 from collections.abc import Callable
@@ -76,13 +77,41 @@ def read_plan(path: str | Path) -> tuple[schema.PlanData | None, str | None]:
         return None, f"{path}: {exc}"
 
 
-def check_plan_file(path: str | Path, probe: Callable[[], Probe] | None = None) -> dict:
-    """The whole verdict, as `check --json` prints it; `exit_code` included. An invalid file is
-    judged without probing the GPU."""
+def _pinned(path: str | Path, sha256) -> tuple[str | None, bool | None, str | None]:
+    """(the file's SHA-256, whether the pin allows it (None: no pin), why not): checked before
+    the file is decoded, as `frost_runtime.load(..., sha256=)` checks it. A pin that cannot be
+    read allows nothing: refused, never ignored."""
+    from frost_runtime.integrity import PlanIntegrityError, allowed_sha256, check_sha256, plan_sha256
+
+    try:
+        allowed = None if sha256 is None else allowed_sha256(sha256)
+    except (ValueError, TypeError) as exc:
+        return None, False, str(exc)
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return None, None, None  # read_plan reports it
+    digest = plan_sha256(data)
+    if allowed is None:
+        return digest, None, None
+    try:
+        check_sha256(data, allowed)
+    except PlanIntegrityError as exc:
+        return digest, False, f"{path}: {exc}"
+    return digest, True, None
+
+
+def check_plan_file(path: str | Path, probe: Callable[[], Probe] | None = None, sha256=None) -> dict:
+    """The whole verdict, as `check --json` prints it; `exit_code` included. An invalid or
+    unpinned file is judged without probing the GPU. `sha256`: a pin (`frost_runtime.load`'s
+    forms), or None."""
     from frost_runtime import compatibility_problems
 
     result: dict = {"plan": str(path), "valid": False, "error": None, "header": None, "gpu": None, "devices": []}
     result["runnable"] = False
+    result["sha256"], result["pinned"], error = _pinned(path, sha256)
+    if result["pinned"] is False:
+        return result | {"error": error, "exit_code": INVALID}
     plan, error = read_plan(path)
     if plan is None:
         return result | {"error": error, "exit_code": INVALID}
@@ -120,7 +149,7 @@ def check_plan_file(path: str | Path, probe: Callable[[], Probe] | None = None) 
 def check_lines(result: dict) -> list[str]:
     """The verdict as plain text, one line each."""
     if not result["valid"]:
-        return [f"invalid: {result['error']}"]
+        return [f"{'not the pinned plan' if result['pinned'] is False else 'invalid'}: {result['error']}"]
     h = result["header"]
     lines = [
         f"{result['plan']}: a valid plan {h['name']} (format {h['format']}, target {h['target_arch']}, "

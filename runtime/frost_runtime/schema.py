@@ -3,10 +3,14 @@ reads through `decode_plan`.
 
 A plan file is one msgpack map:
 
-    {"magic": "frostc-plan", "format": 4, "header": {...}, "body": <bytes>}
+    {"magic": "frostc-plan", "format": 5, "header": {...}, "body": <bytes>}
 
-The header is readable without a GPU and without decoding the body; `header.content_hash` is
-the SHA-256 of the body bytes, so corruption is found before anything in the body is used.
+The header is readable without a GPU and without decoding the body. `header.content_hash` seals
+the header and the body together (`content_hash`): a changed header field (the target, the
+minimum driver, the build key) or body byte is found before anything in the plan is used. A
+file must also be exactly what `encode_plan` writes for the values it holds (no extra fields,
+no other encoding of a value), so no byte of it can change unnoticed, and its SHA-256 (what
+`sha256sum` prints, `frost_runtime.plan_sha256`) names one plan.
 The body is a msgpack map of tensors (each bound to an ordered slot), kernels (cubin, entry,
 parameter ABI, launch geometry), the launch sequence, the workspace (its size and named
 regions: scratch the plan's own launches write and read, carved from the caller's buffer; a
@@ -20,7 +24,7 @@ input from outside the process.
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgpack
 
@@ -28,7 +32,9 @@ MAGIC = "frostc-plan"
 # 2: tensor-map and i32x3 parameters, persistent grids (ctas_per_sm)
 # 3: int32 slots, workspace arguments and named workspace regions
 # 4: zeroed workspace regions (tile counters the runtime zeroes before a binding's first launch)
-FORMAT_VERSION = 4
+# 5: the content hash covers the header too, and a file must be in its canonical encoding
+FORMAT_VERSION = 5
+REBUILD = "rebuild it with this frostc: frostc build DESC -o PLAN"
 MAX_PLAN_BYTES = 1 << 30  # a plan is a few hundred KiB; refuse to decode absurd inputs
 MAX_CUBIN_BYTES = 64 << 20  # one kernel's cubin is ~100 KiB
 MAX_PARAM_BYTES = 4096  # the classic CUDA kernel-parameter limit (what every driver accepts)
@@ -59,7 +65,7 @@ class Header:
     target_arch: str  # e.g. "sm_90a"
     min_driver: int  # cuDriverGetVersion() encoding, e.g. 12080
     build_key: str  # hash of compiler sources, DSL version, graph and options
-    content_hash: str = ""  # SHA-256 of the body bytes; filled by encode_plan
+    content_hash: str = ""  # `content_hash(header, body)`; filled by encode_plan
 
 
 @dataclass(frozen=True)
@@ -232,12 +238,28 @@ def _pack(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True, use_single_float=False)
 
 
+def content_hash(header: Header, body: bytes) -> str:
+    """The SHA-256 that seals a plan: over the msgpack of {magic, format, header fields but
+    `content_hash`} (as `encode_plan` writes them), then the body bytes.
+
+    Every value the runtime reads from a file is under it, the header's included (a plan pins
+    its target and driver, not only its cubins). The first part is one msgpack map, which says
+    where it ends, so no bytes can move between it and the body with the same hash."""
+    fields = {k: v for k, v in header_map(header).items() if k != "content_hash"}
+    digest = hashlib.sha256(_pack({"magic": MAGIC, "format": FORMAT_VERSION, "header": fields}))
+    digest.update(body)
+    return digest.hexdigest()
+
+
+def _file_map(header: Header, body: bytes) -> dict:
+    return {"magic": MAGIC, "format": FORMAT_VERSION, "header": header_map(header), "body": body}
+
+
 def encode_plan(plan: PlanData) -> bytes:
-    """Serialize; the header's content hash is computed here from the body bytes."""
+    """Serialize; the header's content hash is computed here (`content_hash`)."""
     check_plan(plan)
     body = _pack(_body_map(plan))
-    header = header_map(plan.header) | {"content_hash": hashlib.sha256(body).hexdigest()}
-    return _pack({"magic": MAGIC, "format": FORMAT_VERSION, "header": header, "body": body})
+    return _pack(_file_map(replace(plan.header, content_hash=content_hash(plan.header, body)), body))
 
 
 # ------------------------------------------------------------------------------- decoding
@@ -300,22 +322,18 @@ U64_MAX = (1 << 64) - 1
 
 
 def read_header(data: bytes) -> tuple[Header, bytes]:
-    """Check magic, format version and content hash; return the header and the body bytes."""
+    """Check magic, format version, content hash and encoding; return the header and the body
+    bytes (the body is not decoded)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise PlanFormatError(f"a plan is bytes, not {type(data).__name__}")
     if len(data) > MAX_PLAN_BYTES:
         raise PlanFormatError(f"{len(data)} bytes is larger than any plan ({MAX_PLAN_BYTES} at most)")
-    top = _unpack(bytes(data), "file")
+    data = bytes(data)
+    top = _unpack(data, "file")
     if not isinstance(top, dict) or top.get("magic") != MAGIC:
         raise PlanFormatError("not a frostc plan (wrong magic); build one with `frostc build`")
     r = _Reader(top, "plan")
-    version = r.get("format", int)
-    if version != FORMAT_VERSION:
-        newer = "newer" if version > FORMAT_VERSION else "older"
-        raise PlanFormatError(
-            f"plan format {version} is {newer} than this runtime's format {FORMAT_VERSION}; "
-            "rebuild the plan with the frostc that matches this runtime"
-        )
+    _check_format(r.get("format", int))
     h = _Reader(r.get("header", dict), "header")
     body = r.get("body", bytes)
     header = Header(
@@ -329,14 +347,46 @@ def read_header(data: bytes) -> tuple[Header, bytes]:
     )
     if len(body) > len(data):  # cannot happen with msgpack; kept as the invariant the limits rely on
         raise PlanFormatError("body: larger than the file")
+    # fields the content hash does not cover: named first, so they are refused by name
+    _refuse_extra_fields(top, _file_map(header, body), "plan")
+    _refuse_extra_fields(top["header"], header_map(header), "header")
+    if content_hash(header, body) != header.content_hash:
+        raise PlanFormatError(
+            "header.content_hash: the content hash does not match the header and body: the plan file is "
+            f"corrupt or was edited after frostc wrote it; {REBUILD}"
+        )
+    # what the hash cannot see: another encoding of the same values
+    if _pack(_file_map(header, body)) != data:
+        raise PlanFormatError(
+            "the file is not in its canonical encoding (a value encoded otherwise than frostc writes it, "
+            f"or fields in another order): it was edited after frostc wrote it; {REBUILD}"
+        )
     _check_header_text(header)
-    if hashlib.sha256(body).hexdigest() != header.content_hash:
-        raise PlanFormatError("content hash mismatch: the plan file is corrupt or was edited; rebuild it")
     return header, body
 
 
-# The content hash covers the body only, so the header's text fields are held to their forms:
-# a flipped bit in the header is then refused too (all but one in `min_driver`'s digits).
+def _refuse_extra_fields(found: dict, known: dict, path: str) -> None:
+    for key in found:
+        if key not in known:
+            raise PlanFormatError(
+                f"{path}.{str(key)[:80]}: not a field of a format-{FORMAT_VERSION} plan (the content hash does "
+                f"not cover it): the file was edited after frostc wrote it; {REBUILD}"
+            )
+
+
+def _check_format(version: int) -> None:
+    if version == FORMAT_VERSION:
+        return
+    if version > FORMAT_VERSION:
+        raise PlanFormatError(
+            f"plan format {version} is newer than this runtime's format {FORMAT_VERSION}; load it with a "
+            f"newer frost_runtime, or {REBUILD}"
+        )
+    raise PlanFormatError(f"plan format {version} is older than this runtime's format {FORMAT_VERSION}; {REBUILD}")
+
+
+# A sealed header can still be wrong (sealed by another writer, or by hand): its text fields are
+# held to their forms, the content hash's included.
 _HEADER_FORMS = {
     "name": re.compile(r"[\x20-\x7e]{1,256}"),
     "frostc_version": re.compile(r"[0-9A-Za-z.+_-]{1,64}"),

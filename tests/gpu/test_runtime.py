@@ -160,6 +160,16 @@ def test_corrupt_plan_is_refused(case):
         frost_runtime.load(bytes(raw))
 
 
+def test_a_pinned_plan_loads_and_another_is_refused(case):
+    import frost_runtime
+
+    path = BUILT / case["plan"]
+    with frost_runtime.load(path, sha256=frost_runtime.plan_sha256(path)) as pinned:
+        assert pinned.slots == ("q", "k", "v", "o", "lse")
+    with pytest.raises(frost_runtime.PlanIntegrityError, match="not the pinned"):
+        frost_runtime.load(path, sha256="0" * 64)
+
+
 def test_length_slots_are_checked_from_metadata(manifest):
     """int32 sequence lengths are slots like any other: dtype, shape, device checked, never read."""
     import frost_runtime
