@@ -38,6 +38,8 @@ def print_check(result: dict, console) -> None:
         "content hash verified)",
         highlight=False,
     )
+    pinned = "; the pinned plan" if result["pinned"] else ""
+    console.print(f"sha256 {result['sha256']}{pinned}", highlight=False)
     gpu = result["gpu"]
     if not gpu["found"]:
         console.print(f"{escape(gpu['reason'])}", highlight=False)

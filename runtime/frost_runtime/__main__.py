@@ -94,7 +94,7 @@ def _bench(args) -> int:
         return _fail(args, check.INVALID, str(exc))
     verdict = check.check_plan_file(args.plan)
     if verdict["exit_code"] != check.RUNNABLE:
-        why = "; ".join(check.check_lines(verdict)[1:-1])
+        why = "; ".join(check.check_lines(verdict)[2:-1])
         return _fail(args, verdict["exit_code"], f"{args.plan}: not runnable here: {why}")
     from frost_runtime.plan import BindError, CompatibilityError
 

@@ -154,7 +154,8 @@ def check_lines(result: dict) -> list[str]:
     lines = [
         f"{result['plan']}: a valid plan {h['name']} (format {h['format']}, target {h['target_arch']}, "
         f"min driver {version_text(h['min_driver'])}, frostc {h['frostc_version']}, "
-        f"cutlass-dsl {h['cutlass_dsl_version']}; content hash verified)"
+        f"cutlass-dsl {h['cutlass_dsl_version']}; content hash verified)",
+        f"sha256 {result['sha256']}{'; the pinned plan' if result['pinned'] else ''}",
     ]
     gpu = result["gpu"]
     if not gpu["found"]:
