@@ -286,26 +286,31 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
                     c.at(f"dims[{i}]"), f"{_DIM_WORDS[name]} {size} does not match {owner[name]}'s {sizes[name]}"
                 )
                 ok = False
+
+    def dim(name: str) -> str:  # the path of a named dim, in the role it was taken from
+        role = owner[name]
+        return tensors[role].at(f"dims[{dims_of[role].index(name)}]")
+
     if "d" in sizes and "dv" in sizes and sizes["d"] != sizes["dv"]:
         message = (
             f"V head dim {sizes['dv']} differs from q's head dim {sizes['d']}; "
             "a different V head dim is not supported yet"
         )
-        ctx.problems_at(tensors["v"].at(f"dims[{len(dims_of['v']) - 1}]"), message)
+        ctx.problems_at(dim("dv"), message)
         ok = False
     if "hq" in sizes and "hkv" in sizes and sizes["hq"] % sizes["hkv"]:
         hq, hkv = sizes["hq"], sizes["hkv"]
         message = f"q has {hq} heads and k has {hkv}; GQA needs hq % hkv == 0, but {hq} % {hkv} = {hq % hkv}"
-        ctx.problems_at(tensors["k"].at(f"dims[{dims_of['k'].index('hkv')}]"), message)
+        ctx.problems_at(dim("hkv"), message)
         ok = False
     if "page_size" in sizes and (message := page_size_problem(sizes["page_size"])):
-        ctx.problems_at(tensors["k"].at("dims[1]"), message)
+        ctx.problems_at(dim("page_size"), message)
         ok = False
     if "page_size" in sizes and "sq" in sizes and (message := new_tokens_problem(sizes["sq"])):
-        ctx.problems_at(tensors["q"].at("dims[2]"), message)
+        ctx.problems_at(dim("sq"), message)
         ok = False
     if "b + 1" in sizes and sizes["b + 1"] < 2:
-        ctx.problems_at(tensors["cu_seqlens_q"].at("dims[0]"), "cu_seqlens has batch + 1 entries: at least 2")
+        ctx.problems_at(dim("b + 1"), "cu_seqlens has batch + 1 entries: at least 2")
         ok = False
     return sizes if ok and all(n in sizes for n in ("hq", "hkv", "d")) else None
 
