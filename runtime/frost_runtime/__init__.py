@@ -5,22 +5,43 @@ plan.execute(q, k, v, o, lse)                  # buffers in slot order, on torch
 plan.execute_named(q=q, k=k, v=v, o=o, lse=lse, stream=s)
 bound = plan.bind(q, k, v, o, lse, workspace=ws)  # check once; bound.execute() only launches
 plan.close()                                   # or `with frost_runtime.load(...) as plan:`
+
+Errors, each naming the plan and what to do: PlanFormatError (a corrupt or foreign file),
+CompatibilityError (this GPU or driver cannot run it; LoadError: the driver refused a kernel),
+BindError (a buffer does not match its slot; LengthError from check_lengths), WorkspaceError
+(allocate_workspace: out of GPU memory), LaunchError (the driver refused a launch; ContextError:
+another CUDA context is current), PlanClosedError.
 """
 
 import os
 
-from frost_runtime.plan import BindError, BoundPlan, CompatibilityError, LengthError, Plan, PlanClosedError
+from frost_runtime.plan import (
+    BindError,
+    BoundPlan,
+    CompatibilityError,
+    ContextError,
+    LaunchError,
+    LengthError,
+    LoadError,
+    Plan,
+    PlanClosedError,
+    WorkspaceError,
+)
 from frost_runtime.schema import PlanData, PlanFormatError, decode_plan, read_header
 
 __all__ = [
     "BindError",
     "BoundPlan",
     "CompatibilityError",
+    "ContextError",
+    "LaunchError",
     "LengthError",
+    "LoadError",
     "Plan",
     "PlanClosedError",
     "PlanData",
     "PlanFormatError",
+    "WorkspaceError",
     "compatibility_problems",
     "load",
     "read_header",
@@ -31,15 +52,24 @@ __version__ = "0.1.0"
 def load(source: str | os.PathLike | bytes) -> Plan:
     """Read, verify and load a plan on the current CUDA context (the current device's primary
     context when none is current). Raises PlanFormatError for a corrupt or foreign file and
-    CompatibilityError when this GPU or driver cannot run it; nothing is loaded then."""
-    from frost_runtime import driver  # the GPU is needed from here on
-
+    CompatibilityError when this machine cannot run it (no GPU or driver, another architecture,
+    an older driver; LoadError when the driver refuses a kernel); nothing is loaded then."""
     data = decode_plan(_read(source))
-    device = driver.current_context_device()
+    try:
+        from frost_runtime import driver  # the GPU is needed from here on
+
+        context, device = driver.current_context()
+    except Exception as exc:  # no libcuda, no GPU, no cuda-bindings: cannot run here, said so
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CompatibilityError(
+            f"plan {data.header.name!r} cannot run here: no usable CUDA GPU and driver ({type(exc).__name__}: "
+            f"{why}); load it on a machine with an {data.header.target_arch} GPU (`frostc check PLAN` says what "
+            "this one has)"
+        ) from exc
     problems = compatibility_problems(data.header.target_arch, data.header.min_driver, device)
     if problems:
         raise CompatibilityError(f"plan {data.header.name!r} cannot run here: " + "; ".join(problems))
-    return Plan(data, device)
+    return Plan(data, device, context)
 
 
 def _read(source) -> bytes:
