@@ -9,20 +9,22 @@ refuses is a build that fails after minutes of compiling."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import tomllib
 from pathlib import Path
 
 import pytest
+from frost_runtime import schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from frostc import planfile
-from frostc.build import _encode_checked
+from frostc.build import PlanLimitError, _encode_checked
 from frostc.compile import CompiledKernel
 from frostc.description import parse_description
-from frostc.errors import DescriptionError
+from frostc.errors import DescriptionError, FrostcError
 from frostc.resolve import resolve
 from frostc.validate import validate
 
@@ -223,3 +225,27 @@ def test_constants_over_the_kernels_types_name_the_field(key: str, value, words:
         assembled_bytes(parse_description(json.dumps(d), fmt="json"))
     found = {p.path: p.message for p in info.value.problems}
     assert words in found[f"nodes[0].{key}"], found
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"slots": (schema.TensorSlot("x" * 129, 1, "fp32", (4,), (1,), True, 4),)}, r"slots\[0\]\.name: longer"),
+        ({"slots": (schema.TensorSlot("x", 1 << 64, "fp32", (4,), (1,), True, 4),)}, "out of range"),
+        ({"launches": (schema.Launch(0, (1, 1, 1), (schema.Arg(slot=0),), "\udcff"),)}, "surrogates"),
+    ],
+)
+def test_the_builds_last_check_refuses_what_the_runtime_would(change: dict, words: str) -> None:
+    """The net under validate and resolve: a plan the runtime's reader would refuse fails the
+    build as a PlanLimitError (a FrostcError: `frostc build` exits 2), naming the field."""
+    plan = schema.PlanData(
+        header=schema.Header("toy", "0.1.0", "4.8.0", "sm_90a", 13000, "ab" * 32),
+        slots=(schema.TensorSlot("x", 1, "fp32", (4,), (1,), True, 4),),
+        kernels=(
+            schema.Kernel("k", "k_entry", b"\x7fELF", (schema.Param("x", "ptr"),), (32, 1, 1), (1, 1, 1), 0, "1"),
+        ),
+        launches=(schema.Launch(0, (1, 1, 1), (schema.Arg(slot=0),)),),
+    )
+    with pytest.raises(PlanLimitError, match=words) as info:
+        _encode_checked(dataclasses.replace(plan, **change))
+    assert isinstance(info.value, FrostcError) and "please report this" in str(info.value)
