@@ -158,7 +158,8 @@ def test_a_plan_dropped_without_close_unloads_its_modules(case, monkeypatch):
     monkeypatch.setattr(driver, "unload_kernels", counting)
     plan = frost_runtime.load(BUILT / case["plan"])
     buffers = Buffers(case, plan)
-    plan.execute(*buffers.all, workspace=buffers.workspace)
+    args, buffers.plan = buffers.all, None  # only `plan` refers to the plan now
+    plan.execute(*args, workspace=buffers.workspace)
     torch.cuda.synchronize()
     kernels = len(plan.data.kernels)
     del plan
@@ -173,9 +174,7 @@ def test_dropped_plans_keep_device_memory_flat(case):
     from cuda.bindings import driver as cu
 
     data = (BUILT / case["plan"]).read_bytes()
-    plan = frost_runtime.load(data)
-    buffers = Buffers(case, plan)
-    del plan
+    buffers = Buffers(case, frost_runtime.load(data))  # that first plan stays loaded, held by the buffers
 
     def cycle():
         p = frost_runtime.load(data)
