@@ -178,6 +178,7 @@ def test_mutated_descriptions_are_refused_by_path_or_make_a_plan_the_runtime_rea
     "edit, path",
     [
         ({"nodes.1.name": "n" * 129}, "nodes[1].name"),
+        ({"nodes.1.name": "n" * 120}, "nodes[1].name"),  # its workspace regions' names: "<node>.o_partial"
         ({"nodes.1.name": "\udcff"}, "nodes[1].name"),
         ({"name": "n" * 257}, "name"),
         ({"tensors.q.uid": 1 << 63}, "tensors.q.uid"),
