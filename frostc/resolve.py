@@ -107,14 +107,16 @@ def check_plan_limits(plan: ResolvedPlan, node_paths: dict[str, str], ctx: Resol
     for count, most, what in counts:
         if count > most:
             ctx.problem("nodes", f"the nodes make {count} {what}; a plan holds at most {most}: split the graph")
+    too_long = {}  # node -> its first region whose name is too long: one problem per node
     for region in plan.workspace:  # named "<node>.<what>"
         if len(region.name) > schema.MAX_NAME_CHARS:
-            node = region.name.rsplit(".", 1)[0]
-            ctx.problem(
-                f"{node_paths.get(node, 'nodes')}.name",
-                f"the node's workspace region {region.name!r} would have {len(region.name)} characters, at most "
-                f"{schema.MAX_NAME_CHARS}: shorten the node's name",
-            )
+            too_long.setdefault(region.name.rsplit(".", 1)[0], region)
+    for node, region in too_long.items():
+        ctx.problem(
+            f"{node_paths.get(node, 'nodes')}.name",
+            f"the node's workspace region {region.name!r} would have {len(region.name)} characters, at most "
+            f"{schema.MAX_NAME_CHARS}: shorten the node's name",
+        )
     if plan.workspace_bytes > schema.I64_MAX:
         ctx.problem("nodes", f"the nodes need a workspace of {plan.workspace_bytes} bytes, over 2**63: {fix}")
 
