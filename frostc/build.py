@@ -16,12 +16,18 @@ from frost_runtime import schema
 
 from frostc.compile import compile_kernels, encode_tensor_maps
 from frostc.description import Description, to_toml
+from frostc.errors import FrostcError
 from frostc.planfile import assemble
 from frostc.resolve import resolve
 from frostc.resolved import KernelVariant
 from frostc.validate import validate
 
 Progress = Callable[[str, KernelVariant], None]  # ("start" | "done", variant)
+
+
+class PlanLimitError(FrostcError):
+    """The compiled plan breaks a limit of the plan format that validation and resolution did
+    not catch (a frostc bug: they should have refused the description, with its field path)."""
 
 
 def build(desc: Description, progress: Progress | None = None, dump_dir: str | Path | None = None) -> bytes:
@@ -36,9 +42,23 @@ def build(desc: Description, progress: Progress | None = None, dump_dir: str | P
     )
     tensor_maps = [encode_tensor_maps(launch) for launch in resolved.launches]
     plan = assemble(resolved, kernels, tensor_maps, desc.to_dict())
-    data = schema.encode_plan(plan)
+    data = _encode_checked(plan)
     if dump_dir is not None:
         _dump(Path(dump_dir), desc, graph, resolved, kernels)
+    return data
+
+
+def _encode_checked(plan: schema.PlanData) -> bytes:
+    """The plan's bytes, read back by the runtime's own reader: a plan frostc writes is one the
+    runtime loads, or the build fails here, naming the field (never at load, on a GPU machine)."""
+    try:
+        data = schema.encode_plan(plan)
+        schema.decode_plan(data)
+    except (schema.PlanFormatError, OverflowError, UnicodeEncodeError, ValueError) as exc:
+        raise PlanLimitError(
+            f"the plan would break the plan format ({exc}); frostc should have refused the description "
+            "before compiling: please report this with the description, and make the tensors named there smaller"
+        ) from None
     return data
 
 

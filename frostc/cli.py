@@ -1,7 +1,11 @@
 """`frostc build`, `inspect`, `diff` and `check`. Exit codes: 0 success, 2 bad input (nothing written);
-`diff` and `check` also use 1 (different / not runnable here)."""
+`diff` and `check` also use 1 (different / not runnable here); 3 an internal error (a frostc bug).
+No verb prints a traceback: every failure is one message on stderr (FROSTC_TRACEBACK=1 shows the
+traceback of an internal error)."""
 
+import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from frostc.errors import FrostcError
+from frostc.errors import INPUT_ERRORS, FrostcError, input_error_message, internal_error_message
 
 app = typer.Typer(
     add_completion=False,
@@ -23,10 +27,30 @@ out = Console()
 err = Console(stderr=True)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 2) -> None:
     # the message quotes the user's values: print them verbatim, never as rich markup
     err.print("[bold red]error:[/bold red] " + escape(message), highlight=False)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
+
+
+def _reports_failures(command):
+    """Every verb's net: an expected error that a verb did not report itself becomes one clean
+    message and exit 2; anything else is a frostc bug, said so in one message, exit 3."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except INPUT_ERRORS as exc:
+            _fail(input_error_message(exc))
+        except Exception as exc:
+            if os.environ.get("FROSTC_TRACEBACK"):
+                raise
+            _fail(internal_error_message(exc), code=3)
+
+    return run
 
 
 @app.command()
@@ -48,6 +72,8 @@ def build(
             data = run_pipeline(desc, progress=report, dump_dir=dump)
     except FrostcError as exc:
         _fail(f"{description} is not a plan frostc can build:\n{exc}")
+    except OSError as exc:  # --dump's files, say: the description itself was read above
+        _fail(f"building {description}: cannot write {exc.filename or 'a file'}: {exc.strerror or exc}")
     try:
         write_atomic(output, data)
     except OSError as exc:
@@ -153,6 +179,11 @@ def check(
     else:
         print_check(result, out if result["valid"] else err)
     raise typer.Exit(result["exit_code"])
+
+
+# every verb, present and future, behind the same net
+for _command in app.registered_commands:
+    _command.callback = _reports_failures(_command.callback)
 
 
 def main() -> None:

@@ -147,13 +147,14 @@ def _thaw(value: Raw) -> Raw:
 def parse_description(text: str, *, filename: str = "<string>", fmt: str | None = None) -> Description:
     """Parse description text; `fmt` is "toml" or "json", guessed from `filename`/text when None."""
     fmt = fmt or _guess_format(text, filename)
-    if fmt == "toml":
-        root = _load_toml(text, filename)
-    elif fmt == "json":
-        root = _load_json(text, filename)
-    else:
+    if fmt not in ("toml", "json"):
         raise ValueError(f"unknown description format {fmt!r}; use 'toml' or 'json'")
-    return _from_root(root, filename)
+    try:
+        root = _load_toml(text, filename) if fmt == "toml" else _load_json(text, filename)
+        return _from_root(root, filename)
+    except RecursionError:  # the parsers and _freeze recurse once per level
+        message = "arrays or tables nested too deeply to read; a description nests a few levels at most"
+        raise DescriptionError([Problem(filename, message)]) from None
 
 
 def load_description(path: str | os.PathLike[str]) -> Description:

@@ -70,6 +70,8 @@ def load_summary(path: str | Path) -> dict:
             summary = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise PlanInputError(f"{path}: not valid JSON ({exc})") from None
+        except RecursionError:
+            raise PlanInputError(f"{path}: JSON nested too deeply to be a `frostc inspect --json` rendering") from None
         missing = [s for s in SECTIONS if s not in summary]
         if missing:
             raise PlanInputError(f"{path}: not a `frostc inspect --json` rendering (no {', '.join(missing)})")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from frost_runtime.schema import PlanFormatError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -33,3 +35,27 @@ class DescriptionError(FrostcError):
     def __reduce__(self) -> tuple[type[DescriptionError], tuple[list[Problem]]]:
         # Exception pickling replays args (the rendered text); rebuild from the problems instead.
         return (type(self), (self.problems,))
+
+
+# What bad input (a file, a description, a plan) can raise besides FrostcError: a corrupt or
+# foreign plan, file-system errors, text that is not UTF-8, nesting deeper than Python recurses.
+# The command-line tools report these as one message and exit 2; anything else is a frostc bug.
+INPUT_ERRORS = (FrostcError, PlanFormatError, OSError, UnicodeError, RecursionError, MemoryError)
+
+
+def input_error_message(exc: BaseException) -> str:
+    """One line (or a DescriptionError's list) for an error of INPUT_ERRORS."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    if isinstance(exc, RecursionError):
+        return "the input is nested too deeply to read"
+    if isinstance(exc, MemoryError):
+        return "out of memory reading the input (is it a plan or a description?)"
+    return str(exc) or type(exc).__name__
+
+
+def internal_error_message(exc: BaseException) -> str:
+    return (
+        f"internal error: {type(exc).__name__}: {exc}\nThis is a frostc bug: please report it with the command "
+        "and its input files (FROSTC_TRACEBACK=1 shows the traceback)."
+    )

@@ -3,7 +3,8 @@
 Every description in plans/golden/*.toml is rebuilt and its canonical rendering (exactly what
 `frostc inspect --json` prints) compared, through `frostc.diff`, with the committed
 plans/golden/<name>.json. The differences are printed; the exit code is 1 on any, 2 when a
-description does not build. `--update` rewrites the JSON files instead (review the diff, commit).
+description does not build or a file cannot be read or written (never a traceback; 3 for a
+frostc bug). `--update` rewrites the JSON files instead (review the diff, commit).
 
 Renderings, not plan files, are committed: a plan is ~90 KB of cubin that changes with every
 kernel edit; its rendering holds the cubin's SHA-256 and size, which show such a change as well.
@@ -21,14 +22,16 @@ same frostc and DSL versions.
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from frost_runtime import schema
 from rich.console import Console
+from rich.markup import escape
 
 from frostc.diff import diff_summaries, print_diff
-from frostc.errors import FrostcError
+from frostc.errors import INPUT_ERRORS, FrostcError, input_error_message, internal_error_message
 from frostc.inspect import plan_summary
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "plans" / "golden"
@@ -51,7 +54,7 @@ def run(folder: Path = GOLDEN_DIR, update: bool = False, console: Console | None
     console = console or Console()
     descriptions = sorted(folder.glob("*.toml"))
     if not descriptions:
-        console.print(f"no golden descriptions (*.toml) in {folder}", highlight=False)
+        console.print(f"no golden descriptions (*.toml) in {escape(str(folder))}", highlight=False)
         return 2
     failed = broken = 0
     for desc in descriptions:
@@ -59,33 +62,40 @@ def run(folder: Path = GOLDEN_DIR, update: bool = False, console: Console | None
         try:
             fresh = build_rendering(desc)
         except FrostcError as exc:
-            console.print(f"[bold red]{desc.name}: does not build[/bold red]\n{exc}", highlight=False)
+            console.print(
+                f"[bold red]{escape(desc.name)}: does not build[/bold red]\n{escape(str(exc))}", highlight=False
+            )
             broken += 1
             continue
         if update:
             if not golden.exists() or golden.read_text() != fresh:
                 golden.write_text(fresh)
-                console.print(f"updated {golden.name}", highlight=False)
+                console.print(f"updated {escape(golden.name)}", highlight=False)
             else:
-                console.print(f"unchanged {golden.name}", highlight=False)
+                console.print(f"unchanged {escape(golden.name)}", highlight=False)
             continue
         if not golden.exists():
-            console.print(f"[bold red]{golden.name}: missing[/bold red] (run with --update)", highlight=False)
+            console.print(f"[bold red]{escape(golden.name)}: missing[/bold red] (run with --update)", highlight=False)
             failed += 1
             continue
         try:
             committed = json.loads(golden.read_text())
-        except json.JSONDecodeError as exc:
-            console.print(f"[bold red]{golden.name}: not valid JSON[/bold red] ({exc})", highlight=False)
+        except (OSError, UnicodeError, RecursionError, json.JSONDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else f"not valid JSON: {exc}"
+            console.print(
+                f"[bold red]{escape(golden.name)}: unreadable[/bold red] ({escape(str(why))})", highlight=False
+            )
             failed += 1
             continue
         diffs = diff_summaries(committed, json.loads(fresh), ignore=IGNORED)
         if diffs:
             failed += 1
-            console.print(f"[bold red]{desc.stem}: differs from {golden.name}[/bold red]", highlight=False)
+            console.print(
+                f"[bold red]{escape(desc.stem)}: differs from {escape(golden.name)}[/bold red]", highlight=False
+            )
             print_diff(diffs, console, a=f"{golden.name} (committed)", b="fresh build")
         else:
-            console.print(f"{desc.stem}: matches {golden.name}", highlight=False)
+            console.print(f"{escape(desc.stem)}: matches {escape(golden.name)}", highlight=False)
     if broken:
         return 2
     if failed:
@@ -102,7 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update", action="store_true", help="rewrite the committed JSON renderings")
     parser.add_argument("--dir", type=Path, default=GOLDEN_DIR, help="folder of golden descriptions")
     args = parser.parse_args(argv)
-    return run(args.dir, args.update)
+    err = Console(stderr=True)
+    try:
+        return run(args.dir, args.update)
+    except INPUT_ERRORS as exc:  # e.g. --update cannot write
+        err.print(f"[bold red]error:[/bold red] {escape(input_error_message(exc))}", highlight=False)
+        return 2
+    except Exception as exc:  # a frostc bug: one message, as the CLI says it
+        if os.environ.get("FROSTC_TRACEBACK"):
+            raise
+        err.print(escape(internal_error_message(exc)), highlight=False)
+        return 3
 
 
 if __name__ == "__main__":

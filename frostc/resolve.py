@@ -9,6 +9,8 @@ name again: the runtime sees slot indices and workspace offsets.
 
 from dataclasses import dataclass, field
 
+from frost_runtime import schema
+
 from frostc import ops
 from frostc.errors import DescriptionError, Problem
 from frostc.graph import Graph, Tensor
@@ -21,9 +23,12 @@ def resolve(graph: Graph) -> ResolvedPlan:
     slots = _slots(graph)
     ctx = ResolveContext(graph, {s.name: s for s in slots})
     launches = tuple(launch for node in graph.nodes for launch in ops.OPS[node.op].resolve(node, ctx))
+    plan = ResolvedPlan(graph.name, graph.target, slots, launches, tuple(ctx.regions), tuple(ctx.lengths))
+    if not ctx.problems:
+        check_plan_limits(plan, {node.name: node.path for node in graph.nodes}, ctx)
     if ctx.problems:
         raise DescriptionError(ctx.problems)
-    return ResolvedPlan(graph.name, graph.target, slots, launches, tuple(ctx.regions), tuple(ctx.lengths))
+    return plan
 
 
 @dataclass
@@ -62,6 +67,66 @@ class ResolveContext:
         offset = -(-end // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
         self.regions.append(WorkspaceRegion(name, offset, nbytes, zeroed))
         return offset
+
+
+# ------------------------------------------------------------------------------ the plan format's limits
+
+# what a constant parameter of each kind holds (i32x3: each of its three ints; f32: finite)
+_INT_RANGES = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), schema.I64_MAX), "i32x3": (0, (1 << 31) - 1)}
+
+
+def check_plan_limits(plan: ResolvedPlan, node_paths: dict[str, str], ctx: ResolveContext) -> None:
+    """What the plan format and CUDA hold, checked for every launch before anything compiles:
+    grids (x < 2**31, y and z < 65536), constants that fit their parameters, how many launches,
+    kernels and workspace regions a plan holds. The ops decline what they know is too large
+    with the user's own field paths; this is the net under them, naming the node."""
+    fix = "make its tensors smaller (fewer sequences, heads or tokens) or split the work into several plans"
+    for launch in plan.launches:
+        where = node_paths.get(launch.node, "nodes")
+        if len(launch.grid) != 3 or any(not 1 <= g <= hi for g, hi in zip(launch.grid, schema.MAX_GRID)):
+            ctx.problem(
+                where,
+                f"its launch of {launch.variant.name} needs a grid of {launch.grid} CTAs, over CUDA's limits "
+                f"{schema.MAX_GRID} (x, y, z): {fix}",
+            )
+        for arg in launch.args:
+            if arg.slot >= 0 or arg.workspace >= 0 or arg.kind in ("ptr", "tmap"):
+                continue
+            if not _fits(arg.kind, arg.value):
+                ctx.problem(
+                    where,
+                    f"parameter {arg.param} of {launch.variant.name} would be {arg.value!r}, which does not fit the "
+                    f"kernel's {arg.kind}: {fix}",
+                )
+    counts = (
+        (len(plan.launches), schema.MAX_LAUNCHES, "launches"),
+        (len(plan.variants), schema.MAX_KERNELS, "distinct kernels"),
+        (len(plan.workspace), schema.MAX_REGIONS, "workspace regions"),
+        (len(plan.lengths), schema.MAX_REGIONS, "sequence-length contracts"),
+    )
+    for count, most, what in counts:
+        if count > most:
+            ctx.problem("nodes", f"the nodes make {count} {what}; a plan holds at most {most}: split the graph")
+    too_long = {}  # node -> its first region whose name is too long: one problem per node
+    for region in plan.workspace:  # named "<node>.<what>"
+        if len(region.name) > schema.MAX_NAME_CHARS:
+            too_long.setdefault(region.name.rsplit(".", 1)[0], region)
+    for node, region in too_long.items():
+        ctx.problem(
+            f"{node_paths.get(node, 'nodes')}.name",
+            f"the node's workspace region {region.name!r} would have {len(region.name)} characters, at most "
+            f"{schema.MAX_NAME_CHARS}: shorten the node's name",
+        )
+    if plan.workspace_bytes > schema.I64_MAX:
+        ctx.problem("nodes", f"the nodes need a workspace of {plan.workspace_bytes} bytes, over 2**63: {fix}")
+
+
+def _fits(kind: str, value) -> bool:
+    if kind == "f32":
+        return isinstance(value, (int, float)) and abs(value) <= schema.F32_MAX
+    lo, hi = _INT_RANGES[kind]
+    values = value if kind == "i32x3" else (value,)
+    return all(isinstance(v, int) and lo <= v <= hi for v in values)
 
 
 # ------------------------------------------------------------------------------ slots and uids

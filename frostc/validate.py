@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from frost_runtime import schema
+
 from frostc import ops
 from frostc.checks import (
     check_bool,
@@ -60,6 +62,9 @@ def validate(desc: Description) -> Graph:
     target = _check_header(desc, problems)
     checked = {t.name: _check_tensor(t, problems) for t in desc.tensors}
     _check_uids(desc.tensors, problems)
+    if len(desc.tensors) > schema.MAX_SLOTS:
+        message = f"{len(desc.tensors)} tensors; a plan holds at most {schema.MAX_SLOTS}: split the graph into plans"
+        problems.append(Problem("tensors", message))
     contexts = [NodeContext(i, n, checked, problems) for i, n in enumerate(desc.nodes)]
     nodes = [_check_node(ctx) for ctx in contexts]
     _check_node_names(contexts, problems)
@@ -71,6 +76,7 @@ def validate(desc: Description) -> Graph:
         c.strides = _resolve_strides(c, uses, problems)
         if is_output[name]:
             _check_no_overlap(c, uses[0].letters if uses else None, problems)
+        _check_span(c, problems)
     if problems:
         raise DescriptionError(problems)
     tensors = tuple(
@@ -100,6 +106,9 @@ def _check_header(desc: Description, problems: list[Problem]) -> str:
         problems.append(Problem("name", f"expected a string, got {describe(desc.name)}"))
     elif not _GRAPH_NAME.fullmatch(desc.name):
         message = f"name {json.dumps(desc.name)} is not valid; use a non-empty string of A-Z a-z 0-9 . _ -"
+        problems.append(Problem("name", message))
+    elif len(desc.name) > schema.MAX_PLAN_NAME_CHARS:
+        message = f"{len(desc.name)} characters; a plan's name has at most {schema.MAX_PLAN_NAME_CHARS}: shorten it"
         problems.append(Problem("name", message))
 
     target = desc.target if desc.target is not None else DEFAULT_TARGET
@@ -139,6 +148,9 @@ def _check_tensor(t: TensorDecl, problems: list[Problem]) -> CheckedTensor:
     check_unknown_keys(path, t.extra, TENSOR_KEYS, problems)
     if not _TENSOR_NAME.fullmatch(t.name):
         message = f"tensor name {json.dumps(t.name)} is not valid; use letters, digits and _, not starting with a digit"
+        problems.append(Problem(path, message))
+    elif len(t.name) > schema.MAX_NAME_CHARS:
+        message = f"tensor name of {len(t.name)} characters; at most {schema.MAX_NAME_CHARS}: shorten it"
         problems.append(Problem(path, message))
     dtype = check_choice(f"{path}.dtype", t.dtype, DTYPES, "dtype", problems, required=True)
     dims = _check_dims(f"{path}.dims", t.dims, problems)
@@ -276,6 +288,28 @@ def _check_no_overlap(c: CheckedTensor, letters: str | None, problems: list[Prob
     problems.append(Problem(c.at("strides"), message))
 
 
+def _is_utf8(text: str) -> bool:
+    """False for a string that cannot be written as UTF-8 (a lone surrogate, from a JSON escape)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_span(c: CheckedTensor, problems: list[Problem]) -> None:
+    """The furthest byte a kernel may address must fit int64 (pointer arithmetic, the plan format)."""
+    if c.dims is None or c.strides is None or c.dtype is None or len(c.strides) != len(c.dims):
+        return
+    span = (sum((d - 1) * st for d, st in zip(c.dims, c.strides)) + 1) * schema.DTYPES[c.dtype]
+    if span > schema.I64_MAX:
+        message = (
+            f"dims {list(c.dims)} with strides {list(c.strides)} span {span} bytes, more than 2**63; "
+            "no GPU holds that: use smaller dims"
+        )
+        problems.append(Problem(c.at("dims"), message))
+
+
 def _check_uids(tensors: tuple[TensorDecl, ...], problems: list[Problem]) -> None:
     owners: dict[int, str] = {}
     for t in tensors:
@@ -286,6 +320,9 @@ def _check_uids(tensors: tuple[TensorDecl, ...], problems: list[Problem]) -> Non
             problems.append(Problem(path, f"expected a positive int, got {describe(t.uid)}"))
         elif t.uid <= 0:
             problems.append(Problem(path, f"must be positive, got {t.uid}; or omit it to have one assigned"))
+        elif t.uid > schema.I64_MAX:
+            message = f"uid {t.uid} does not fit int64 (at most {schema.I64_MAX}); or omit it to have one assigned"
+            problems.append(Problem(path, message))
         elif t.uid in owners:
             problems.append(Problem(path, f"uid {t.uid} is already used by {owners[t.uid]}; uids must be unique"))
         else:
@@ -407,6 +444,12 @@ def _check_node(ctx: NodeContext) -> Node | None:
     name = f"{op_name}{ctx.index}" if ctx.decl.name is None else ctx.decl.name
     if not isinstance(name, str) or not name:
         ctx.problem("name", f"expected a non-empty string, got {describe(name)}")
+        name = None
+    elif len(name) > schema.MAX_NAME_CHARS:
+        ctx.problem("name", f"{len(name)} characters; a node's name has at most {schema.MAX_NAME_CHARS}: shorten it")
+        name = None
+    elif not _is_utf8(name):
+        ctx.problem("name", f"{describe(name)} is not valid Unicode text (a lone surrogate escape?): rename the node")
         name = None
     ctx.name = name
     ctx.op_known = True

@@ -44,10 +44,10 @@ class ReachedTheGpu(Exception):
 def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """`load` past its CPU checks asks the driver for the device: stop it there."""
 
-    def current_context_device():
+    def current_context():
         raise ReachedTheGpu
 
-    monkeypatch.setattr(driver_module, "current_context_device", current_context_device)
+    monkeypatch.setattr(driver_module, "current_context", current_context)
 
 
 # ----------------------------------------------------------------------------------- identity
@@ -174,5 +174,6 @@ def test_load_goes_on_to_the_gpu_with_an_allowed_plan(tmp_path: Path, plan: Path
     listing = tmp_path / "pins"
     listing.write_text(f"{sha(plan)}  toy.frost\n")
     for pin in (None, sha(plan), {sha(plan), sha(other)}, listing):
-        with pytest.raises(ReachedTheGpu):
+        with pytest.raises(frost_runtime.CompatibilityError) as refused:  # no GPU here: said so
             frost_runtime.load(plan, sha256=pin)
+        assert isinstance(refused.value.__cause__, ReachedTheGpu)

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from frost_runtime.schema import MAX_GRID
+
 from frostc.kernels.kv_append import INT_PARAMS, POINTERS, STRIDE_PARAMS, KvAppendVariant
 from frostc.ops.paged_cache import new_tokens_problem, page_size_problem
 from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout
@@ -225,6 +227,13 @@ def _check_supported(node: KvAppend, ctx: ResolveContext) -> None:
             f"{lengths.path}.strides[0]",
             f"stride {lengths.strides[0]}: length tensors must be contiguous (stride 1); leave strides out",
         )
+    # the launch's grid is (batch, new tokens, 1); new tokens are at most 16
+    if node.batch > MAX_GRID[0]:
+        ctx.problem(
+            f"{k.path}.dims[0]", f"batch {node.batch} is over {MAX_GRID[0]}, a launch's grid x; split the batch"
+        )
+    if node.heads_kv > INT32_MAX:
+        ctx.problem(f"{k.path}.dims[1]", f"{node.heads_kv} KV heads do not fit the kernel's int32; at most {INT32_MAX}")
     cache = ctx.tensor(node.k_cache)
     if node.capacity > INT32_MAX:
         ctx.problem(

@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from frost_runtime.schema import F32_MAX, MAX_GRID
+
 from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
 from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant, tiles_for_head_dim
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
@@ -192,6 +194,8 @@ def validate(ctx: NodeContext) -> Sdpa | None:
     _check_dtypes(tensors, ctx)
     mask = _check_mask(ctx, form)
     scale = ctx.positive_float("attn_scale", "omit it for the default 1/sqrt(head dim)")
+    default_scale = 1.0 / math.sqrt(sizes["d"]) if sizes and "d" in sizes else 1.0
+    _check_float32_scales(ctx, scale, default_scale, mask)
     inference = ctx.bool("inference")
     debug_tile_visits = ctx.bool("debug_tile_visits")
     if inference is False and not ctx.given("lse"):
@@ -286,26 +290,31 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
                     c.at(f"dims[{i}]"), f"{_DIM_WORDS[name]} {size} does not match {owner[name]}'s {sizes[name]}"
                 )
                 ok = False
+
+    def dim(name: str) -> str:  # the path of a named dim, in the role it was taken from
+        role = owner[name]
+        return tensors[role].at(f"dims[{dims_of[role].index(name)}]")
+
     if "d" in sizes and "dv" in sizes and sizes["d"] != sizes["dv"]:
         message = (
             f"V head dim {sizes['dv']} differs from q's head dim {sizes['d']}; "
             "a different V head dim is not supported yet"
         )
-        ctx.problems_at(tensors["v"].at(f"dims[{len(dims_of['v']) - 1}]"), message)
+        ctx.problems_at(dim("dv"), message)
         ok = False
     if "hq" in sizes and "hkv" in sizes and sizes["hq"] % sizes["hkv"]:
         hq, hkv = sizes["hq"], sizes["hkv"]
         message = f"q has {hq} heads and k has {hkv}; GQA needs hq % hkv == 0, but {hq} % {hkv} = {hq % hkv}"
-        ctx.problems_at(tensors["k"].at(f"dims[{dims_of['k'].index('hkv')}]"), message)
+        ctx.problems_at(dim("hkv"), message)
         ok = False
     if "page_size" in sizes and (message := page_size_problem(sizes["page_size"])):
-        ctx.problems_at(tensors["k"].at("dims[1]"), message)
+        ctx.problems_at(dim("page_size"), message)
         ok = False
     if "page_size" in sizes and "sq" in sizes and (message := new_tokens_problem(sizes["sq"])):
-        ctx.problems_at(tensors["q"].at("dims[2]"), message)
+        ctx.problems_at(dim("sq"), message)
         ok = False
     if "b + 1" in sizes and sizes["b + 1"] < 2:
-        ctx.problems_at(tensors["cu_seqlens_q"].at("dims[0]"), "cu_seqlens has batch + 1 entries: at least 2")
+        ctx.problems_at(dim("b + 1"), "cu_seqlens has batch + 1 entries: at least 2")
         ok = False
     return sizes if ok and all(n in sizes for n in ("hq", "hkv", "d")) else None
 
@@ -337,6 +346,9 @@ def _check_mask(ctx: NodeContext, form: str) -> Mask | None:
     left = ctx.int("window_left", 0, "keys before the diagonal each query sees")
     right = ctx.int("window_right", 0, "keys after the diagonal each query sees")
     softcap = ctx.positive_float("softcap", "Gemma 2 uses 50.0; omit it for no softcap")
+    for key, value in (("window_left", left), ("window_right", right)):
+        if value is not None and value > INT32_MAX:
+            ctx.problem(key, f"{value} keys do not fit the kernel's int32 (at most {INT32_MAX}); omit it for no bound")
     if causal and right is not None and right > 0:
         ctx.problem(
             "window_right",
@@ -357,6 +369,22 @@ def _check_mask(ctx: NodeContext, form: str) -> Mask | None:
     if causal:
         right = 0
     return Mask(bool(causal), alignment or "top_left", left, right, softcap)
+
+
+def _check_float32_scales(ctx: NodeContext, scale: float | None, default: float, mask: Mask | None) -> None:
+    """The kernels take the scales as float32: scale * log2(e) (or softcap * log2(e)) and
+    scale / softcap must stay finite there."""
+    most = f"{F32_MAX / LOG2_E:.3g}"
+    if scale is not None and scale * LOG2_E > F32_MAX:
+        ctx.problem("attn_scale", f"{scale} is beyond float32's range once scaled by log2(e): at most {most}")
+    softcap = mask.softcap if mask is not None else None
+    if softcap is None:
+        return
+    if softcap * LOG2_E > F32_MAX:
+        ctx.problem("softcap", f"{softcap} is beyond float32's range once scaled by log2(e): at most {most}")
+    elif (scale or default) / softcap > F32_MAX:
+        ratio = (scale or default) / softcap
+        ctx.problem("softcap", f"attn_scale / softcap = {ratio:.3g} is beyond float32's range: use a larger softcap")
 
 
 def _check_paged_mask(ctx: NodeContext, alignment, left, right, softcap) -> None:
@@ -534,10 +562,10 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     if node.head_dim in HEAD_DIMS:
         tiles = _variant(node, ctx).tile_shape
         count = _tile_capacity(node, tiles.block_m)
-        if count > INT32_MAX:
+        if count > MAX_GRID[0]:  # the attention launch's grid x
             ctx.problem(
                 f"{q.path}.dims",
-                f"{count} tiles of {tiles.block_m} query rows per head: a launch holds at most {INT32_MAX}; "
+                f"{count} tiles of {tiles.block_m} query rows per head: a launch holds at most {MAX_GRID[0]}; "
                 "split the work into several plans",
             )
 

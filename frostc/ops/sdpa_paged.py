@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from frost_runtime.schema import MAX_GRID
+
 from frostc.kernels.sdpa_common import LOG2_E
 from frostc.kernels.sdpa_decode_combine import INT_PARAMS as COMBINE_INT_PARAMS
 from frostc.kernels.sdpa_decode_combine import DecodeCombineVariant
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
     from frostc.ops.sdpa import Sdpa
     from frostc.resolve import ResolveContext
 
-GRID_YZ_MAX = 65535
 TARGET_SMS = {"sm_90a": 132}  # H100 SXM and H200
 WAVES = 5  # CTAs per resident slot the splits aim for at full capacity: lengths vary, the tail stays short
 UNSPLIT_WAVES = 3  # as many (sequence, KV head) CTAs as this many waves: no split needed
@@ -97,9 +98,18 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     lengths = ctx.tensor(node.kv_lengths)
     if lengths.dims[0] > 1 and lengths.strides[0] != 1:
         ctx.problem(f"{lengths.path}.strides[0]", f"stride {lengths.strides[0]}: lengths must be contiguous (stride 1)")
-    if node.batch > GRID_YZ_MAX:
+    # the launches' grids: (splits, heads_kv * row blocks, batch) and (rows, heads_kv, batch)
+    if node.batch > MAX_GRID[2]:
         ctx.problem(
-            f"{q.path}.dims[0]", f"batch {node.batch} is over {GRID_YZ_MAX}, a launch's grid z; split the batch"
+            f"{q.path}.dims[0]", f"batch {node.batch} is over {MAX_GRID[2]}, a launch's grid z; split the batch"
+        )
+    row_blocks = -(-_rows(node) // ROWS)
+    if node.heads_kv * row_blocks > MAX_GRID[1]:
+        ctx.problem(
+            f"{q.path}.dims[1]",
+            f"{node.heads_q} query heads of {node.seq_q} new tokens over {node.heads_kv} KV heads make "
+            f"{node.heads_kv} x {row_blocks} blocks of {ROWS} rows, a grid y of {node.heads_kv * row_blocks}; a "
+            f"launch's grid y is at most {MAX_GRID[1]}: fewer heads or new tokens per plan",
         )
     if node.seq_kv > INT32_MAX:
         ctx.problem(

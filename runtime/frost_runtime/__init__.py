@@ -6,25 +6,47 @@ plan.execute(q, k, v, o, lse)                  # buffers in slot order, on torch
 plan.execute_named(q=q, k=k, v=v, o=o, lse=lse, stream=s)
 bound = plan.bind(q, k, v, o, lse, workspace=ws)  # check once; bound.execute() only launches
 plan.close()                                   # or `with frost_runtime.load(...) as plan:`
+
+Errors, each naming the plan and what to do: PlanFormatError (a corrupt or foreign file;
+PlanIntegrityError: not the plan `sha256=` pins),
+CompatibilityError (this GPU or driver cannot run it; LoadError: the driver refused a kernel),
+BindError (a buffer does not match its slot; LengthError from check_lengths), WorkspaceError
+(allocate_workspace: out of GPU memory), LaunchError (the driver refused a launch; ContextError:
+another CUDA context is current), PlanClosedError.
 """
 
 import os
 
 from frost_runtime.integrity import Pin, PlanIntegrityError, allowed_sha256, check_sha256, plan_sha256
-from frost_runtime.plan import BindError, BoundPlan, CompatibilityError, LengthError, Plan, PlanClosedError
+from frost_runtime.plan import (
+    BindError,
+    BoundPlan,
+    CompatibilityError,
+    ContextError,
+    LaunchError,
+    LengthError,
+    LoadError,
+    Plan,
+    PlanClosedError,
+    WorkspaceError,
+)
 from frost_runtime.schema import PlanData, PlanFormatError, decode_plan, read_header
 
 __all__ = [
     "BindError",
     "BoundPlan",
     "CompatibilityError",
+    "ContextError",
+    "LaunchError",
     "LengthError",
+    "LoadError",
     "Pin",
     "Plan",
     "PlanClosedError",
     "PlanData",
     "PlanFormatError",
     "PlanIntegrityError",
+    "WorkspaceError",
     "allowed_sha256",
     "compatibility_problems",
     "load",
@@ -39,15 +61,24 @@ def load(source: str | os.PathLike | bytes, *, sha256: Pin | None = None) -> Pla
     """Read, verify and load a plan on the current CUDA context (the current device's primary
     context when none is current). Raises PlanIntegrityError for a plan `sha256` does not allow
     (see `verify_plan`), PlanFormatError for a corrupt or foreign file and CompatibilityError when
-    this GPU or driver cannot run it; nothing is loaded then."""
+    this machine cannot run it (no GPU or driver, another architecture, an older driver; LoadError
+    when the driver refuses a kernel); nothing is loaded then."""
     data = verify_plan(source, sha256=sha256)
-    from frost_runtime import driver  # the GPU is needed from here on
+    try:
+        from frost_runtime import driver  # the GPU is needed from here on
 
-    device = driver.current_context_device()
+        context, device = driver.current_context()
+    except Exception as exc:  # no libcuda, no GPU, no cuda-bindings: cannot run here, said so
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CompatibilityError(
+            f"plan {data.header.name!r} cannot run here: no usable CUDA GPU and driver ({type(exc).__name__}: "
+            f"{why}); load it on a machine with an {data.header.target_arch} GPU (`frostc check PLAN` says what "
+            "this one has)"
+        ) from exc
     problems = compatibility_problems(data.header.target_arch, data.header.min_driver, device)
     if problems:
         raise CompatibilityError(f"plan {data.header.name!r} cannot run here: " + "; ".join(problems))
-    return Plan(data, device)
+    return Plan(data, device, context)
 
 
 def verify_plan(source: str | os.PathLike | bytes, *, sha256: Pin | None = None) -> PlanData:

@@ -11,27 +11,45 @@ from cuda.bindings import driver as cu
 
 
 class CudaError(RuntimeError):
-    """A CUDA driver call failed; the message holds the driver's name for the error."""
+    """A CUDA driver call failed; the message holds the driver's name for the error (`name`)."""
+
+    def __init__(self, message: str, name: str = ""):
+        super().__init__(message)
+        self.name = name  # e.g. "CUDA_ERROR_INVALID_IMAGE"
 
 
-def check(result):
-    """Unwrap a cuda-bindings (err, value...) tuple, raising with the driver's error string."""
+def check(result, call: str = ""):
+    """Unwrap a cuda-bindings (err, value...) tuple, raising with the driver's error string
+    (after `call`, the driver function's name, when given)."""
     err, *values = result if isinstance(result, tuple) else (result,)
     if err != cu.CUresult.CUDA_SUCCESS:
-        raise CudaError(_error_text(err))
+        raise CudaError((f"{call}: " if call else "") + error_text(err), error_name(err))
     return values[0] if len(values) == 1 else tuple(values) or None
 
 
-def _error_text(err) -> str:
-    name = cu.cuGetErrorName(err)[1]
-    text = cu.cuGetErrorString(err)[1]
-    decode = lambda b: b.decode() if isinstance(b, bytes) else str(b)  # noqa: E731
-    return f"{decode(name)}: {decode(text)}"
+def _decode(b) -> str:
+    return b.decode() if isinstance(b, bytes) else str(b)
+
+
+def error_name(err) -> str:
+    """The driver's name for a CUresult, e.g. "CUDA_ERROR_INVALID_IMAGE" (the enum's own name
+    when the driver cannot be asked)."""
+    try:
+        return _decode(cu.cuGetErrorName(err)[1])
+    except Exception:
+        return getattr(err, "name", str(err))
+
+
+def error_text(err) -> str:
+    try:
+        return f"{error_name(err)}: {_decode(cu.cuGetErrorString(err)[1])}"
+    except Exception:
+        return error_name(err)
 
 
 def check_launch(code) -> None:
     if code != cu.CUresult.CUDA_SUCCESS:
-        raise CudaError(_error_text(code))
+        raise CudaError(error_text(code), error_name(code))
 
 
 @dataclass(frozen=True)
@@ -43,15 +61,30 @@ class Device:
     sm_count: int = 0  # streaming multiprocessors: persistent grids start at most this many CTAs
 
 
-def current_context_device() -> Device:
-    """Make sure a context is current (the device's primary one, as torch uses) and describe it."""
-    check(cu.cuInit(0))
+def current_context() -> tuple[object, Device]:
+    """Make sure a context is current (the device's primary one, as torch uses); that context
+    (a CUcontext) and its device."""
+    check(cu.cuInit(0), "cuInit")
     ctx = check(cu.cuCtxGetCurrent())
     if int(ctx) == 0:
         ordinal = _torch_current_device()
         ctx = check(cu.cuDevicePrimaryCtxRetain(check(cu.cuDeviceGet(ordinal))))
         check(cu.cuCtxSetCurrent(ctx))
-    return describe_device(check(cu.cuCtxGetDevice()))
+    return ctx, describe_device(check(cu.cuCtxGetDevice()))
+
+
+def current_context_device() -> Device:
+    return current_context()[1]
+
+
+def current_context_handle() -> int | None:
+    """The calling thread's current context as an int (0: none), or None if the driver cannot
+    say; never raises (it explains failures, off the hot path)."""
+    try:
+        err, ctx = cu.cuCtxGetCurrent()
+        return int(ctx) if err == cu.CUresult.CUDA_SUCCESS else None
+    except Exception:
+        return None
 
 
 def describe_device(dev) -> Device:
@@ -80,16 +113,39 @@ class LoadedKernel:
 
 
 def load_kernel(cubin: bytes, entry: str, smem_bytes: int) -> LoadedKernel:
-    module = check(cu.cuModuleLoadData(cubin))
-    function = check(cu.cuModuleGetFunction(module, entry.encode()))
-    attr = cu.CUfunction_attribute
-    if smem_bytes > 48 * 1024:  # above 48 KiB a kernel must opt in
-        check(cu.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes))
+    """Load a cubin into the current context; a failure unloads what this call loaded."""
+    module = check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
+    try:
+        function = check(cu.cuModuleGetFunction(module, entry.encode()), f"cuModuleGetFunction({entry})")
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        if smem_bytes > 48 * 1024:  # above 48 KiB a kernel must opt in
+            check(cu.cuFuncSetAttribute(function, attr, smem_bytes), f"cuFuncSetAttribute(smem {smem_bytes} B)")
+    except CudaError:
+        cu.cuModuleUnload(module)
+        raise
     return LoadedKernel(module, function)
 
 
 def unload_kernel(kernel: LoadedKernel) -> None:
-    check(cu.cuModuleUnload(kernel.module))
+    check(cu.cuModuleUnload(kernel.module), "cuModuleUnload")
+
+
+def unload_kernels(context, kernels) -> None:
+    """Unload `kernels` from `context`, made current for the calls (a module is unloaded from
+    its own context, whichever thread closes the plan); every one is tried, the first failure
+    raised after."""
+    check(cu.cuCtxPushCurrent(context), "cuCtxPushCurrent")
+    failure = None
+    try:
+        for kernel in kernels:
+            try:
+                unload_kernel(kernel)
+            except CudaError as exc:
+                failure = failure or exc
+    finally:
+        cu.cuCtxPopCurrent()
+    if failure is not None:
+        raise failure
 
 
 def zero_words_async(address: int, words: int, stream: int) -> None:

@@ -15,6 +15,14 @@ second and capture it in a CUDA graph):
    write them.
 4. Nothing observed at execute can cause a compile or a module load: modules are loaded in
    `load()`, so even a first `execute` inside a graph capture is a plain launch.
+5. Failures cost nothing until they happen: a refused launch is explained (which launch, which
+   kernel, whether another CUDA context is current) only after the driver refused it.
+
+Lifetime: `close()` unloads the kernels. A plan dropped without it unloads them when it is
+garbage-collected (a `weakref.finalize` backstop, in whichever thread collects it; never at
+interpreter exit, when the process's end frees the context and everything in it, and the
+driver's bindings may be half torn down). Either way the plan (or a binding of it, which holds
+it) must outlive every CUDA graph that captured its launches.
 """
 
 import ctypes
@@ -54,6 +62,25 @@ class CompatibilityError(RuntimeError):
     """The plan cannot run on this machine (architecture or driver); nothing was loaded."""
 
 
+class LoadError(CompatibilityError):
+    """The driver refused one of the plan's kernels (a damaged cubin, a GPU or driver it was
+    not built for, no memory left); nothing of the plan stays loaded."""
+
+
+class WorkspaceError(RuntimeError):
+    """`allocate_workspace` could not get the plan's workspace: the GPU is out of memory."""
+
+
+class LaunchError(driver.CudaError):
+    """The driver refused one of the plan's launches (or the zero fill before them); `name`
+    holds the driver's name for the error."""
+
+
+class ContextError(LaunchError):
+    """The plan was launched while a CUDA context other than the one it was loaded in (another
+    device's, or none) was current in the calling thread."""
+
+
 class LengthError(BindError):
     """Sequence lengths break the plan's capacities (found by `check_lengths`, on request)."""
 
@@ -83,7 +110,8 @@ class _SlotCheck:
 class _PackedLaunch:
     """One kernel launch with its parameter block packed once; only pointer fields change."""
 
-    def __init__(self, launch: Launch, kernel: Kernel, loaded: driver.LoadedKernel, sm_count: int):
+    def __init__(self, launch: Launch, kernel: Kernel, loaded: driver.LoadedKernel, sm_count: int, index: int = 0):
+        self.index = index  # in the plan's launches: what a failure names
         offsets, size = _param_offsets(kernel)
         self.buffer = (ctypes.c_byte * max(size, 1))()
         for off, arg in zip(offsets, launch.args):
@@ -125,7 +153,8 @@ def _param_offsets(kernel: Kernel) -> tuple[list[int], int]:
 class Plan:
     """A plan ready to launch on the device whose context was current at `load()`."""
 
-    def __init__(self, data: PlanData, device: driver.Device):
+    def __init__(self, data: PlanData, device: driver.Device, context=None):
+        """`context`: the CUcontext to load into, current in this thread (the current one when None)."""
         self.data = data
         self.header = data.header
         self.device = device
@@ -135,10 +164,15 @@ class Plan:
         self._zeroed = tuple((r.offset, r.bytes // 4) for r in data.workspace if r.zeroed)
         self._slot_index = {name: i for i, name in enumerate(self.slots)}
         self._checks = tuple(_slot_check(i, s, device.ordinal) for i, s in enumerate(data.slots))
-        self._loaded = [driver.load_kernel(k.cubin, k.entry, k.smem_bytes) for k in data.kernels]
+        self._context = context if context is not None else driver.current_context()[0]
+        self._context_handle = int(self._context)  # what a failed launch compares the current one with
+        self._loaded = _load_kernels(data, device, self._context)
+        # the backstop for a forgotten close(); it holds the modules, never the plan
+        self._finalizer = weakref.finalize(self, _unload_forgotten, self._context, tuple(self._loaded))
+        self._finalizer.atexit = False
         self._launches = [
-            _PackedLaunch(launch, data.kernels[launch.kernel], self._loaded[launch.kernel], device.sm_count)
-            for launch in data.launches
+            _PackedLaunch(launch, data.kernels[launch.kernel], self._loaded[launch.kernel], device.sm_count, i)
+            for i, launch in enumerate(data.launches)
         ]
         self._launch = driver.launch_kernel
         self._lock = threading.Lock()  # parameter blocks are shared: patch + launch is atomic
@@ -153,17 +187,26 @@ class Plan:
         """Unload the plan's kernels (a serving process that swaps plans would leak them
         otherwise). Work already queued must have finished or be ordered before any reuse of
         the memory; launches after close raise PlanClosedError, from bound plans too."""
-        if self.closed:
-            return
-        self.closed = True
-        self._launches = _ClosedLaunches()
-        self._zeroed = ()  # nothing at all is queued after close, not even a fill
-        for bound in list(self._bound):
-            bound._calls = _ClosedLaunches()
-            bound._counters_to_zero = []
-        loaded, self._loaded = self._loaded, []
-        for kernel in loaded:
-            driver.unload_kernel(kernel)
+        with self._lock:  # after any execute in flight; a second close (any thread) does nothing
+            if self.closed:
+                return
+            self.closed = True
+            self._launches = _ClosedLaunches()
+            self._zeroed = ()  # nothing at all is queued after close, not even a fill
+            for bound in list(self._bound):
+                bound._calls = _ClosedLaunches()
+                bound._counters_to_zero = []
+            self._finalizer.detach()
+            loaded, self._loaded = self._loaded, []
+        try:
+            driver.unload_kernels(self._context, loaded)
+        except driver.CudaError as exc:
+            raise driver.CudaError(
+                f"plan {self.header.name!r}: unloading its kernels failed ({exc}); the CUDA context it was loaded in "
+                f"(cuda:{self._device_index}) is gone or broken (a device reset, an earlier fault?). The plan is "
+                "closed all the same",
+                exc.name,
+            ) from None
 
     def __enter__(self) -> "Plan":
         return self
@@ -178,7 +221,17 @@ class Plan:
             return None
         import torch
 
-        return torch.empty(self.workspace_bytes, dtype=torch.uint8, device=f"cuda:{self._device_index}")
+        try:
+            return torch.empty(self.workspace_bytes, dtype=torch.uint8, device=f"cuda:{self._device_index}")
+        except torch.cuda.OutOfMemoryError as exc:
+            n = self.workspace_bytes
+            raise WorkspaceError(
+                f"plan {self.header.name!r}: its workspace of {n} bytes ({_mib(n)}) does not fit in cuda:"
+                f"{self._device_index}'s free memory ({str(exc).splitlines()[0] if str(exc) else 'out of memory'}). "
+                "Allocate it once, early (before caches take the memory), or pass workspace= a buffer of at least "
+                f"{n} bytes from your own pool, or rebuild the plan with smaller capacities (batch, max_seqlen_*, "
+                "pages) for a smaller workspace"
+            ) from exc
 
     # ------------------------------------------------------------------ the hot path
     def execute(self, *buffers, stream=None, workspace=None) -> None:
@@ -192,8 +245,11 @@ class Plan:
         handle = self._raw_stream(self._device_index) if stream is None else _stream_handle(stream)
         launch, success = self._launch, driver.SUCCESS
         with self._lock:
-            for offset, words in self._zeroed:  # tile counters, ordered before the launches
-                driver.zero_words_async(base + offset, words, handle)
+            try:
+                for offset, words in self._zeroed:  # tile counters, ordered before the launches
+                    driver.zero_words_async(base + offset, words, handle)
+            except driver.CudaError as exc:
+                raise self._failure(exc.name, str(exc), "zeroing its workspace counters") from None
             for packed in self._launches:
                 for slot, field in packed.slot_fields:
                     field.value = pointers[slot]
@@ -201,7 +257,7 @@ class Plan:
                     field.value = base + offset
                 (code,) = launch(packed.function, *packed.geometry, handle, packed.param_address, 0)
                 if code != success:
-                    driver.check_launch(code)
+                    raise self._launch_error(code, packed.index)
 
     def bind(self, *buffers, workspace=None) -> "BoundPlan":
         """Check `buffers` (slot order) once and return a launcher with their pointers packed in.
@@ -222,7 +278,7 @@ class Plan:
     def _pack(self, pointers: list[int], base: int, index: int) -> "_PackedLaunch":
         launch = self.data.launches[index]
         packed = _PackedLaunch(
-            launch, self.data.kernels[launch.kernel], self._loaded[launch.kernel], self.device.sm_count
+            launch, self.data.kernels[launch.kernel], self._loaded[launch.kernel], self.device.sm_count, index
         )
         for slot, field in packed.slot_fields:
             field.value = pointers[slot]
@@ -259,6 +315,28 @@ class Plan:
                 f"the slots are {list(self.slots)}"
             )
         self.execute(*(given[name] for name in self.slots), stream=stream, workspace=workspace)
+
+    # ------------------------------------------------------------------ failures (after the driver refused)
+    def _launch_error(self, code, index: int) -> LaunchError:
+        launch = self.data.launches[index]
+        what = f"launch {index} (node {launch.node!r}, kernel {self.data.kernels[launch.kernel].name})"
+        return self._failure(driver.error_name(code), driver.error_text(code), what)
+
+    def _failure(self, name: str, text: str, what: str) -> LaunchError:
+        """Why the driver refused `what`, and what to do: first of all, whether the calling
+        thread has another CUDA context current than the plan's."""
+        plan, device = f"plan {self.header.name!r}", f"cuda:{self._device_index}"
+        current = driver.current_context_handle()
+        if current is not None and current != self._context_handle:
+            whose = "no CUDA context is" if current == 0 else "another CUDA context (another device's) is"
+            return ContextError(
+                f"{plan}: {what} failed ({text}): the plan was loaded on {device} but {whose} current in this "
+                f"thread; make {device} current first (torch.cuda.set_device({self._device_index}), or `with "
+                f"torch.cuda.device({self._device_index}):`), or load a plan for each device",
+                name,
+            )
+        hint = _LAUNCH_HINTS.get(name, "the driver's error says why; `frostc check PLAN` says whether it runs here")
+        return LaunchError(f"{plan} on {device}: {what} failed ({text}); {hint.format(device=device)}", name)
 
     # ------------------------------------------------------------------ checks (metadata only)
     def _pointer(self, check: _SlotCheck, buf) -> int:
@@ -311,6 +389,76 @@ class Plan:
             problem = length_problem(contract, values)
             if problem:
                 raise LengthError(f"{_where(self._checks[contract.slot])}: {problem}")
+
+
+_FAULT = (
+    "a kernel faulted earlier on this CUDA context (not necessarily this plan's), which leaves the context "
+    "unusable: restart the process (CUDA_LAUNCH_BLOCKING=1 names the kernel that faulted)"
+)
+_LAUNCH_HINTS = {
+    "CUDA_ERROR_ILLEGAL_ADDRESS": _FAULT,
+    "CUDA_ERROR_LAUNCH_FAILED": _FAULT,
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION": _FAULT,
+    "CUDA_ERROR_MISALIGNED_ADDRESS": _FAULT,
+    "CUDA_ERROR_HARDWARE_STACK_ERROR": _FAULT,
+    "CUDA_ERROR_INVALID_HANDLE": "the stream or a kernel is not valid here: pass a stream of {device}, and launch "
+    "no plan after close()",
+    "CUDA_ERROR_INVALID_CONTEXT": "make {device} current in this thread",
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": "the GPU cannot start the kernel's CTAs: the plan was built for another "
+    "GPU? `frostc check PLAN` says",
+    "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED": "a capture in progress refused the launch: capture on the stream given "
+    "to execute (stream=...), or capture in relaxed mode",
+    "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED": "the capture in progress was already invalidated by an earlier call",
+}
+
+
+def _load_kernels(data: PlanData, device: driver.Device, context) -> list[driver.LoadedKernel]:
+    """Every kernel of the plan, loaded into the current context; on a failure, nothing stays
+    loaded and LoadError names the plan, the kernel and what to do."""
+    loaded: list[driver.LoadedKernel] = []
+    try:
+        for i, k in enumerate(data.kernels):
+            try:
+                loaded.append(driver.load_kernel(k.cubin, k.entry, k.smem_bytes))
+            except driver.CudaError as exc:
+                hint = _LOAD_HINTS.get(exc.name, _LOAD_HINTS["CUDA_ERROR_NO_BINARY_FOR_GPU"])
+                raise LoadError(
+                    f"plan {data.header.name!r}: cuda:{device.ordinal} ({device.name}) refused kernel {i} "
+                    f"({k.name}, entry {k.entry}): {exc}; {hint}"
+                ) from None
+    except BaseException:
+        _unload_forgotten(context, loaded)
+        raise
+    return loaded
+
+
+_DAMAGED = (
+    "its cubin is damaged or not this plan's (plans are hash-checked, so it was written that way): rebuild "
+    "the plan with `frostc build`"
+)
+_LOAD_HINTS = {
+    "CUDA_ERROR_INVALID_IMAGE": _DAMAGED,
+    "CUDA_ERROR_INVALID_SOURCE": _DAMAGED,
+    "CUDA_ERROR_INVALID_PTX": _DAMAGED,
+    "CUDA_ERROR_NOT_FOUND": _DAMAGED,
+    "CUDA_ERROR_NO_BINARY_FOR_GPU": "the plan was not built for this GPU and driver: `frostc check PLAN` says "
+    "what runs here; rebuild the plan for this GPU",
+    "CUDA_ERROR_OUT_OF_MEMORY": "the GPU is out of memory: free some, or load plans before filling caches, and load "
+    "again",
+}
+
+
+def _unload_forgotten(context, kernels) -> None:
+    """Unload `kernels` where nothing may raise: the finalizer of a plan dropped without
+    close() (inside a garbage collection, in any thread), and a load that failed half-way."""
+    try:
+        driver.unload_kernels(context, kernels)
+    except Exception:
+        pass  # a context already gone (a device reset) took its modules with it
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.2f} MiB"
 
 
 def length_problem(contract: LengthContract, values: list[int]) -> str | None:
@@ -478,13 +626,17 @@ class BoundPlan:
         for function, geometry, params in self._calls:
             (code,) = launch(function, *geometry, handle, params, 0)
             if code != success:
-                driver.check_launch(code)
+                index = next(p.index for p in self._launches if p.param_address == params)
+                raise self.plan._launch_error(code, index)
 
     def _zero_counters(self, handle: int) -> None:
         """Zero the counters on the launch stream before the first launch. A capture only
         records the fill (the graph then zeroes at every replay): the next launch outside a
         capture zeroes them again."""
-        for address, words in self._counters_to_zero:
-            driver.zero_words_async(address, words, handle)
+        try:
+            for address, words in self._counters_to_zero:
+                driver.zero_words_async(address, words, handle)
+        except driver.CudaError as exc:
+            raise self.plan._failure(exc.name, str(exc), "zeroing its workspace counters") from None
         if not driver.stream_is_capturing(handle):
             self._counters_to_zero = []

@@ -42,6 +42,14 @@ MAX_BLOCK = (1024, 1024, 64)  # per-dimension block limits; and at most 1024 thr
 MAX_GRID = ((1 << 31) - 1, 65535, 65535)
 MAX_CLUSTER_CTAS = 16  # the non-portable cluster size limit on sm_90
 MAX_SMEM_BYTES = 227 * 1024  # opt-in dynamic shared memory per CTA on sm_90
+# how many of each a plan holds and how long its names are, at most (frostc refuses a
+# description that would need more before it compiles anything)
+MAX_SLOTS = 256
+MAX_KERNELS = 64
+MAX_LAUNCHES = 256
+MAX_REGIONS = 256  # workspace regions, and length contracts
+MAX_NAME_CHARS = 128  # a slot's, a launch's node's, a workspace region's
+MAX_PLAN_NAME_CHARS = 256  # the header's (the reader's default string limit, and _HEADER_FORMS)
 F32_MAX = 3.4028234663852886e38
 
 DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4}  # name -> element bytes
@@ -429,11 +437,17 @@ def _unpack(data: bytes, what: str):
 def decode_plan(data: bytes) -> PlanData:
     header, body_bytes = read_header(data)
     body = _Reader(_unpack(body_bytes, "body"), "body")
-    slots = tuple(_read_slot(_Reader(s, f"slots[{i}]")) for i, s in enumerate(body.list("slots", 256)))
-    kernels = tuple(_read_kernel(_Reader(k, f"kernels[{i}]")) for i, k in enumerate(body.list("kernels", 64)))
-    launches = tuple(_read_launch(_Reader(x, f"launches[{i}]")) for i, x in enumerate(body.list("launches", 256)))
-    regions = tuple(_read_region(_Reader(r, f"workspace[{i}]")) for i, r in enumerate(body.list("workspace", 256)))
-    lengths = tuple(_read_contract(_Reader(c, f"lengths[{i}]")) for i, c in enumerate(body.list("lengths", 256)))
+    slots = tuple(_read_slot(_Reader(s, f"slots[{i}]")) for i, s in enumerate(body.list("slots", MAX_SLOTS)))
+    kernels = tuple(_read_kernel(_Reader(k, f"kernels[{i}]")) for i, k in enumerate(body.list("kernels", MAX_KERNELS)))
+    launches = tuple(
+        _read_launch(_Reader(x, f"launches[{i}]")) for i, x in enumerate(body.list("launches", MAX_LAUNCHES))
+    )
+    regions = tuple(
+        _read_region(_Reader(r, f"workspace[{i}]")) for i, r in enumerate(body.list("workspace", MAX_REGIONS))
+    )
+    lengths = tuple(
+        _read_contract(_Reader(c, f"lengths[{i}]")) for i, c in enumerate(body.list("lengths", MAX_REGIONS))
+    )
     plan = PlanData(header, slots, kernels, launches, body.int("workspace_bytes", 0, I64_MAX), regions, lengths)
     if not launches:
         raise PlanFormatError("body.launches: a plan launches at least one kernel")
@@ -444,7 +458,7 @@ def decode_plan(data: bytes) -> PlanData:
 def _read_slot(r: _Reader) -> TensorSlot:
     dims = r.ints("dims", (1, 8), 1, I64_MAX)
     return TensorSlot(
-        name=r.str("name", 128),
+        name=r.str("name", MAX_NAME_CHARS),
         uid=r.int("uid", 1, I64_MAX),
         dtype=r.str("dtype", 8),
         dims=dims,
@@ -456,14 +470,14 @@ def _read_slot(r: _Reader) -> TensorSlot:
 
 def _read_region(r: _Reader) -> WorkspaceRegion:
     return WorkspaceRegion(
-        name=r.str("name", 128), offset=r.int("offset", 0, I64_MAX), bytes=r.int("bytes", 0, I64_MAX),
+        name=r.str("name", MAX_NAME_CHARS), offset=r.int("offset", 0, I64_MAX), bytes=r.int("bytes", 0, I64_MAX),
         zeroed=r.get("zeroed", bool),
     )  # fmt: skip
 
 
 def _read_contract(r: _Reader) -> LengthContract:
     return LengthContract(
-        slot=r.int("slot", 0, 255), kind=r.str("kind", 16), longest=r.int("longest", 0, I64_MAX),
+        slot=r.int("slot", 0, MAX_SLOTS - 1), kind=r.str("kind", 16), longest=r.int("longest", 0, I64_MAX),
         total=r.int("total", 0, I64_MAX),
     )  # fmt: skip
 
@@ -506,21 +520,21 @@ def _read_launch(r: _Reader) -> Launch:
         if "tmap" in a:
             if set(a) != {"slot", "tmap"}:
                 raise PlanFormatError(f"{ar.path}: a tensor map takes exactly slot and tmap")
-            args.append(Arg(slot=ar.int("slot", 0, 255), tmap=ar.get("tmap", bytes)))
+            args.append(Arg(slot=ar.int("slot", 0, MAX_SLOTS - 1), tmap=ar.get("tmap", bytes)))
         elif len(a) != 1:
             raise PlanFormatError(f"{ar.path}: expected exactly one of slot, workspace or value")
         elif "slot" in a:
-            args.append(Arg(slot=ar.int("slot", 0, 255)))
+            args.append(Arg(slot=ar.int("slot", 0, MAX_SLOTS - 1)))
         elif "workspace" in a:
             args.append(Arg(workspace=ar.int("workspace", 0, I64_MAX)))
         else:
             value = ar.get("value", (int, float, list))
             args.append(Arg(value=tuple(value) if isinstance(value, list) else value))
     return Launch(
-        kernel=r.int("kernel", 0, 63),
+        kernel=r.int("kernel", 0, MAX_KERNELS - 1),
         grid=r.ints("grid", (3, 3), 1, MAX_GRID[0]),
         args=tuple(args),
-        node=r.str("node", 128),
+        node=r.str("node", MAX_NAME_CHARS),
     )
 
 
