@@ -1,7 +1,7 @@
 """compute-sanitizer (memcheck, racecheck, synccheck) over one small plan of every kernel variant.
 
     python bench/sanitize.py build              # CPU machine: the plans into bench/.built/sanitize
-    python bench/sanitize.py run [--tools ...]  # GPU machine: every plan under every tool, a table
+    python bench/sanitize.py run [--tools ...] [--only SUBSTR] [--plans DIR]  # GPU machine: a table
 
 Run it after every kernel change (README's development notes). The plans cover every tile walk
 (static persistent, per tile, paired, dynamic), every mask kind (causal top-left and
@@ -109,22 +109,23 @@ def targets() -> list[Target]:
 # ------------------------------------------------------------------------------ build (CPU)
 
 
-def build() -> int:
+def build(plans: Path, only: str) -> int:
     from frostc.build import build as build_plan
     from frostc.planfile import write_atomic
     from tests.gpu.build_plans import decode_description, description
 
-    BUILT.mkdir(parents=True, exist_ok=True)
+    plans.mkdir(parents=True, exist_ok=True)
     manifest = []
     start = time.time()
-    for i, target in enumerate(targets()):
+    chosen = [t for t in targets() if only in t.label]
+    for i, target in enumerate(chosen):
         desc = description(target.sdpa) if target.sdpa else decode_description(target.decode)
         data = build_plan(desc)
-        write_atomic(BUILT / target.plan, data)
+        write_atomic(plans / target.plan, data)
         kernels = _kernel_names(data)
         manifest.append({"label": target.label, "covers": target.covers, "plan": target.plan, "kernels": kernels})
-        print(f"[{i + 1}/{len(targets())}] {target.label}: {', '.join(kernels)} ({time.time() - start:.0f} s)")
-    write_atomic(BUILT / "manifest.json", json.dumps(manifest, indent=1).encode())
+        print(f"[{i + 1}/{len(chosen)}] {target.label}: {', '.join(kernels)} ({time.time() - start:.0f} s)")
+    write_atomic(plans / "manifest.json", json.dumps(manifest, indent=1).encode())
     return 0
 
 
@@ -137,7 +138,11 @@ def _kernel_names(data: bytes) -> list[str]:
 # ------------------------------------------------------------------------------ launch (GPU, under a tool)
 
 
-def launch() -> int:
+def _manifest(plans: Path, only: str) -> list[dict]:
+    return [e for e in json.loads((plans / "manifest.json").read_text()) if only in e["label"]]
+
+
+def launch(plans: Path, only: str) -> int:
     """Every plan once (a variable-length or decode plan: one drawn mix), markers around each."""
     import random
     import zlib
@@ -149,7 +154,7 @@ def launch() -> int:
     from tests.gpu.support import Buffers, draw_lengths
 
     by_label = {t.label: t for t in targets()}
-    for entry in json.loads((BUILT / "manifest.json").read_text()):
+    for entry in _manifest(plans, only):
         target = by_label[entry["label"]]
         seed = zlib.crc32(target.label.encode())
         torch.manual_seed(seed)
@@ -157,7 +162,7 @@ def launch() -> int:
         print(f"{MARK} begin {target.label}", flush=True)
         verdict = "ok"
         try:
-            with frost_runtime.load(BUILT / target.plan) as plan:
+            with frost_runtime.load(plans / target.plan) as plan:
                 if target.sdpa is not None:
                     case = asdict(target.sdpa)
                     buffers = Buffers(case, plan)
@@ -190,13 +195,13 @@ class ToolResult:
     exit_code: int
 
 
-def run(tools: list[str], out: Path) -> int:
+def run(tools: list[str], out: Path, plans: Path, only: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    labels = [e["label"] for e in json.loads((BUILT / "manifest.json").read_text())]
+    labels = [e["label"] for e in _manifest(plans, only)]
     results = {}
     for tool in tools:
         started = time.time()
-        results[tool] = _run_tool(tool, out / f"sanitize-{tool}.log")
+        results[tool] = _run_tool(tool, out / f"sanitize-{tool}.log", ["--plans", str(plans), "--only", only])
         r = results[tool]
         print(f"{tool}: {r.summary} (exit {r.exit_code}, {time.time() - started:.0f} s)", flush=True)
     table = _table(labels, tools, results)
@@ -211,11 +216,11 @@ def run(tools: list[str], out: Path) -> int:
     return 0 if clean else 1
 
 
-def _run_tool(tool: str, log: Path) -> ToolResult:
+def _run_tool(tool: str, log: Path, selection: list[str]) -> ToolResult:
     command = [SANITIZER, "--tool", tool, "--kernel-name", "kns=frostckernels", "--print-limit", "100000"]
     if tool == "racecheck":
         command += ["--racecheck-report", "all"]
-    command += [sys.executable, str(Path(__file__).resolve()), "launch"]
+    command += [sys.executable, str(Path(__file__).resolve()), "launch", *selection]
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
     text = done.stdout + done.stderr
@@ -262,21 +267,26 @@ def _table(labels: list[str], tools: list[str], results: dict[str, ToolResult]) 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="compile the plans (CPU machine)")
-    sub.add_parser("launch", help="run every plan once (what each tool's process runs)")
-    run_parser = sub.add_parser("run", help="every plan under every tool; a table (GPU machine)")
+    commands = (
+        sub.add_parser("build", help="compile the plans (CPU machine)"),
+        sub.add_parser("launch", help="run the plans once each (what each tool's process runs)"),
+        run_parser := sub.add_parser("run", help="the plans under every tool; a table (GPU machine)"),
+    )
+    for command in commands:
+        command.add_argument("--plans", type=Path, default=BUILT, help=f"the plans' folder (default {BUILT})")
+        command.add_argument("--only", default="", help="the plans whose label contains this (default: all)")
     run_parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated, default: all three")
     args = parser.parse_args()
     if args.command == "build":
-        return build()
+        return build(args.plans, args.only)
     if args.command == "launch":
-        return launch()
+        return launch(args.plans, args.only)
     tools = [t for t in args.tools.split(",") if t]
     unknown = sorted(set(tools) - set(TOOLS))
     if unknown:
         parser.error(f"unknown tool(s) {', '.join(unknown)}; choose from {', '.join(TOOLS)}")
-    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else BUILT
-    return run(tools, out)
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else args.plans
+    return run(tools, out, args.plans, args.only)
 
 
 if __name__ == "__main__":

@@ -100,7 +100,8 @@ class Barrier:
     TURN = 2  # TURN + c: consumer c may issue its GEMMs (it and its predecessor, 256 threads)
     EPILOGUE = TURN + MAX_CONSUMERS  # EPILOGUE + c: consumer c's O staging (128 threads)
     RETRY = EPILOGUE + MAX_CONSUMERS  # RETRY + c: whether consumer c redoes a block exactly (128)
-    HANDOVER = RETRY + MAX_CONSUMERS  # the dynamic walk's next tile, producer to consumers (`TicketWalk`)
+    TICKET_FULL = RETRY + MAX_CONSUMERS  # the dynamic walk's next tile is written (`TicketWalk`)
+    TICKET_EMPTY = TICKET_FULL + 1  # ... and read by every consumer thread
 
 
 @dataclass(frozen=True)
@@ -470,19 +471,19 @@ class TicketWalk:
     happen, and the CTA whose take returns the last one writes zero back (no take can follow).
 
     The producer thread takes a ticket while the current tile loads (its round trip is hidden)
-    and hands each tile to the consumers through shared memory: visit v's tile goes to slot
-    v % 2, then the producer and every consumer thread meet at one named barrier (`HANDOVER`,
-    a full `barrier.sync` on both sides), after which the consumers read the slot. The producer
-    meets it once it issued what it can load of the tile before the consumers start it (Q and
-    the ring's first `stages` K/V blocks, `_produce_tile`), so it never waits long. Slot v % 2
-    is written again at visit v + 2, after the producer met the barrier of visit v + 1, which
-    the consumers meet only after reading visit v's slot: every write and read is ordered by a
-    barrier that all of them wait at, the one ordering compute-sanitizer's racecheck is sure to
-    see (bench/NOTES.md, "the ticket's hand-over"). The producer meets the barrier alone for its
-    warp, whose other threads exit first (`exit_thread`)."""
+    and hands it to the consumers through one shared-memory word guarded by two named barriers
+    (bench/NOTES.md, "the ticket's hand-over"): `full` (the producer wrote the word: it arrives,
+    the consumers wait) and `empty` (every consumer thread read it: they arrive, the producer
+    waits before the next write). Named barriers order memory between the threads that meet
+    there, and compute-sanitizer sees them. The producer meets them alone for its warp, whose
+    other threads exit first (`exit_thread`). It waits at `empty` only once every consumer warp
+    arrived there, which an mbarrier tells it (`read`, one arrival per consumer warp after its
+    barrier arrival): racecheck misses the consumers' arrivals, and synccheck reports the
+    consumers, when the lone producer thread is already waiting at a named barrier."""
 
     counter: cute.Pointer  # int32 in the workspace
-    slots: cute.Tensor  # int32 (2,): the tile of visit v in slot v % 2
+    shared: cute.Tensor  # int32, the tile the producer published
+    read_bar: cute.Pointer  # mbarrier: every consumer warp arrived at `empty` for the word
     consumers: int  # consumer warpgroups
     visits: cute.Pointer  # debug builds (`count_visits`): int32 visits per (tile, consumer)
 
@@ -490,6 +491,10 @@ class TicketWalk:
     def threads(self) -> int:
         """The producer's warp and every consumer thread."""
         return 32 + 128 * self.consumers
+
+    @property
+    def consumer_warps(self) -> int:
+        return 4 * self.consumers
 
     @cute.jit
     def take(self, grid, num_tiles, current):
@@ -499,18 +504,33 @@ class TicketWalk:
             upcoming = grid + cute.arch.atomic_add(self.counter, cutlass.Int32(1), scope="gpu")
         return upcoming
 
-    def write(self, tile, visit):
-        """Producer: visit `visit`'s tile, before meeting the consumers (`hand_over`)."""
-        self.slots[visit % 2] = tile
+    @cute.jit
+    def publish(self, tile, visit):
+        """Producer: write visit `visit`'s tile once the consumers read the previous one, then
+        tell them. The first needs no wait."""
+        if visit > 0:
+            self._wait_read(visit - 1)
+        self.shared[0] = tile
+        pipeline.NamedBarrier(barrier_id=Barrier.TICKET_FULL, num_threads=self.threads).arrive_unaligned()
 
-    def hand_over(self):
-        """Producer: meet the consumers (they read the slot after it)."""
-        sync_at_barrier_unaligned(Barrier.HANDOVER, self.threads)
+    def drain(self, visit):
+        """Producer, after publishing the end at `visit`: wait until the consumers read it, so
+        every arrival at `empty` meets a wait."""
+        self._wait_read(visit)
 
-    def read(self, visit):
-        """Consumers: meet the producer, then read visit `visit`'s tile."""
-        pipeline.NamedBarrier(barrier_id=Barrier.HANDOVER, num_threads=self.threads).arrive_and_wait()
-        return self.slots[visit % 2]
+    def _wait_read(self, visit):
+        cute.arch.mbarrier_wait(self.read_bar, visit % 2)  # every consumer warp arrived at `empty` ...
+        sync_at_barrier_unaligned(Barrier.TICKET_EMPTY, self.threads)  # ... so this wait completes it
+
+    @cute.jit
+    def read(self):
+        """Consumers: the tile the producer published, then free the word for the next one."""
+        pipeline.NamedBarrier(barrier_id=Barrier.TICKET_FULL, num_threads=self.threads).arrive_and_wait()
+        tile = self.shared[0]
+        pipeline.NamedBarrier(barrier_id=Barrier.TICKET_EMPTY, num_threads=self.threads).arrive()
+        if cute.arch.lane_idx() == 0:
+            cute.arch.mbarrier_arrive(self.read_bar)
+        return tile
 
     @cute.jit
     def finish(self, grid, num_tiles, last_taken):
@@ -769,7 +789,8 @@ class SdpaForwardWgmma:
             sV: cute.struct.Align[cute.struct.MemRange[dtype, v_elems], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[dtype, o_elems], 1024]
             if dynamic:
-                tickets: cute.struct.MemRange[cutlass.Int32, 4]  # the tiles the producer took (2 slots)
+                ticket_read: cute.struct.MemRange[cutlass.Int64, 1]  # mbarrier: the consumers read it
+                ticket: cute.struct.MemRange[cutlass.Int32, 4]  # the tile the producer took
 
         if SharedStorage.size_in_bytes() > SMEM_LIMIT:
             raise ValueError(f"{t} needs {SharedStorage.size_in_bytes()} bytes of shared memory, over {SMEM_LIMIT}")
@@ -876,6 +897,9 @@ class SdpaForwardWgmma:
         sO = sQ
         if cutlass.const_expr(self.tiles.o_buffer):
             sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        if cutlass.const_expr(self.variant.dynamic):
+            if tidx == 0:
+                cute.arch.mbarrier_init(storage.ticket_read.data_ptr(), 4 * self.tiles.consumers)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -897,14 +921,15 @@ class SdpaForwardWgmma:
         ticket = None
         if cutlass.const_expr(self.variant.dynamic):
             # a dense plan has no tile list: debug builds bind its pointer to the visit table
-            slots = storage.tickets.get_tensor(cute.make_layout(2))
-            ticket = TicketWalk(tile_counter, slots, self.tiles.consumers, units)
+            shared_word = storage.ticket.get_tensor(cute.make_layout(1))
+            read_bar = storage.ticket_read.data_ptr()
+            ticket = TicketWalk(tile_counter, shared_word, read_bar, self.tiles.consumers, units)
         producer_regs, consumer_regs = self.tiles.registers
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)
             if cutlass.const_expr(self.variant.dynamic):
                 if wg_tidx != 0:
-                    exit_thread()  # the hand-over's barrier counts warp 0 through its one live thread
+                    exit_thread()  # the ticket's named barriers count warp 0 through its one live thread
             if wg_tidx == 0:  # one thread issues every TMA load
                 self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
                               (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket)  # fmt: skip
@@ -974,33 +999,31 @@ class SdpaForwardWgmma:
             tile = first
             upcoming = ticket.take(grid, num_tiles, tile)
             visit = cutlass.Int32(0)
+            ticket.publish(tile, visit)
             while tile < num_tiles:
-                ticket.write(tile, visit)
                 m_block, head, batch = tiles.work(tile)
-                blocks = self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads, ticket)
+                blocks = self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads)
                 loaded += blocks
                 q_loads += cutlass.min(blocks, 1)
-                visit += 1
                 tile = upcoming
                 upcoming = ticket.take(grid, num_tiles, tile)
-            ticket.write(tile, visit)  # past the end: the consumers stop
-            ticket.hand_over()
+                visit += 1
+                ticket.publish(tile, visit)  # past the end: the consumers stop
+            ticket.drain(visit)
             ticket.finish(grid, num_tiles, tile)
         else:
             for tile in range(first, num_tiles, grid):
                 m_block, head, batch = tiles.work(self._ordered(tile, grid, num_tiles))
-                blocks = self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads, None)
+                blocks = self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads)
                 loaded += blocks
                 q_loads += cutlass.min(blocks, 1)
 
     @cute.jit
-    def _produce_tile(self, loads, seqs, shape, window, m_block, head, batch, loaded, q_loads, ticket):
+    def _produce_tile(self, loads, seqs, shape, window, m_block, head, batch, loaded, q_loads):
         """Issue one tile's loads: Q once the consumers released the previous tile's, then its
         K and V blocks, last to first, into the ring from position `loaded` (`q_loads`: the Q
         buffer's uses so far). Returns the number of K/V blocks (a tile without any loads
-        nothing). The dynamic walk (`ticket`) hands the tile over to the consumers once Q and
-        the first `stages` blocks are issued: the ring's later stages are freed only by the
-        consumers working on this tile."""
+        nothing)."""
         t = self.tiles
         d = self.head_dim
         wg_m = t.block_m // t.consumers
@@ -1030,21 +1053,10 @@ class SdpaForwardWgmma:
                 )
                 cute.copy(q_tma, tQgQ, tQsQ, tma_bar_ptr=q_pipe.sync_object_full.get_barrier(0))
 
-            ahead_end = n_first  # blocks n_end - 1 ... ahead_end: issued before the hand-over
-            if cutlass.const_expr(ticket is not None):
-                ahead_end = cutlass.max(n_end - t.stages, n_first)
-            for n_block in range(n_end - 1, ahead_end - 1, -1):
+            for n_block in range(n_end - 1, n_first - 1, -1):
                 stage, phase = ring.at(loaded + (n_end - 1 - n_block))
                 self._load_stage(k_pipe, k_tma, tKgK[None, n_block], tKsK[None, stage], stage, phase)
                 self._load_stage(v_pipe, v_tma, tVgV[None, n_block], tVsV[None, stage], stage, phase)
-            if cutlass.const_expr(ticket is not None):
-                ticket.hand_over()
-                for n_block in range(ahead_end - 1, n_first - 1, -1):
-                    stage, phase = ring.at(loaded + (n_end - 1 - n_block))
-                    self._load_stage(k_pipe, k_tma, tKgK[None, n_block], tKsK[None, stage], stage, phase)
-                    self._load_stage(v_pipe, v_tma, tVgV[None, n_block], tVsV[None, stage], stage, phase)
-        elif cutlass.const_expr(ticket is not None):
-            ticket.hand_over()
         return cutlass.max(n_end - n_first, 0)
 
     @staticmethod
@@ -1098,9 +1110,8 @@ class SdpaForwardWgmma:
         args = (operands, (q_pipe, k_pipe, v_pipe), turns, softmax, sO, o_args, lse_args, window, wg_tidx,
                 score_scale)  # fmt: skip
         if cutlass.const_expr(self.variant.dynamic):
-            # the producer hands each tile over (`TicketWalk`); past the end: stop
-            visit = cutlass.Int32(0)
-            tile = ticket.read(visit)
+            # the producer publishes each tile (`TicketWalk`); past the end: stop
+            tile = ticket.read()
             while tile < num_tiles:
                 m_block, head, batch = tiles.work(tile)
                 if cutlass.const_expr(self.variant.count_visits):
@@ -1108,8 +1119,7 @@ class SdpaForwardWgmma:
                 n_blocks = self._consume_tile(args, m_block, head, batch, seqs.get(batch), consumed, q_loads)
                 consumed += n_blocks
                 q_loads += cutlass.min(n_blocks, 1)
-                visit += 1
-                tile = ticket.read(visit)
+                tile = ticket.read()
         else:
             if cutlass.const_expr(self.varlen):
                 # A tile's (sequence, block) and its sequence's lengths are loads, one depending on
