@@ -10,7 +10,6 @@ Also: CUDA-graph replay of a captured execute, and the cold `load()` of the one-
 """
 
 import argparse
-import ctypes
 import datetime
 import statistics
 import sys
@@ -27,12 +26,6 @@ COUNTER_SHAPE = (1, 8, 2048, 128)
 DECODE = {"batch": 2, "hq": 8, "hkv": 2, "d": 128, "page": 16, "max_pages": 256}  # split-KV: 3 launches
 SHAPE = (2, 8, 256, 128)
 BURST, REPS = 64, 25
-EMPTY_PTX = b"""
-.version 8.0
-.target sm_90a
-.address_size 64
-.visible .entry empty(.param .u64 p0) { ret; }
-"""
 
 
 def build() -> int:
@@ -116,12 +109,11 @@ def host_us(call) -> float:
 def run() -> int:
     import torch
     import torch.nn.functional as F
-    from cuda.bindings import driver as cu
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sys.path.insert(0, str(ROOT / "runtime"))
     import frost_runtime
-    from frost_runtime import driver
+    from frost_runtime.bench import floor_call
 
     torch.zeros(1, device="cuda")  # the primary context exists before anything is timed
     load_ms = []
@@ -134,14 +126,7 @@ def run() -> int:
     o = torch.empty_like(q)
     named = dict(q=q, k=k, v=v, o=o)
 
-    module = driver.check(cu.cuModuleLoadData(EMPTY_PTX))
-    empty = driver.check(cu.cuModuleGetFunction(module, b"empty"))
-    arg = ctypes.c_uint64(0)
-    args = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
-    stream = torch.cuda.current_stream().cuda_stream
-
-    def floor_cuda_bindings():
-        cu.cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, stream, ctypes.addressof(args), 0)
+    floor_cuda_bindings = floor_call(torch.cuda.get_device_capability())  # the runtime bench's empty launch
 
     def torch_sdpa(backend):
         def call():

@@ -25,6 +25,7 @@ from frost_runtime import schema
 
 from frostc import golden
 from tests.test_cli import frostc, plan_with_slot_named
+from tests.trees import positions
 
 ROOT = Path(__file__).resolve().parent.parent
 DECODE = ROOT / "plans" / "golden" / "llama3-8b-decode-page16.toml"
@@ -211,18 +212,6 @@ def test_malformed_toml_is_refused_with_the_file_named(tmp_path: Path, text: str
     assert str(desc) in result.stderr
 
 
-def _paths(tree, prefix: tuple = ()) -> list[tuple]:
-    """Every field of a description (maps by key, lists by index), leaves and tables alike."""
-    out = [prefix] if prefix else []
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            out += _paths(value, (*prefix, key))
-    elif isinstance(tree, list):
-        for i, value in enumerate(tree):
-            out += _paths(value, (*prefix, i))
-    return out
-
-
 def _replaced(tree, path: tuple, value):
     tree = json.loads(json.dumps(tree))
     parent = tree
@@ -248,7 +237,7 @@ def test_every_field_of_a_wrong_type_is_refused_by_path(tmp_path: Path) -> None:
     base = tomllib.loads(DECODE.read_text())
     desc, out = tmp_path / "graph.json", tmp_path / "out.frost"
     tried = 0
-    for path in _paths(base):
+    for path in positions(base)[1:]:
         if path in (("name",),) or path[-1] == "name":  # any string is a fine name
             continue
         current = base

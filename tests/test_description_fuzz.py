@@ -27,6 +27,7 @@ from frostc.description import parse_description
 from frostc.errors import DescriptionError, FrostcError
 from frostc.resolve import resolve
 from frostc.validate import validate
+from tests.trees import positions
 
 ROOT = Path(__file__).resolve().parent.parent
 BASES = sorted((ROOT / "plans" / "golden").glob("*.toml")) + sorted((ROOT / "plans" / "examples").glob("*.toml"))
@@ -44,17 +45,6 @@ FLOATS = [0.0, -1.0, 0.5, 1e-300, 1e-30, 3.5e38, 1e300, float("nan"), float("inf
 @pytest.fixture(scope="module")
 def bases() -> list[dict]:
     return [tomllib.loads(path.read_text()) for path in BASES]
-
-
-def _paths(tree, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            out += _paths(value, (*prefix, key))
-    elif isinstance(tree, list):
-        for i, value in enumerate(tree):
-            out += _paths(value, (*prefix, i))
-    return out
 
 
 def _value(rng: random.Random, current, depth: int = 0):
@@ -107,7 +97,7 @@ def mutate(base: dict, seed: int) -> dict:
     for _ in range(resizes):
         _resize(tree, rng)
     for _ in range(rng.randint(0 if resizes else 1, 2)):
-        path = rng.choice(_paths(tree))
+        path = rng.choice(positions(tree))
         parent, current = None, tree
         for key in path:
             parent, current = current, current[key]

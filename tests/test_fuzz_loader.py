@@ -25,6 +25,8 @@ from frost_runtime import schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.trees import positions
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = 10_000
 
@@ -61,18 +63,6 @@ def _reseal(top: dict, body_bytes: bytes | None = None) -> bytes:
         sealed = _pack({"magic": top.get("magic"), "format": top.get("format"), "header": fields}) + top["body"]
         top["header"] = dict(top["header"]) | {"content_hash": hashlib.sha256(sealed).hexdigest()}
     return _pack(top)
-
-
-def _paths(obj, prefix=()) -> list[tuple]:
-    """Every position in a decoded tree (maps by key, lists by index), the root included."""
-    out = [prefix]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, (*prefix, i))
-    return out
 
 
 def _copy(obj):
@@ -162,9 +152,9 @@ class Corpus:
         self.data = data
         self.top, self.body = _split(data)
         self.body_bytes = self.top["body"]
-        self.body_paths = _paths(self.body)
+        self.body_paths = positions(self.body)
         outer = {k: v for k, v in self.top.items() if k != "body"}
-        self.outer_paths = [p for p in _paths(outer) if p]  # the outer map's fields and the header's
+        self.outer_paths = [p for p in positions(outer) if p]  # the outer map's fields and the header's
         self.header_paths = [p for p in self.outer_paths if p[0] == "header" and p[1:2] != ("content_hash",)]
 
     def mutate(self, seed: int) -> tuple[str, bytes]:

@@ -9,24 +9,15 @@ import gc
 
 import pytest
 
-from tests.gpu.support import BUILT, Buffers, built_manifest_entries, gpu_skip_reason
+from tests.gpu.support import BUILT, Buffers, gpu_skip_reason
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_skip_reason() is not None, reason=gpu_skip_reason() or "")]
 
 
-def small_dense_case() -> dict | None:
-    """The cheapest dense plan with LSE (a single launch): for tests about the runtime, not the kernel."""
-    found = [c for c in built_manifest_entries() if c["form"] == "dense" and c["lse"] and c["softcap"] is None]
-    return min(found, key=lambda c: c["batch"] * c["heads_q"] * c["seq_q"] * c["seq_kv"], default=None)
-
-
 @pytest.fixture(scope="module")
-def case(manifest):
-    found = small_dense_case()
-    if found is None:
-        pytest.skip("no dense plan with LSE among the built plans")
-    return found
+def case(small_dense_case):
+    return small_dense_case
 
 
 @pytest.fixture(scope="module")

@@ -11,23 +11,20 @@ import time
 import pytest
 
 from tests.gpu.support import BUILT, Buffers, gpu_skip_reason
-from tests.gpu.test_failures import small_dense_case
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_skip_reason() is not None, reason=gpu_skip_reason() or "")]
+
+
+@pytest.fixture(scope="module")
+def case(small_dense_case):
+    return small_dense_case
+
 
 THREADS = 8
 EXECUTES_PER_THREAD = 100_000  # 8 x 10**5 launches took 18.5 s on the H200 (host-bound: the GIL shared by 8)
 PLAIN_EVERY = 8  # every 8th launch through plan.execute (the checked, locked path), the rest bound
 LOAD_CYCLES_PER_THREAD = 40
-
-
-@pytest.fixture(scope="module")
-def case(manifest):
-    found = small_dense_case()
-    if found is None:
-        pytest.skip("no dense plan with LSE among the built plans")
-    return found
 
 
 def _run_threads(target, args_per_thread) -> list[BaseException]:
