@@ -1,0 +1,75 @@
+"""bench/sanitize.py on the CPU: its plan list covers what it says, and a tool's log is read
+into counts per plan (reports between a plan's markers, summaries not counted, a failed output
+check kept) and a verdict that is clean only when every count is 0."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def sanitize():
+    spec = importlib.util.spec_from_file_location("sanitize", ROOT / "bench" / "sanitize.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sanitize"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+RACECHECK_LOG = """========= COMPUTE-SANITIZER
+@@sanitize begin dense-a
+@@sanitize end dense-a ok
+@@sanitize begin dense-b
+========= Error: Potential WAR hazard detected at __shared__ 0x30808 in block (61,0,0) :
+=========     Read Thread (159,0,0) at kernel+0x47f0
+=========     Write Thread (0,0,0) at kernel+0x4580
+=========
+========= Error: Race reported between Write access at kernel+0x4580
+=========     and Read access at kernel+0x47f0 [4 hazards]
+=========
+@@sanitize end dense-b FAILED AssertionError: O: relative error 1.0e+00
+@@sanitize begin decode-c
+@@sanitize end decode-c ok
+========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)
+"""
+
+
+def test_the_targets_cover_every_walk_form_and_paged_kernel(sanitize) -> None:
+    targets = sanitize.targets()
+    labels = [t.label for t in targets]
+    assert len(labels) == len(set(labels))
+    covers = " ".join(t.covers for t in targets)
+    for kind in ("static walk", "paired walk", "dynamic walk", "one CTA per tile", "schedule kernel", "packed",
+                 "padded", "split-KV", "combine", "kv_append alone", "softcap", "window", "bottom-right"):  # fmt: skip
+        assert kind in covers, kind
+    assert {t.sdpa.head_dim for t in targets if t.sdpa} == {64, 128, 256}
+
+
+def test_a_log_is_read_into_counts_per_plan(sanitize) -> None:
+    result = sanitize._parse(RACECHECK_LOG, 0)
+    assert result.reports == {"dense-a": 0, "dense-b": 2, "decode-c": 0}
+    assert result.verdicts["dense-b"].startswith("FAILED AssertionError")
+    assert result.verdicts["dense-a"] == result.verdicts["decode-c"] == "ok"
+    assert result.summary.startswith("RACECHECK SUMMARY: 2 hazards")
+
+
+def test_reports_outside_any_plan_are_kept(sanitize) -> None:
+    result = sanitize._parse("========= Error: something before the first plan\n", 1)
+    assert result.reports == {"(outside any plan)": 1}
+    assert result.exit_code == 1
+
+
+def test_the_table_and_the_verdict(sanitize, tmp_path, monkeypatch) -> None:
+    logs = {
+        "memcheck": "@@sanitize begin dense-a\n@@sanitize end dense-a ok\n========= ERROR SUMMARY: 0 errors\n",
+        "racecheck": RACECHECK_LOG.replace("dense-b", "dense-a").split("@@sanitize begin decode-c")[0],
+    }
+    monkeypatch.setattr(sanitize, "_manifest", lambda plans, only: [{"label": "dense-a"}])
+    monkeypatch.setattr(sanitize, "_run_tool", lambda tool, log, selection: sanitize._parse(logs[tool], 0))
+    assert sanitize.run(["memcheck"], tmp_path, tmp_path, "") == 0
+    assert "| dense-a |" in (tmp_path / "sanitize.md").read_text()
+    assert sanitize.run(["memcheck", "racecheck"], tmp_path, tmp_path, "") == 1
