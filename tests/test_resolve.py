@@ -392,3 +392,15 @@ def test_a_debug_build_of_another_walk_is_refused_with_the_field_path() -> None:
     (problem,) = info.value.problems
     assert problem.path.endswith("debug_tile_visits")
     assert "pairs of tiles" in problem.message and "remove debug_tile_visits" in problem.message
+
+
+def test_a_debug_build_of_a_variable_length_node_is_refused_at_validation() -> None:
+    g = GraphBuilder("toy")
+    for name, dims in {"q": (300, 8, 128), "k": (300, 2, 128), "v": (300, 2, 128), "o": (300, 8, 128)}.items():
+        g.tensor(name, dtype="bf16", dims=dims)
+    g.tensor("cu", dtype="int32", dims=(3,))
+    g.sdpa(q="q", k="k", v="v", o="o", cu_seqlens_q="cu", cu_seqlens_kv="cu", causal=True, debug_tile_visits=True)
+    with pytest.raises(DescriptionError) as info:
+        validate(g.build())
+    (problem,) = info.value.problems
+    assert problem.path.endswith("debug_tile_visits") and "a packed node has no such walk" in problem.message

@@ -198,6 +198,12 @@ def validate(ctx: NodeContext) -> Sdpa | None:
     _check_float32_scales(ctx, scale, default_scale, mask)
     inference = ctx.bool("inference")
     debug_tile_visits = ctx.bool("debug_tile_visits")
+    if debug_tile_visits and form != "dense":
+        ctx.problem(
+            "debug_tile_visits",
+            f"counts the visits of the dense causal kernel's dynamic tile walk; a {form} node has no such "
+            "walk: remove debug_tile_visits",
+        )
     if inference is False and not ctx.given("lse"):
         message = (
             'inference = false (training) requires lse: add lse = "<name>" naming an fp32 tensor '
