@@ -17,18 +17,15 @@ writes outside the caches, whatever they hold.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from frost_runtime.schema import MAX_GRID
 
+from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.kernels.kv_append import INT_PARAMS, POINTERS, STRIDE_PARAMS, KvAppendVariant
 from frostc.ops.paged_cache import new_tokens_problem, page_size_problem
 from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout
 from frostc.resolved import Arg, ResolvedLaunch
-
-if TYPE_CHECKING:
-    from frostc.resolve import ResolveContext
-    from frostc.validate import CheckedTensor, NodeContext
 
 KEYS = ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv")
 

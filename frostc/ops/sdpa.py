@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from frost_runtime.schema import F32_MAX, MAX_GRID
 
+from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
 from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant, tiles_for_head_dim
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
@@ -37,10 +38,6 @@ from frostc.ops import sdpa_paged
 from frostc.ops.paged_cache import new_tokens_problem, page_size_problem
 from frostc.ops.rows import HEAD_DIMS, INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
 from frostc.resolved import Arg, ResolvedLaunch
-
-if TYPE_CHECKING:
-    from frostc.resolve import ResolveContext
-    from frostc.validate import CheckedTensor, NodeContext
 
 KEYS = (
     "q", "k", "v", "o", "lse",

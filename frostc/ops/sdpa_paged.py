@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from frost_runtime.schema import MAX_GRID
 
+from frostc.contexts import ResolveContext
+from frostc.graph import Tensor
 from frostc.kernels.sdpa_common import LOG2_E
 from frostc.kernels.sdpa_decode_combine import INT_PARAMS as COMBINE_INT_PARAMS
 from frostc.kernels.sdpa_decode_combine import DecodeCombineVariant
@@ -23,9 +25,7 @@ from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout, check_t
 from frostc.resolved import Arg, ResolvedLaunch
 
 if TYPE_CHECKING:
-    from frostc.graph import Tensor
-    from frostc.ops.sdpa import Sdpa
-    from frostc.resolve import ResolveContext
+    from frostc.ops.sdpa import Sdpa  # sdpa imports this module
 
 TARGET_SMS = {"sm_90a": 132}  # H100 SXM and H200
 WAVES = 5  # CTAs per resident slot the splits aim for at full capacity: lengths vary, the tail stays short
