@@ -1,20 +1,20 @@
 """Stage 3: a validated Graph becomes a resolved plan: uids, ordered slots, the workspace's
 regions, kernel variants and every launch's grid and arguments.
 
-The generic part is here (slots, uids, the workspace); each node is resolved by its op
-(`frostc.ops`), which also declines, with the user's field paths, what its kernels do not
-support, so an unsupported graph never reaches a GPU. After this stage nothing is looked up by
+The generic part is here (slots, uids); each node is resolved by its op (`frostc.ops`) through
+a `frostc.contexts.ResolveContext` (which also carves the workspace), and the op declines, with
+the user's field paths, what its kernels do not support, so an unsupported graph never reaches
+a GPU. After this stage nothing is looked up by
 name again: the runtime sees slot indices and workspace offsets.
 """
-
-from dataclasses import dataclass, field
 
 from frost_runtime import schema
 
 from frostc import ops
-from frostc.errors import DescriptionError, Problem
+from frostc.contexts import ResolveContext
+from frostc.errors import DescriptionError
 from frostc.graph import Graph, Tensor
-from frostc.resolved import WORKSPACE_ALIGN, LengthContract, ResolvedPlan, Slot, WorkspaceRegion
+from frostc.resolved import ResolvedPlan, Slot
 
 SLOT_ALIGN = {"bf16": 16, "fp16": 16, "fp32": 4, "int32": 4}  # bytes: 16-byte rows of half types
 
@@ -29,44 +29,6 @@ def resolve(graph: Graph) -> ResolvedPlan:
     if ctx.problems:
         raise DescriptionError(ctx.problems)
     return plan
-
-
-@dataclass
-class ResolveContext:
-    """What an op's resolution works with: the graph, the slots, the workspace, the problems."""
-
-    graph: Graph
-    slots: dict[str, Slot]
-    problems: list[Problem] = field(default_factory=list)
-    regions: list[WorkspaceRegion] = field(default_factory=list)
-    lengths: list[LengthContract] = field(default_factory=list)
-
-    def tensor(self, name: str) -> Tensor:
-        return self.graph.tensor(name)
-
-    def slot(self, name: str) -> Slot:
-        return self.slots[name]
-
-    def problem(self, path: str, message: str) -> None:
-        self.problems.append(Problem(path, message))
-
-    def length_contract(self, tensor: str, kind: str, longest: int, total: int = 0) -> None:
-        """Record what the plan assumes of a slot of sequence lengths (checked on request only).
-        A slot several nodes (or roles) read keeps one contract of each kind: the tightest."""
-        index = self.slots[tensor].index
-        for i, c in enumerate(self.lengths):
-            if c.slot == index and c.kind == kind:
-                self.lengths[i] = LengthContract(index, kind, min(c.longest, longest), min(c.total, total))
-                return
-        self.lengths.append(LengthContract(index, kind, longest, total))
-
-    def workspace(self, name: str, nbytes: int, zeroed: bool = False) -> int:
-        """Carve a region of `nbytes` out of the caller's workspace; returns its byte offset.
-        `zeroed`: a counter the launches find zero and leave zero (`WorkspaceRegion`)."""
-        end = max((r.offset + r.bytes for r in self.regions), default=0)
-        offset = -(-end // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-        self.regions.append(WorkspaceRegion(name, offset, nbytes, zeroed))
-        return offset
 
 
 # ------------------------------------------------------------------------------ the plan format's limits

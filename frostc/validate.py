@@ -16,32 +16,26 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from frost_runtime import schema
 
 from frostc import ops
 from frostc.checks import (
-    check_bool,
     check_choice,
-    check_int,
     check_int_list,
-    check_positive_float,
     check_unknown_keys,
     describe,
     is_int,
 )
+from frostc.contexts import CheckedTensor, NodeContext, Use
 from frostc.description import (
     FORMAT_VERSION,
     NODE_KEYS,
     TENSOR_KEYS,
     TOP_KEYS,
     Description,
-    NodeDecl,
     TensorDecl,
-    key_path,
-    node_path,
     tensor_path,
 )
 from frostc.errors import DescriptionError, Problem
@@ -123,24 +117,6 @@ def _check_header(desc: Description, problems: list[Problem]) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Tensors, one at a time
-
-
-@dataclass
-class CheckedTensor:
-    """What survived the checks of one tensor: None where that field was invalid. `strides`
-    holds explicit strides until the uses are known, then the resolved ones."""
-
-    decl: TensorDecl
-    path: str
-    dtype: str | None
-    dims: tuple[int, ...] | None
-    layout: str | None
-    strides: tuple[int, ...] | None
-    io: str | None
-    placement_ok: bool = True  # False: layout/strides were invalid (already reported)
-
-    def at(self, key: str) -> str:
-        return f"{self.path}.{key}"
 
 
 def _check_tensor(t: TensorDecl, problems: list[Problem]) -> CheckedTensor:
@@ -333,100 +309,6 @@ def _check_uids(tensors: tuple[TensorDecl, ...], problems: list[Problem]) -> Non
 # Nodes: the generic part; each op checks its own keys through a NodeContext
 
 
-@dataclass(frozen=True)
-class Use:
-    """One reference from a node to a tensor."""
-
-    tensor: str
-    role: str  # "q", "cu_seqlens_q", ...
-    path: str  # "nodes[0].q"
-    letters: str  # the logical dims' letters in this role, e.g. "bhsd"
-    dims: str  # the role's dims for messages, e.g. "(b, hq, sq, d)"
-    access: str  # "read" | "write" | "update" (read and written in place, e.g. a KV cache)
-    node: int  # the using node's index
-
-    @property
-    def is_output(self) -> bool:
-        """Whether the node writes the tensor (an update does too)."""
-        return self.access != "read"
-
-
-@dataclass
-class NodeContext:
-    """What an op's checks work with: the node's raw keys, the checked tensors, and where to
-    report problems. Tensor references go through `tensor()`, which records each use."""
-
-    index: int
-    decl: NodeDecl
-    tensors: dict[str, CheckedTensor]
-    problems: list[Problem]
-    uses: list[Use] = field(default_factory=list)
-    name: str | None = None
-    op_known: bool = False  # False: the node's references could not be read (no or unknown op)
-
-    @property
-    def path(self) -> str:
-        return node_path(self.index)
-
-    def at(self, key: str) -> str:
-        return key_path(self.path, key)
-
-    def value(self, key: str) -> Any:
-        return self.decl.get(key)
-
-    def given(self, key: str) -> bool:
-        return self.decl.get(key) is not None
-
-    def problem(self, key: str, message: str) -> None:
-        """A problem with one of this node's keys (the node itself when key is empty)."""
-        self.problems.append(Problem(self.at(key) if key else self.path, message))
-
-    def problems_at(self, path: str, message: str) -> None:
-        """A problem found through this node but located elsewhere (a tensor's dims, say)."""
-        self.problems.append(Problem(path, message))
-
-    def tensor(
-        self, role: str, *, letters: str, dims: str, output: bool = False, updated: bool = False, required: bool = True
-    ):
-        """The tensor named by key `role`, recorded as a use with the role's logical dims;
-        None when absent or invalid. Its rank is checked against the role's. `output`: the node
-        writes it; `updated`: the node reads and writes it in place (it is an output of the
-        plan, other nodes may read it, before or after, but no other node may write it whole)."""
-        ref = self.value(role)
-        path = self.at(role)
-        if ref is None:
-            if required:
-                self.problems.append(Problem(path, f'missing; name the {role} tensor {dims}, e.g. {role} = "{role}"'))
-            return None
-        if not isinstance(ref, str):
-            self.problems.append(Problem(path, f"expected a tensor name (a string), got {describe(ref)}"))
-            return None
-        if ref not in self.tensors:
-            declared = f"declared tensors: {', '.join(self.tensors)}" if self.tensors else "no tensors are declared"
-            self.problems.append(Problem(path, f"no tensor named {json.dumps(ref)}; {declared}"))
-            return None
-        access = "update" if updated else "write" if output else "read"
-        self.uses.append(Use(ref, role, path, letters, dims, access, self.index))
-        c = self.tensors[ref]
-        if c.dims is not None and len(c.dims) != len(letters):
-            message = f"{role} dims must be {dims} (rank {len(letters)}), got rank {len(c.dims)}"
-            self.problems.append(Problem(c.at("dims"), message))
-            return None
-        return c
-
-    def bool(self, key: str) -> bool | None:
-        return check_bool(self.at(key), self.value(key), self.problems)
-
-    def int(self, key: str, minimum: int, what: str) -> int | None:
-        return check_int(self.at(key), self.value(key), minimum, what, self.problems)
-
-    def positive_float(self, key: str, what: str) -> float | None:
-        return check_positive_float(self.at(key), self.value(key), what, self.problems)
-
-    def choice(self, key: str, choices: tuple[str, ...], what: str) -> str | None:
-        return check_choice(self.at(key), self.value(key), choices, what, self.problems, required=False)
-
-
 def _check_node(ctx: NodeContext) -> Node | None:
     op_name = ctx.decl.op
     if op_name is None:
@@ -551,9 +433,7 @@ def _check_io(
 
 __all__ = [
     "DEFAULT_TARGET",
-    "CheckedTensor",
     "Graph",
-    "NodeContext",
     "Tensor",
     "contiguous_strides",
     "overlapping_dim",

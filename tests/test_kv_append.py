@@ -14,11 +14,12 @@ from frost_runtime.schema import decode_plan
 from frostc import ops
 from frostc.build import build
 from frostc.compile import compile_kernels
+from frostc.contexts import ResolveContext
 from frostc.description import parse_description
 from frostc.errors import DescriptionError
 from frostc.inspect import plan_summary
 from frostc.kernels.kv_append import INT_PARAMS, STRIDE_PARAMS, KvAppendVariant
-from frostc.resolve import ResolveContext, resolve
+from frostc.resolve import resolve
 from frostc.resolved import LengthContract
 from tests.descriptions import check, edited, only, problems
 

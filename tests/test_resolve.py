@@ -4,6 +4,7 @@ and the kernel-support checks that decline a graph with the user's field paths. 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,7 +12,7 @@ from frostc import DescriptionError, GraphBuilder, Problem, validate
 from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
 from frostc.kernels.sdpa_fwd_wgmma import SdpaFwdVariant
 from frostc.resolve import resolve
-from frostc.resolved import ResolvedLaunch, ResolvedPlan
+from frostc.resolved import Arg, ResolvedLaunch, ResolvedPlan, Slot, launch_args
 
 
 def graph_builder(
@@ -404,3 +405,28 @@ def test_a_debug_build_of_a_variable_length_node_is_refused_at_validation() -> N
         validate(g.build())
     (problem,) = info.value.problems
     assert problem.path.endswith("debug_tile_visits") and "a packed node has no such walk" in problem.message
+
+
+# ------------------------------------------------------------------------------ launch arguments
+
+
+def test_launch_args_bind_slots_by_role_the_workspace_and_constants_in_the_kernels_order() -> None:
+    params = (("q.tmap", "tmap"), ("q.extents", "i32"), ("lse", "ptr"), ("tiles", "ptr"), ("unused", "ptr"))
+    params += (("scale", "f32"),)
+    variant = SimpleNamespace(name="toy", params=params)
+    q = Slot(3, "q", 1, "bf16", (1, 8), (8, 1), False, 16)
+    args = launch_args(variant, {"q": q, "lse": None}, {"tiles": 512}, {"q.extents": 8, "scale": 0.5})
+    assert args == (
+        Arg("q.tmap", "tmap", slot=3),
+        Arg("q.extents", "i32", value=8),
+        Arg("lse", "ptr", value=0),  # an absent tensor: a null pointer the kernel never touches
+        Arg("tiles", "ptr", workspace=512),
+        Arg("unused", "ptr", value=0),
+        Arg("scale", "f32", value=0.5),
+    )
+
+
+def test_launch_args_name_a_constant_parameter_given_no_value() -> None:
+    variant = SimpleNamespace(name="toy", params=(("batch", "i32"), ("seq_q", "i32")))
+    with pytest.raises(ValueError, match=r"toy: parameter seq_q \(i32\) has no value"):
+        launch_args(variant, {}, {}, {"batch": 2})

@@ -1,23 +1,20 @@
 """The ops a description's nodes can name, each in a module of its own.
 
 An op's module holds everything about it: its description keys (`KEYS`), the checks of a node
-(`validate`, through a `frostc.validate.NodeContext`), its support rules and its resolution
-into launches (`resolve`, through a `frostc.resolve.ResolveContext`), and the kernel variants
+(`validate`, through a `frostc.contexts.NodeContext`), its support rules and its resolution
+into launches (`resolve`, through a `frostc.contexts.ResolveContext`), and the kernel variants
 it picks. The generic stages dispatch through `OPS`; adding an op is a new module and one
 entry here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from frostc.contexts import NodeContext, ResolveContext
+from frostc.graph import Node
 from frostc.ops import kv_append, sdpa
-
-if TYPE_CHECKING:
-    from frostc.graph import Node
-    from frostc.resolve import ResolveContext
-    from frostc.resolved import ResolvedLaunch
-    from frostc.validate import NodeContext
+from frostc.resolved import ResolvedLaunch
 
 
 class Op(Protocol):

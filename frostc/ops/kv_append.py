@@ -17,18 +17,15 @@ writes outside the caches, whatever they hold.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from frost_runtime.schema import MAX_GRID
 
-from frostc.kernels.kv_append import INT_PARAMS, POINTERS, STRIDE_PARAMS, KvAppendVariant
+from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
+from frostc.kernels.kv_append import INT_PARAMS, STRIDE_PARAMS, KvAppendVariant
 from frostc.ops.paged_cache import new_tokens_problem, page_size_problem
 from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout
-from frostc.resolved import Arg, ResolvedLaunch
-
-if TYPE_CHECKING:
-    from frostc.resolve import ResolveContext
-    from frostc.validate import CheckedTensor, NodeContext
+from frostc.resolved import ResolvedLaunch, launch_args
 
 KEYS = ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv")
 
@@ -200,13 +197,8 @@ def resolve(node: KvAppend, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         values |= {f"{role}.stride_{x}": st if n > 1 else 0 for x, st, n in zip(names, slot.strides, slot.dims)}
     values["page_table.stride_b"] = slots["page_table"].strides[0]
     assert all(p in values for p in STRIDE_PARAMS)
-    args = []
-    for param, kind in variant.params:
-        if param in POINTERS:
-            args.append(Arg(param, kind, slot=slots[param].index))
-        else:
-            args.append(Arg(param, kind, value=values[param]))
-    return (ResolvedLaunch(node.name, variant, (node.batch, node.s_new, 1), tuple(args)),)
+    args = launch_args(variant, slots, {}, values)
+    return (ResolvedLaunch(node.name, variant, (node.batch, node.s_new, 1), args),)
 
 
 def _check_supported(node: KvAppend, ctx: ResolveContext) -> None:

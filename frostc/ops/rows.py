@@ -4,11 +4,8 @@ elements moved in 16-byte pieces, TMA strides under 2**40 bytes, int32 extents."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from frostc.graph import Tensor
-    from frostc.resolve import ResolveContext
+from frostc.contexts import ResolveContext
+from frostc.graph import Tensor
 
 HEAD_DIMS = (64, 128, 256)
 ROW_ALIGN_ELEMS = 8  # 16-byte rows of 2-byte elements

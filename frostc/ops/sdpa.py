@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from frost_runtime.schema import F32_MAX, MAX_GRID
 
+from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
 from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant, tiles_for_head_dim
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
@@ -36,11 +37,7 @@ from frostc.kernels.sdpa_schedule import ScheduleVariant
 from frostc.ops import sdpa_paged
 from frostc.ops.paged_cache import new_tokens_problem, page_size_problem
 from frostc.ops.rows import HEAD_DIMS, INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
-from frostc.resolved import Arg, ResolvedLaunch
-
-if TYPE_CHECKING:
-    from frostc.resolve import ResolveContext
-    from frostc.validate import CheckedTensor, NodeContext
+from frostc.resolved import ResolvedLaunch, launch_args
 
 KEYS = (
     "q", "k", "v", "o", "lse",
@@ -632,24 +629,13 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
     for role, rows, heads in (("q", node.seq_q, node.heads_q), ("k", node.seq_kv, node.heads_kv)):
         values[f"{role}.extents"] = heads if varlen else (rows, heads, node.batch)
     values["v.extents"] = values["k.extents"]
-    args = []
-    for param, kind in variant.params:
-        role = param.split(".")[0]
-        if kind in ("ptr", "tmap") and role in ("q", "k", "v", "o", "lse"):
-            slot = slots.get(role)
-            # an absent LSE: the variant never touches its pointer, so a null constant is bound
-            args.append(Arg(param, kind, slot=slot.index) if slot is not None else Arg(param, kind, value=0))
-        elif kind == "ptr":
-            in_workspace = workspace is not None and param in workspace
-            args.append(Arg(param, kind, workspace=workspace[param]) if in_workspace else Arg(param, kind, value=0))
-        else:
-            args.append(Arg(param, kind, value=values[param]))
+    args = launch_args(variant, slots, workspace or {}, values)
     tile_strides = tuple(_tma_strides(slots[role], strides[role]) for role in ("q", "k", "v")) + (
         strides["o"], strides["lse"],
     )  # fmt: skip
     shape = (tuple(ints[p] for p in INT_PARAMS), tile_strides)
     grid = (_tile_capacity(node, variant.tile_shape.block_m), 1, 1)
-    return ResolvedLaunch(node.name, variant, grid, tuple(args), shape)
+    return ResolvedLaunch(node.name, variant, grid, args, shape)
 
 
 def _schedule_launch(node: Sdpa, tiles, units: int, workspace: dict[str, int], ctx: ResolveContext) -> ResolvedLaunch:
@@ -675,21 +661,13 @@ def _schedule_launch(node: Sdpa, tiles, units: int, workspace: dict[str, int], c
     }
     assert tuple(values) == SCHEDULE_INT_PARAMS
     lengths = {"q_lengths": node.q_lengths, "kv_lengths": node.kv_lengths}
+    slots = {param: ctx.slot(name) for param, name in lengths.items() if name is not None}
     workspace_params = {
         "sequences": workspace["sequences"],
         "units": workspace["tiles"],
         "tile_count": workspace["tile_count"],
     }
-    args = []
-    for param, kind in variant.params:
-        if param in lengths:
-            name = lengths[param]
-            args.append(Arg(param, kind, slot=ctx.slot(name).index) if name else Arg(param, kind, value=0))
-        elif param in workspace_params:
-            args.append(Arg(param, kind, workspace=workspace_params[param]))
-        else:
-            args.append(Arg(param, kind, value=values[param]))
-    return ResolvedLaunch(node.name, variant, (1, 1, 1), tuple(args))
+    return ResolvedLaunch(node.name, variant, (1, 1, 1), launch_args(variant, slots, workspace_params, values))
 
 
 def _bhs_strides(slot, form: str) -> tuple[int, int, int]:

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING
 
 from frost_runtime.schema import MAX_GRID
 
+from frostc.contexts import ResolveContext
+from frostc.graph import Tensor
 from frostc.kernels.sdpa_common import LOG2_E
 from frostc.kernels.sdpa_decode_combine import INT_PARAMS as COMBINE_INT_PARAMS
 from frostc.kernels.sdpa_decode_combine import DecodeCombineVariant
 from frostc.kernels.sdpa_decode_paged import BLOCK_N, INT_PARAMS, ROWS, PagedDecodeVariant, decode_tiles
 from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
-from frostc.resolved import Arg, ResolvedLaunch
+from frostc.resolved import ResolvedLaunch, launch_args
 
 if TYPE_CHECKING:
-    from frostc.graph import Tensor
-    from frostc.ops.sdpa import Sdpa
-    from frostc.resolve import ResolveContext
+    from frostc.ops.sdpa import Sdpa  # sdpa imports this module
 
 TARGET_SMS = {"sm_90a": 132}  # H100 SXM and H200
 WAVES = 5  # CTAs per resident slot the splits aim for at full capacity: lengths vary, the tail stays short
@@ -164,16 +164,8 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     values["k.extents"] = values["v.extents"] = node.heads_kv
     slots = {"k": k, "v": ctx.slot(node.v), "q": q, "o": o, "lse": lse, "page_table": table}
     slots["seq_len_kv"] = ctx.slot(node.kv_lengths)
-    args = []
-    for param, kind in variant.params:
-        role = param.split(".")[0]
-        if kind in ("ptr", "tmap") and role in slots:
-            slot = slots[role]
-            args.append(Arg(param, kind, slot=slot.index) if slot is not None else Arg(param, kind, value=0))
-        elif kind == "ptr":  # the partial results: workspace with several splits, unused with one
-            args.append(Arg(param, kind, workspace=workspace[param]) if workspace else Arg(param, kind, value=0))
-        else:
-            args.append(Arg(param, kind, value=values[param]))
+    # the partial results: workspace with several splits, unused (null) with one
+    args = launch_args(variant, slots, workspace or {}, values)
     cache_strides = tuple(
         tma_stride(extent, stride)
         for cache in (k, slots["v"])
@@ -181,7 +173,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     )
     shape = (tuple(ints.values()), cache_strides)
     grid = (splits, node.heads_kv * row_blocks, node.batch)
-    return ResolvedLaunch(node.name, variant, grid, tuple(args), shape)
+    return ResolvedLaunch(node.name, variant, grid, args, shape)
 
 
 def _combine_launch(node: Sdpa, splits: int, chunk: int, workspace: dict[str, int], ctx) -> ResolvedLaunch:
@@ -202,13 +194,5 @@ def _combine_launch(node: Sdpa, splits: int, chunk: int, workspace: dict[str, in
         for i, s in enumerate(("stride_b", "stride_h", "stride_s")):
             values[f"{role}.{s}"] = slot.strides[i] if slot is not None else 0
     slots = {"o": o, "lse": lse, "seq_len_kv": ctx.slot(node.kv_lengths)}
-    args = []
-    for param, kind in variant.params:
-        if param in workspace:
-            args.append(Arg(param, kind, workspace=workspace[param]))
-        elif param in slots:
-            slot = slots[param]
-            args.append(Arg(param, kind, slot=slot.index) if slot is not None else Arg(param, kind, value=0))
-        else:
-            args.append(Arg(param, kind, value=values[param]))
-    return ResolvedLaunch(node.name, variant, (_rows(node), node.heads_kv, node.batch), tuple(args))
+    args = launch_args(variant, slots, workspace, values)
+    return ResolvedLaunch(node.name, variant, (_rows(node), node.heads_kv, node.batch), args)

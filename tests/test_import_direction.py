@@ -1,0 +1,97 @@
+"""Dependencies point down: the stages (`frostc.validate`, `frostc.resolve`) import the ops, and
+the ops import the contexts they are given (`frostc.contexts`), never the stages; the contexts
+import no op. Checked on the sources with `ast`, following imports through frostc's own modules,
+so a circle cannot hide behind a function-level or TYPE_CHECKING import."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import frostc
+
+ROOT = Path(frostc.__file__).resolve().parent.parent
+STAGES = ("frostc.validate", "frostc.resolve")
+OP_MODULES = sorted(f"frostc.ops.{p.stem}" for p in (ROOT / "frostc" / "ops").glob("*.py") if p.stem != "__init__")
+
+
+def source(module: str) -> Path | None:
+    """The file of one of frostc's modules, or None for anything else (a name, not a module)."""
+    base = ROOT.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def imports(module: str) -> set[str]:
+    """frostc's modules that `module`'s source imports, at any depth of its code; `from a import b`
+    counts as a.b where b is a module, else as a."""
+    path = source(module)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package up
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names = [f"{base}.{a.name}" if source(f"{base}.{a.name}") else base for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n.split(".")[0] == "frostc" and source(n)}
+    return found
+
+
+def reachable(module: str) -> dict[str, str]:
+    """Every frostc module `module` imports, directly or through others: {module: who imports it}."""
+    seen, todo = {}, [module]
+    while todo:
+        current = todo.pop()
+        for name in sorted(imports(current)):
+            if name not in seen and name != module:
+                seen[name] = current
+                todo.append(name)
+    return seen
+
+
+def is_under(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+@pytest.mark.parametrize("module", ["frostc.ops", *OP_MODULES])
+def test_the_ops_never_import_a_stage(module: str) -> None:
+    assert {m: by for m, by in reachable(module).items() if is_under(m, STAGES)} == {}
+
+
+def test_the_contexts_import_no_op_and_no_stage() -> None:
+    found = reachable("frostc.contexts")
+    assert "frostc.resolved" in found, "the scan follows the contexts' imports"
+    assert {m: by for m, by in found.items() if is_under(m, ("frostc.ops", *STAGES))} == {}
+
+
+def test_the_stages_take_their_contexts_from_contexts() -> None:
+    assert "frostc.contexts" in imports("frostc.validate")
+    assert "frostc.contexts" in imports("frostc.resolve")
+    assert "frostc.ops" in imports("frostc.validate") and "frostc.ops" in imports("frostc.resolve")
+    assert "frostc.contexts" in reachable("frostc.ops.sdpa_paged")  # the scan follows the ops' imports
+
+
+def test_the_scan_sees_nested_and_guarded_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "frostc" / "ops"
+    package.mkdir(parents=True)
+    for name in ("__init__.py", "validate.py", "resolve.py", "contexts.py"):
+        (package.parent / name).write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "bad.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from frostc.validate import NodeContext\n"
+        "def f():\n    from frostc import resolve\n"
+        "from .. import contexts\n"
+    )
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert imports("frostc.ops.bad") == {"frostc.validate", "frostc.resolve", "frostc.contexts"}
