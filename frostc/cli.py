@@ -1,4 +1,4 @@
-"""`frostc build`, `inspect`, `diff` and `check`. Exit codes: 0 success, 2 bad input (nothing written);
+"""`frostc build`, `inspect`, `diff`, `check` and `from-config`. Exit codes: 0 success, 2 bad input (nothing written);
 `diff` and `check` also use 1 (different / not runnable here); 3 an internal error (a frostc bug).
 No verb prints a traceback: every failure is one message on stderr (FROSTC_TRACEBACK=1 shows the
 traceback of an internal error)."""
@@ -179,6 +179,59 @@ def check(
     else:
         print_check(result, out if result["valid"] else err)
     raise typer.Exit(result["exit_code"])
+
+
+@app.command("from-config")
+def from_config(
+    config: Path = typer.Argument(..., help="A Hugging Face config.json (llama, mistral, qwen2, gemma2)."),
+    batch_sizes: str = typer.Option(
+        "cuda-graphs", "--batch-sizes", help='Batch buckets: "1,2,4", or "cuda-graphs" (vLLM\'s 51 capture sizes).'
+    ),
+    max_prompt_tokens: int | None = typer.Option(
+        None,
+        "--max-prompt-tokens",
+        help="Tokens of one prefill step, all sequences together [default: the cache length].",
+    ),
+    max_cache_len: int | None = typer.Option(
+        None, "--max-cache-len", help="Tokens per sequence in the KV cache [default: max_position_embeddings]."
+    ),
+    page_size: int = typer.Option(16, "--page-size", help="Tokens per page: a multiple of 16, at most 256."),
+    pages: int | None = typer.Option(
+        None, "--pages", help="Pages in the pool [default: enough for the largest batch at full length]."
+    ),
+    speculative: int = typer.Option(0, "--speculative", help="Speculative tokens per decode step, 0 to 15."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree: the heads split over this many ranks."),
+    dtype: str | None = typer.Option(None, "--dtype", help="bf16 or fp16 [default: the config's]."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the plans (validated and resolved); build nothing."),
+    as_json: bool = typer.Option(False, "--json", help="The listing as JSON."),
+) -> None:
+    """Plan a model's attention from its config.json: its layer kinds, and a plan per layer kind,
+    phase (prefill, decode) and batch bucket. No weights, no GPU."""
+    from frostc.models import load_model_config, read_model
+    from frostc.serving import deployment, dry_run_summary, layer_kinds, parse_batch_sizes, print_dry_run
+
+    try:
+        model = read_model(load_model_config(config))
+        dep = deployment(
+            model,
+            dtype=dtype,
+            batch_sizes=parse_batch_sizes(batch_sizes),
+            max_prompt_tokens=max_prompt_tokens,
+            max_cache_len=max_cache_len,
+            page_size=page_size,
+            pages=pages,
+            speculative=speculative,
+            tp=tp,
+        )
+    except FrostcError as exc:
+        _fail(f"{config} cannot be planned:\n{exc}")
+    if not dry_run:
+        _fail("building plan sets is not implemented yet; use --dry-run to list the plans")
+    summary = dry_run_summary(model, dep, layer_kinds(model, dep))
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        print_dry_run(summary, out, str(config))
 
 
 # every verb, present and future, behind the same net

@@ -1,0 +1,272 @@
+"""What a model's attention is, read from a Hugging Face `config.json`: no weights, no GPU.
+
+`read_model(config)` gives a `ModelAttention`: heads, KV heads, head dim, dtype, positions, the
+attention scale and softcap, and each layer's sliding window in frostc's terms (`window_left`).
+The semantics follow transformers 5.23's own sources (configuration_*.py, modeling_*.py and
+masking_utils.py of each family), read for this module:
+
+- A sliding window of W (HF's `sliding_window`) lets a query see W keys, itself included:
+  masking_utils' `sliding_window_overlay` keeps kv_idx > q_idx - W under the causal mask, and the
+  flash path passes window_size = (W - 1, W - 1). frostc's `window_left` is therefore W - 1.
+- llama: no window. mistral: `sliding_window` (null: none) on every layer; MistralModel ignores
+  `layer_types` (it warns and points at Ministral). qwen2: the window exists only when
+  `use_sliding_window` is true (Qwen2Config sets sliding_window = None otherwise, whatever
+  `layer_types` says); without `layer_types`, layers i >= `max_window_layers` slide. gemma2:
+  without `layer_types`, even layers slide ("sliding_attention" if (i + 1) % 2); the scale is
+  `query_pre_attn_scalar` ** -0.5 (not head_dim ** -0.5), `attn_logit_softcapping` caps every
+  layer's scores (`final_logit_softcapping` is the LM head's, not attention's).
+- head_dim: the explicit key when present and not null, else hidden_size // heads (Gemma2Config
+  defaults it to 256). The dtype: `dtype`, else the older `torch_dtype` (as PreTrainedConfig does).
+- A key a config leaves out takes the default of transformers' config class for its model type
+  (Mistral's 8 KV heads and 4096 window, Gemma-2's softcap 50 and scalar 256, ...), except the
+  shapes (layers, heads, hidden size or head dim, max positions): a config without them is not a
+  checkpoint's, and guessing would plan for the wrong model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from frostc.checks import describe, is_int, is_number, quoted
+from frostc.errors import DescriptionError, Problem
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+LEGACY_LAYER_TYPES = {"attention": FULL}  # transformers' remap_legacy_layer_types
+
+# HF dtype names -> frostc's; fp32 is read (so the refusal can say what the config holds) but not served
+DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+SERVED_DTYPES = ("bf16", "fp16")
+
+# transformers 5.23's config-class defaults for the keys a config may leave out, by model type
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"num_key_value_heads": None},
+    "mistral": {"num_key_value_heads": 8, "sliding_window": 4096},
+    "qwen2": {"num_key_value_heads": 32, "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
+    "gemma2": {
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "attn_logit_softcapping": 50.0,
+        "use_bidirectional_attention": None,
+    },
+}
+SUPPORTED_MODEL_TYPES = tuple(sorted(DEFAULTS))
+
+
+@dataclass(frozen=True)
+class ModelAttention:
+    """A model's attention, whole (before tensor parallelism splits its heads)."""
+
+    model_type: str
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str | None  # "bf16", "fp16", "fp32", or None when the config names none
+    max_positions: int
+    scale: float  # the scores' multiplier
+    softcap: float | None  # every layer's, when the family has one
+    window_left: tuple[int | None, ...]  # per layer: keys before the query's own it sees; None: all
+
+    @property
+    def sliding_window(self) -> int | None:
+        """HF's W (keys a query sees, its own included) of the sliding layers; None when none slides."""
+        return next((w + 1 for w in self.window_left if w is not None), None)
+
+
+def load_model_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a config.json; unreadable or non-JSON files are a DescriptionError naming the file."""
+    filename = os.fspath(path)
+    try:
+        text = Path(filename).read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise DescriptionError([Problem(filename, f"cannot read the file: {e.strerror or e}")]) from None
+    except UnicodeDecodeError as e:
+        raise DescriptionError([Problem(filename, f"the file is not UTF-8 text: {e}")]) from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        message = f"invalid JSON: {e.msg} (at line {e.lineno}, column {e.colno}); expected a Hugging Face config.json"
+        raise DescriptionError([Problem(filename, message)]) from None
+    except RecursionError:
+        raise DescriptionError([Problem(filename, "nested too deeply to be a config.json")]) from None
+    if not isinstance(config, dict):
+        message = f"the top level must be a JSON object (a Hugging Face config.json), got {describe(config)}"
+        raise DescriptionError([Problem(filename, message)])
+    return config
+
+
+class _Fields:
+    """Typed reads of a config's keys; each bad key is one problem naming it."""
+
+    def __init__(self, config: dict[str, Any], defaults: dict[str, Any]) -> None:
+        self.config, self.defaults, self.problems = config, defaults, []
+
+    def raw(self, key: str) -> Any:
+        return self.config[key] if key in self.config else self.defaults.get(key)
+
+    def problem(self, key: str, message: str) -> None:
+        self.problems.append(Problem(key, message))
+
+    def int(self, key: str, *, required: bool = False, minimum: int = 1) -> int | None:
+        value = self.raw(key)
+        if required and self.config.get(key) is None:
+            said = "null" if key in self.config else "missing"
+            self.problem(key, f"{said}; a config.json of this model writes it (an int)")
+            return None
+        if value is None:
+            return None
+        if not is_int(value) or value < minimum:
+            self.problem(key, f"expected an int >= {minimum}, got {describe(value)}")
+            return None
+        return value
+
+    def float(self, key: str) -> float | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        if not is_number(value) or not math.isfinite(value) or value <= 0:
+            self.problem(key, f"expected a positive number or null, got {describe(value)}")
+            return None
+        return float(value)
+
+    def bool(self, key: str) -> bool | None:
+        value = self.raw(key)
+        if value is not None and not isinstance(value, bool):
+            self.problem(key, f"expected true or false, got {describe(value)}")
+            return None
+        return value
+
+
+def read_model(config: dict[str, Any]) -> ModelAttention:
+    """The attention of the model a config.json describes; a DescriptionError lists every problem."""
+    model_type = config.get("model_type")
+    if model_type not in DEFAULTS:
+        got = describe(model_type) if "model_type" in config else "no model_type"
+        message = f"{got} is not a model frostc can plan; supported: {quoted(SUPPORTED_MODEL_TYPES)}"
+        raise DescriptionError([Problem("model_type", message)])
+    f = _Fields(config, DEFAULTS[model_type])
+    layers = f.int("num_hidden_layers", required=True)
+    heads = f.int("num_attention_heads", required=True)
+    kv_heads = f.int("num_key_value_heads")
+    kv_heads = heads if kv_heads is None else kv_heads
+    head_dim = _head_dim(f, heads)
+    max_positions = f.int("max_position_embeddings", required=True)
+    dtype = _dtype(f)
+    if heads and kv_heads and heads % kv_heads:
+        f.problem("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads {heads} (GQA needs it to)")
+    window_left, scale, softcap = _FAMILIES[model_type](f, layers or 0)
+    if f.problems or None in (layers, heads, kv_heads, head_dim, max_positions):
+        raise DescriptionError(f.problems)
+    return ModelAttention(
+        model_type=model_type,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        max_positions=max_positions,
+        scale=scale if scale is not None else head_dim**-0.5,
+        softcap=softcap,
+        window_left=window_left,
+    )
+
+
+def _head_dim(f: _Fields, heads: int | None) -> int | None:
+    head_dim = f.int("head_dim")
+    if head_dim is not None or f.config.get("head_dim") is not None:
+        return head_dim  # given (or given badly: its problem is recorded); absent or null: derived
+    hidden = f.int("hidden_size", required=True)
+    if hidden is None or heads is None:
+        return None
+    if hidden % heads:
+        f.problem("hidden_size", f"{hidden} is not a multiple of num_attention_heads {heads}: give head_dim")
+        return None
+    return hidden // heads
+
+
+def _dtype(f: _Fields) -> str | None:
+    key = "dtype" if f.config.get("dtype") is not None else "torch_dtype"
+    value = f.config.get(key)
+    if value is None:
+        return None
+    if value not in DTYPES:
+        f.problem(key, f"expected one of {quoted(DTYPES)}, got {describe(value)}")
+        return None
+    return DTYPES[value]
+
+
+def _windows(types: list[str], window: int | None) -> tuple[int | None, ...]:
+    return tuple(window - 1 if t == SLIDING and window is not None else None for t in types)
+
+
+def _layer_types(f: _Fields, layers: int) -> list[str] | None:
+    """A config's `layer_types`, checked (one problem for the whole list at most); None when absent."""
+    raw = f.config.get("layer_types")
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) != layers:
+        f.problem("layer_types", f"expected a list of {layers} layer types (num_hidden_layers), got {describe(raw)}")
+        return None
+    types = [LEGACY_LAYER_TYPES.get(t, t) if isinstance(t, str) else t for t in raw]
+    bad = next((i for i, t in enumerate(types) if t not in (FULL, SLIDING)), None)
+    if bad is not None:
+        message = f"{describe(raw[bad])}: frostc plans {quoted((FULL, SLIDING))} layers only"
+        f.problem(f"layer_types[{bad}]", message)
+        return None
+    return types
+
+
+def _llama(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, None]:
+    _check_ignored_layer_types(f, layers, [FULL] * layers, "LlamaModel ignores layer_types: every layer is full")
+    return (None,) * layers, None, None
+
+
+def _mistral(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, None]:
+    window = f.int("sliding_window")
+    types = [SLIDING if window is not None else FULL] * layers
+    why = "MistralModel ignores layer_types (sliding_window applies to every layer; transformers warns: use Ministral)"
+    _check_ignored_layer_types(f, layers, types, why)
+    return _windows(types, window), None, None
+
+
+def _qwen2(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, None]:
+    use = f.bool("use_sliding_window")
+    window = f.int("sliding_window") if use else None  # Qwen2Config: sliding_window = None unless use_sliding_window
+    first = f.int("max_window_layers", minimum=0)
+    types = _layer_types(f, layers)
+    if types is None:
+        types = [SLIDING if window is not None and first is not None and i >= first else FULL for i in range(layers)]
+    return _windows(types, window), None, None
+
+
+def _gemma2(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], float | None, float | None]:
+    if f.bool("use_bidirectional_attention"):
+        f.problem("use_bidirectional_attention", "true: frostc plans causal language models; set it false or remove it")
+    window = f.int("sliding_window")
+    types = _layer_types(f, layers)
+    if types is None:
+        types = [SLIDING if (i + 1) % 2 else FULL for i in range(layers)]  # even layers slide
+    scalar = f.float("query_pre_attn_scalar")
+    if scalar is None and "query_pre_attn_scalar" in f.config and f.config["query_pre_attn_scalar"] is None:
+        f.problem("query_pre_attn_scalar", "null: Gemma-2 scales scores by query_pre_attn_scalar ** -0.5; give it")
+    return _windows(types, window), scalar**-0.5 if scalar else None, f.float("attn_logit_softcapping")
+
+
+def _check_ignored_layer_types(f: _Fields, layers: int, meant: list[str], why: str) -> None:
+    """A family whose model ignores `layer_types`: accept it only when it says what the model does."""
+    types = _layer_types(f, layers)
+    if types is not None and types != meant:
+        f.problem("layer_types", f"disagrees with the model: {why}; frostc will not guess which is meant: remove it")
+
+
+_FAMILIES = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "gemma2": _gemma2}
+assert set(_FAMILIES) == set(DEFAULTS)
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "ModelAttention", "load_model_config", "read_model"]

@@ -1,0 +1,435 @@
+"""From a model to the plans that serve it: deployment options, layer kinds, and the plan list.
+
+    model = read_model(load_model_config("config.json"))        # frostc.models
+    dep = deployment(model, batch_sizes=CUDA_GRAPH_BATCH_SIZES, tp=2)
+    kinds = layer_kinds(model, dep)                              # distinct attentions, with their layers
+    entries = plan_list(kinds, dep)                              # kind x phase x batch bucket
+    problems = check_entry(entry)                                # validate + resolve: no compile
+
+A plan per (layer kind x phase x batch bucket): prefill is the packed variable-length form (the
+bucket's sequences, up to `max_prompt_tokens` tokens in all, causal, no lse); decode is the paged
+form, kv_append then sdpa, with 1 + `speculative` new tokens per sequence over a pool of `pages`
+pages of `page_size` tokens. Nothing here compiles: building the plan set comes later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frostc.checks import quoted
+from frostc.description import Description, GraphBuilder
+from frostc.errors import DescriptionError, Problem
+from frostc.models import SERVED_DTYPES, ModelAttention
+
+# vLLM's default CUDA-graph capture sizes: 1, 2, 4, then 8..256 step 8, then 272..512 step 16
+CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, *range(8, 257, 8), *range(272, 513, 16))
+assert len(CUDA_GRAPH_BATCH_SIZES) == 51
+CUDA_GRAPHS = "cuda-graphs"
+
+PAGE_SIZE_STEP, MAX_PAGE_SIZE = 16, 256  # the paged form's rule (README, frostc.ops.paged_cache)
+MAX_SPECULATIVE = 15  # the paged form takes 1 to 16 new tokens per sequence
+PHASES = ("prefill", "decode")
+FORMS = {"prefill": "packed", "decode": "paged"}
+PAGED_MASKS_MISSING = "not supported yet: paged windows/softcap (issue 20)"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How the model is served: what every plan's capacities come from."""
+
+    dtype: str
+    batch_sizes: tuple[int, ...]  # increasing
+    max_prompt_tokens: int  # one prefill step's tokens, all its sequences together
+    max_cache_len: int  # tokens per sequence in the cache
+    page_size: int
+    pages: int  # the pool's, shared by every sequence
+    speculative: int  # decode's new tokens per sequence: 1 + speculative
+    tp: int
+
+    @property
+    def max_pages(self) -> int:
+        """Pages one sequence can hold: the page table's width."""
+        return -(-self.max_cache_len // self.page_size)
+
+    @property
+    def new_tokens(self) -> int:
+        return 1 + self.speculative
+
+
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    """`--batch-sizes`: "1,2,4" (any order, no repeats) or "cuda-graphs" (vLLM's 51 capture sizes)."""
+    if text.strip() == CUDA_GRAPHS:
+        return CUDA_GRAPH_BATCH_SIZES
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        message = f"{text!r}: expected positive ints separated by commas (1,2,4) or {CUDA_GRAPHS!r}"
+        raise DescriptionError([Problem("--batch-sizes", message)])
+    sizes = [int(p) for p in parts]
+    if len(set(sizes)) != len(sizes):
+        raise DescriptionError([Problem("--batch-sizes", f"{text!r}: a batch size appears twice; list each once")])
+    return tuple(sorted(sizes))
+
+
+def deployment(
+    model: ModelAttention,
+    *,
+    dtype: str | None = None,
+    batch_sizes: tuple[int, ...] = CUDA_GRAPH_BATCH_SIZES,
+    max_prompt_tokens: int | None = None,
+    max_cache_len: int | None = None,
+    page_size: int = PAGE_SIZE_STEP,
+    pages: int | None = None,
+    speculative: int = 0,
+    tp: int = 1,
+) -> Deployment:
+    """The options, checked against each other and the model; None takes the default: the config's
+    dtype, a cache of the model's max positions, prompts up to the cache's length, and a pool of
+    pages enough for the largest batch at full length. Every bad option is one problem, named
+    by its command-line flag."""
+    problems: list[Problem] = []
+
+    def bad(flag: str, message: str) -> None:
+        problems.append(Problem(flag, message))
+
+    if dtype is not None and dtype not in SERVED_DTYPES:
+        bad("--dtype", f"{dtype!r}: frostc serves {quoted(SERVED_DTYPES)}")
+    elif dtype is None:
+        dtype = model.dtype
+        if dtype not in SERVED_DTYPES:
+            said = "names no dtype" if dtype is None else "says float32"
+            served = quoted(SERVED_DTYPES)
+            bad("--dtype", f"the config {said}; frostc serves {served}: pass --dtype bf16 or --dtype fp16")
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        bad("--batch-sizes", "give at least one batch size, each >= 1")
+    if max_cache_len is None:
+        max_cache_len = model.max_positions
+    elif not 1 <= max_cache_len <= model.max_positions:
+        most = model.max_positions
+        bad("--max-cache-len", f"{max_cache_len}: must be 1 to the model's max_position_embeddings {most}")
+    if max_prompt_tokens is None:
+        max_prompt_tokens = max_cache_len
+    elif max_prompt_tokens < 1:
+        bad("--max-prompt-tokens", f"{max_prompt_tokens}: must be >= 1 (the tokens of one prefill step)")
+    if page_size % PAGE_SIZE_STEP or not PAGE_SIZE_STEP <= page_size <= MAX_PAGE_SIZE:
+        bad("--page-size", f"{page_size}: must be a multiple of {PAGE_SIZE_STEP}, {PAGE_SIZE_STEP} to {MAX_PAGE_SIZE}")
+    if not 0 <= speculative <= MAX_SPECULATIVE:
+        message = f"{speculative}: must be 0 to {MAX_SPECULATIVE} (a decode step takes 1 to 16 tokens per sequence)"
+        bad("--speculative", message)
+    _check_tp(model, tp, bad)
+    if problems:
+        raise DescriptionError(problems)
+    max_pages = -(-max_cache_len // page_size)
+    if pages is None:
+        pages = max(batch_sizes) * max_pages
+    elif pages < max_pages:
+        message = f"{pages}: fewer than one sequence of {max_cache_len} tokens needs: give at least {max_pages}"
+        bad("--pages", message)
+        raise DescriptionError(problems)
+    return Deployment(dtype, tuple(batch_sizes), max_prompt_tokens, max_cache_len, page_size, pages, speculative, tp)
+
+
+def _check_tp(model: ModelAttention, tp: int, bad) -> None:
+    """Heads split evenly over the ranks; KV heads too, or, when fewer than the ranks, each rank
+    keeps one KV head, replicated tp / kv_heads times (vLLM's QKVParallelLinear does the same)."""
+    if tp < 1:
+        bad("--tp", f"{tp}: the tensor-parallel degree is >= 1")
+        return
+    if model.heads % tp:
+        message = f"{tp} does not divide the model's {model.heads} attention heads: use one of {_divisors(model.heads)}"
+        bad("--tp", message)
+    elif model.kv_heads % tp and tp % model.kv_heads:
+        fits = [d for d in _divisors(model.heads) if model.kv_heads % d == 0 or d % model.kv_heads == 0]
+        kv = model.kv_heads
+        message = f"{tp} neither divides the model's {kv} KV heads nor is a multiple of them: use one of {fits}"
+        bad("--tp", message)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """One distinct attention of a model on one rank, and the layers that use it."""
+
+    index: int
+    layers: tuple[int, ...]
+    heads: int  # per rank
+    kv_heads: int  # per rank
+    head_dim: int
+    dtype: str
+    window_left: int | None
+    softcap: float | None
+    scale: float
+
+    @property
+    def name(self) -> str:
+        return f"l{self.index}"
+
+
+def layer_kinds(model: ModelAttention, dep: Deployment) -> tuple[LayerKind, ...]:
+    """The distinct attentions, numbered in the order of their first layer. A window at least as
+    long as the cache masks nothing (every key a query could see is inside it) and is dropped."""
+    heads, kv_heads = model.heads // dep.tp, max(1, model.kv_heads // dep.tp)
+    by_attention: dict[tuple, list[int]] = {}
+    for layer, window in enumerate(model.window_left):
+        window = window if window is not None and window < dep.max_cache_len - 1 else None
+        attention = (heads, kv_heads, model.head_dim, dep.dtype, window, model.softcap, model.scale)
+        by_attention.setdefault(attention, []).append(layer)
+    return tuple(LayerKind(i, tuple(layers), *a) for i, (a, layers) in enumerate(by_attention.items()))
+
+
+def dropped_windows(model: ModelAttention, dep: Deployment) -> str | None:
+    """A note when the model's window is as long as the cache (so no kind keeps it)."""
+    window = model.sliding_window
+    if window is not None and window - 1 >= dep.max_cache_len - 1:
+        return f"sliding window of {window} keys >= the cache length {dep.max_cache_len}: it masks nothing, dropped"
+    return None
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One plan of the set, described but not built."""
+
+    key: str  # "l0-decode-b32": the plan's name, and its key in the set
+    kind: int
+    phase: str
+    batch: int
+    description: Description  # what would be built (also for an unsupported entry: what it would take)
+    unsupported: str | None  # why frostc cannot build it yet; None when it can
+
+    @property
+    def form(self) -> str:
+        return FORMS[self.phase]
+
+
+def plan_list(kinds: tuple[LayerKind, ...], dep: Deployment) -> tuple[PlanEntry, ...]:
+    """Every kind's prefill plans, then its decode plans, each over the batch buckets, in order."""
+    return tuple(
+        PlanEntry(key, kind.index, phase, batch, _DESCRIBE[phase](key, kind, dep, batch), _unsupported(kind, phase))
+        for kind in kinds
+        for phase in PHASES
+        for batch in dep.batch_sizes
+        for key in [f"{kind.name}-{phase}-b{batch}"]
+    )
+
+
+def _unsupported(kind: LayerKind, phase: str) -> str | None:
+    if phase == "decode" and (kind.window_left is not None or kind.softcap is not None):
+        return PAGED_MASKS_MISSING
+    return None
+
+
+def prefill_description(name: str, kind: LayerKind, dep: Deployment, batch: int) -> Description:
+    """Packed prompts: up to `batch` sequences, `max_prompt_tokens` tokens in all, each at most
+    the cache's length; queries and keys are the same tokens, so one cu_seqlens serves both."""
+    g = GraphBuilder(name)
+    tokens, longest = dep.max_prompt_tokens, min(dep.max_prompt_tokens, dep.max_cache_len)
+    for tensor, heads in (("q", kind.heads), ("k", kind.kv_heads), ("v", kind.kv_heads), ("o", kind.heads)):
+        g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, kind.head_dim])
+    g.tensor("cu_seqlens", dtype="int32", dims=[batch + 1])
+    capacity = longest if longest < tokens else None
+    g.sdpa(
+        name="attn", q="q", k="k", v="v", o="o", cu_seqlens_q="cu_seqlens", cu_seqlens_kv="cu_seqlens",
+        max_seqlen_q=capacity, max_seqlen_kv=capacity, causal=True, window_left=kind.window_left,
+        softcap=kind.softcap, attn_scale=kind.scale,
+    )  # fmt: skip
+    return g.build()
+
+
+def decode_description(name: str, kind: LayerKind, dep: Deployment, batch: int) -> Description:
+    """A decode step over the paged cache: append each sequence's new K/V rows, then attend with
+    its new tokens over its whole cache (README "Paged KV cache (decode)")."""
+    g = GraphBuilder(name)
+    rows = dict(dtype=kind.dtype, layout="bshd")
+    g.tensor("q", dims=[batch, kind.heads, dep.new_tokens, kind.head_dim], **rows)
+    g.tensor("k_new", dims=[batch, kind.kv_heads, dep.new_tokens, kind.head_dim], **rows)
+    g.tensor("v_new", dims=[batch, kind.kv_heads, dep.new_tokens, kind.head_dim], **rows)
+    for cache in ("k_cache", "v_cache"):
+        g.tensor(cache, dtype=kind.dtype, dims=[dep.pages, dep.page_size, kind.kv_heads, kind.head_dim])
+    g.tensor("page_table", dtype="int32", dims=[batch, dep.max_pages])
+    g.tensor("cache_len", dtype="int32", dims=[batch])
+    g.tensor("o", dims=[batch, kind.heads, dep.new_tokens, kind.head_dim], **rows)
+    g.node(
+        "kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache",
+        page_table="page_table", seq_len_kv="cache_len",
+    )  # fmt: skip
+    g.sdpa(
+        name="attn", q="q", k="k_cache", v="v_cache", o="o", page_table="page_table", seq_len_kv="cache_len",
+        causal=True, window_left=kind.window_left, softcap=kind.softcap, attn_scale=kind.scale,
+    )  # fmt: skip
+    return g.build()
+
+
+_DESCRIBE = {"prefill": prefill_description, "decode": decode_description}
+assert tuple(_DESCRIBE) == PHASES
+
+
+def check_entry(entry: PlanEntry) -> tuple[Problem, ...]:
+    """What validating and resolving the entry's description finds (no compile); () when it would
+    build. An unsupported entry is not checked: its reason stands."""
+    from frostc.resolve import resolve
+    from frostc.validate import validate
+
+    if entry.unsupported:
+        return ()
+    try:
+        resolve(validate(entry.description))
+    except DescriptionError as e:
+        return tuple(e.problems)
+    return ()
+
+
+def status(entry: PlanEntry) -> str:
+    """ "ok" (validated and resolved: it would build), why it is not supported yet, or the first
+    problem validating or resolving it found."""
+    if entry.unsupported:
+        return entry.unsupported
+    problems = check_entry(entry)
+    if not problems:
+        return "ok"
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"refused: {problems[0]}{more}"
+
+
+def compact_layers(layers: tuple[int, ...]) -> str:
+    """Layer indices in few characters: "0..31", "0,2,4..40", "3,7"."""
+    out, i = [], 0
+    while i < len(layers):
+        j = i + 1  # the run with layers[i]'s step goes up to j - 1
+        while j < len(layers) and (j == i + 1 or layers[j] - layers[j - 1] == layers[i + 1] - layers[i]):
+            j += 1
+        run = layers[i:j]
+        if len(run) >= 3 and run[1] - run[0] == 1:
+            out.append(f"{run[0]}..{run[-1]}")
+        elif len(run) >= 4:
+            out.append(f"{run[0]},{run[1]},{run[2]}..{run[-1]}")
+        else:
+            out.append(str(layers[i]))
+            j = i + 1
+        i = j
+    return ",".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The text form: what `frostc from-config --dry-run` prints
+
+
+def dry_run_summary(model: ModelAttention, dep: Deployment, kinds: tuple[LayerKind, ...]) -> dict:
+    """The model, the deployment, the layer kinds and every plan with its status, as plain data
+    (`--json`); deterministic: the same inputs give the same text."""
+    entries = plan_list(kinds, dep)
+    dtype_bytes = 2  # bf16 and fp16
+    pool_bytes = 2 * dep.pages * dep.page_size * kinds[0].kv_heads * kinds[0].head_dim * dtype_bytes
+    notes = [note for note in [dropped_windows(model, dep)] if note]
+    return {
+        "model": {
+            "model_type": model.model_type,
+            "layers": model.layers,
+            "heads": model.heads,
+            "kv_heads": model.kv_heads,
+            "head_dim": model.head_dim,
+            "dtype": model.dtype,
+            "max_positions": model.max_positions,
+            "scale": model.scale,
+            "softcap": model.softcap,
+            "sliding_window": model.sliding_window,
+        },
+        "deployment": {
+            "dtype": dep.dtype,
+            "tp": dep.tp,
+            "batch_sizes": list(dep.batch_sizes),
+            "max_prompt_tokens": dep.max_prompt_tokens,
+            "max_cache_len": dep.max_cache_len,
+            "page_size": dep.page_size,
+            "max_pages": dep.max_pages,
+            "pages": dep.pages,
+            "speculative": dep.speculative,
+            "new_tokens": dep.new_tokens,
+            "kv_pool_bytes_per_layer": pool_bytes,  # K and V, one rank
+        },
+        "kinds": [
+            {
+                "kind": k.name,
+                "layers": list(k.layers),
+                "heads": k.heads,
+                "kv_heads": k.kv_heads,
+                "head_dim": k.head_dim,
+                "dtype": k.dtype,
+                "window_left": k.window_left,
+                "softcap": k.softcap,
+                "scale": k.scale,
+            }
+            for k in kinds
+        ],
+        "plans": [
+            {
+                "key": e.key,
+                "kind": kinds[e.kind].name,
+                "phase": e.phase,
+                "batch": e.batch,
+                "form": e.form,
+                "status": status(e),
+            }
+            for e in entries
+        ],
+        "notes": notes,
+    }
+
+
+def print_dry_run(s: dict, console, source: str) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    m, d = s["model"], s["deployment"]
+    window = f", sliding window {m['sliding_window']}" if m["sliding_window"] else ""
+    softcap = f", softcap {m['softcap']}" if m["softcap"] else ""
+    console.print(
+        f"[bold]{escape(m['model_type'])}[/bold] ({escape(source)}): {m['layers']} layers, {m['heads']} heads, "
+        f"{m['kv_heads']} KV heads, head dim {m['head_dim']}, {m['dtype'] or 'no dtype'}, "
+        f"{m['max_positions']} positions, scale {m['scale']:.6g}{window}{softcap}",
+        highlight=False,
+    )
+    per_rank = s["kinds"][0]
+    gib = d["kv_pool_bytes_per_layer"] / 2**30
+    sizes = d["batch_sizes"]
+    graphs = " (the CUDA-graph capture sizes)" if tuple(sizes) == CUDA_GRAPH_BATCH_SIZES else ""
+    console.print(
+        f"serving {d['dtype']}, tp {d['tp']}: {per_rank['heads']} heads and {per_rank['kv_heads']} KV heads per rank\n"
+        f"  batch sizes {_sizes_text(sizes)}{graphs}; prefill: up to {d['max_prompt_tokens']} tokens per step\n"
+        f"  cache: {d['max_cache_len']} tokens per sequence, pages of {d['page_size']} ({d['max_pages']} per "
+        f"sequence), pool of {d['pages']} pages: {gib:.3g} GiB of K and V per layer per rank, "
+        f"{gib * m['layers']:.3g} GiB for {m['layers']} layers\n"
+        f"  decode: {d['new_tokens']} new {'token' if d['new_tokens'] == 1 else 'tokens'} per sequence per step "
+        f"({d['speculative']} speculative)",
+        highlight=False,
+    )
+    for note in s["notes"]:
+        console.print(f"note: {escape(note)}", highlight=False)
+    kinds = Table(title="Layer kinds", title_justify="left")
+    for column in ("kind", "layers", "heads", "kv heads", "head dim", "dtype", "window_left", "softcap", "scale"):
+        kinds.add_column(column)
+    for k in s["kinds"]:
+        cells = (k["kind"], compact_layers(tuple(k["layers"])), k["heads"], k["kv_heads"], k["head_dim"], k["dtype"])
+        extra = ("—" if k["window_left"] is None else k["window_left"], k["softcap"] or "—", f"{k['scale']:.6g}")
+        kinds.add_row(*(str(c) for c in cells + extra))
+    console.print(kinds)
+    plans = Table(title="Plans", title_justify="left")
+    for column in ("key", "kind", "phase", "batch", "form", "status"):
+        plans.add_column(column)
+    for p in s["plans"]:
+        plans.add_row(*(escape(str(p[c])) for c in ("key", "kind", "phase", "batch", "form", "status")))
+    console.print(plans)
+    counts: dict[str, int] = {}
+    for p in s["plans"]:
+        counts[p["status"]] = counts.get(p["status"], 0) + 1
+    tally = "; ".join(f"{n} {escape(text)}" for text, n in counts.items())
+    console.print(f"{len(s['plans'])} plans: {tally}", highlight=False)
+
+
+def _sizes_text(sizes: list[int]) -> str:
+    return (
+        ", ".join(map(str, sizes))
+        if len(sizes) <= 8
+        else f"{', '.join(map(str, sizes[:4]))} … {sizes[-1]} ({len(sizes)})"
+    )

@@ -1,0 +1,96 @@
+"""Hugging Face config.json contents modeled on real checkpoints' (the keys attention reads, and a
+few it must ignore), for tests of frostc.models and frostc.serving."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+LLAMA3_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-05,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 128256,
+}
+
+QWEN2_7B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 131072,
+    "sliding_window": 131072,
+    "max_window_layers": 28,
+    "use_sliding_window": False,
+    "rope_theta": 1000000.0,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 152064,
+}
+
+MISTRAL_7B_V01: dict[str, Any] = {
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 32768,
+    "sliding_window": 4096,
+    "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 32000,
+}
+
+GEMMA2_9B: dict[str, Any] = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "model_type": "gemma2",
+    "hidden_size": 3584,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 42,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 256,
+    "query_pre_attn_scalar": 256,
+    "max_position_embeddings": 8192,
+    "sliding_window": 4096,
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+    "cache_implementation": "hybrid",
+    "torch_dtype": "float32",  # as google/gemma-2-9b ships it: served with --dtype bf16
+    "vocab_size": 256000,
+}
+
+# 27b: head_dim 128 but query_pre_attn_scalar 144 (hidden 4608 / 32 heads): the scale is 1/12
+GEMMA2_27B: dict[str, Any] = {
+    **GEMMA2_9B,
+    "hidden_size": 4608,
+    "num_hidden_layers": 46,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 16,
+    "head_dim": 128,
+    "query_pre_attn_scalar": 144,
+    "torch_dtype": "bfloat16",
+}
+
+
+def edited(config: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A copy with keys changed; a value of `...` deletes the key."""
+    out = copy.deepcopy(config)
+    for key, value in changes.items():
+        if value is ...:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,214 @@
+"""frostc.models: a Hugging Face config.json read into the model's attention, family by family,
+with transformers 5.23's semantics (windows, Qwen2's max_window_layers, Gemma-2's scale and
+layer types), and every bad config refused with one problem per field, named by its key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from frostc.errors import DescriptionError
+from frostc.models import SUPPORTED_MODEL_TYPES, load_model_config, read_model
+from tests.model_configs import GEMMA2_9B, GEMMA2_27B, LLAMA3_8B, MISTRAL_7B_V01, QWEN2_7B, edited
+
+
+def problems(config) -> list[tuple[str, str]]:
+    with pytest.raises(DescriptionError) as e:
+        read_model(config)
+    return [(p.path, p.message) for p in e.value.problems]
+
+
+def only(config, path: str, *words: str) -> str:
+    found = problems(config)
+    assert [p for p, _ in found] == [path], found
+    for word in words:
+        assert word in found[0][1], found[0]
+    return found[0][1]
+
+
+# ------------------------------------------------------------------------------ families
+
+
+def test_llama3_8b() -> None:
+    m = read_model(LLAMA3_8B)
+    assert (m.model_type, m.layers, m.heads, m.kv_heads, m.head_dim) == ("llama", 32, 32, 8, 128)
+    assert (m.dtype, m.max_positions, m.softcap, m.sliding_window) == ("bf16", 8192, None, None)
+    assert m.scale == 128**-0.5
+    assert m.window_left == (None,) * 32
+
+
+def test_mistral_7b_v01_slides_on_every_layer_with_w_minus_1() -> None:
+    m = read_model(MISTRAL_7B_V01)
+    assert m.window_left == (4095,) * 32  # HF's window of 4096 keys, the query's own included
+    assert m.sliding_window == 4096
+
+
+def test_mistral_with_a_null_window_has_none() -> None:
+    assert read_model(edited(MISTRAL_7B_V01, sliding_window=None)).window_left == (None,) * 32
+
+
+def test_mistral_without_the_key_takes_transformers_default_window() -> None:
+    assert read_model(edited(MISTRAL_7B_V01, sliding_window=...)).window_left == (4095,) * 32
+
+
+def test_qwen2_7b_does_not_slide_when_use_sliding_window_is_false() -> None:
+    m = read_model(QWEN2_7B)
+    assert (m.layers, m.heads, m.kv_heads, m.head_dim, m.max_positions) == (28, 28, 4, 128, 131072)
+    assert m.window_left == (None,) * 28
+
+
+def test_qwen2_slides_from_max_window_layers_on() -> None:
+    m = read_model(edited(QWEN2_7B, use_sliding_window=True, sliding_window=4096, max_window_layers=20))
+    assert m.window_left == (None,) * 20 + (4095,) * 8
+
+
+def test_qwen2_layer_types_win_over_max_window_layers() -> None:
+    types = ["sliding_attention" if i % 4 == 3 else "full_attention" for i in range(28)]
+    config = edited(QWEN2_7B, use_sliding_window=True, sliding_window=4096, max_window_layers=0, layer_types=types)
+    assert read_model(config).window_left == tuple(4095 if i % 4 == 3 else None for i in range(28))
+
+
+def test_qwen2_sliding_layer_types_without_use_sliding_window_have_no_window() -> None:
+    # Qwen2Config sets sliding_window = None unless use_sliding_window, whatever layer_types says
+    config = edited(QWEN2_7B, layer_types=["sliding_attention"] * 28)
+    assert read_model(config).window_left == (None,) * 28
+
+
+def test_gemma2_9b_even_layers_slide_with_a_softcap_and_the_scalar_scale() -> None:
+    m = read_model(GEMMA2_9B)
+    assert (m.layers, m.heads, m.kv_heads, m.head_dim, m.dtype) == (42, 16, 8, 256, "fp32")
+    assert m.window_left == tuple(4095 if i % 2 == 0 else None for i in range(42))
+    assert (m.softcap, m.scale) == (50.0, 256**-0.5)
+
+
+def test_gemma2_27b_scale_comes_from_query_pre_attn_scalar_not_head_dim() -> None:
+    m = read_model(GEMMA2_27B)
+    assert (m.head_dim, m.scale) == (128, 144**-0.5)
+
+
+def test_gemma2_layer_types_are_preferred() -> None:
+    types = ["full_attention"] * 41 + ["sliding_attention"]
+    assert read_model(edited(GEMMA2_9B, layer_types=types)).window_left == (None,) * 41 + (4095,)
+
+
+def test_gemma2_final_logit_softcapping_is_not_attentions() -> None:
+    m = read_model(edited(GEMMA2_9B, attn_logit_softcapping=None, final_logit_softcapping=30.0))
+    assert m.softcap is None
+
+
+def test_gemma2_head_dim_defaults_to_256_like_its_config_class() -> None:
+    assert read_model(edited(GEMMA2_9B, head_dim=...)).head_dim == 256
+
+
+def test_legacy_layer_type_attention_reads_as_full() -> None:
+    config = edited(GEMMA2_9B, layer_types=["attention"] * 42)
+    assert read_model(config).window_left == (None,) * 42
+
+
+def test_head_dim_is_derived_when_absent_or_null() -> None:
+    assert read_model(edited(LLAMA3_8B, head_dim=None)).head_dim == 128
+    assert read_model(edited(LLAMA3_8B, head_dim=64)).head_dim == 64  # explicit wins over hidden // heads
+
+
+def test_kv_heads_default_to_the_heads_for_llama() -> None:
+    assert read_model(edited(LLAMA3_8B, num_key_value_heads=...)).kv_heads == 32
+
+
+def test_dtype_key_wins_over_torch_dtype() -> None:
+    assert read_model(edited(LLAMA3_8B, dtype="float16")).dtype == "fp16"
+    assert read_model(edited(LLAMA3_8B, torch_dtype=...)).dtype is None
+
+
+def test_a_llama_layer_types_that_says_what_llama_does_is_accepted() -> None:
+    assert read_model(edited(LLAMA3_8B, layer_types=["full_attention"] * 32)).layers == 32
+
+
+# ------------------------------------------------------------------------------ refusals
+
+
+def test_unknown_model_type_lists_the_supported_ones() -> None:
+    message = only(edited(LLAMA3_8B, model_type="gpt2"), "model_type", '"gpt2"')
+    for name in SUPPORTED_MODEL_TYPES:
+        assert name in message
+    only(edited(LLAMA3_8B, model_type=...), "model_type", "no model_type")
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "words"),
+    [
+        ({"num_attention_heads": ...}, "num_attention_heads", ("missing",)),
+        ({"num_hidden_layers": "32"}, "num_hidden_layers", ('string "32"',)),
+        ({"num_key_value_heads": 0}, "num_key_value_heads", ("int >= 1", "int 0")),
+        ({"num_key_value_heads": 5}, "num_key_value_heads", ("does not divide", "32")),
+        ({"max_position_embeddings": ...}, "max_position_embeddings", ("missing",)),
+        ({"hidden_size": 4100}, "hidden_size", ("not a multiple", "head_dim")),
+        ({"hidden_size": ...}, "hidden_size", ("missing",)),
+        ({"head_dim": True}, "head_dim", ("bool true",)),
+        ({"torch_dtype": "int8"}, "torch_dtype", ('"bfloat16"', 'string "int8"')),
+        ({"layer_types": ["sliding_attention"] * 32}, "layer_types", ("LlamaModel ignores", "remove it")),
+    ],
+)  # fmt: skip
+def test_bad_llama_fields_are_named(changes, path, words) -> None:
+    only(edited(LLAMA3_8B, **changes), path, *words)
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "words"),
+    [
+        ({"layer_types": ["full_attention"] * 3}, "layer_types", ("list of 42",)),
+        ({"layer_types": ["full_attention"] * 41 + ["linear_attention"]}, "layer_types[41]", ('"linear_attention"',)),
+        ({"sliding_window": 0}, "sliding_window", ("int >= 1",)),
+        ({"attn_logit_softcapping": "50"}, "attn_logit_softcapping", ("positive number",)),
+        ({"query_pre_attn_scalar": None}, "query_pre_attn_scalar", ("give it",)),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention", ("causal",)),
+    ],
+)  # fmt: skip
+def test_bad_gemma2_fields_are_named(changes, path, words) -> None:
+    only(edited(GEMMA2_9B, **changes), path, *words)
+
+
+def test_mistral_layer_types_that_disagree_are_refused() -> None:
+    types = ["sliding_attention", "full_attention"] * 16
+    only(edited(MISTRAL_7B_V01, layer_types=types), "layer_types", "MistralModel ignores", "Ministral")
+
+
+def test_every_bad_field_is_reported_at_once() -> None:
+    config = edited(LLAMA3_8B, num_hidden_layers=None, num_attention_heads=-1, torch_dtype=3)
+    assert [p for p, _ in problems(config)] == ["num_hidden_layers", "num_attention_heads", "torch_dtype"]
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def test_load_model_config_reads_json(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA3_8B))
+    assert read_model(load_model_config(path)) == read_model(LLAMA3_8B)
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"{not json", ("invalid JSON", "line 1")),
+        (b"[1, 2]", ("JSON object", "an array")),
+        (b"\xff\xfe garbage", ("not UTF-8",)),
+        (b"[" * 100000, ("nested too deeply",)),
+    ],
+)
+def test_unreadable_configs_name_the_file(tmp_path: Path, content: bytes, words) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    with pytest.raises(DescriptionError) as e:
+        load_model_config(path)
+    (problem,) = e.value.problems
+    assert problem.path == str(path)
+    for word in words:
+        assert word in problem.message
+
+
+def test_a_missing_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(DescriptionError) as e:
+        load_model_config(tmp_path / "nope.json")
+    assert "cannot read the file" in str(e.value)

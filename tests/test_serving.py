@@ -1,0 +1,350 @@
+"""frostc.serving and `frostc from-config`: deployment options, layer kinds per family, tensor
+parallelism, batch buckets, the plan list (every supported description validates and resolves;
+the unsupported ones are reported, and still refused by validation: the claim stays true), and
+the CLI's dry run (table, --json, exit codes, no tracebacks)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from frostc.cli import app
+from frostc.errors import DescriptionError
+from frostc.models import read_model
+from frostc.resolve import resolve
+from frostc.serving import (
+    CUDA_GRAPH_BATCH_SIZES,
+    PAGED_MASKS_MISSING,
+    check_entry,
+    compact_layers,
+    deployment,
+    dry_run_summary,
+    layer_kinds,
+    parse_batch_sizes,
+    plan_list,
+)
+from frostc.validate import validate
+from tests.model_configs import GEMMA2_9B, GEMMA2_27B, LLAMA3_8B, MISTRAL_7B_V01, QWEN2_7B, edited
+
+FAMILIES = {
+    "llama3-8b": (LLAMA3_8B, {}),
+    "qwen2-7b": (QWEN2_7B, {}),
+    "qwen2-7b-sliding": (edited(QWEN2_7B, use_sliding_window=True, sliding_window=4096, max_window_layers=20), {}),
+    "mistral-7b-v0.1": (MISTRAL_7B_V01, {}),
+    "gemma2-9b": (GEMMA2_9B, {"dtype": "bf16"}),
+    "gemma2-27b": (GEMMA2_27B, {}),
+}
+
+
+def planned(config, **options):
+    model = read_model(config)
+    dep = deployment(model, **options)
+    return model, dep, layer_kinds(model, dep)
+
+
+def refusals(config, **options) -> list[tuple[str, str]]:
+    with pytest.raises(DescriptionError) as e:
+        planned(config, **options)
+    return [(p.path, p.message) for p in e.value.problems]
+
+
+# ------------------------------------------------------------------------------ batch buckets
+
+
+def test_the_cuda_graph_capture_sizes_are_vllms_51() -> None:
+    sizes = CUDA_GRAPH_BATCH_SIZES
+    assert len(sizes) == 51
+    assert sizes[:5] == (1, 2, 4, 8, 16) and sizes[34] == 256 and sizes[35] == 272 and sizes[-1] == 512
+    assert list(sizes) == sorted(set(sizes))
+
+
+def test_parse_batch_sizes() -> None:
+    assert parse_batch_sizes("cuda-graphs") == CUDA_GRAPH_BATCH_SIZES
+    assert parse_batch_sizes("8, 1,4") == (1, 4, 8)
+
+
+@pytest.mark.parametrize("text", ["", "1,,2", "0", "-1", "two", "1.5", "4,4"])
+def test_bad_batch_sizes_name_the_flag(text: str) -> None:
+    with pytest.raises(DescriptionError) as e:
+        parse_batch_sizes(text)
+    assert [p.path for p in e.value.problems] == ["--batch-sizes"]
+
+
+# ------------------------------------------------------------------------------ deployment
+
+
+def test_the_defaults() -> None:
+    _, dep, _ = planned(LLAMA3_8B)
+    assert dep.batch_sizes == CUDA_GRAPH_BATCH_SIZES
+    assert (dep.dtype, dep.max_cache_len, dep.max_prompt_tokens, dep.page_size, dep.speculative, dep.tp) == (
+        "bf16", 8192, 8192, 16, 0, 1,
+    )  # fmt: skip
+    assert dep.max_pages == 512
+    assert dep.pages == 512 * 512  # the largest batch, every sequence at full length
+
+
+def test_pages_round_up() -> None:
+    _, dep, _ = planned(LLAMA3_8B, max_cache_len=1000, page_size=64, batch_sizes=(1, 3))
+    assert (dep.max_pages, dep.pages) == (16, 48)
+
+
+@pytest.mark.parametrize(
+    ("options", "flag", "words"),
+    [
+        ({"page_size": 24}, "--page-size", ("multiple of 16",)),
+        ({"page_size": 272}, "--page-size", ("256",)),
+        ({"speculative": 16}, "--speculative", ("0 to 15",)),
+        ({"speculative": -1}, "--speculative", ("0 to 15",)),
+        ({"max_cache_len": 8193}, "--max-cache-len", ("max_position_embeddings 8192",)),
+        ({"max_cache_len": 0}, "--max-cache-len", ("must be 1",)),
+        ({"max_prompt_tokens": 0}, "--max-prompt-tokens", (">= 1",)),
+        ({"pages": 100}, "--pages", ("at least 512",)),
+        ({"tp": 0}, "--tp", (">= 1",)),
+        ({"tp": 3}, "--tp", ("does not divide", "32 attention heads", "[1, 2, 4, 8, 16, 32]")),
+        ({"dtype": "fp32"}, "--dtype", ('"bf16", "fp16"',)),
+        ({"batch_sizes": ()}, "--batch-sizes", ("at least one",)),
+    ],
+)  # fmt: skip
+def test_bad_options_name_the_flag_and_the_fix(options, flag, words) -> None:
+    ((path, message),) = refusals(LLAMA3_8B, **options)
+    assert path == flag
+    for word in words:
+        assert word in message
+
+
+def test_a_float32_config_needs_dtype() -> None:
+    ((path, message),) = refusals(GEMMA2_9B)
+    assert path == "--dtype" and "float32" in message and "--dtype bf16" in message
+    ((path, message),) = refusals(edited(LLAMA3_8B, torch_dtype=...))
+    assert path == "--dtype" and "names no dtype" in message
+    assert planned(GEMMA2_9B, dtype="fp16")[1].dtype == "fp16"
+
+
+def test_every_bad_option_is_reported_at_once() -> None:
+    found = refusals(LLAMA3_8B, page_size=8, speculative=99, tp=5)
+    assert [p for p, _ in found] == ["--page-size", "--speculative", "--tp"]
+
+
+# ------------------------------------------------------------------------------ layer kinds
+
+
+@pytest.mark.parametrize(
+    ("family", "expected"),
+    [
+        ("llama3-8b", [("0..31", 32, 8, 128, None, None)]),
+        ("qwen2-7b", [("0..27", 28, 4, 128, None, None)]),
+        ("qwen2-7b-sliding", [("0..19", 28, 4, 128, None, None), ("20..27", 28, 4, 128, 4095, None)]),
+        ("mistral-7b-v0.1", [("0..31", 32, 8, 128, 4095, None)]),
+        ("gemma2-9b", [("0,2,4..40", 16, 8, 256, 4095, 50.0), ("1,3,5..41", 16, 8, 256, None, 50.0)]),
+        ("gemma2-27b", [("0,2,4..44", 32, 16, 128, 4095, 50.0), ("1,3,5..45", 32, 16, 128, None, 50.0)]),
+    ],
+)
+def test_layer_kinds_per_family(family: str, expected) -> None:
+    config, options = FAMILIES[family]
+    model, _, kinds = planned(config, **options)
+    got = [(compact_layers(k.layers), k.heads, k.kv_heads, k.head_dim, k.window_left, k.softcap) for k in kinds]
+    assert got == expected
+    assert [k.index for k in kinds] == list(range(len(kinds)))
+    assert sorted(i for k in kinds for i in k.layers) == list(range(model.layers))
+    assert all(k.scale == model.scale for k in kinds)
+
+
+def test_a_window_as_long_as_the_cache_masks_nothing_and_is_dropped() -> None:
+    model, dep, kinds = planned(MISTRAL_7B_V01, max_cache_len=4096)
+    assert [k.window_left for k in kinds] == [None]
+    assert "masks nothing" in dry_run_summary(model, dep, kinds)["notes"][0]
+    assert [k.window_left for k in planned(MISTRAL_7B_V01, max_cache_len=4097)[2]] == [4095]
+
+
+@pytest.mark.parametrize(
+    ("tp", "heads", "kv_heads"),
+    [(1, 32, 8), (2, 16, 4), (8, 4, 1), (16, 2, 1), (32, 1, 1)],  # 16 and 32: each rank one replicated KV head
+)
+def test_tensor_parallel_splits_the_heads(tp: int, heads: int, kv_heads: int) -> None:
+    (kind,) = planned(LLAMA3_8B, tp=tp)[2]
+    assert (kind.heads, kind.kv_heads) == (heads, kv_heads)
+
+
+def test_tensor_parallel_that_splits_kv_heads_unevenly_is_refused() -> None:
+    ((path, message),) = refusals(QWEN2_7B, tp=7)  # 28 heads split, 4 KV heads do not
+    assert path == "--tp" and "4 KV heads" in message and "[1, 2, 4, 28]" in message
+
+
+# ------------------------------------------------------------------------------ the plan list
+
+
+def test_keys_order_and_count() -> None:
+    _, dep, kinds = planned(GEMMA2_9B, dtype="bf16", batch_sizes=(1, 32))
+    entries = plan_list(kinds, dep)
+    assert [e.key for e in entries] == [
+        "l0-prefill-b1", "l0-prefill-b32", "l0-decode-b1", "l0-decode-b32",
+        "l1-prefill-b1", "l1-prefill-b32", "l1-decode-b1", "l1-decode-b32",
+    ]  # fmt: skip
+    assert [e.form for e in entries[:4]] == ["packed", "packed", "paged", "paged"]
+    assert all(e.description.name == e.key for e in entries)
+    assert len(plan_list(*reversed(planned(GEMMA2_9B, dtype="bf16")[1:]))) == 2 * 2 * 51
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_supported_plan_validates_and_resolves(family: str) -> None:
+    config, options = FAMILIES[family]
+    _, dep, kinds = planned(config, **options)
+    entries = plan_list(kinds, dep)
+    supported = [e for e in entries if not e.unsupported]
+    assert supported
+    for entry in supported:
+        assert check_entry(entry) == (), entry.key
+    for entry in entries:
+        kind = kinds[entry.kind]
+        paged_masks = entry.phase == "decode" and (kind.window_left is not None or kind.softcap is not None)
+        assert entry.unsupported == (PAGED_MASKS_MISSING if paged_masks else None), entry.key
+
+
+def test_the_unsupported_plans_are_still_refused_by_validation() -> None:
+    """When the paged form learns windows and softcap (issue 20), this fails: drop the exception."""
+    _, dep, kinds = planned(GEMMA2_9B, dtype="bf16", batch_sizes=(8,))
+    unsupported = [e for e in plan_list(kinds, dep) if e.unsupported]
+    assert [e.key for e in unsupported] == ["l0-decode-b8", "l1-decode-b8"]
+    for entry in unsupported:
+        with pytest.raises(DescriptionError) as e:
+            resolve(validate(entry.description))
+        assert all("not supported in the paged form" in p.message for p in e.value.problems), e.value.problems
+
+
+def test_a_decode_plans_shapes() -> None:
+    llama31 = edited(LLAMA3_8B, max_position_embeddings=131072)
+    _, dep, kinds = planned(llama31, batch_sizes=(32,), speculative=3, max_cache_len=12288, page_size=16, tp=2)
+    (_, decode) = plan_list(kinds, dep)
+    graph = validate(decode.description)
+    tensors = {t.name: t.dims for t in graph.tensors}
+    assert tensors["q"] == (32, 16, 4, 128)  # 1 + 3 speculative tokens, 16 heads per rank
+    assert tensors["k_new"] == (32, 4, 4, 128)
+    assert tensors["k_cache"] == (32 * 768, 16, 4, 128)
+    assert tensors["page_table"] == (32, 768)
+    assert [n.op for n in graph.nodes] == ["kv_append", "sdpa"]
+    attn = graph.nodes[1]
+    assert attn.form == "paged" and attn.attn_scale == 128**-0.5
+
+
+def test_a_prefill_plans_shapes() -> None:
+    _, dep, kinds = planned(GEMMA2_27B, batch_sizes=(4,), max_prompt_tokens=16384, max_cache_len=8000)
+    prefill = plan_list(kinds, dep)[0]
+    graph = validate(prefill.description)
+    tensors = {t.name: t.dims for t in graph.tensors}
+    assert tensors["q"] == (16384, 32, 128) and tensors["k"] == (16384, 16, 128)
+    assert tensors["cu_seqlens"] == (5,)
+    (attn,) = graph.nodes
+    assert attn.form == "packed" and attn.lse is None
+    assert math.isclose(attn.attn_scale, 1 / 12)
+    assert (attn.mask.window_left, attn.mask.softcap) == (4095, 50.0)
+    assert prefill.description.nodes[0].get("max_seqlen_q") == 8000  # a prompt fits its cache
+
+
+def test_the_summary_is_deterministic() -> None:
+    first = json.dumps(dry_run_summary(*planned(GEMMA2_9B, dtype="bf16")))
+    assert first == json.dumps(dry_run_summary(*planned(GEMMA2_9B, dtype="bf16")))
+
+
+@pytest.mark.parametrize(
+    ("layers", "text"),
+    [
+        (tuple(range(32)), "0..31"),
+        (tuple(range(0, 42, 2)), "0,2,4..40"),
+        ((3, 7), "3,7"),
+        ((0, 1), "0,1"),
+        ((0, 1, 2, 5, 9, 13, 17), "0..2,5,9,13..17"),
+        ((0, 2, 4), "0,2,4"),
+        ((5,), "5"),
+    ],
+)
+def test_compact_layers(layers, text) -> None:
+    assert compact_layers(layers) == text
+
+
+# ------------------------------------------------------------------------------ the CLI
+
+
+def frostc(*args: str | Path) -> Result:
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "1000"})
+
+
+@pytest.fixture
+def config_file(tmp_path: Path):
+    def write(config, name: str = "config.json") -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps(config))
+        return path
+
+    return write
+
+
+def test_dry_run_prints_the_model_the_kinds_and_the_plans(config_file) -> None:
+    result = frostc("from-config", config_file(GEMMA2_9B), "--dry-run", "--dtype", "bf16", "--batch-sizes", "1,8")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "gemma2" in out and "42 layers" in out and "sliding window 4096" in out and "softcap 50.0" in out
+    assert "0,2,4..40" in out and "1,3,5..41" in out
+    assert "l0-prefill-b8" in out and "l1-decode-b1" in out
+    assert "8 plans: 4 ok; 4 not supported yet: paged windows/softcap (issue 20)" in out
+
+
+def test_dry_run_json(config_file) -> None:
+    result = frostc("from-config", config_file(LLAMA3_8B), "--dry-run", "--json", "--tp", "2")
+    assert result.exit_code == 0, result.output
+    s = json.loads(result.stdout)
+    assert s["model"]["model_type"] == "llama" and s["deployment"]["tp"] == 2
+    assert s["deployment"]["batch_sizes"] == list(CUDA_GRAPH_BATCH_SIZES)
+    assert [k["layers"] for k in s["kinds"]] == [list(range(32))]
+    assert len(s["plans"]) == 102 and {p["status"] for p in s["plans"]} == {"ok"}
+    assert s["plans"][0] == {
+        "key": "l0-prefill-b1", "kind": "l0", "phase": "prefill", "batch": 1, "form": "packed", "status": "ok",
+    }  # fmt: skip
+    again = frostc("from-config", config_file(LLAMA3_8B), "--dry-run", "--json", "--tp", "2")
+    assert again.stdout == result.stdout
+
+
+def test_without_dry_run_it_says_building_is_not_there_yet(config_file) -> None:
+    result = frostc("from-config", config_file(LLAMA3_8B))
+    assert result.exit_code == 2
+    assert "not implemented yet; use --dry-run" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("config", "args", "words"),
+    [
+        (edited(LLAMA3_8B, model_type="bert"), [], ('model_type: string "bert"', "gemma2")),
+        (edited(LLAMA3_8B, num_attention_heads="many"), [], ("num_attention_heads: expected an int",)),
+        (GEMMA2_9B, [], ("--dtype: the config says float32",)),
+        (LLAMA3_8B, ["--tp", "3"], ("--tp: 3 does not divide",)),
+        (LLAMA3_8B, ["--batch-sizes", "1,x"], ("--batch-sizes",)),
+        (LLAMA3_8B, ["--page-size", "8", "--speculative", "20"], ("--page-size: 8", "--speculative: 20")),
+    ],
+)
+def test_bad_input_exits_2_naming_the_field(config_file, config, args, words) -> None:
+    result = frostc("from-config", config_file(config), "--dry-run", *args)
+    assert result.exit_code == 2, result.output
+    for word in words:
+        assert word in result.stderr
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage", b"\x00\xff\xfe", b"[]", b"{" * 5000, b'{"model_type": null}'])
+def test_garbage_files_exit_2_without_a_traceback(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    result = frostc("from-config", path, "--dry-run")
+    assert result.exit_code == 2, result.output
+    assert str(path) in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_missing_file_or_a_folder_exits_2(tmp_path: Path) -> None:
+    for path in (tmp_path / "nope.json", tmp_path):
+        result = frostc("from-config", path, "--dry-run")
+        assert result.exit_code == 2, result.output
+        assert "cannot read the file" in result.stderr
