@@ -398,8 +398,8 @@ def print_dry_run(s: dict, console, source: str) -> None:
         f"serving {d['dtype']}, tp {d['tp']}: {per_rank['heads']} heads and {per_rank['kv_heads']} KV heads per rank\n"
         f"  batch sizes {_sizes_text(sizes)}{graphs}; prefill: up to {d['max_prompt_tokens']} tokens per step\n"
         f"  cache: {d['max_cache_len']} tokens per sequence, pages of {d['page_size']} ({d['max_pages']} per "
-        f"sequence), pool of {d['pages']} pages: {gib:.3g} GiB of K and V per layer per rank, "
-        f"{gib * m['layers']:.3g} GiB for {m['layers']} layers\n"
+        f"sequence), pool of {d['pages']} pages: {gib:,.1f} GiB of K and V per layer per rank, "
+        f"{gib * m['layers']:,.1f} GiB for {m['layers']} layers\n"
         f"  decode: {d['new_tokens']} new {'token' if d['new_tokens'] == 1 else 'tokens'} per sequence per step "
         f"({d['speculative']} speculative)",
         highlight=False,
