@@ -157,16 +157,22 @@ def parse_description(text: str, *, filename: str = "<string>", fmt: str | None 
         raise DescriptionError([Problem(filename, message)]) from None
 
 
-def load_description(path: str | os.PathLike[str]) -> Description:
-    """Read and parse a description file; unreadable files are a DescriptionError too."""
+def read_text_file(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """(file name, text) of an input file; unreadable or non-UTF-8 files are a DescriptionError
+    naming the file."""
     filename = os.fspath(path)
     try:
         # utf-8-sig: editors on some systems prepend a BOM, which neither parser accepts.
-        text = Path(filename).read_text(encoding="utf-8-sig")
+        return filename, Path(filename).read_text(encoding="utf-8-sig")
     except OSError as e:
         raise DescriptionError([Problem(filename, f"cannot read the file: {e.strerror or e}")]) from None
     except UnicodeDecodeError as e:
         raise DescriptionError([Problem(filename, f"the file is not UTF-8 text: {e}")]) from None
+
+
+def load_description(path: str | os.PathLike[str]) -> Description:
+    """Read and parse a description file; unreadable files are a DescriptionError too."""
+    filename, text = read_text_file(path)
     return parse_description(text, filename=filename)
 
 

@@ -29,10 +29,10 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from frostc.checks import describe, is_int, is_number, quoted
+from frostc.description import read_text_file
 from frostc.errors import DescriptionError, Problem
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -82,13 +82,7 @@ class ModelAttention:
 
 def load_model_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a config.json; unreadable or non-JSON files are a DescriptionError naming the file."""
-    filename = os.fspath(path)
-    try:
-        text = Path(filename).read_text(encoding="utf-8-sig")
-    except OSError as e:
-        raise DescriptionError([Problem(filename, f"cannot read the file: {e.strerror or e}")]) from None
-    except UnicodeDecodeError as e:
-        raise DescriptionError([Problem(filename, f"the file is not UTF-8 text: {e}")]) from None
+    filename, text = read_text_file(path)
     try:
         config = json.loads(text)
     except json.JSONDecodeError as e:
