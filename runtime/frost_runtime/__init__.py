@@ -6,6 +6,8 @@ plan.execute(q, k, v, o, lse)                  # buffers in slot order, on torch
 plan.execute_named(q=q, k=k, v=v, o=o, lse=lse, stream=s)
 bound = plan.bind(q, k, v, o, lse, workspace=ws)  # check once; bound.execute() only launches
 plan.close()                                   # or `with frost_runtime.load(...) as plan:`
+plans = frost_runtime.read_set("model.frostset")  # a plan set: verified, nothing on the GPU
+step = plans.load(plans.select("decode", "l0", batch=24))  # the smallest bucket that takes 24
 
 Errors, each naming the plan and what to do: PlanFormatError (a corrupt or foreign file;
 PlanIntegrityError: not the plan `sha256=` pins),
@@ -30,6 +32,7 @@ from frost_runtime.plan import (
     PlanClosedError,
     WorkspaceError,
 )
+from frost_runtime.planset import PlanSet, read_set
 from frost_runtime.schema import PlanData, PlanFormatError, decode_plan, read_header
 
 __all__ = [
@@ -46,12 +49,14 @@ __all__ = [
     "PlanData",
     "PlanFormatError",
     "PlanIntegrityError",
+    "PlanSet",
     "WorkspaceError",
     "allowed_sha256",
     "compatibility_problems",
     "load",
     "plan_sha256",
     "read_header",
+    "read_set",
     "verify_plan",
 ]
 __version__ = "0.1.0"

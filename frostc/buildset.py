@@ -1,0 +1,117 @@
+"""Build a plan set: every supported plan of `serving.plan_list`, each with `frostc.build.build`
+(kernels compile once per variant per process: the set's plans share most of them), into one
+file through the runtime's `planset.encode_set` (the format is defined there, once).
+
+    result = build_set(model, dep, progress=...)   # result.data: the set file's bytes
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from frost_runtime import planset, schema
+
+from frostc.build import build
+from frostc.compile import MIN_DRIVER, dsl_version
+from frostc.errors import FrostcError
+from frostc.models import ModelAttention
+from frostc.serving import Deployment, LayerKind, layer_kinds, plan_list
+
+# ("plan", key) when a plan starts; ("compile", variant name) when a kernel compiles for the first
+# time in this process; ("skip", key) for a plan frostc cannot build yet
+SetProgress = Callable[[str, str], None]
+
+
+class SetBuildError(FrostcError):
+    """Nothing of the set can be built."""
+
+
+@dataclass(frozen=True)
+class SetBuild:
+    data: bytes
+    plans: int
+    skipped: tuple[tuple[str, str], ...]  # (key, why)
+    kernels: int  # distinct kernel variants the set's plans launch
+    cubins: int  # cubins stored (each once)
+    cubin_bytes: int  # their bytes
+    cubin_bytes_per_plan: int  # what the plans would hold standalone
+    seconds: float
+
+
+def model_text(model: ModelAttention, dep: Deployment) -> str:
+    """The header's one-line summary of what the set serves."""
+    window = f", sliding window {model.sliding_window}" if model.sliding_window else ""
+    softcap = f", softcap {model.softcap:g}" if model.softcap else ""
+    sizes = ",".join(map(str, dep.batch_sizes))
+    return (
+        f"{model.model_type}: {model.layers} layers, {model.heads} heads, {model.kv_heads} KV heads, head dim "
+        f"{model.head_dim}, scale {model.scale:.6g}{window}{softcap}; served {dep.dtype}, tp {dep.tp}, batch sizes "
+        f"{sizes}, prefill {dep.max_prompt_tokens} tokens, cache {dep.max_cache_len} tokens in pages of "
+        f"{dep.page_size} ({dep.pages} pages), {dep.new_tokens} new tokens per decode step"
+    )[: planset.MAX_MODEL_CHARS]
+
+
+def build_set(
+    model: ModelAttention,
+    dep: Deployment,
+    *,
+    name: str,
+    phases: tuple[str, ...] | None = None,
+    progress: SetProgress | None = None,
+) -> SetBuild:
+    report = progress or (lambda event, what: None)
+    start = time.perf_counter()
+    kinds = layer_kinds(model, dep)
+    entries = [e for e in plan_list(kinds, dep) if phases is None or e.phase in phases]
+    plans, missing, seen = [], [], set()
+
+    def on_kernel(event: str, variant) -> None:
+        if event == "start" and variant not in seen:
+            seen.add(variant)
+            report("compile", variant.name)
+
+    for e in entries:
+        kind: LayerKind = kinds[e.kind]
+        if e.unsupported:
+            missing.append(planset.MissingEntry(e.key, e.phase, e.batch, kind.name, kind.layers, e.unsupported))
+            report("skip", e.key)
+            continue
+        report("plan", e.key)
+        data = build(e.description, progress=on_kernel)
+        digest = hashlib.sha256(data).hexdigest()
+        plans.append((planset.SetEntry(e.key, e.key, e.phase, e.batch, kind.name, kind.layers, digest), data))
+    if not plans:
+        raise SetBuildError(
+            "no plan of the set can be built yet: " + "; ".join(f"{m.key}: {m.reason}" for m in missing)
+        )
+    target = schema.decode_plan(plans[0][1]).header.target_arch
+    header = planset.SetHeader(
+        name=name,
+        model=model_text(model, dep),
+        frostc_version=_frostc_version(),
+        cutlass_dsl_version=dsl_version(),
+        target_arch=target,
+        min_driver=MIN_DRIVER,
+    )
+    data = planset.encode_set(header, plans, tuple(missing))
+    ps = planset.read_set(data)
+    per_plan = sum(len(k.cubin) for key in ps.keys for k in ps.plan_data(key).kernels)
+    return SetBuild(
+        data=data,
+        plans=len(plans),
+        skipped=tuple((m.key, m.reason) for m in missing),
+        kernels=len({k.name for key in ps.keys for k in ps.plan_data(key).kernels}),
+        cubins=len(ps.cubins),
+        cubin_bytes=sum(map(len, ps.cubins.values())),
+        cubin_bytes_per_plan=per_plan,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _frostc_version() -> str:
+    import frostc
+
+    return frostc.__version__

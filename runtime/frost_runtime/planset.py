@@ -1,0 +1,405 @@
+"""The plan-set format, defined once: a model's plans (one per layer kind x phase x batch bucket)
+in one file, each kernel cubin stored once however many plans use it. frostc writes through
+`encode_set`; the runtime reads through `read_set`.
+
+A set file is one msgpack map:
+
+    {"magic": "frostc-planset", "format": 1, "header": {...}, "manifest": {...}, "cubins": {...}}
+
+- header: the set's name, the model it serves (text), frostc and cutlass-dsl versions, target
+  arch, minimum driver, and `content_hash`;
+- manifest: `plans`, one entry per plan (key, the plan's name, phase, batch, layer kind, the
+  layers it serves, the SHA-256 of the plan as a standalone plan file, and that file's bytes with
+  each kernel's cubin replaced by its SHA-256 in hex: a reference into the cubin table), and
+  `missing`, the keys the set lacks and why;
+- cubins: SHA-256 (hex) -> cubin bytes, each stored once, in hash order.
+
+`content_hash` is the SHA-256 of the msgpack of {magic, format, header but content_hash,
+manifest, cubins}; a file must also be exactly the canonical encoding of what it holds, so any
+changed byte is refused. The set's identity is the SHA-256 of the whole file (`plan_sha256`).
+Reading rebuilds each plan's standalone bytes (cubins put back), checks them against the
+recorded SHA-256 and decodes them with `schema.decode_plan`: a plan from a set is byte for byte
+the plan `frostc build` writes for its description.
+"""
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+
+import msgpack
+
+from frost_runtime import schema
+from frost_runtime.integrity import Pin, check_sha256
+from frost_runtime.schema import PlanData, PlanFormatError, _Reader, _unpack
+
+SET_MAGIC = "frostc-planset"
+SET_FORMAT_VERSION = 1
+REBUILD_SET = "rebuild it with this frostc: frostc from-config CONFIG.json -o SET"
+MAX_SET_BYTES = 1 << 32
+MAX_SET_PLANS = 4096
+MAX_SET_CUBINS = 1024
+MAX_MODEL_CHARS = 2048
+PHASES = ("prefill", "decode")
+_SHA = re.compile(r"[0-9a-f]{64}")
+_KIND = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass(frozen=True)
+class SetHeader:
+    name: str
+    model: str  # what the set serves, for people: the model and the deployment in one text
+    frostc_version: str
+    cutlass_dsl_version: str
+    target_arch: str
+    min_driver: int
+    content_hash: str = ""
+
+
+@dataclass(frozen=True)
+class SetEntry:
+    """A plan of the set, without its bytes."""
+
+    key: str  # "l0-decode-b32"
+    name: str  # the plan's header name
+    phase: str  # "prefill" | "decode"
+    batch: int  # the bucket: the most sequences the plan takes
+    kind: str  # the layer kind, "l0"
+    layers: tuple[int, ...]  # the model's layers of that kind
+    sha256: str  # the standalone plan file's SHA-256: what `load(..., sha256=)` would pin
+
+
+@dataclass(frozen=True)
+class MissingEntry:
+    """A plan the set lacks (frostc cannot build it yet), and why."""
+
+    key: str
+    phase: str
+    batch: int
+    kind: str
+    layers: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlanSet:
+    header: SetHeader
+    entries: tuple[SetEntry, ...]
+    missing: tuple[MissingEntry, ...]
+    cubins: dict[str, bytes] = field(repr=False)  # sha256 hex -> bytes
+    sha256: str = ""  # the set file's SHA-256, its identity
+    _plans: dict[str, bytes] = field(default_factory=dict, repr=False)  # key -> standalone plan bytes
+    _data: dict[str, PlanData] = field(default_factory=dict, repr=False)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(e.key for e in self.entries)
+
+    def entry(self, key: str) -> SetEntry:
+        for e in self.entries:
+            if e.key == key:
+                return e
+        lacking = next((m for m in self.missing if m.key == key), None)
+        if lacking is not None:
+            raise KeyError(f"plan set {self.header.name!r} lacks {key!r}: {lacking.reason}")
+        raise KeyError(f"plan set {self.header.name!r} has no plan {key!r}; its keys: {', '.join(self.keys)}")
+
+    def plan_bytes(self, key: str) -> bytes:
+        """The plan's standalone file bytes (what `frostc build` writes for its description)."""
+        return self._plans[self.entry(key).key]
+
+    def plan_data(self, key: str) -> PlanData:
+        return self._data[self.entry(key).key]
+
+    def kind_of(self, layer: int) -> str:
+        """The layer kind that serves model layer `layer`."""
+        for e in (*self.entries, *self.missing):
+            if layer in e.layers:
+                return e.kind
+        raise KeyError(f"plan set {self.header.name!r} serves no layer {layer}")
+
+    def select(self, phase: str, layer_kind: str, batch: int) -> str:
+        """The key of the smallest bucket of `phase` and `layer_kind` that takes `batch` sequences."""
+        if phase not in PHASES:
+            raise ValueError(f"phase {phase!r}: expected one of {list(PHASES)}")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch {batch!r}: expected an int >= 1")
+        buckets = sorted((e.batch, e.key) for e in self.entries if e.phase == phase and e.kind == layer_kind)
+        if not buckets:
+            lacking = [m for m in self.missing if m.phase == phase and m.kind == layer_kind]
+            why = f": {lacking[0].reason}" if lacking else f"; its kinds: {', '.join(self.kinds)}"
+            raise KeyError(f"plan set {self.header.name!r} has no {phase} plan for layer kind {layer_kind!r}{why}")
+        for size, key in buckets:
+            if size >= batch:
+                return key
+        largest, key = buckets[-1]
+        raise ValueError(
+            f"batch {batch} is larger than the largest {phase} bucket of layer kind {layer_kind!r} in plan set "
+            f"{self.header.name!r}: {largest} ({key}); split the batch, or build the set with a larger batch size "
+            "(frostc from-config --batch-sizes)"
+        )
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(e.kind for e in (*self.entries, *self.missing)))
+
+    def load(self, key: str, **kwargs):
+        """Load one plan on the GPU (`frost_runtime.load` on its standalone bytes)."""
+        from frost_runtime import load
+
+        return load(self.plan_bytes(key), **kwargs)
+
+
+# ------------------------------------------------------------------------------- encoding
+
+
+def _header_map(h: SetHeader) -> dict:
+    return {
+        "name": h.name,
+        "model": h.model,
+        "frostc_version": h.frostc_version,
+        "cutlass_dsl_version": h.cutlass_dsl_version,
+        "target_arch": h.target_arch,
+        "min_driver": h.min_driver,
+        "content_hash": h.content_hash,
+    }
+
+
+def _entry_map(e: SetEntry, stripped: bytes) -> dict:
+    return {
+        "key": e.key,
+        "name": e.name,
+        "phase": e.phase,
+        "batch": e.batch,
+        "kind": e.kind,
+        "layers": list(e.layers),
+        "sha256": e.sha256,
+        "plan": stripped,
+    }
+
+
+def _missing_map(m: MissingEntry) -> dict:
+    return {
+        "key": m.key,
+        "phase": m.phase,
+        "batch": m.batch,
+        "kind": m.kind,
+        "layers": list(m.layers),
+        "reason": m.reason,
+    }
+
+
+def _pack(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True, use_single_float=False)
+
+
+def set_content_hash(header: SetHeader, manifest: dict, cubins: dict) -> str:
+    fields = {k: v for k, v in _header_map(header).items() if k != "content_hash"}
+    top = {"magic": SET_MAGIC, "format": SET_FORMAT_VERSION, "header": fields, "manifest": manifest, "cubins": cubins}
+    return hashlib.sha256(_pack(top)).hexdigest()
+
+
+def _file_map(header: SetHeader, manifest: dict, cubins: dict) -> dict:
+    return {
+        "magic": SET_MAGIC,
+        "format": SET_FORMAT_VERSION,
+        "header": _header_map(header),
+        "manifest": manifest,
+        "cubins": cubins,
+    }
+
+
+def strip_cubins(plan: bytes) -> tuple[bytes, dict[str, bytes]]:
+    """A plan file's bytes with each kernel's cubin replaced by its SHA-256 (hex), and the cubins."""
+    top = msgpack.unpackb(plan, raw=False)
+    body = msgpack.unpackb(top["body"], raw=False)
+    cubins = {}
+    for k in body["kernels"]:
+        digest = hashlib.sha256(k["cubin"]).hexdigest()
+        cubins[digest] = k["cubin"]
+        k["cubin"] = digest
+    top["body"] = _pack(body)
+    return _pack(top), cubins
+
+
+def encode_set(header: SetHeader, plans: list[tuple[SetEntry, bytes]], missing: tuple[MissingEntry, ...] = ()) -> bytes:
+    """The set file's bytes: `plans` are (entry, standalone plan bytes), in manifest order; each
+    plan is checked with the runtime's reader, and so is the set (what frostc writes, the
+    runtime reads)."""
+    entries, cubins = [], {}
+    for entry, data in plans:
+        schema.decode_plan(data)
+        if entry.sha256 != hashlib.sha256(data).hexdigest():
+            raise PlanFormatError(f"manifest {entry.key!r}: sha256 is not the plan's")
+        stripped, used = strip_cubins(data)
+        cubins |= used
+        entries.append(_entry_map(entry, stripped))
+    manifest = {"plans": entries, "missing": [_missing_map(m) for m in missing]}
+    table = dict(sorted(cubins.items()))
+    sealed = SetHeader(**(_header_map(header) | {"content_hash": set_content_hash(header, manifest, table)}))
+    data = _pack(_file_map(sealed, manifest, table))
+    read_set(data)
+    return data
+
+
+# ------------------------------------------------------------------------------- decoding
+
+
+def is_set(data: bytes) -> bool:
+    """Whether `data` starts as a plan-set file does (its canonical encoding's first fields)."""
+    return bytes(data[:32]).startswith(b"\x85" + _pack("magic") + _pack(SET_MAGIC))
+
+
+def read_set(source: str | os.PathLike | bytes, *, sha256: Pin | None = None) -> PlanSet:
+    """Read and verify a plan set: the pin (on the file's bytes, first), the format, the content
+    hash, the canonical encoding, every plan (rebuilt, its SHA-256 checked, decoded) and the
+    cubin table. Nothing touches the GPU. Raises PlanFormatError (PlanIntegrityError for a set
+    the pin does not allow) naming what is wrong and what to do."""
+    data = _read(source)
+    if sha256 is not None:
+        check_sha256(data, sha256)
+    if len(data) > MAX_SET_BYTES:
+        raise PlanFormatError(f"{len(data)} bytes is larger than any plan set ({MAX_SET_BYTES} at most)")
+    top = _unpack(data, "file")
+    if not isinstance(top, dict) or top.get("magic") != SET_MAGIC:
+        raise PlanFormatError("not a frostc plan set (wrong magic); build one with `frostc from-config CONFIG -o SET`")
+    r = _Reader(top, "set")
+    version = r.get("format", int)
+    if version != SET_FORMAT_VERSION:
+        newer = version > SET_FORMAT_VERSION
+        raise PlanFormatError(
+            f"plan-set format {version} is {'newer' if newer else 'older'} than this runtime's format "
+            f"{SET_FORMAT_VERSION}; {'read it with a newer frost_runtime, or ' if newer else ''}{REBUILD_SET}"
+        )
+    h = _Reader(r.get("header", dict), "header")
+    header = SetHeader(
+        name=h.str("name"),
+        model=h.str("model", MAX_MODEL_CHARS),
+        frostc_version=h.str("frostc_version", 64),
+        cutlass_dsl_version=h.str("cutlass_dsl_version", 64),
+        target_arch=h.str("target_arch", 32),
+        min_driver=h.int("min_driver", 0, 1 << 30),
+        content_hash=h.str("content_hash", 64),
+    )
+    manifest = r.get("manifest", dict)
+    cubins = r.get("cubins", dict)
+    _refuse_extra(top, _file_map(header, manifest, cubins), "set")
+    _refuse_extra(top["header"], _header_map(header), "header")
+    if set_content_hash(header, manifest, cubins) != header.content_hash:
+        raise PlanFormatError(
+            "header.content_hash: the content hash does not match the set: the file is corrupt or was edited "
+            f"after frostc wrote it; {REBUILD_SET}"
+        )
+    if _pack(_file_map(header, manifest, cubins)) != data:
+        raise PlanFormatError(
+            f"the file is not in its canonical encoding: it was edited after frostc wrote it; {REBUILD_SET}"
+        )
+    for key in ("name", "frostc_version", "cutlass_dsl_version", "target_arch", "content_hash"):
+        value = getattr(header, key)
+        if not schema._HEADER_FORMS[key].fullmatch(value):
+            raise PlanFormatError(
+                f"header.{key}: {value[:80]!r} is not of the form {schema._HEADER_FORMS[key].pattern}"
+            )
+    return _read_manifest(header, manifest, cubins, hashlib.sha256(data).hexdigest())
+
+
+def _read_manifest(header: SetHeader, manifest: dict, cubins: dict, digest: str) -> PlanSet:
+    m = _Reader(manifest, "manifest")
+    _refuse_extra(manifest, {"plans": 0, "missing": 0}, "manifest")
+    if len(cubins) > MAX_SET_CUBINS:
+        raise PlanFormatError(f"cubins: {len(cubins)} entries, at most {MAX_SET_CUBINS} allowed")
+    for sha, blob in cubins.items():
+        if not isinstance(sha, str) or not isinstance(blob, bytes) or hashlib.sha256(blob).hexdigest() != sha:
+            raise PlanFormatError(f"cubins[{str(sha)[:16]!r}]: the bytes are not the cubin this hash names")
+    entries, missing, plans, decoded, used, seen = [], [], {}, {}, set(), set()
+    for i, raw in enumerate(m.list("plans", MAX_SET_PLANS)):
+        e = _Reader(raw, f"manifest.plans[{i}]")
+        entry = SetEntry(
+            key=e.str("key", schema.MAX_PLAN_NAME_CHARS), name=e.str("name", schema.MAX_PLAN_NAME_CHARS),
+            phase=e.str("phase", 16), batch=e.int("batch", 1, 1 << 30), kind=e.str("kind", 64),
+            layers=e.ints("layers", (1, 1 << 16), 0, 1 << 20), sha256=e.str("sha256", 64),
+        )  # fmt: skip
+        _check_entry(entry, e.path, seen)
+        plan = _rebuild(e.get("plan", bytes), cubins, used, e.path)
+        if hashlib.sha256(plan).hexdigest() != entry.sha256:
+            raise PlanFormatError(f"{e.path}.sha256: the rebuilt plan's SHA-256 is not the recorded one; {REBUILD_SET}")
+        try:
+            data = schema.decode_plan(plan)
+        except PlanFormatError as exc:
+            raise PlanFormatError(f"{e.path} ({entry.key}): {exc}") from None
+        _check_plan_header(data.header, header, entry, e.path)
+        entries.append(entry)
+        plans[entry.key], decoded[entry.key] = plan, data
+    for i, raw in enumerate(m.list("missing", MAX_SET_PLANS)):
+        e = _Reader(raw, f"manifest.missing[{i}]")
+        lack = MissingEntry(
+            key=e.str("key", schema.MAX_PLAN_NAME_CHARS), phase=e.str("phase", 16), batch=e.int("batch", 1, 1 << 30),
+            kind=e.str("kind", 64), layers=e.ints("layers", (1, 1 << 16), 0, 1 << 20), reason=e.str("reason", 1024),
+        )  # fmt: skip
+        _check_entry(lack, e.path, seen)
+        missing.append(lack)
+    if not entries:
+        raise PlanFormatError("manifest.plans: a plan set holds at least one plan")
+    unused = sorted(set(cubins) - used)
+    if unused:
+        raise PlanFormatError(f"cubins[{unused[0][:16]!r}]: no plan uses it; {REBUILD_SET}")
+    return PlanSet(header, tuple(entries), tuple(missing), dict(cubins), digest, plans, decoded)
+
+
+def _check_entry(entry, where: str, seen: set) -> None:
+    if entry.phase not in PHASES:
+        raise PlanFormatError(f"{where}.phase: {entry.phase!r} is not one of {list(PHASES)}")
+    if not _KIND.fullmatch(entry.kind):
+        raise PlanFormatError(f"{where}.kind: {entry.kind[:80]!r} is not of the form {_KIND.pattern}")
+    if isinstance(entry, SetEntry) and not _SHA.fullmatch(entry.sha256):
+        raise PlanFormatError(f"{where}.sha256: not a SHA-256 in lower-case hex")
+    for mark in (entry.key, (entry.kind, entry.phase, entry.batch)):
+        if mark in seen:
+            raise PlanFormatError(f"{where}: {entry.key!r} (or its kind, phase and batch) appears twice")
+        seen.add(mark)
+
+
+def _rebuild(stripped: bytes, cubins: dict, used: set, where: str) -> bytes:
+    """The standalone plan: each kernel's cubin reference replaced by the table's bytes."""
+    try:
+        top = _Reader(_unpack(stripped, f"{where}.plan"), f"{where}.plan")
+        body = _Reader(_unpack(top.get("body", bytes), f"{where}.plan.body"), f"{where}.plan.body")
+        for j, k in enumerate(body.list("kernels", schema.MAX_KERNELS)):
+            ref = _Reader(k, f"{where}.plan.kernels[{j}]").get("cubin", str)
+            if ref not in cubins:
+                raise PlanFormatError(f"{where}.plan.kernels[{j}].cubin: {ref[:16]!r} is not in the cubin table")
+            used.add(ref)
+            k["cubin"] = cubins[ref]
+        top.obj["body"] = _pack(body.obj)
+        return _pack(top.obj)
+    except (TypeError, ValueError, OverflowError) as exc:
+        if isinstance(exc, PlanFormatError):
+            raise
+        raise PlanFormatError(f"{where}.plan: not a plan with its cubins referenced ({exc})") from None
+
+
+def _check_plan_header(plan: schema.Header, header: SetHeader, entry: SetEntry, where: str) -> None:
+    if plan.name != entry.name:
+        raise PlanFormatError(f"{where}.name: {entry.name!r}, but the plan is named {plan.name!r}")
+    for key in ("frostc_version", "cutlass_dsl_version", "target_arch", "min_driver"):
+        if getattr(plan, key) != getattr(header, key):
+            raise PlanFormatError(
+                f"{where} ({entry.key}): the plan's {key} {getattr(plan, key)!r} is not the set's "
+                f"{getattr(header, key)!r}; {REBUILD_SET}"
+            )
+
+
+def _refuse_extra(found: dict, known: dict, path: str) -> None:
+    for key in found:
+        if key not in known:
+            raise PlanFormatError(
+                f"{path}.{str(key)[:80]}: not a field of a format-{SET_FORMAT_VERSION} plan set: the file was edited "
+                f"after frostc wrote it; {REBUILD_SET}"
+            )
+
+
+def _read(source) -> bytes:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    with open(source, "rb") as f:
+        return f.read()
