@@ -20,8 +20,8 @@ from frostc.errors import FrostcError
 from frostc.models import ModelAttention
 from frostc.serving import Deployment, LayerKind, layer_kinds, plan_list
 
-# ("plan", key) when a plan starts; ("compile", variant name) when a kernel compiles for the first
-# time in this process; ("skip", key) for a plan frostc cannot build yet
+# ("plan", key) when a plan starts, ("done", key) when it is built; ("compile", variant name) the
+# first time a plan of the set uses a kernel; ("skip", key) for a plan frostc cannot build yet
 SetProgress = Callable[[str, str], None]
 
 
@@ -46,11 +46,12 @@ def model_text(model: ModelAttention, dep: Deployment) -> str:
     window = f", sliding window {model.sliding_window}" if model.sliding_window else ""
     softcap = f", softcap {model.softcap:g}" if model.softcap else ""
     sizes = ",".join(map(str, dep.batch_sizes))
+    tokens = "token" if dep.new_tokens == 1 else "tokens"
     return (
         f"{model.model_type}: {model.layers} layers, {model.heads} heads, {model.kv_heads} KV heads, head dim "
         f"{model.head_dim}, scale {model.scale:.6g}{window}{softcap}; served {dep.dtype}, tp {dep.tp}, batch sizes "
         f"{sizes}, prefill {dep.max_prompt_tokens} tokens, cache {dep.max_cache_len} tokens in pages of "
-        f"{dep.page_size} ({dep.pages} pages), {dep.new_tokens} new tokens per decode step"
+        f"{dep.page_size} ({dep.pages} pages), {dep.new_tokens} new {tokens} per decode step"
     )[: planset.MAX_MODEL_CHARS]
 
 
@@ -81,6 +82,7 @@ def build_set(
             continue
         report("plan", e.key)
         data = build(e.description, progress=on_kernel)
+        report("done", e.key)
         digest = hashlib.sha256(data).hexdigest()
         plans.append((planset.SetEntry(e.key, e.key, e.phase, e.batch, kind.name, kind.layers, digest), data))
     if not plans:
@@ -115,3 +117,18 @@ def _frostc_version() -> str:
     import frostc
 
     return frostc.__version__
+
+
+def print_set_build(result: SetBuild, console, output: str) -> None:
+    from rich.markup import escape
+
+    for key, why in result.skipped:
+        console.print(f"skipped {escape(key)}: {escape(why)}", highlight=False)
+    saved = result.cubin_bytes_per_plan - result.cubin_bytes
+    console.print(
+        f"{result.plans} plans ({len(result.skipped)} skipped), {result.kernels} distinct kernels; "
+        f"{result.cubins} cubins stored once: {result.cubin_bytes:,} bytes "
+        f"({result.cubin_bytes_per_plan:,} as standalone plans, {saved:,} saved)\n"
+        f"wrote {escape(output)} ({len(result.data):,} bytes) in {result.seconds:.1f} s",
+        highlight=False,
+    )

@@ -31,8 +31,9 @@ def print_check(result: dict, console) -> None:
         console.print(f"[bold red]{verdict}:[/bold red] {escape(result['error'])}", highlight=False)
         return
     h = result["header"]
+    kind = "plan set" if h["kind"] == "set" else "plan"
     console.print(
-        f"{escape(result['plan'])}: a valid plan [bold]{escape(h['name'])}[/bold] (format {h['format']}, "
+        f"{escape(result['plan'])}: a valid {kind} [bold]{escape(h['name'])}[/bold] (format {h['format']}, "
         f"target {h['target_arch']}, min driver {version_text(h['min_driver'])}, "
         f"frostc {escape(h['frostc_version'])}, cutlass-dsl {escape(h['cutlass_dsl_version'])}; "
         "content hash verified)",

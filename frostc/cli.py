@@ -119,19 +119,30 @@ def inspect(
     plan: Path = typer.Argument(..., help="Plan file (.frost)."),
     as_json: bool = typer.Option(False, "--json", help="Canonical JSON instead of tables."),
 ) -> None:
-    """Print a plan's header, slots, kernels, launches and workspace. Needs no GPU."""
-    from frostc.inspect import plan_summary, print_plan
+    """Print a plan's header, slots, kernels, launches and workspace, or a plan set's header, plans
+    and cubin table. Needs no GPU."""
+    from frost_runtime.planset import PlanSet
+
+    from frostc.inspect import plan_summary, print_plan, print_set, set_summary
 
     data = _read_plan(plan)
-    if as_json:
-        sys.stdout.write(json.dumps(plan_summary(data), indent=2) + "\n")
+    if isinstance(data, PlanSet):
+        summary, show = set_summary, print_set
     else:
-        print_plan(data, out)
+        summary, show = plan_summary, print_plan
+    if as_json:
+        sys.stdout.write(json.dumps(summary(data), indent=2) + "\n")
+    else:
+        show(data, out)
 
 
-def _read_plan(path: Path) -> schema.PlanData:
+def _read_plan(path: Path):
+    """The plan in the file, or the plan set (a frost_runtime.PlanSet)."""
+    from frost_runtime import planset
+
     try:
-        return schema.decode_plan(path.read_bytes())
+        data = path.read_bytes()
+        return planset.read_set(data) if planset.is_set(data) else schema.decode_plan(data)
     except FileNotFoundError:
         _fail(f"{path}: no such file")
     except OSError as exc:
@@ -146,9 +157,29 @@ def diff(
     b: Path = typer.Argument(..., help="Plan file, or a `frostc inspect --json` rendering."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable differences."),
 ) -> None:
-    """Compare two plans field by field (header first). Exit 0 equal, 1 different, 2 unreadable."""
-    from frostc.diff import PlanInputError, diff_files, diff_report, print_diff
+    """Compare two plans field by field (header first), or two plan sets (keys added and removed,
+    each common plan's differences). Exit 0 equal, 1 different, 2 unreadable."""
+    from frostc.diff import (
+        PlanInputError,
+        diff_files,
+        diff_report,
+        diff_sets,
+        is_set_file,
+        print_diff,
+        print_set_diff,
+        set_diff_report,
+    )
 
+    if is_set_file(a) or is_set_file(b):
+        try:
+            found = diff_sets(a, b)
+        except PlanInputError as exc:
+            _fail(str(exc))
+        if as_json:
+            sys.stdout.write(json.dumps(set_diff_report(found, str(a), str(b)), indent=2) + "\n")
+        else:
+            print_set_diff(found, out, str(a), str(b))
+        raise typer.Exit(1 if found else 0)
     try:
         diffs = diff_files(a, b)
     except PlanInputError as exc:
@@ -204,11 +235,16 @@ def from_config(
     dtype: str | None = typer.Option(None, "--dtype", help="bf16 or fp16 [default: the config's]."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the plans (validated and resolved); build nothing."),
     as_json: bool = typer.Option(False, "--json", help="The listing as JSON."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Plan set to write (.frostset)."),
+    phase: str | None = typer.Option(None, "--phase", help="Build only this phase's plans: prefill or decode."),
+    name: str | None = typer.Option(None, "--name", help="The set's name [default: MODEL_TYPE-DTYPE-tpN]."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing on success."),
 ) -> None:
     """Plan a model's attention from its config.json: its layer kinds, and a plan per layer kind,
-    phase (prefill, decode) and batch bucket. No weights, no GPU."""
+    phase (prefill, decode) and batch bucket; with -o, build them into one plan set. No weights,
+    no GPU."""
     from frostc.models import load_model_config, read_model
-    from frostc.serving import deployment, dry_run_summary, layer_kinds, parse_batch_sizes, print_dry_run
+    from frostc.serving import PHASES, deployment, dry_run_summary, layer_kinds, parse_batch_sizes, print_dry_run
 
     try:
         model = read_model(load_model_config(config))
@@ -225,13 +261,88 @@ def from_config(
         )
     except FrostcError as exc:
         _fail(f"{config} cannot be planned:\n{exc}")
+    if phase is not None and phase not in PHASES:
+        _fail(f"--phase {phase!r}: expected one of {', '.join(PHASES)}")
     if not dry_run:
-        _fail("building plan sets is not implemented yet; use --dry-run to list the plans")
+        if output is None:
+            _fail("give -o SET.frostset to build the plan set, or --dry-run to list its plans")
+        _build_set(model, dep, output, phase, name, quiet)
+        return
     summary = dry_run_summary(model, dep, layer_kinds(model, dep))
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
         print_dry_run(summary, out, str(config))
+
+
+def _build_set(model, dep, output: Path, phase: str | None, name: str | None, quiet: bool) -> None:
+    from frost_runtime.planset import MAX_SET_BYTES
+
+    from frostc.buildset import build_set, print_set_build
+    from frostc.planfile import write_atomic
+    from frostc.serving import layer_kinds, plan_list
+
+    phases = None if phase is None else (phase,)
+    name = name or f"{model.model_type}-{dep.dtype}-tp{dep.tp}"
+    entries = [e for e in plan_list(layer_kinds(model, dep), dep) if phases is None or e.phase in phases]
+    total = sum(1 for e in entries if not e.unsupported)
+    try:
+        with _SetProgress(quiet, total) as report:
+            result = build_set(model, dep, name=name, phases=phases, progress=report)
+    except FrostcError as exc:
+        _fail(f"the plan set of {name} cannot be built:\n{exc}")
+    if len(result.data) > MAX_SET_BYTES:
+        _fail(f"the plan set would be {len(result.data)} bytes, over the format's {MAX_SET_BYTES}: build fewer plans")
+    try:
+        write_atomic(output, result.data)
+    except OSError as exc:
+        _fail(f"{output}: cannot write the plan set: {exc.strerror or exc}")
+    if not quiet:
+        print_set_build(result, out, str(output))
+
+
+class _SetProgress:
+    """One bar: plans done of the set's, and the kernels compiled so far."""
+
+    def __init__(self, quiet: bool, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn
+
+        self.bar = (
+            None
+            if quiet
+            else Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err,
+            )  # fmt: skip
+        )
+        self.total, self.kernels, self.skipped, self.task = total, 0, [], None
+
+    def __enter__(self):
+        if self.bar:
+            self.bar.__enter__()
+            self.task = self.bar.add_task("plans", total=self.total)
+        return self.report
+
+    def __exit__(self, *exc):
+        if self.bar:
+            self.bar.__exit__(*exc)
+
+    def report(self, event: str, what: str) -> None:
+        if not self.bar:
+            return
+        if event == "skip":
+            self.bar.console.print(f"skipped {escape(what)}: not supported yet", highlight=False)
+            return
+        if event == "compile":
+            self.kernels += 1
+        elif event == "done":
+            self.bar.advance(self.task)
+        text = f"plan {escape(what)}" if event in ("plan", "done") else f"compiling {escape(what)}"
+        self.bar.update(self.task, description=f"{text} ({self.kernels} kernels compiled)")
 
 
 # every verb, present and future, behind the same net

@@ -170,3 +170,92 @@ def _cell(value) -> str:
     else:
         text = str(value)
     return escape(text if len(text) <= 200 else text[:199] + "…")  # plan contents are data, not markup
+
+
+# ------------------------------------------------------------------------------- plan sets
+
+
+@dataclass(frozen=True)
+class SetDiff:
+    header: list[Difference]  # the sets' headers (name, model, versions, target, hashes)
+    added: list[str]  # keys only B has
+    removed: list[str]  # keys only A has
+    plans: dict[str, list[Difference]]  # key -> the plan differences of a key both have (only those that differ)
+
+    def __bool__(self) -> bool:
+        return bool(self.header or self.added or self.removed or self.plans)
+
+
+def is_set_file(path: str | Path) -> bool:
+    """Whether the file starts as a plan set does (unreadable files are left to the readers)."""
+    from frost_runtime import planset
+
+    try:
+        with open(path, "rb") as f:
+            return planset.is_set(f.read(32))
+    except OSError:
+        return False
+
+
+def load_set(path: str | Path):
+    from frost_runtime import planset
+
+    path = Path(path)
+    try:
+        return planset.read_set(path.read_bytes())
+    except FileNotFoundError:
+        raise PlanInputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise PlanInputError(f"{path}: cannot read ({exc.strerror})") from None
+    except schema.PlanFormatError as exc:
+        raise PlanInputError(f"{path}: {exc}") from None
+
+
+def diff_sets(a: str | Path, b: str | Path) -> SetDiff:
+    """Two plan sets: header differences, keys added and removed, and each common key's plan diff."""
+    from frostc.inspect import set_summary
+
+    for one, other in ((a, b), (b, a)):
+        if not is_set_file(one) and is_set_file(other):
+            raise PlanInputError(f"{one} is not a plan set but {other} is: compare a plan set with a plan set")
+    sa, sb = load_set(a), load_set(b)
+    header: list[Difference] = []
+    _walk(set_summary(sa)["set"], set_summary(sb)["set"], "header", header)
+    plans = {}
+    for key in sa.keys:
+        if key in sb.keys:
+            found = diff_summaries(*(json.loads(json.dumps(plan_summary(s.plan_data(key)))) for s in (sa, sb)))
+            if found:
+                plans[key] = found
+    return SetDiff(
+        header,
+        [k for k in sb.keys if k not in sa.keys],
+        [k for k in sa.keys if k not in sb.keys],
+        plans,
+    )
+
+
+def set_diff_report(d: SetDiff, a: str, b: str) -> dict:
+    return {
+        "a": a,
+        "b": b,
+        "equal": not d,
+        "header": [x.to_json() for x in d.header],
+        "added": d.added,
+        "removed": d.removed,
+        "plans": {key: diff_report(found, a, b) | {"a": key, "b": key} for key, found in d.plans.items()},
+    }
+
+
+def print_set_diff(d: SetDiff, console: Console, a: str = "A", b: str = "B") -> None:
+    if not d:
+        console.print(f"{escape(a)} and {escape(b)} are the same plan set", highlight=False)
+        return
+    if d.header:
+        print_diff(d.header, console, a, b)
+    for verb, keys in (("only in " + b, d.added), ("only in " + a, d.removed)):
+        if keys:
+            console.print(f"{len(keys)} plans {escape(verb)}: {escape(', '.join(keys))}", highlight=False)
+    for key, found in d.plans.items():
+        console.print(f"[bold]{escape(key)}[/bold]: {len(found)} differences")
+        print_diff(found, console, a, b)

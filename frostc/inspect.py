@@ -150,3 +150,98 @@ def _cell(value) -> str:
     if isinstance(value, float):
         return repr(value)
     return escape(str(value))
+
+
+# ------------------------------------------------------------------------------- plan sets
+
+
+def set_summary(ps) -> dict:
+    """A plan set's canonical rendering (`frostc inspect SET --json`): the header with the file's
+    SHA-256 (the set's identity), each plan's metadata and kernels, what it lacks, the cubin table."""
+    from frost_runtime import planset
+
+    used: dict[str, list[str]] = {sha: [] for sha in ps.cubins}
+    variant: dict[str, str] = {}
+    plans = []
+    for e in ps.entries:
+        data = ps.plan_data(e.key)
+        for k in data.kernels:
+            sha = hashlib.sha256(k.cubin).hexdigest()
+            variant.setdefault(sha, k.name)
+            users = used[sha]
+            if e.key not in users:
+                users.append(e.key)
+        plans.append(
+            {
+                "key": e.key,
+                "name": e.name,
+                "phase": e.phase,
+                "batch": e.batch,
+                "kind": e.kind,
+                "layers": list(e.layers),
+                "sha256": e.sha256,
+                "kernels": [k.name for k in data.kernels],
+            }
+        )
+    h = ps.header
+    return {
+        "set": {
+            "name": h.name,
+            "format": planset.SET_FORMAT_VERSION,
+            "model": h.model,
+            "frostc_version": h.frostc_version,
+            "cutlass_dsl_version": h.cutlass_dsl_version,
+            "target_arch": h.target_arch,
+            "min_driver": h.min_driver,
+            "content_hash": h.content_hash,
+            "sha256": ps.sha256,
+        },
+        "plans": plans,
+        "missing": [
+            {
+                "key": m.key,
+                "phase": m.phase,
+                "batch": m.batch,
+                "kind": m.kind,
+                "layers": list(m.layers),
+                "reason": m.reason,
+            }
+            for m in ps.missing
+        ],
+        "cubins": [
+            {"sha256": sha, "kernel": variant[sha], "bytes": len(blob), "used_by": used[sha]}
+            for sha, blob in ps.cubins.items()
+        ],
+    }
+
+
+def print_set(ps, console: Console) -> None:
+    from frostc.serving import compact_layers
+
+    s = set_summary(ps)
+    h = s["set"]
+    console.print(
+        f"plan set [bold]{escape(h['name'])}[/bold] (format {h['format']})  target {escape(h['target_arch'])}  "
+        f"frostc {escape(h['frostc_version'])}  cutlass-dsl {escape(h['cutlass_dsl_version'])}  "
+        f"min driver {h['min_driver']}"
+    )
+    console.print(escape(h["model"]), highlight=False)
+    console.print(f"content {h['content_hash'][:16]}…")
+    console.print(f"sha256 {h['sha256']}  (the set file's; what read_set(..., sha256=) pins)", highlight=False)
+    rows = [
+        dict(p, layers=compact_layers(tuple(p["layers"])), sha256=p["sha256"][:16] + "…", kernels=len(p["kernels"]))
+        for p in s["plans"]
+    ]
+    columns = ["key", "phase", "batch", "kind", "layers", "sha256", "kernels"]
+    console.print(_table(f"Plans ({len(rows)})", rows, columns))
+    if s["missing"]:
+        rows = [dict(m, layers=compact_layers(tuple(m["layers"]))) for m in s["missing"]]
+        console.print(_table(f"Missing ({len(rows)})", rows, ["key", "phase", "batch", "kind", "layers", "reason"]))
+    rows = [
+        {"sha256": c["sha256"][:16] + "…", "bytes": c["bytes"], "used by": f"{len(c['used_by'])} plans"}
+        for c in s["cubins"]
+    ]
+    total = sum(c["bytes"] for c in s["cubins"])
+    console.print(
+        _table(f"Cubins ({len(rows)}, {total} bytes, each stored once)", rows, ["sha256", "bytes", "used by"])
+    )

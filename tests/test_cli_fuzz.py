@@ -12,6 +12,7 @@ shows."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from frost_runtime import schema
+from frost_runtime import planset, schema
 
 from frostc import golden
 from tests.test_cli import frostc, plan_with_slot_named
@@ -63,6 +64,14 @@ def _reheader(**fields) -> bytes:
     return _pack(top)
 
 
+def _good_set() -> bytes:
+    """A valid plan set of one toy plan (nothing compiled)."""
+    plan = _good_plan()
+    header = planset.SetHeader("toyset", "a toy", "0.1.0", "4.8.0", "sm_90a", 13000)
+    entry = planset.SetEntry("l0-decode-b1", "toy", "decode", 1, "l0", (0, 1), hashlib.sha256(plan).hexdigest())
+    return planset.encode_set(header, [(entry, plan)])
+
+
 # name -> bytes of a file that is neither a plan nor a description frostc can build
 CONTENTS: dict[str, bytes] = {
     "empty": b"",
@@ -85,6 +94,10 @@ CONTENTS: dict[str, bytes] = {
     "plan-truncated": _good_plan()[: len(_good_plan()) // 2],
     "plan-bad-header": _reheader(target_arch="[/x]"),
     "plan-control-char-name": _reheader(name="[/bold red]\x01"),
+    "set-corrupt": _corrupt(_good_set()),
+    "set-truncated": _good_set()[: len(_good_set()) // 2],
+    "set-newer-format": _good_set().replace(b"\xa6format\x01", b"\xa6format\x07", 1),
+    "set-shaped": _pack({"magic": planset.SET_MAGIC, "format": 1, "header": 5, "manifest": {}, "cubins": {}}),
 }
 
 

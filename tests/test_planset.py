@@ -178,3 +178,94 @@ def test_is_set_tells_sets_from_plans(tiny) -> None:
     assert planset.is_set(data)
     assert not planset.is_set(read_set(data).plan_bytes("l0-decode-b1"))
     assert not planset.is_set(b"")
+
+
+# ------------------------------------------------------------------------------- the command line
+
+
+@pytest.fixture(scope="module")
+def set_files(tiny, tmp_path_factory):
+    """The tiny set through `frostc from-config -o`, and its decode half (--phase decode)."""
+    import json
+
+    from tests.test_cli import frostc
+
+    folder = tmp_path_factory.mktemp("sets")
+    config = folder / "config.json"
+    config.write_text(json.dumps(LLAMA3_8B))
+    whole, decode = folder / "whole.frostset", folder / "decode.frostset"
+    result = frostc("from-config", config, "--batch-sizes", "1,2,4", "--name", "llama3-8b", "-o", whole)
+    assert result.exit_code == 0, result.output
+    assert "6 plans (0 skipped), 5 distinct kernels; 5 cubins stored once" in result.stdout
+    result = frostc("from-config", config, "--batch-sizes", "1,2,4", "--phase", "decode", "-q", "-o", decode)
+    assert result.exit_code == 0 and result.stdout == "", result.output
+    return whole, decode
+
+
+def test_from_config_writes_the_set(tiny, set_files) -> None:
+    whole, decode = set_files
+    assert whole.read_bytes() == tiny[2].data
+    assert read_set(decode).keys == ("l0-decode-b1", "l0-decode-b2", "l0-decode-b4")
+
+
+def test_inspect_a_set(set_files) -> None:
+    import json
+
+    from tests.test_cli import frostc
+
+    whole, _ = set_files
+    result = frostc("inspect", whole)
+    assert result.exit_code == 0
+    for words in ("plan set llama3-8b (format 1)", "l0-decode-b4", "Cubins (5,", "3 plans", read_set(whole).sha256):
+        assert words in result.stdout
+    summary = json.loads(frostc("inspect", whole, "--json").stdout)
+    assert summary["set"]["sha256"] == read_set(whole).sha256
+    assert [p["key"] for p in summary["plans"]] == list(read_set(whole).keys)
+    assert all(len(c["used_by"]) == 3 for c in summary["cubins"])
+
+
+def test_check_a_set(set_files) -> None:
+    import json
+
+    from frost_runtime import check
+
+    from tests.test_cli import frostc
+
+    whole, _ = set_files
+    verdict = json.loads(frostc("check", whole, "--json").stdout)
+    assert verdict["valid"] and verdict["header"]["kind"] == "set" and verdict["exit_code"] in (0, 1)
+    assert "a valid plan set llama3-8b (format 1" in check.check_lines(verdict)[0]
+    result = frostc("check", whole, "--sha256", "0" * 64)
+    assert result.exit_code == 2 and "not the pinned plan" in result.stderr
+    assert frostc("check", whole, "--sha256", read_set(whole).sha256).exit_code in (0, 1)
+
+
+def test_diff_sets(set_files, tmp_path) -> None:
+    import json
+
+    from tests.test_cli import frostc
+
+    whole, decode = set_files
+    assert frostc("diff", whole, whole).exit_code == 0
+    result = frostc("diff", whole, decode, "--json")
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["removed"] == ["l0-prefill-b1", "l0-prefill-b2", "l0-prefill-b4"] and report["added"] == []
+    assert report["plans"] == {}  # the decode plans are the same plans
+    assert {d["path"] for d in report["header"]} >= {"header.name", "header.sha256"}
+    plan = tmp_path / "one.frost"
+    plan.write_bytes(read_set(whole).plan_bytes("l0-decode-b1"))
+    result = frostc("diff", plan, whole)
+    assert result.exit_code == 2 and "compare a plan set with a plan set" in result.stderr
+
+
+def test_the_runtime_checks_a_set(set_files) -> None:
+    import subprocess
+    import sys
+
+    whole, _ = set_files
+    result = subprocess.run(
+        [sys.executable, "-m", "frost_runtime", "check", str(whole)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode in (0, 1), result.stderr
+    assert "a valid plan set" in result.stdout

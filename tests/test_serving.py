@@ -307,11 +307,13 @@ def test_dry_run_json(config_file) -> None:
     assert again.stdout == result.stdout
 
 
-def test_without_dry_run_it_says_building_is_not_there_yet(config_file) -> None:
+def test_without_dry_run_it_needs_an_output(config_file) -> None:
     result = frostc("from-config", config_file(LLAMA3_8B))
     assert result.exit_code == 2
-    assert "not implemented yet; use --dry-run" in result.stderr
+    assert "give -o SET.frostset to build the plan set, or --dry-run" in result.stderr
     assert result.stdout == ""
+    result = frostc("from-config", config_file(LLAMA3_8B), "-o", "x.frostset", "--phase", "train")
+    assert result.exit_code == 2 and "--phase 'train': expected one of prefill, decode" in result.stderr
 
 
 @pytest.mark.parametrize(

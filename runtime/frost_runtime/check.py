@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from frost_runtime import schema
+from frost_runtime import planset, schema
 
 RUNNABLE, NOT_RUNNABLE, INVALID = 0, 1, 2
 
@@ -77,6 +77,20 @@ def read_plan(path: str | Path) -> tuple[schema.PlanData | None, str | None]:
         return None, f"{path}: {exc}"
 
 
+def _read_header(path: str | Path) -> tuple[schema.Header | planset.SetHeader | None, str | None]:
+    """A plan's header, or a plan set's (every plan in it verified), or None and why neither."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None, f"{path}: no such file"
+    except OSError as exc:
+        return None, f"{path}: cannot read ({exc.strerror})"
+    try:
+        return (planset.read_set(data).header if planset.is_set(data) else schema.decode_plan(data).header), None
+    except schema.PlanFormatError as exc:
+        return None, f"{path}: {exc}"
+
+
 def _pinned(path: str | Path, sha256) -> tuple[str | None, bool | None, str | None]:
     """(the file's SHA-256, whether the pin allows it (None: no pin), why not): checked before
     the file is decoded, as `frost_runtime.load(..., sha256=)` checks it. A pin that cannot be
@@ -112,14 +126,14 @@ def check_plan_file(path: str | Path, probe: Callable[[], Probe] | None = None, 
     result["sha256"], result["pinned"], error = _pinned(path, sha256)
     if result["pinned"] is False:
         return result | {"error": error, "exit_code": INVALID}
-    plan, error = read_plan(path)
-    if plan is None:
+    h, error = _read_header(path)
+    if h is None:
         return result | {"error": error, "exit_code": INVALID}
-    h = plan.header
     result["valid"] = True
     result["header"] = {
         "name": h.name,
-        "format": schema.FORMAT_VERSION,
+        "kind": "set" if isinstance(h, planset.SetHeader) else "plan",
+        "format": planset.SET_FORMAT_VERSION if isinstance(h, planset.SetHeader) else schema.FORMAT_VERSION,
         "frostc_version": h.frostc_version,
         "cutlass_dsl_version": h.cutlass_dsl_version,
         "target_arch": h.target_arch,
@@ -152,7 +166,7 @@ def check_lines(result: dict) -> list[str]:
         return [f"{'not the pinned plan' if result['pinned'] is False else 'invalid'}: {result['error']}"]
     h = result["header"]
     lines = [
-        f"{result['plan']}: a valid plan {h['name']} (format {h['format']}, target {h['target_arch']}, "
+        f"{result['plan']}: a valid {_kind_text(h)} {h['name']} (format {h['format']}, target {h['target_arch']}, "
         f"min driver {version_text(h['min_driver'])}, frostc {h['frostc_version']}, "
         f"cutlass-dsl {h['cutlass_dsl_version']}; content hash verified)",
         f"sha256 {result['sha256']}{'; the pinned plan' if result['pinned'] else ''}",
@@ -168,6 +182,10 @@ def check_lines(result: dict) -> list[str]:
         )
     lines.append("runnable here" if result["runnable"] else "not runnable here")
     return lines
+
+
+def _kind_text(header: dict) -> str:
+    return "plan set" if header.get("kind") == "set" else "plan"
 
 
 def version_text(v: int | None) -> str:

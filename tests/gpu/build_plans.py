@@ -142,6 +142,18 @@ def build_decode() -> list[tuple[str, str]]:
     return failed
 
 
+def build_set_of_tiny_llama() -> None:
+    """tests/gpu/test_planset.py's set: Llama-3-8B, batch sizes 1, 2, 4 (a small cache and pool)."""
+    from frostc.buildset import build_set
+    from frostc.models import read_model
+    from frostc.serving import deployment
+    from tests.model_configs import LLAMA3_8B
+
+    model = read_model(LLAMA3_8B)
+    dep = deployment(model, batch_sizes=(1, 2, 4), max_cache_len=1024, pages=256)
+    write_atomic(BUILT / "llama3-8b-tiny.frostset", build_set(model, dep, name="llama3-8b-tiny").data)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Build the GPU tests' plans into tests/.built.")
     parser.add_argument("--only", choices=["sdpa", "decode"], help="build one set only (default: both)")
@@ -149,6 +161,7 @@ def main() -> int:
     BUILT.mkdir(exist_ok=True)
     if args.only != "decode":
         build_sdpa()
+        build_set_of_tiny_llama()
     if args.only == "sdpa":
         return 0
     failed = build_decode()
