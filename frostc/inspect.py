@@ -171,18 +171,7 @@ def set_summary(ps) -> dict:
             users = used[sha]
             if e.key not in users:
                 users.append(e.key)
-        plans.append(
-            {
-                "key": e.key,
-                "name": e.name,
-                "phase": e.phase,
-                "batch": e.batch,
-                "kind": e.kind,
-                "layers": list(e.layers),
-                "sha256": e.sha256,
-                "kernels": [k.name for k in data.kernels],
-            }
-        )
+        plans.append(planset.entry_fields(e) | {"kernels": [k.name for k in data.kernels]})
     h = ps.header
     return {
         "set": {

@@ -165,7 +165,8 @@ def _header_map(h: SetHeader) -> dict:
     }
 
 
-def _entry_map(e: SetEntry, stripped: bytes) -> dict:
+def entry_fields(e: SetEntry) -> dict:
+    """A manifest entry's fields, as the file holds them (less the plan's bytes)."""
     return {
         "key": e.key,
         "name": e.name,
@@ -174,8 +175,11 @@ def _entry_map(e: SetEntry, stripped: bytes) -> dict:
         "kind": e.kind,
         "layers": list(e.layers),
         "sha256": e.sha256,
-        "plan": stripped,
     }
+
+
+def _entry_map(e: SetEntry, stripped: bytes) -> dict:
+    return entry_fields(e) | {"plan": stripped}
 
 
 def _missing_map(m: MissingEntry) -> dict:
