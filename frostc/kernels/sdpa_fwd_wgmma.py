@@ -475,11 +475,10 @@ class TicketWalk:
     (bench/NOTES.md, "the ticket's hand-over"): `full` (the producer wrote the word: it arrives,
     the consumers wait) and `empty` (every consumer thread read it: they arrive, the producer
     waits before the next write). Named barriers order memory between the threads that meet
-    there, and compute-sanitizer sees them. The producer meets them alone for its warp, whose
-    other threads exit first (`exit_thread`). It waits at `empty` only once every consumer warp
-    arrived there, which an mbarrier tells it (`read`, one arrival per consumer warp after its
-    barrier arrival): racecheck misses the consumers' arrivals, and synccheck reports the
-    consumers, when the lone producer thread is already waiting at a named barrier."""
+    there. The producer meets them alone for its warp, whose other threads exit first
+    (`exit_thread`). It waits at `empty` only once every consumer warp arrived there, which an
+    mbarrier tells it (`read`, one arrival per consumer warp after its barrier arrival).
+    racecheck still misses the consumers' arrival -> producer wait edge in a few CTAs (NOTES)."""
 
     counter: cute.Pointer  # int32 in the workspace
     shared: cute.Tensor  # int32, the tile the producer published
@@ -491,10 +490,6 @@ class TicketWalk:
     def threads(self) -> int:
         """The producer's warp and every consumer thread."""
         return 32 + 128 * self.consumers
-
-    @property
-    def consumer_warps(self) -> int:
-        return 4 * self.consumers
 
     @cute.jit
     def take(self, grid, num_tiles, current):
