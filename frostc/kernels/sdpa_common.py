@@ -135,23 +135,6 @@ def quad_sum(value):
 
 
 @dsl_user_op
-def sync_at_barrier_unaligned(barrier_id: int, threads: int, *, loc=None, ip=None) -> None:
-    """Arrive at named barrier `barrier_id` and wait for the other participants: the unaligned
-    form (`barrier.sync`), which a lone thread may execute for its warp, once the warp's other
-    threads have exited (the DSL's NamedBarrier emits the aligned form, `bar.sync`)."""
-    llvm.inline_asm(None, [], f"barrier.sync {barrier_id}, {threads};", "", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)  # fmt: skip
-
-
-@dsl_user_op
-def exit_thread(*, loc=None, ip=None) -> None:
-    """End this thread now (PTX `exit`): for threads with nothing left to do whose warp's live
-    thread still meets named barriers, which count a warp once all its other threads exited."""
-    llvm.inline_asm(None, [], "exit;", "", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT)  # fmt: skip
-
-
-@dsl_user_op
 def any_at_barrier(pred, barrier_id, threads: int, *, loc=None, ip=None):
     """Whether `pred` holds for any of the `threads` threads that meet at named barrier
     `barrier_id` (bar.red.or: a barrier that also ORs a predicate; the DSL has no wrapper).

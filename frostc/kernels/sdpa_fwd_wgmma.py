@@ -69,11 +69,9 @@ from frostc.kernels.sdpa_common import (
     TmaVariant,
     any_at_barrier,
     dsl_dtype,
-    exit_thread,
     fake_ptr,
     quad_max,
     quad_sum,
-    sync_at_barrier_unaligned,
 )
 
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
@@ -470,19 +468,18 @@ class TicketWalk:
     each launch leaves it zero: every tile taken leads to one take, so exactly `tiles` takes
     happen, and the CTA whose take returns the last one writes zero back (no take can follow).
 
-    The producer thread takes a ticket while the current tile loads (its round trip is hidden)
-    and hands it to the consumers through one shared-memory word guarded by two named barriers
-    (bench/NOTES.md, "the ticket's hand-over"): `full` (the producer wrote the word: it arrives,
-    the consumers wait) and `empty` (every consumer thread read it: they arrive, the producer
-    waits before the next write). Named barriers order memory between the threads that meet
-    there. The producer meets them alone for its warp, whose other threads exit first
-    (`exit_thread`). It waits at `empty` only once every consumer warp arrived there, which an
-    mbarrier tells it (`read`, one arrival per consumer warp after its barrier arrival).
-    racecheck still misses the consumers' arrival -> producer wait edge in a few CTAs (NOTES)."""
+    The producer is a whole warp here (its TMA copies and barrier arrivals elect one lane
+    themselves). Its first lane takes a ticket while the current tile loads (the round trip is
+    hidden) and hands it to the consumers through a shared-memory word, between two named
+    barriers that the producer warp and every consumer thread meet (bench/NOTES.md, "the
+    ticket's hand-over"): `full` (the word is written: the producer arrives, the consumers wait)
+    and `empty` (every consumer warp read it: the consumers arrive, the producer waits before
+    the next write). The word is written and read with atomics, one lane per warp: the barriers
+    order them; compute-sanitizer's racecheck does not follow an arrival at one barrier to a
+    wait at it, and leaves atomics alone."""
 
     counter: cute.Pointer  # int32 in the workspace
-    shared: cute.Tensor  # int32, the tile the producer published
-    read_bar: cute.Pointer  # mbarrier: every consumer warp arrived at `empty` for the word
+    word: cute.Tensor  # int32 (shared): the tile the producer published
     consumers: int  # consumer warpgroups
     visits: cute.Pointer  # debug builds (`count_visits`): int32 visits per (tile, consumer)
 
@@ -491,47 +488,55 @@ class TicketWalk:
         """The producer's warp and every consumer thread."""
         return 32 + 128 * self.consumers
 
+    def _barrier(self, barrier_id: int):
+        return pipeline.NamedBarrier(barrier_id=barrier_id, num_threads=self.threads)
+
     @cute.jit
     def take(self, grid, num_tiles, current):
-        """The tile after `current`: a ticket while tiles remain, else `current` (past the end)."""
+        """Producer warp: the tile after `current`: a ticket while tiles remain, else `current`
+        (past the end). One lane takes it (the compiler merges a warp's adds into one add of
+        the warp's count), every lane gets it."""
         upcoming = current
         if current < num_tiles:
-            upcoming = grid + cute.arch.atomic_add(self.counter, cutlass.Int32(1), scope="gpu")
+            taken = cutlass.Int32(0)
+            if cute.arch.lane_idx() == 0:
+                taken = cute.arch.atomic_add(self.counter, cutlass.Int32(1), scope="gpu")
+            upcoming = grid + cute.arch.shuffle_sync(taken, 0)
         return upcoming
 
     @cute.jit
-    def publish(self, tile, visit):
-        """Producer: write visit `visit`'s tile once the consumers read the previous one, then
-        tell them. The first needs no wait."""
-        if visit > 0:
-            self._wait_read(visit - 1)
-        self.shared[0] = tile
-        pipeline.NamedBarrier(barrier_id=Barrier.TICKET_FULL, num_threads=self.threads).arrive_unaligned()
+    def publish(self, tile, first: bool):
+        """Producer warp: once the consumers read the previous tile (`empty`; the first needs
+        no wait), write this one and tell them (`full`)."""
+        if cutlass.const_expr(not first):
+            self._barrier(Barrier.TICKET_EMPTY).arrive_and_wait()
+        if cute.arch.lane_idx() == 0:
+            cute.arch.atomic_exch(self.word.iterator, tile, scope="cta")
+        self._barrier(Barrier.TICKET_FULL).arrive()
 
-    def drain(self, visit):
-        """Producer, after publishing the end at `visit`: wait until the consumers read it, so
-        every arrival at `empty` meets a wait."""
-        self._wait_read(visit)
-
-    def _wait_read(self, visit):
-        cute.arch.mbarrier_wait(self.read_bar, visit % 2)  # every consumer warp arrived at `empty` ...
-        sync_at_barrier_unaligned(Barrier.TICKET_EMPTY, self.threads)  # ... so this wait completes it
+    def drain(self):
+        """Producer warp, after publishing the end: wait until the consumers read it (every
+        arrival at `empty` meets a wait)."""
+        self._barrier(Barrier.TICKET_EMPTY).arrive_and_wait()
 
     @cute.jit
     def read(self):
-        """Consumers: the tile the producer published, then free the word for the next one."""
-        pipeline.NamedBarrier(barrier_id=Barrier.TICKET_FULL, num_threads=self.threads).arrive_and_wait()
-        tile = self.shared[0]
-        pipeline.NamedBarrier(barrier_id=Barrier.TICKET_EMPTY, num_threads=self.threads).arrive()
+        """Consumers: the tile the producer published (one lane per warp reads, all get it),
+        then free the word for the next one."""
+        self._barrier(Barrier.TICKET_FULL).arrive_and_wait()
+        found = cutlass.Int32(0)
         if cute.arch.lane_idx() == 0:
-            cute.arch.mbarrier_arrive(self.read_bar)
+            found = cute.arch.atomic_add(self.word.iterator, cutlass.Int32(0), scope="cta")
+        tile = cute.arch.shuffle_sync(found, 0)
+        self._barrier(Barrier.TICKET_EMPTY).arrive()
         return tile
 
     @cute.jit
     def finish(self, grid, num_tiles, last_taken):
-        """The producer is done: the CTA that took the last ticket resets the counter."""
+        """Producer warp: the CTA that took the last ticket resets the counter."""
         if last_taken == grid + num_tiles - 1:
-            cute.arch.atomic_exch(self.counter, cutlass.Int32(0), scope="gpu")
+            if cute.arch.lane_idx() == 0:
+                cute.arch.atomic_exch(self.counter, cutlass.Int32(0), scope="gpu")
 
 
 @dataclass(frozen=True)
@@ -784,7 +789,6 @@ class SdpaForwardWgmma:
             sV: cute.struct.Align[cute.struct.MemRange[dtype, v_elems], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[dtype, o_elems], 1024]
             if dynamic:
-                ticket_read: cute.struct.MemRange[cutlass.Int64, 1]  # mbarrier: the consumers read it
                 ticket: cute.struct.MemRange[cutlass.Int32, 4]  # the tile the producer took
 
         if SharedStorage.size_in_bytes() > SMEM_LIMIT:
@@ -892,9 +896,6 @@ class SdpaForwardWgmma:
         sO = sQ
         if cutlass.const_expr(self.tiles.o_buffer):
             sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        if cutlass.const_expr(self.variant.dynamic):
-            if tidx == 0:
-                cute.arch.mbarrier_init(storage.ticket_read.data_ptr(), 4 * self.tiles.consumers)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -916,16 +917,15 @@ class SdpaForwardWgmma:
         ticket = None
         if cutlass.const_expr(self.variant.dynamic):
             # a dense plan has no tile list: debug builds bind its pointer to the visit table
-            shared_word = storage.ticket.get_tensor(cute.make_layout(1))
-            read_bar = storage.ticket_read.data_ptr()
-            ticket = TicketWalk(tile_counter, shared_word, read_bar, self.tiles.consumers, units)
+            word = storage.ticket.get_tensor(cute.make_layout(1))
+            ticket = TicketWalk(tile_counter, word, self.tiles.consumers, units)
         producer_regs, consumer_regs = self.tiles.registers
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)
-            if cutlass.const_expr(self.variant.dynamic):
-                if wg_tidx != 0:
-                    exit_thread()  # the ticket's named barriers count warp 0 through its one live thread
-            if wg_tidx == 0:  # one thread issues every TMA load
+            # one thread issues every TMA load; the dynamic walk's producer is a whole warp, which
+            # meets the consumers at the ticket's barriers (its TMA copies and arrivals elect a lane)
+            producers = 32 if cutlass.const_expr(self.variant.dynamic) else 1
+            if wg_tidx < producers:
                 self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
                               (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket)  # fmt: skip
         else:
@@ -993,8 +993,7 @@ class SdpaForwardWgmma:
             # the current one loads, so the atomic's round trip is hidden
             tile = first
             upcoming = ticket.take(grid, num_tiles, tile)
-            visit = cutlass.Int32(0)
-            ticket.publish(tile, visit)
+            ticket.publish(tile, True)
             while tile < num_tiles:
                 m_block, head, batch = tiles.work(tile)
                 blocks = self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads)
@@ -1002,9 +1001,8 @@ class SdpaForwardWgmma:
                 q_loads += cutlass.min(blocks, 1)
                 tile = upcoming
                 upcoming = ticket.take(grid, num_tiles, tile)
-                visit += 1
-                ticket.publish(tile, visit)  # past the end: the consumers stop
-            ticket.drain(visit)
+                ticket.publish(tile, False)  # past the end: the consumers stop
+            ticket.drain()
             ticket.finish(grid, num_tiles, tile)
         else:
             for tile in range(first, num_tiles, grid):
@@ -1018,7 +1016,7 @@ class SdpaForwardWgmma:
         """Issue one tile's loads: Q once the consumers released the previous tile's, then its
         K and V blocks, last to first, into the ring from position `loaded` (`q_loads`: the Q
         buffer's uses so far). Returns the number of K/V blocks (a tile without any loads
-        nothing)."""
+        nothing). A thread or a whole warp may run it: the copies and arrivals elect a lane."""
         t = self.tiles
         d = self.head_dim
         wg_m = t.block_m // t.consumers
