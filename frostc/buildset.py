@@ -98,7 +98,7 @@ def build_set(
         target_arch=target,
         min_driver=MIN_DRIVER,
     )
-    data = planset.encode_set(header, plans, tuple(missing))
+    data = planset.encode_set(header, plans, tuple(missing), tuple(kind_info(k) for k in kinds))
     ps = planset.read_set(data)
     per_plan = sum(len(k.cubin) for key in ps.keys for k in ps.plan_data(key).kernels)
     return SetBuild(
@@ -111,6 +111,14 @@ def build_set(
         cubin_bytes_per_plan=per_plan,
         seconds=time.perf_counter() - start,
     )
+
+
+def kind_info(kind: LayerKind) -> planset.KindInfo:
+    """What the set records of a layer kind: the attention a serving integration checks calls against."""
+    return planset.KindInfo(
+        kind.name, kind.layers, kind.heads, kind.kv_heads, kind.head_dim, kind.dtype, kind.scale,
+        kind.window_left, kind.softcap,
+    )  # fmt: skip
 
 
 def _frostc_version() -> str:

@@ -185,6 +185,7 @@ def set_summary(ps) -> dict:
             "content_hash": h.content_hash,
             "sha256": ps.sha256,
         },
+        "kinds": [planset.kind_fields(k) | {"kind": k.kind} for k in ps.kind_info.values()],
         "plans": plans,
         "missing": [
             {
@@ -217,6 +218,18 @@ def print_set(ps, console: Console) -> None:
     console.print(escape(h["model"]), highlight=False)
     console.print(f"content {h['content_hash'][:16]}…")
     console.print(f"sha256 {h['sha256']}  (the set file's; what read_set(..., sha256=) pins)", highlight=False)
+    rows = [
+        dict(
+            k,
+            layers=compact_layers(tuple(k["layers"])),
+            window_left="—" if k["window_left"] < 0 else k["window_left"],
+            softcap=k["softcap"] or "—",
+            scale=f"{k['scale']:.6g}",
+        )
+        for k in s["kinds"]
+    ]
+    columns = ["kind", "layers", "heads", "kv_heads", "head_dim", "dtype", "scale", "window_left", "softcap"]
+    console.print(_table(f"Layer kinds ({len(rows)})", rows, columns))
     rows = [
         dict(p, layers=compact_layers(tuple(p["layers"])), sha256=p["sha256"][:16] + "…", kernels=len(p["kernels"]))
         for p in s["plans"]

@@ -77,6 +77,13 @@ def test_metadata_and_identity(tiny) -> None:
         ps.entry("l0-decode-b8")
 
 
+def test_the_set_records_each_kinds_attention(tiny) -> None:
+    model, dep, built = tiny
+    (kind,) = layer_kinds(model, dep)
+    info = read_set(built.data).kind_info
+    assert info == {"l0": planset.KindInfo("l0", kind.layers, 32, 8, 128, "bf16", kind.scale, None, None)}
+
+
 def test_select_takes_the_smallest_bucket_that_fits(tiny) -> None:
     ps = read_set(tiny[2].data)
     assert [ps.select("decode", "l0", b) for b in (1, 2, 3, 4)] == [
@@ -101,8 +108,9 @@ def test_a_set_says_what_it_lacks_and_why(tiny) -> None:
         planset.MissingEntry(f"l0-decode-b{b}", "decode", b, "l0", tuple(range(32)), "not supported yet: x")
         for b in SIZES
     )
-    again = read_set(planset.encode_set(ps.header, plans, lacking))
+    again = read_set(planset.encode_set(ps.header, plans, lacking, tuple(ps.kind_info.values())))
     assert again.missing == lacking
+    assert again.kind_info == ps.kind_info
     with pytest.raises(KeyError, match="lacks 'l0-decode-b2': not supported yet: x"):
         again.entry("l0-decode-b2")
     with pytest.raises(KeyError, match="no decode plan for layer kind 'l0': not supported yet: x"):
@@ -134,8 +142,23 @@ def _cases(data: bytes) -> dict[str, tuple[bytes, str]]:
         "a-plan": (read_set(data).plan_bytes(read_set(data).keys[0]), "not a frostc plan set"),
     }
     top = _top(data)
-    top["format"] = 2
-    cases["newer"] = (_reseal(top), "plan-set format 2 is newer")
+    top["format"] = 3
+    cases["newer"] = (_reseal(top), "plan-set format 3 is newer")
+    top = _top(data)
+    top["format"] = 1
+    cases["older"] = (_reseal(top), "plan-set format 1 is older")
+    top = _top(data)
+    del top["manifest"]["kinds"]["l0"]
+    cases["kind-missing"] = (_reseal(top), "which manifest.kinds lacks")
+    top = _top(data)
+    top["manifest"]["kinds"]["l0"]["layers"] = [0]
+    cases["kind-layers"] = (_reseal(top), "layers are not those of manifest.kinds")
+    top = _top(data)
+    top["manifest"]["kinds"]["l0"]["scale"] = -1.0
+    cases["kind-scale"] = (_reseal(top), "scale must be > 0")
+    top = _top(data)
+    top["manifest"]["kinds"]["l9"] = top["manifest"]["kinds"]["l0"]
+    cases["kind-unused"] = (_reseal(top), "no plan or missing entry is of this kind")
     top = _top(data)
     top["header"]["target_arch"] = "sm_100a"
     cases["edited-header"] = (planset._pack(top), "content hash does not match")
@@ -216,7 +239,8 @@ def test_inspect_a_set(set_files) -> None:
     whole, _ = set_files
     result = frostc("inspect", whole)
     assert result.exit_code == 0
-    for words in ("plan set llama3-8b (format 1)", "l0-decode-b4", "Cubins (5,", "3 plans", read_set(whole).sha256):
+    says = ("plan set llama3-8b (format 2)", "l0-decode-b4", "Layer kinds (1)", "Cubins (5,", read_set(whole).sha256)
+    for words in (*says, "3 plans"):
         assert words in result.stdout
     summary = json.loads(frostc("inspect", whole, "--json").stdout)
     assert summary["set"]["sha256"] == read_set(whole).sha256
@@ -234,7 +258,7 @@ def test_check_a_set(set_files) -> None:
     whole, _ = set_files
     verdict = json.loads(frostc("check", whole, "--json").stdout)
     assert verdict["valid"] and verdict["header"]["kind"] == "set" and verdict["exit_code"] in (0, 1)
-    assert "a valid plan set llama3-8b (format 1" in check.check_lines(verdict)[0]
+    assert "a valid plan set llama3-8b (format 2" in check.check_lines(verdict)[0]
     result = frostc("check", whole, "--sha256", "0" * 64)
     assert result.exit_code == 2 and "not the pinned plan" in result.stderr
     assert frostc("check", whole, "--sha256", read_set(whole).sha256).exit_code in (0, 1)

@@ -4,14 +4,16 @@ in one file, each kernel cubin stored once however many plans use it. frostc wri
 
 A set file is one msgpack map:
 
-    {"magic": "frostc-planset", "format": 1, "header": {...}, "manifest": {...}, "cubins": {...}}
+    {"magic": "frostc-planset", "format": 2, "header": {...}, "manifest": {...}, "cubins": {...}}
 
 - header: the set's name, the model it serves (text), frostc and cutlass-dsl versions, target
   arch, minimum driver, and `content_hash`;
 - manifest: `plans`, one entry per plan (key, the plan's name, phase, batch, layer kind, the
   layers it serves, the SHA-256 of the plan as a standalone plan file, and that file's bytes with
   each kernel's cubin replaced by its SHA-256 in hex: a reference into the cubin table), and
-  `missing`, the keys the set lacks and why;
+  `missing`, the keys the set lacks and why, and `kinds`: each layer kind's attention (layers,
+  heads and KV heads per rank, head dim, dtype, scale, window, softcap), what a serving
+  integration checks a model's call against before it launches a plan;
 - cubins: SHA-256 (hex) -> cubin bytes, each stored once, in hash order.
 
 `content_hash` is the SHA-256 of the msgpack of {magic, format, header but content_hash,
@@ -23,6 +25,7 @@ the plan `frostc build` writes for its description.
 """
 
 import hashlib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -34,7 +37,7 @@ from frost_runtime.integrity import Pin, check_sha256
 from frost_runtime.schema import PlanData, PlanFormatError, _Reader, _unpack
 
 SET_MAGIC = "frostc-planset"
-SET_FORMAT_VERSION = 1
+SET_FORMAT_VERSION = 2  # 2: the manifest's `kinds`
 REBUILD_SET = "rebuild it with this frostc: frostc from-config CONFIG.json -o SET"
 MAX_SET_BYTES = 1 << 32
 MAX_SET_PLANS = 4096
@@ -82,10 +85,26 @@ class MissingEntry:
 
 
 @dataclass(frozen=True)
+class KindInfo:
+    """One layer kind's attention, as the model computes it on one rank."""
+
+    kind: str
+    layers: tuple[int, ...]
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    scale: float
+    window_left: int | None  # keys before the query's own a query sees; None: no window
+    softcap: float | None
+
+
+@dataclass(frozen=True)
 class PlanSet:
     header: SetHeader
     entries: tuple[SetEntry, ...]
     missing: tuple[MissingEntry, ...]
+    kind_info: dict[str, KindInfo]
     cubins: dict[str, bytes] = field(repr=False)  # sha256 hex -> bytes
     sha256: str = ""  # the set file's SHA-256, its identity
     _plans: dict[str, bytes] = field(default_factory=dict, repr=False)  # key -> standalone plan bytes
@@ -182,6 +201,19 @@ def _entry_map(e: SetEntry, stripped: bytes) -> dict:
     return entry_fields(e) | {"plan": stripped}
 
 
+def kind_fields(k: KindInfo) -> dict:
+    return {
+        "layers": list(k.layers),
+        "heads": k.heads,
+        "kv_heads": k.kv_heads,
+        "head_dim": k.head_dim,
+        "dtype": k.dtype,
+        "scale": float(k.scale),
+        "window_left": -1 if k.window_left is None else k.window_left,
+        "softcap": 0.0 if k.softcap is None else float(k.softcap),
+    }
+
+
 def _missing_map(m: MissingEntry) -> dict:
     return {
         "key": m.key,
@@ -226,7 +258,12 @@ def strip_cubins(plan: bytes) -> tuple[bytes, dict[str, bytes]]:
     return _pack(top), cubins
 
 
-def encode_set(header: SetHeader, plans: list[tuple[SetEntry, bytes]], missing: tuple[MissingEntry, ...] = ()) -> bytes:
+def encode_set(
+    header: SetHeader,
+    plans: list[tuple[SetEntry, bytes]],
+    missing: tuple[MissingEntry, ...] = (),
+    kinds: tuple[KindInfo, ...] = (),
+) -> bytes:
     """The set file's bytes: `plans` are (entry, standalone plan bytes), in manifest order; each
     plan is checked with the runtime's reader, and so is the set (what frostc writes, the
     runtime reads)."""
@@ -238,7 +275,11 @@ def encode_set(header: SetHeader, plans: list[tuple[SetEntry, bytes]], missing: 
         stripped, used = strip_cubins(data)
         cubins |= used
         entries.append(_entry_map(entry, stripped))
-    manifest = {"plans": entries, "missing": [_missing_map(m) for m in missing]}
+    manifest = {
+        "plans": entries,
+        "missing": [_missing_map(m) for m in missing],
+        "kinds": {k.kind: kind_fields(k) for k in kinds},
+    }
     table = dict(sorted(cubins.items()))
     sealed = SetHeader(**(_header_map(header) | {"content_hash": set_content_hash(header, manifest, table)}))
     data = _pack(_file_map(sealed, manifest, table))
@@ -309,7 +350,7 @@ def read_set(source: str | os.PathLike | bytes, *, sha256: Pin | None = None) ->
 
 def _read_manifest(header: SetHeader, manifest: dict, cubins: dict, digest: str) -> PlanSet:
     m = _Reader(manifest, "manifest")
-    _refuse_extra(manifest, {"plans": 0, "missing": 0}, "manifest")
+    _refuse_extra(manifest, {"plans": 0, "missing": 0, "kinds": 0}, "manifest")
     if len(cubins) > MAX_SET_CUBINS:
         raise PlanFormatError(f"cubins: {len(cubins)} entries, at most {MAX_SET_CUBINS} allowed")
     for sha, blob in cubins.items():
@@ -344,10 +385,46 @@ def _read_manifest(header: SetHeader, manifest: dict, cubins: dict, digest: str)
         missing.append(lack)
     if not entries:
         raise PlanFormatError("manifest.plans: a plan set holds at least one plan")
+    kind_info = _read_kinds(m, (*entries, *missing))
     unused = sorted(set(cubins) - used)
     if unused:
         raise PlanFormatError(f"cubins[{unused[0][:16]!r}]: no plan uses it; {REBUILD_SET}")
-    return PlanSet(header, tuple(entries), tuple(missing), dict(cubins), digest, plans, decoded)
+    return PlanSet(header, tuple(entries), tuple(missing), kind_info, dict(cubins), digest, plans, decoded)
+
+
+def _read_kinds(m: _Reader, entries) -> dict[str, KindInfo]:
+    """The kinds table: one per kind the entries name, no other, with the entries' layers."""
+    table = m.get("kinds", dict)
+    if len(table) > MAX_SET_PLANS:
+        raise PlanFormatError(f"manifest.kinds: {len(table)} kinds, at most {MAX_SET_PLANS}")
+    kinds = {}
+    for name, raw in table.items():
+        where = f"manifest.kinds[{str(name)[:64]!r}]"
+        if not isinstance(name, str) or not _KIND.fullmatch(name):
+            raise PlanFormatError(f"{where}: a kind's name is of the form {_KIND.pattern}")
+        if not isinstance(raw, dict):
+            raise PlanFormatError(f"{where}: expected a map, found {type(raw).__name__}")
+        k = _Reader(raw, where)
+        window, softcap = k.int("window_left", -1, 1 << 30), k.get("softcap", float)
+        info = KindInfo(
+            kind=name, layers=k.ints("layers", (1, 1 << 16), 0, 1 << 20), heads=k.int("heads", 1, 1 << 16),
+            kv_heads=k.int("kv_heads", 1, 1 << 16), head_dim=k.int("head_dim", 1, 1 << 16), dtype=k.str("dtype", 16),
+            scale=k.get("scale", float), window_left=None if window < 0 else window,
+            softcap=None if softcap == 0.0 else softcap,
+        )  # fmt: skip
+        _refuse_extra(raw, kind_fields(info), where)
+        if not (math.isfinite(info.scale) and info.scale > 0 and math.isfinite(softcap) and softcap >= 0):
+            raise PlanFormatError(f"{where}: scale must be > 0 and softcap >= 0 (0: none), both finite")
+        kinds[name] = info
+    for e in entries:
+        if e.kind not in kinds:
+            raise PlanFormatError(f"manifest: {e.key!r} names layer kind {e.kind!r}, which manifest.kinds lacks")
+        if e.layers != kinds[e.kind].layers:
+            raise PlanFormatError(f"manifest: {e.key!r}'s layers are not those of manifest.kinds[{e.kind!r}]")
+    unused = sorted(set(kinds) - {e.kind for e in entries})
+    if unused:
+        raise PlanFormatError(f"manifest.kinds[{unused[0]!r}]: no plan or missing entry is of this kind")
+    return kinds
 
 
 def _check_entry(entry, where: str, seen: set) -> None:
