@@ -98,7 +98,7 @@ def build_set(
         target_arch=target,
         min_driver=MIN_DRIVER,
     )
-    data = planset.encode_set(header, plans, tuple(missing), tuple(kind_info(k) for k in kinds))
+    data = planset.encode_set(header, plans, tuple(missing), tuple(kind_info(k) for k in kinds), serving_info(dep))
     ps = planset.read_set(data)
     per_plan = sum(len(k.cubin) for key in ps.keys for k in ps.plan_data(key).kernels)
     return SetBuild(
@@ -119,6 +119,12 @@ def kind_info(kind: LayerKind) -> planset.KindInfo:
         kind.name, kind.layers, kind.heads, kind.kv_heads, kind.head_dim, kind.dtype, kind.scale,
         kind.window_left, kind.softcap,
     )  # fmt: skip
+
+
+def serving_info(dep: Deployment) -> planset.ServingInfo:
+    return planset.ServingInfo(
+        dep.max_cache_len, dep.page_size, dep.pages, dep.max_prompt_tokens, dep.new_tokens, dep.tp
+    )
 
 
 def _frostc_version() -> str:

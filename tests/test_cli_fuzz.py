@@ -70,7 +70,8 @@ def _good_set() -> bytes:
     header = planset.SetHeader("toyset", "a toy", "0.1.0", "4.8.0", "sm_90a", 13000)
     entry = planset.SetEntry("l0-decode-b1", "toy", "decode", 1, "l0", (0, 1), hashlib.sha256(plan).hexdigest())
     kind = planset.KindInfo("l0", (0, 1), 8, 2, 64, "bf16", 0.125, None, None)
-    return planset.encode_set(header, [(entry, plan)], kinds=(kind,))
+    serving = planset.ServingInfo(4096, 16, 256, 4096, 1, 1)
+    return planset.encode_set(header, [(entry, plan)], (), (kind,), serving)
 
 
 # name -> bytes of a file that is neither a plan nor a description frostc can build

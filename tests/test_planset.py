@@ -82,6 +82,9 @@ def test_the_set_records_each_kinds_attention(tiny) -> None:
     (kind,) = layer_kinds(model, dep)
     info = read_set(built.data).kind_info
     assert info == {"l0": planset.KindInfo("l0", kind.layers, 32, 8, 128, "bf16", kind.scale, None, None)}
+    serving = read_set(built.data).serving
+    assert (serving.max_cache_len, serving.page_size, serving.pages) == (dep.max_cache_len, dep.page_size, dep.pages)
+    assert (serving.max_pages, serving.new_tokens, serving.tp) == (dep.max_pages, 1, 1)
 
 
 def test_select_takes_the_smallest_bucket_that_fits(tiny) -> None:
@@ -108,7 +111,7 @@ def test_a_set_says_what_it_lacks_and_why(tiny) -> None:
         planset.MissingEntry(f"l0-decode-b{b}", "decode", b, "l0", tuple(range(32)), "not supported yet: x")
         for b in SIZES
     )
-    again = read_set(planset.encode_set(ps.header, plans, lacking, tuple(ps.kind_info.values())))
+    again = read_set(planset.encode_set(ps.header, plans, lacking, tuple(ps.kind_info.values()), ps.serving))
     assert again.missing == lacking
     assert again.kind_info == ps.kind_info
     with pytest.raises(KeyError, match="lacks 'l0-decode-b2': not supported yet: x"):
@@ -159,6 +162,9 @@ def _cases(data: bytes) -> dict[str, tuple[bytes, str]]:
     top = _top(data)
     top["manifest"]["kinds"]["l9"] = top["manifest"]["kinds"]["l0"]
     cases["kind-unused"] = (_reseal(top), "no plan or missing entry is of this kind")
+    top = _top(data)
+    top["manifest"]["serving"]["pages"] = 0
+    cases["serving-pages"] = (_reseal(top), "manifest.serving.pages")
     top = _top(data)
     top["header"]["target_arch"] = "sm_100a"
     cases["edited-header"] = (planset._pack(top), "content hash does not match")

@@ -13,7 +13,8 @@ A set file is one msgpack map:
   each kernel's cubin replaced by its SHA-256 in hex: a reference into the cubin table), and
   `missing`, the keys the set lacks and why, and `kinds`: each layer kind's attention (layers,
   heads and KV heads per rank, head dim, dtype, scale, window, softcap), what a serving
-  integration checks a model's call against before it launches a plan;
+  integration checks a model's call against before it launches a plan, and `serving`: the
+  deployment's capacities (cache length, pages, prompt tokens, new tokens per decode step);
 - cubins: SHA-256 (hex) -> cubin bytes, each stored once, in hash order.
 
 `content_hash` is the SHA-256 of the msgpack of {magic, format, header but content_hash,
@@ -100,11 +101,29 @@ class KindInfo:
 
 
 @dataclass(frozen=True)
+class ServingInfo:
+    """The deployment the plans were built for: the capacities every plan of the set shares."""
+
+    max_cache_len: int  # tokens per sequence in the cache
+    page_size: int
+    pages: int  # the pool's, shared by every sequence
+    max_prompt_tokens: int  # one prefill step's tokens, all its sequences together
+    new_tokens: int  # per sequence per decode step
+    tp: int
+
+    @property
+    def max_pages(self) -> int:
+        """Pages one sequence can hold: the page table's width."""
+        return -(-self.max_cache_len // self.page_size)
+
+
+@dataclass(frozen=True)
 class PlanSet:
     header: SetHeader
     entries: tuple[SetEntry, ...]
     missing: tuple[MissingEntry, ...]
     kind_info: dict[str, KindInfo]
+    serving: ServingInfo
     cubins: dict[str, bytes] = field(repr=False)  # sha256 hex -> bytes
     sha256: str = ""  # the set file's SHA-256, its identity
     _plans: dict[str, bytes] = field(default_factory=dict, repr=False)  # key -> standalone plan bytes
@@ -201,6 +220,17 @@ def _entry_map(e: SetEntry, stripped: bytes) -> dict:
     return entry_fields(e) | {"plan": stripped}
 
 
+def serving_fields(d: ServingInfo) -> dict:
+    return {
+        "max_cache_len": d.max_cache_len,
+        "page_size": d.page_size,
+        "pages": d.pages,
+        "max_prompt_tokens": d.max_prompt_tokens,
+        "new_tokens": d.new_tokens,
+        "tp": d.tp,
+    }
+
+
 def kind_fields(k: KindInfo) -> dict:
     return {
         "layers": list(k.layers),
@@ -261,8 +291,9 @@ def strip_cubins(plan: bytes) -> tuple[bytes, dict[str, bytes]]:
 def encode_set(
     header: SetHeader,
     plans: list[tuple[SetEntry, bytes]],
-    missing: tuple[MissingEntry, ...] = (),
-    kinds: tuple[KindInfo, ...] = (),
+    missing: tuple[MissingEntry, ...],
+    kinds: tuple[KindInfo, ...],
+    serving: ServingInfo,
 ) -> bytes:
     """The set file's bytes: `plans` are (entry, standalone plan bytes), in manifest order; each
     plan is checked with the runtime's reader, and so is the set (what frostc writes, the
@@ -279,6 +310,7 @@ def encode_set(
         "plans": entries,
         "missing": [_missing_map(m) for m in missing],
         "kinds": {k.kind: kind_fields(k) for k in kinds},
+        "serving": serving_fields(serving),
     }
     table = dict(sorted(cubins.items()))
     sealed = SetHeader(**(_header_map(header) | {"content_hash": set_content_hash(header, manifest, table)}))
@@ -350,7 +382,7 @@ def read_set(source: str | os.PathLike | bytes, *, sha256: Pin | None = None) ->
 
 def _read_manifest(header: SetHeader, manifest: dict, cubins: dict, digest: str) -> PlanSet:
     m = _Reader(manifest, "manifest")
-    _refuse_extra(manifest, {"plans": 0, "missing": 0, "kinds": 0}, "manifest")
+    _refuse_extra(manifest, {"plans": 0, "missing": 0, "kinds": 0, "serving": 0}, "manifest")
     if len(cubins) > MAX_SET_CUBINS:
         raise PlanFormatError(f"cubins: {len(cubins)} entries, at most {MAX_SET_CUBINS} allowed")
     for sha, blob in cubins.items():
@@ -386,10 +418,25 @@ def _read_manifest(header: SetHeader, manifest: dict, cubins: dict, digest: str)
     if not entries:
         raise PlanFormatError("manifest.plans: a plan set holds at least one plan")
     kind_info = _read_kinds(m, (*entries, *missing))
+    serving = _read_serving(m)
     unused = sorted(set(cubins) - used)
     if unused:
         raise PlanFormatError(f"cubins[{unused[0][:16]!r}]: no plan uses it; {REBUILD_SET}")
-    return PlanSet(header, tuple(entries), tuple(missing), kind_info, dict(cubins), digest, plans, decoded)
+    return PlanSet(header, tuple(entries), tuple(missing), kind_info, serving, dict(cubins), digest, plans, decoded)
+
+
+def _read_serving(m: _Reader) -> ServingInfo:
+    raw = m.get("serving", dict)
+    d = _Reader(raw, "manifest.serving")
+    big = 1 << 30
+    serving = ServingInfo(
+        max_cache_len=d.int("max_cache_len", 1, big), page_size=d.int("page_size", 1, big),
+        pages=d.int("pages", 1, big), max_prompt_tokens=d.int("max_prompt_tokens", 1, big),
+        new_tokens=d.int("new_tokens", 1, 1 << 16),
+        tp=d.int("tp", 1, 1 << 16),
+    )  # fmt: skip
+    _refuse_extra(raw, serving_fields(serving), "manifest.serving")
+    return serving
 
 
 def _read_kinds(m: _Reader, entries) -> dict[str, KindInfo]:
