@@ -63,8 +63,10 @@ def register(key: str, plan: Plan | PlanData, *, replace: bool = False) -> Regis
     entry = Registered(key, data, plan if isinstance(plan, Plan) else None, reads, writes, workspace)
     with _lock:
         if key in _registry and not replace:
-            raise ValueError(f"plan key {key!r} is registered already (to {_registry[key].data.header.name!r}); "
-                             "pick another key, or register(..., replace=True)")  # fmt: skip
+            raise ValueError(
+                f"plan key {key!r} is registered already (to {_registry[key].data.header.name!r}); "
+                "pick another key, or register(..., replace=True)"
+            )
         _registry[key] = entry
     return entry
 
@@ -79,8 +81,10 @@ def registered(key: str) -> Registered:
         return _registry[key]
     except KeyError:
         known = ", ".join(sorted(_registry)[:8]) or "none"
-        raise KeyError(f"no frostc plan is registered under {key!r} (registered: {known}); "
-                       "call frost_runtime.torch_ops.register(key, plan) first") from None  # fmt: skip
+        raise KeyError(
+            f"no frostc plan is registered under {key!r} (registered: {known}); "
+            "call frost_runtime.torch_ops.register(key, plan) first"
+        ) from None
 
 
 def slot_roles(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -144,8 +148,10 @@ def _refuse_caches(r: Registered) -> None:
     """`run` allocates its outputs: a plan that updates caches in place (kv_append) cannot be run so."""
     if any(k.name.startswith("kv_append") for k in r.data.kernels):
         caches = [r.data.slots[i].name for i in r.writes]
-        raise BindError(f"plan {r.key!r} updates caches in place (kv_append): call torch.ops.frostc.execute with "
-                        f"its written slots {caches} as `writes`")  # fmt: skip
+        raise BindError(
+            f"plan {r.key!r} updates caches in place (kv_append): call torch.ops.frostc.execute with "
+            f"its written slots {caches} as `writes`"
+        )
 
 
 def _paired(r: Registered, indices: tuple[int, ...], given: list[torch.Tensor], what: str):

@@ -154,11 +154,26 @@ def build_set_of_tiny_llama() -> None:
     write_atomic(BUILT / "llama3-8b-tiny.frostset", build_set(model, dep, name="llama3-8b-tiny").data)
 
 
+def build_hf_sets() -> None:
+    """tests/gpu/test_hf.py's sets: the four tiny families of tests/hf_models.py."""
+    from tests.hf_models import TINY, build_tiny_set
+
+    (BUILT / "hf").mkdir(exist_ok=True)
+    for family in TINY:
+        start = time.time()
+        write_atomic(BUILT / "hf" / f"tiny-{family}.frostset", build_tiny_set(family))
+        print(f"[hf] tiny-{family}.frostset ({time.time() - start:.0f} s)", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Build the GPU tests' plans into tests/.built.")
-    parser.add_argument("--only", choices=["sdpa", "decode"], help="build one set only (default: both)")
+    parser.add_argument("--only", choices=["sdpa", "decode", "hf"], help="build one group only (default: all)")
     args = parser.parse_args()
     BUILT.mkdir(exist_ok=True)
+    if args.only in (None, "hf"):
+        build_hf_sets()
+    if args.only == "hf":
+        return 0
     if args.only != "decode":
         build_sdpa()
         build_set_of_tiny_llama()

@@ -1,0 +1,152 @@
+"""The Hugging Face backend (runtime/frost_runtime/hf.py) on the CPU: registration, the mask
+function, the checks of a model's calls against its plan set, and generation through the
+backend's torch reference (`launch=False`: the same pools, packing and lengths as the plan path,
+computed in torch) against HF's own attention, with left-padded batches. The plan path itself
+runs on the GPU (tests/gpu/test_hf.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import frost_runtime  # noqa: E402
+from frost_runtime import hf  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
+
+from tests.hf_models import (  # noqa: E402
+    MAX_CACHE_LEN,
+    TINY,
+    build_tiny_set,
+    compare_generations,
+    greedy,
+    hf_model,
+    left_padded_prompts,
+    reference_logits,
+    stepwise_logits,
+)
+
+REFERENCE = {"llama": "sdpa", "qwen2": "sdpa", "mistral": "sdpa", "gemma2": "eager"}
+
+
+@pytest.fixture(scope="module")
+def sets() -> dict:
+    return {family: frost_runtime.read_set(build_tiny_set(family)) for family in TINY}
+
+
+def _backend(plans, model, name: str) -> hf.FrostcAttention:
+    return hf.install(plans, model, device="cpu", name=name, launch=False)
+
+
+def test_install_registers_the_attention_and_its_mask(sets) -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    model = hf_model("llama", device="cpu")
+    backend = _backend(sets["llama"], model, "frostc-cpu-install")
+    assert "frostc-cpu-install" in AttentionInterface._global_mapping
+    assert ALL_MASK_ATTENTION_FUNCTIONS["frostc-cpu-install"] == backend.mask
+    assert model.config._attn_implementation == "frostc-cpu-install"
+    assert "flash" not in hf.NAME
+
+
+def test_the_mask_function_finds_each_rows_run(sets) -> None:
+    backend = hf.FrostcAttention(sets["llama"], device="cpu", launch=False)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 1, 0, 1, 1], [0, 0, 0, 0, 0]])
+    rows = backend.mask(batch_size=5, q_length=5, kv_length=5, attention_mask=mask)
+    assert rows.first.tolist() == [2, 0, 0, 1, 0]
+    assert rows.count.tolist() == [3, 5, 2, 3, 0]
+    assert rows.broken.tolist() == [False, False, False, True, False]
+    full = backend.mask(batch_size=2, q_length=3, kv_length=7, attention_mask=None)
+    assert full.count.tolist() == [7, 7] and not full.broken.any()
+
+
+@pytest.mark.parametrize("family", list(TINY))
+def test_generation_through_the_backend_matches_hf(sets, family: str) -> None:
+    """Left-padded prompts of different lengths; the backend's pools, packing and lengths give
+    the tokens of HF's own attention, or differ at a near tie only (the torch reference computes
+    in fp32, HF in bf16; `compare_generations` states the rule)."""
+    model = hf_model(family, device="cpu")
+    ids, mask = left_padded_prompts([5, 11, 3], model.config.vocab_size, "cpu")
+    model.set_attn_implementation(REFERENCE[family])
+    with torch.no_grad():
+        expected = greedy(model, ids, mask, 6)
+    backend = _backend(sets[family], model, f"frostc-cpu-{family}")
+    with torch.no_grad():
+        got = greedy(model, ids, mask, 6, cache=backend.new_cache())
+    assert backend.calls == {"reference": model.config.num_hidden_layers * 6}
+    if not torch.equal(expected, got):
+        with torch.no_grad():
+            model.set_attn_implementation(REFERENCE[family])
+            logits_expected = stepwise_logits(model, ids, mask, expected, DynamicCache(config=model.config))
+            model.set_attn_implementation(backend.name)
+            logits_got = stepwise_logits(model, ids, mask, expected, backend.new_cache())
+            logits_exact = reference_logits(model, ids, mask, expected)
+        assert compare_generations(expected, got, logits_expected, logits_got, logits_exact) == "near tie"
+
+
+def test_a_row_that_is_not_one_run_gives_nan_not_a_wrong_answer(sets) -> None:
+    model = hf_model("llama", device="cpu")
+    backend = _backend(sets["llama"], model, "frostc-cpu-holes")
+    ids, _ = left_padded_prompts([6, 6], model.config.vocab_size, "cpu")
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, past_key_values=backend.new_cache()).logits
+    assert logits[0].isnan().all() and not logits[1].isnan().any()
+
+
+def test_calls_the_set_was_not_built_for_are_refused_naming_what(sets) -> None:
+    model = hf_model("llama", device="cpu")
+    _backend(sets["qwen2"], model, "frostc-cpu-mismatch")  # a Qwen2 set under a Llama model
+    ids, mask = left_padded_prompts([4], model.config.vocab_size, "cpu")
+    with pytest.raises(ValueError, match="plan set 'tiny-qwen2' serves layers"):
+        hf.install(sets["qwen2"], hf_model("gemma2", device="cpu"), device="cpu", launch=False)
+    backend = hf.FrostcAttention(sets["qwen2"], device="cpu", launch=False).install()
+    model.set_attn_implementation("frostc")
+    with pytest.raises(ValueError, match=r"heads: the model passes 8, the set was built for 14"), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, past_key_values=backend.new_cache())
+
+
+def test_a_prompt_over_the_cache_is_refused(sets) -> None:
+    model = hf_model("llama", device="cpu")
+    backend = _backend(sets["llama"], model, "frostc-cpu-long")
+    ids, mask = left_padded_prompts([MAX_CACHE_LEN + 1], model.config.vocab_size, "cpu")
+    with pytest.raises(ValueError, match=r"257 tokens per sequence: over the plan set's cache of 256"), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, past_key_values=backend.new_cache())
+
+
+def test_another_cache_falls_back_with_one_warning(sets) -> None:
+    """HF's own DynamicCache hands the attention whole K/V: the backend computes them in torch
+    with HF's mask and warns once; the tokens are still HF's."""
+    model = hf_model("llama", device="cpu")
+    ids, mask = left_padded_prompts([5, 9], model.config.vocab_size, "cpu")
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        expected = greedy(model, ids, mask, 4)
+    backend = hf.install(sets["llama"], model, device="cpu", name="frostc-cpu-other")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        got = greedy(model, ids, mask, 4)
+    assert torch.equal(expected, got)
+    said = [w for w in caught if "frostc: computing attention in torch" in str(w.message)]
+    assert len(said) == 1 and "the cache is not frostc's" in str(said[0].message)
+    assert backend.calls["fallback"] == 2 * 4
+
+
+def test_the_decode_graph_helper_steps_as_generate_does(sets) -> None:
+    """DecodeGraph's eager step (the one it captures on a GPU) gives generate's tokens."""
+    model = hf_model("llama", device="cpu")
+    ids, mask = left_padded_prompts([5, 9, 2], model.config.vocab_size, "cpu")
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        expected = greedy(model, ids, mask, 5)
+    backend = _backend(sets["llama"], model, "frostc-cpu-graph")
+    graph = hf.DecodeGraph(model, backend, batch=3)
+    with torch.no_grad():
+        tokens = [graph.prefill(ids, mask)]
+        for _ in range(4):
+            tokens.append(graph.step(tokens[-1], capture=False))
+    assert torch.equal(torch.stack(tokens, dim=1), expected)
