@@ -114,12 +114,13 @@ def execute(plan: str, reads: list[torch.Tensor], writes: list[torch.Tensor], wo
 def run(plan: str, reads: list[torch.Tensor]) -> list[torch.Tensor]:
     """Launch the plan on its input slots and return its output slots, new tensors shaped as the
     plan's slots (for plans that write only fresh outputs: o, lse; a step that appends to caches
-    takes `execute`)."""
+    takes `execute`). Rows the plan does not write (past a packed batch's tokens, past a padded
+    sequence's length) are 0: an output is a function of the inputs, as torch.compile assumes."""
     r = registered(plan)
     runnable = _runnable(r)
     _refuse_caches(r)
     staged = [_plan_shaped(r, i, t) for i, t in _paired(r, r.reads, reads, "reads")]
-    outputs = [_empty_slot(r.data.slots[i], reads[0].device) for i in r.writes]
+    outputs = [_empty_slot(r.data.slots[i], reads[0].device).zero_() for i in r.writes]
     runnable.execute(*_in_slot_order(r, staged, outputs), workspace=r.workspace)
     return outputs
 
