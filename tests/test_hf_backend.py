@@ -85,7 +85,7 @@ def test_generation_through_the_backend_matches_hf(sets, family: str) -> None:
             model.set_attn_implementation(backend.name)
             logits_got = stepwise_logits(model, ids, mask, expected, backend.new_cache())
             logits_exact = reference_logits(model, ids, mask, expected)
-        assert compare_generations(expected, got, logits_expected, logits_got, logits_exact) == "near tie"
+        assert compare_generations(expected, got, logits_expected, logits_got, logits_exact).startswith("near tie")
 
 
 def test_a_row_that_is_not_one_run_gives_nan_not_a_wrong_answer(sets) -> None:

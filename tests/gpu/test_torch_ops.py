@@ -128,7 +128,8 @@ def test_compile_fullgraph(keys) -> None:
         return o[:137].float().sum(-1)
 
     compiled = torch.compile(attend, fullgraph=True)
-    assert torch.equal(compiled(q, k, v, cu), attend(q, k, v, cu))
+    # the op's output is bit-identical; inductor's fused sum may add in another order
+    torch.testing.assert_close(compiled(q, k, v, cu), attend(q, k, v, cu), rtol=1e-5, atol=1e-4)
 
     decode = keys["l0-decode-b2"]
     reads, writes = _decode_buffers(decode)

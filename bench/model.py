@@ -1,0 +1,368 @@
+"""A Llama-3-8B-shaped model served through frostc's plans in Hugging Face transformers, beside HF's
+own paths, in one run (issue 19).
+
+    python bench/model.py build                   # CPU machine: the plan sets, into bench/.built/model
+    python bench/model.py run [--md F] [--json F] [--hf-compiled]   # GPU machine (transformers installed)
+    python bench/model.py cold SET                # one process: start -> first token (run calls it)
+
+The model: Llama-3-8B's shapes (32 layers, 32 heads, 8 KV heads, d 128, vocab 128256), random
+bf16 weights (no Hub), prompts of 2048 random tokens. Rows:
+- decode step at batch 8 and 32 (after a 2048-token prefill): frostc with the whole step as one
+  CUDA graph (`frost_runtime.hf.DecodeGraph`), frostc eager (the same step, no graph), HF
+  `generate()` with a static cache and sdpa (eager), and with `--hf-compiled` HF's compiled
+  static-cache path (its compile time reported). ms per step and tokens/s; the bandwidth floor
+  is the bytes a step must read (every weight but the embedding table, plus the KV of every
+  sequence) over the read ceiling measured in the run.
+- prefill of 8 x 2048 and 1 x 32768 tokens: frostc (packed plans; the K/V written to its pools)
+  against HF sdpa (no cache kept), logits of the last token only.
+- cold start: a fresh process from start to first token with the plan set (read, verify, load
+  every plan: the part frostc adds), against HF's compile time when `--hf-compiled` measured it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILT = ROOT / "bench" / ".built" / "model"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+PROMPT = 2048
+STEPS = 32  # generated tokens per timed generate() (HF) and replays per timing window (frostc)
+DECODE_BATCHES = (8, 32)
+LONG = 32768
+SETS = {  # name -> (batch sizes, max cache length, max prompt tokens)
+    "llama3-8b-serve": ((8, 32), PROMPT + 256, 32 * PROMPT),
+    "llama3-8b-long": ((1,), LONG + 256, LONG),
+}
+
+
+def config() -> dict:
+    """Llama-3-8B's config.json, with Llama 3.1's 131072 positions (the 32k prefill row)."""
+    from tests.model_configs import LLAMA3_8B
+
+    return LLAMA3_8B | {"max_position_embeddings": 131072}
+
+
+# ---------------------------------------------------------------------------- build (CPU)
+
+
+def build() -> int:
+    from frostc.buildset import build_set
+    from frostc.models import read_model
+    from frostc.planfile import write_atomic
+    from frostc.serving import deployment
+
+    BUILT.mkdir(parents=True, exist_ok=True)
+    model = read_model(config())
+    for name, (sizes, cache, prompt) in SETS.items():
+        dep = deployment(model, batch_sizes=sizes, max_cache_len=cache, max_prompt_tokens=prompt)
+        start = time.perf_counter()
+        result = build_set(model, dep, name=name)
+        write_atomic(BUILT / f"{name}.frostset", result.data)
+        print(f"{name}: {result.plans} plans, {len(result.data):,} bytes ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+# ---------------------------------------------------------------------------- the GPU side
+
+
+def _model(attn: str = "sdpa"):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in config().items() if k not in ("model_type", "torch_dtype", "architectures")}
+    hf_config = AutoConfig.for_model("llama", **fields)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16, attn_implementation=attn)
+    return model.eval()
+
+
+def _prompts(batch: int, length: int, vocab: int):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(batch * 7 + length)
+    ids = torch.randint(1, vocab, (batch, length), generator=g, device="cuda")
+    return ids, torch.ones_like(ids)
+
+
+def _cuda_ms(fn, reps: int) -> float:
+    """Median device-and-host wall of `fn` (synchronized each time), in ms."""
+    import statistics
+
+    import torch
+
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def step_bytes(model, batch: int, context: int) -> int:
+    """What one decode step must read: every weight but the embedding table (a step reads only
+    its tokens' rows), and each sequence's K and V of every layer."""
+    c = model.config
+    weights = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    kv = batch * context * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
+    return weights + kv
+
+
+def hf_generate_step_ms(model, ids, mask, *, compiled: bool) -> tuple[float, float]:
+    """HF generate() with a static cache: ms per decode step ((t(1 + STEPS) - t(1)) / STEPS) and,
+    compiled, the first call's wall (its compile)."""
+    import torch
+
+    def generate(n: int):
+        return model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            cache_implementation="static",
+            disable_compile=not compiled,
+            pad_token_id=0,
+        )
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    generate(1 + STEPS)  # warm-up; compiled: the compile
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    one = _cuda_ms(lambda: generate(1), 2)
+    many = _cuda_ms(lambda: generate(1 + STEPS), 2)
+    return (many - one) / STEPS, first
+
+
+def frostc_decode(model, backend, ids, mask) -> dict:
+    """frostc's decode step at this batch: graph replays (device time over STEPS replays) and
+    the same step eager; the graph's tokens are checked against the eager step's."""
+    import torch
+    from frost_runtime.hf import DecodeGraph
+
+    graph = DecodeGraph(model, backend, batch=ids.shape[0])
+    with torch.no_grad():
+        tokens = graph.prefill(ids, mask)
+        eager_tokens = [tokens]
+        eager_ms = _cuda_ms(lambda: eager_tokens.append(graph.step(eager_tokens[-1], capture=False)), 5)
+        graph.reset(ids, mask)
+        replayed = [tokens]
+        for _ in range(len(eager_tokens) - 1):
+            replayed.append(graph.step(replayed[-1]))
+        same = all(torch.equal(a, b) for a, b in zip(eager_tokens, replayed))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(10):
+            graph.graph.replay()
+        start.record()
+        for _ in range(STEPS):
+            graph.graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+    return {"graph_ms": start.elapsed_time(end) / STEPS, "eager_ms": eager_ms, "graph_tokens_match_eager": same}
+
+
+def prefill_ms(model, backend, ids, mask) -> dict:
+    import torch
+
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        hf = _cuda_ms(lambda: model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1), 3)
+        model.set_attn_implementation(backend.name)
+        ours = _cuda_ms(
+            lambda: model(input_ids=ids, attention_mask=mask, past_key_values=backend.new_cache(), logits_to_keep=1),
+            3,
+        )
+    return {"hf_sdpa_ms": hf, "frostc_ms": ours}
+
+
+def cold(set_path: str) -> int:
+    """One fresh process: imports, the plan set (read, verify, load every plan), the model
+    (random weights), prefill of one 2048-token prompt, the first token. Prints JSON phases."""
+    start = float(os.environ.get("FROSTC_COLD_START", time.time()))
+    phases = {}
+    mark = time.time()
+    import frost_runtime
+    import torch
+    from frost_runtime import hf
+
+    phases["imports_s"] = time.time() - mark
+    mark = time.time()
+    plans = frost_runtime.read_set(set_path)
+    torch.cuda.init()
+    backend = hf.FrostcAttention(plans)
+    loaded = backend.preload()
+    torch.cuda.synchronize()
+    phases["plan_set_s"] = time.time() - mark
+    mark = time.time()
+    model = _model()
+    backend.install(model)
+    torch.cuda.synchronize()
+    phases["model_s"] = time.time() - mark
+    mark = time.time()
+    ids, mask = _prompts(1, PROMPT, model.config.vocab_size)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, past_key_values=backend.new_cache(), logits_to_keep=1)
+        token = int(out.logits[0, -1].argmax())
+    phases["first_token_s"] = time.time() - mark
+    phases["total_s"] = time.time() - start
+    print(json.dumps({"plans_loaded": loaded, "token": token, **phases}))
+    return 0
+
+
+def run(md: str | None, json_path: str | None, hf_compiled: bool) -> int:
+    import frost_runtime
+    import torch
+    from decode import read_ceiling
+    from frost_runtime import hf
+
+    ceiling = read_ceiling()["bytes_per_s"]
+    print(f"read ceiling {ceiling / 1e12:.2f} TB/s", flush=True)
+    result: dict = {"ceiling_bytes_per_s": ceiling, "decode": [], "prefill": []}
+
+    env = dict(os.environ, FROSTC_COLD_START=str(time.time()))
+    cold_run = subprocess.run(
+        [sys.executable, __file__, "cold", str(BUILT / "llama3-8b-serve.frostset")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    result["cold"] = json.loads(cold_run.stdout.strip().splitlines()[-1]) if cold_run.returncode == 0 else None
+    print("cold start:", result["cold"] or cold_run.stderr[-2000:], flush=True)
+
+    model = _model()
+    start = time.perf_counter()
+    plans = frost_runtime.read_set(BUILT / "llama3-8b-serve.frostset")
+    backend = hf.FrostcAttention(plans, name="frostc-bench")
+    backend.preload()
+    torch.cuda.synchronize()
+    result["plan_set_load_s"] = time.perf_counter() - start
+    backend.install()
+    vocab = model.config.vocab_size
+    for batch in DECODE_BATCHES:
+        ids, mask = _prompts(batch, PROMPT, vocab)
+        model.set_attn_implementation(backend.name)
+        row = {"batch": batch, "context": PROMPT, "floor_bytes": step_bytes(model, batch, PROMPT + STEPS // 2)}
+        row["floor_ms"] = row["floor_bytes"] / ceiling * 1e3
+        row |= frostc_decode(model, backend, ids, mask)
+        print(row, flush=True)
+        model.set_attn_implementation("sdpa")
+        with torch.no_grad():
+            row["hf_sdpa_ms"], _ = hf_generate_step_ms(model, ids, mask, compiled=False)
+            if hf_compiled:
+                row["hf_compiled_ms"], row["hf_compile_s"] = hf_generate_step_ms(model, ids, mask, compiled=True)
+        print(row, flush=True)
+        result["decode"].append(row)
+        torch.cuda.empty_cache()
+    ids, mask = _prompts(8, PROMPT, vocab)
+    result["prefill"].append({"shape": "8 x 2048"} | prefill_ms(model, backend, ids, mask))
+    print(result["prefill"][-1], flush=True)
+    del backend
+    torch.cuda.empty_cache()
+    long_backend = hf.FrostcAttention(frost_runtime.read_set(BUILT / "llama3-8b-long.frostset"), name="frostc-long")
+    long_backend.install()
+    ids, mask = _prompts(1, LONG, vocab)
+    result["prefill"].append({"shape": "1 x 32768"} | prefill_ms(model, long_backend, ids, mask))
+    print(result["prefill"][-1], flush=True)
+    table = markdown(result, torch.cuda.get_device_name(), torch.__version__)
+    print(table)
+    if md:
+        Path(md).write_text(table)
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=1))
+    return 0 if all(r["graph_tokens_match_eager"] for r in result["decode"]) else 1
+
+
+def _cell(value: float | None, form: str = ".1f") -> str:
+    return "—" if value is None else format(value, form)
+
+
+def markdown(r: dict, device: str, torch_version: str) -> str:
+    today = datetime.date.today().isoformat()
+    ceiling = r["ceiling_bytes_per_s"] / 1e12
+    columns = (
+        "decode step",
+        "floor ms",
+        "frostc graph ms",
+        "tok/s",
+        "× floor",
+        "frostc eager ms",
+        "HF sdpa ms",
+        "HF compiled ms",
+        "HF sdpa / frostc",
+        "HF compiled / frostc",
+    )
+    lines = [
+        f"## bench/model.py — Llama-3-8B-shaped model in HF transformers, {today}",
+        "",
+        f"{device}, torch {torch_version}, read ceiling {ceiling:.2f} TB/s (measured in the run).",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|---|" + "---:|" * (len(columns) - 1),
+    ]
+    for d in r["decode"]:
+        graph, compiled = d["graph_ms"], d.get("hf_compiled_ms")
+        cells = (
+            f"batch {d['batch']}, context {d['context']}",
+            _cell(d["floor_ms"], ".2f"),
+            _cell(graph, ".2f"),
+            _cell(d["batch"] / graph * 1e3, ",.0f"),
+            _cell(graph / d["floor_ms"], ".2f"),
+            _cell(d["eager_ms"]),
+            _cell(d["hf_sdpa_ms"]),
+            _cell(compiled),
+            _cell(d["hf_sdpa_ms"] / graph),
+            _cell(None if compiled is None else compiled / graph),
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| prefill | HF sdpa ms | frostc ms | HF / frostc |", "|---|---:|---:|---:|"]
+    for p in r["prefill"]:
+        ratio = p["hf_sdpa_ms"] / p["frostc_ms"]
+        lines.append(f"| {p['shape']} | {p['hf_sdpa_ms']:.1f} | {p['frostc_ms']:.1f} | {ratio:.2f} |")
+    c = r.get("cold")
+    lines += ["", f"Plan set load (read, verify, load every plan): {r['plan_set_load_s']:.2f} s."]
+    if c:
+        lines.append(
+            f"Cold start, a fresh process to the first token: {c['total_s']:.1f} s (imports {c['imports_s']:.1f} s, "
+            f"plan set {c['plan_set_s']:.2f} s for {c['plans_loaded']} plans, model init {c['model_s']:.1f} s, "
+            f"prefill + first token {c['first_token_s']:.2f} s); no compile."
+        )
+    compiles = [f"batch {d['batch']}: {d['hf_compile_s']:.0f} s" for d in r["decode"] if "hf_compile_s" in d]
+    if compiles:
+        lines.append("HF compiled static path, first generate() (its compile): " + ", ".join(compiles) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build")
+    run_parser = sub.add_parser("run")
+    run_parser.add_argument("--md")
+    run_parser.add_argument("--json")
+    run_parser.add_argument("--hf-compiled", action="store_true", help="also HF's compiled path (minutes of compile)")
+    cold_parser = sub.add_parser("cold")
+    cold_parser.add_argument("set")
+    args = parser.parse_args()
+    if args.command == "build":
+        return build()
+    if args.command == "cold":
+        return cold(args.set)
+    return run(args.md, args.json, args.hf_compiled)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
