@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 TARGET_SMS = {"sm_90a": 132}  # H100 SXM and H200
 WAVES = 5  # CTAs per resident slot the splits aim for at full capacity: lengths vary, the tail stays short
 UNSPLIT_WAVES = 3  # as many (sequence, KV head) CTAs as this many waves: no split needed
-MIN_CHUNK_BLOCKS = 32  # 2048 keys per split at least: a CTA's start and the combine stay a small part
+MIN_CHUNK_BLOCKS = 8  # 512 keys per split at least: a CTA's start and the combine stay a small part
 # (bench/NOTES.md: decode v1 measured 2, 3, 5 and 8 waves on the rows)
 
 

@@ -293,17 +293,18 @@ class FrostcAttention:
         if key_plan is None:
             return self._reference_prefill(info, rows, query, key, value, why)
         slot = _slots_by_name(key_plan)
-        tokens = slot["q"].dims[0]
-        dest, valid, cu = self._derived(
-            rows,
-            ("packed", tokens, slot["cu_seqlens"].dims[0]),
-            lambda: self._packing(rows, s, tokens, slot["cu_seqlens"].dims[0]),
+        tokens, offsets = slot["q"].dims[0], slot["cu_seqlens"].dims[0]
+        dest, gather, cu = self._derived(
+            rows, ("packed", tokens, offsets), lambda: self._packing(rows, s, tokens, offsets)
         )
         packed = [_pack(x, dest, tokens) for x in (query, key, value)]
-        (o,) = torch.ops.frostc.run(key_plan, [*packed, cu])
+        # o's rows past the plan's: `tokens` is 0 (pad tokens read it), `tokens + 1` NaN (rows not one run)
+        o = torch.empty(tokens + 2, hq, d, dtype=query.dtype, device=query.device)
+        o[tokens].zero_()
+        o[tokens + 1].fill_(torch.nan)
+        torch.ops.frostc.execute(key_plan, [*packed, cu], [o[:tokens]], None)
         self.calls["prefill"] += 1
-        out = o.index_select(0, dest.clamp(max=tokens - 1)).view(b, s, hq, d)
-        return _fill_rows(out, valid, rows.broken)
+        return o.index_select(0, gather).view(b, s, hq, d)
 
     def _prefill_slots(self, rows: FrostcMask, s: int) -> torch.Tensor:
         """Each token's row in its layer's pool (pool viewed as (pages * page_size, hkv, d)); pad
@@ -317,18 +318,21 @@ class FrostcAttention:
         return torch.where(valid, base + position, dump).flatten()
 
     def _packing(self, rows: FrostcMask, s: int, tokens: int, offsets: int):
-        """Each (row, token)'s row in the packed buffers (pads: `tokens`, the dump row), which are
-        valid, and cu_seqlens over the plan's bucket (empty sequences after the batch's)."""
+        """Where each (row, token) goes in the packed buffers (pads: row `tokens`, a dump row past
+        the plan's), where each output token comes from (pads: row `tokens`, zeros; every token of
+        a row that is not one run: row `tokens + 1`, NaN), and cu_seqlens over the plan's bucket
+        (empty sequences after the batch's)."""
         b = len(rows.first)
         t = torch.arange(s, device=rows.first.device)
         position = t[None, :] - rows.first[:, None]
         valid = (position >= 0) & (position < rows.count[:, None])
         starts = torch.cumsum(rows.count, 0, dtype=torch.int32) - rows.count
-        dest = torch.where(valid, starts[:, None].to(torch.int64) + position, tokens).flatten()
+        dest = torch.where(valid, starts[:, None].to(torch.int64) + position, tokens)
+        gather = torch.where(rows.broken[:, None], tokens + 1, dest)
         cu = torch.zeros(offsets, dtype=torch.int32, device=t.device)
         cu[1 : b + 1] = torch.cumsum(rows.count, 0, dtype=torch.int32)
         cu[b + 1 :] = cu[b]
-        return dest, valid.flatten(), cu
+        return dest.flatten(), gather.flatten(), cu
 
     # ------------------------------------------------------------------ decode
     def _decode(self, info: KindInfo, rows: FrostcMask, query, key, value, k_pool, v_pool):

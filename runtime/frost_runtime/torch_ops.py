@@ -172,13 +172,18 @@ def _in_slot_order(r: Registered, reads: list, writes: list) -> list:
 
 
 def _plan_shaped(r: Registered, index: int, t: torch.Tensor) -> torch.Tensor:
-    """`t`, or a copy in the slot's strides when only its strides or alignment differ."""
+    """`t`; a view of it in the slot's strides when they differ only on dims of size 1 (which
+    address nothing: HF's decode-step queries carry such strides); else a copy in the slot's
+    strides when only strides or alignment differ."""
     slot = r.data.slots[index]
     dtype = _DTYPES.get(slot.dtype)
     if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != slot.dims:
         return t  # the plan's check names what is wrong
-    if tuple(t.stride()) == slot.strides and t.data_ptr() % slot.align == 0:
+    aligned = t.data_ptr() % slot.align == 0
+    if tuple(t.stride()) == slot.strides and aligned:
         return t
+    if aligned and all(n == 1 or a == b for n, a, b in zip(slot.dims, t.stride(), slot.strides)):
+        return t.as_strided(slot.dims, slot.strides)
     staged = _empty_slot(slot, t.device)
     staged.copy_(t)
     return staged
