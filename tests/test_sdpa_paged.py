@@ -151,6 +151,9 @@ def test_the_split_count_follows_the_sm_count_and_the_residency():
 def test_short_capacities_and_full_grids_are_not_split():
     assert split_plan(check(base(batch=2, max_pages=32)).nodes[0], 2, 132)[0] == 1  # 512 keys: one chunk
     assert split_plan(check(base(batch=2, max_pages=64)).nodes[0], 2, 132)[0] == 2  # 1024 keys: two of 512
+    # CTAs filling half the slots or more: chunks of 2048 keys at least
+    assert split_plan(check(base(batch=66, max_pages=144)).nodes[0], 2, 132)[0] == 1  # 132 CTAs
+    assert split_plan(check(base(batch=65, max_pages=144)).nodes[0], 2, 132)[0] == 4  # 130: chunks of 576
     assert split_plan(check(base(batch=512, max_pages=4096)).nodes[0], 2, 132)[0] == 1  # 1024 CTAs already
 
 
