@@ -101,6 +101,10 @@ def targets() -> list[Target]:
           decode=DecodeCase("fp16", 5, 8, 1, 64, 32, 8, 4, True, False, "bshd")),
         t("decode-d256", "d=256, several new tokens", decode=DecodeCase("bf16", 2, 8, 2, 256, 64, 8, 4, True, True,
           "bshd", "sdpa")),
+        t("decode-window-split", "sliding window, split over the window + combine",
+          decode=DecodeCase("bf16", 1, 32, 8, 128, 16, 512, 1, True, True, "bshd", window_left=1000)),
+        t("decode-window-softcap", "window + softcap, d=256, s_new 4 (Gemma-2 local)",
+          decode=DecodeCase("bf16", 2, 16, 8, 256, 32, 64, 4, True, True, "bshd", window_left=100, softcap=50.0)),
         t("kv-append", "kv_append alone", decode=DecodeCase("bf16", 4, 8, 8, 128, 16, 16, 4, False, False, "bhsd",
           "append")),
     ]  # fmt: skip

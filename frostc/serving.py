@@ -30,7 +30,6 @@ PAGE_SIZE_STEP, MAX_PAGE_SIZE = 16, 256  # the paged form's rule (README, frostc
 MAX_SPECULATIVE = 15  # the paged form takes 1 to 16 new tokens per sequence
 PHASES = ("prefill", "decode")
 FORMS = {"prefill": "packed", "decode": "paged"}
-PAGED_MASKS_MISSING = "not supported yet: paged windows/softcap (issue 20)"
 
 
 @dataclass(frozen=True)
@@ -206,18 +205,12 @@ class PlanEntry:
 def plan_list(kinds: tuple[LayerKind, ...], dep: Deployment) -> tuple[PlanEntry, ...]:
     """Every kind's prefill plans, then its decode plans, each over the batch buckets, in order."""
     return tuple(
-        PlanEntry(key, kind.index, phase, batch, _DESCRIBE[phase](key, kind, dep, batch), _unsupported(kind, phase))
+        PlanEntry(key, kind.index, phase, batch, _DESCRIBE[phase](key, kind, dep, batch), None)
         for kind in kinds
         for phase in PHASES
         for batch in dep.batch_sizes
         for key in [f"{kind.name}-{phase}-b{batch}"]
     )
-
-
-def _unsupported(kind: LayerKind, phase: str) -> str | None:
-    if phase == "decode" and (kind.window_left is not None or kind.softcap is not None):
-        return PAGED_MASKS_MISSING
-    return None
 
 
 def prefill_description(name: str, kind: LayerKind, dep: Deployment, batch: int) -> Description:

@@ -69,8 +69,7 @@ def test_a_paged_node_validates_with_its_capacities():
         ({"tensors.q.dims": [B, HQ, 17, D], "tensors.o.dims": [B, HQ, 17, D]}, "tensors.q.dims[2]",
          ("1 (decode) to 16",)),
         ({"nodes.0.diagonal_alignment": "top_left"}, "nodes[0].diagonal_alignment", ("bottom_right",)),
-        ({"nodes.0.window_left": 128}, "nodes[0].window_left", ("not supported in the paged form",)),
-        ({"nodes.0.softcap": 30.0}, "nodes[0].softcap", ("not supported in the paged form",)),
+        ({"nodes.0.causal": None, "nodes.0.window_right": 4}, "nodes[0].window_right", ("not supported in the paged",)),
         ({"nodes.0.seq_len_q": "cache_len"}, "nodes[0].seq_len_q", ("remove seq_len_q",)),
         ({"nodes.0.max_seqlen_kv": 100}, "nodes[0].max_seqlen_kv", ("remove max_seqlen_kv",)),
         ({"nodes.0.seq_len_kv": None, "tensors.cache_len": None}, "nodes[0].seq_len_kv", ("missing",)),
@@ -129,6 +128,21 @@ def test_a_long_context_for_few_sequences_is_split():
     rows = HQ // HKV
     assert plan.workspace[0].bytes == HKV * splits * rows * D * 4
     assert [c.longest for c in plan.lengths] == [8192 * PAGE]
+
+
+def test_windows_and_softcap_make_their_variant_and_splits_follow_the_window():
+    d = edited(base(batch=1, max_pages=8192), **{"nodes.0.window_left": 4095, "nodes.0.softcap": 30.0})
+    plan = resolve(check(d))
+    attention, combine = plan.launches
+    assert attention.variant.name == "sdpa_decode_paged.bf16.d128.p16.causal_br.local.softcap.split"
+    assert _arg(attention, "window_left") == _arg(combine, "window_left") == 4095
+    assert _arg(combine, "s_new") == 1 and _arg(combine, "block_n") == BLOCK_N
+    splits, chunk = attention.grid[0], _arg(attention, "chunk")
+    assert splits * chunk >= 4096 + BLOCK_N > (splits - 1) * chunk  # the window, not the 131072-key capacity
+    assert _arg(attention, "score_scale") == pytest.approx(D**-0.5 / 30.0)
+    assert _arg(attention, "scale_log2") == pytest.approx(30.0 * 1.4426950408889634)
+    unmasked = resolve(check(base(batch=1, max_pages=8192))).launches[0]
+    assert _arg(unmasked, "window_left") == -1 and _arg(unmasked, "score_scale") == 0.0
 
 
 def test_many_sequences_run_unsplit_with_no_workspace():

@@ -18,7 +18,6 @@ from frostc.models import read_model
 from frostc.resolve import resolve
 from frostc.serving import (
     CUDA_GRAPH_BATCH_SIZES,
-    PAGED_MASKS_MISSING,
     check_entry,
     compact_layers,
     deployment,
@@ -198,21 +197,16 @@ def test_every_supported_plan_validates_and_resolves(family: str) -> None:
     assert supported
     for entry in supported:
         assert check_entry(entry) == (), entry.key
-    for entry in entries:
-        kind = kinds[entry.kind]
-        paged_masks = entry.phase == "decode" and (kind.window_left is not None or kind.softcap is not None)
-        assert entry.unsupported == (PAGED_MASKS_MISSING if paged_masks else None), entry.key
+    assert all(e.unsupported is None for e in entries)
 
 
-def test_the_unsupported_plans_are_still_refused_by_validation() -> None:
-    """When the paged form learns windows and softcap (issue 20), this fails: drop the exception."""
+def test_gemma2_decodes_with_its_window_and_softcap_in_the_paged_form() -> None:
     _, dep, kinds = planned(GEMMA2_9B, dtype="bf16", batch_sizes=(8,))
-    unsupported = [e for e in plan_list(kinds, dep) if e.unsupported]
-    assert [e.key for e in unsupported] == ["l0-decode-b8", "l1-decode-b8"]
-    for entry in unsupported:
-        with pytest.raises(DescriptionError) as e:
-            resolve(validate(entry.description))
-        assert all("not supported in the paged form" in p.message for p in e.value.problems), e.value.problems
+    decode = [e for e in plan_list(kinds, dep) if e.phase == "decode"]
+    assert [e.key for e in decode] == ["l0-decode-b8", "l1-decode-b8"]
+    names = [[v.name for v in {launch.variant for launch in resolve(validate(e.description)).launches}] for e in decode]
+    assert any("local.softcap" in n for n in names[0]) and not any("local" in n for n in names[1])
+    assert any("softcap" in n for n in names[1])
 
 
 def test_a_decode_plans_shapes() -> None:
@@ -289,7 +283,7 @@ def test_dry_run_prints_the_model_the_kinds_and_the_plans(config_file) -> None:
     assert "gemma2" in out and "42 layers" in out and "sliding window 4096" in out and "softcap 50.0" in out
     assert "0,2,4..40" in out and "1,3,5..41" in out
     assert "l0-prefill-b8" in out and "l1-decode-b1" in out
-    assert "8 plans: 4 ok; 4 not supported yet: paged windows/softcap (issue 20)" in out
+    assert "8 plans: 8 ok" in out
 
 
 def test_dry_run_json(config_file) -> None:

@@ -149,3 +149,11 @@ def any_at_barrier(pred, barrier_id, threads: int, *, loc=None, ip=None):
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
     return cutlass.Int32(found) != 0
+
+
+def key_origin(kv_len, s_new, window_left, block_n: int):
+    """The first key any new token of a sequence sees, down to a block: 0, or with a window
+    (window_left >= 0) the first token's window start. The splits cover [origin, kv_len); the
+    combine kernel computes the same origin to count them."""
+    start = cutlass.max(kv_len - s_new - window_left, 0)
+    return cutlass.select_(window_left < 0, 0, start // block_n * block_n)

@@ -4,7 +4,9 @@ LSE, on the same stream right after it.
 
 Split s of a row holds O_s (normalized over its keys, fp32) and LSE_s (natural log). With
 m = max_s LSE_s and w_s = exp(LSE_s - m):  O = Σ w_s O_s / Σ w_s,  LSE = m + log Σ w_s.
-Only the splits that hold keys of the sequence, ceil(len / chunk), are read: the attention
+Only the splits that hold keys of the sequence, ceil((len - origin) / chunk), are read (the
+origin: 0, or with a sliding window the first new token's window start, down to a block: the
+splits cover [origin, len), `sdpa_common.key_origin`): the attention
 kernel's CTAs past the end wrote nothing, so their workspace is stale, and a sequence too
 short to fill every split is merged from the splits it has. A row that sees no key (every
 split LSE = -inf, or no split) gets O = 0 and LSE = -inf.
@@ -21,12 +23,12 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 
-from frostc.kernels.sdpa_common import LN_2, LOG2_E, dsl_dtype
+from frostc.kernels.sdpa_common import LN_2, LOG2_E, dsl_dtype, key_origin
 
 THREADS = 256
 WARPS = THREADS // 32
 VECTOR = 4  # fp32 elements per 16-byte load
-INT_PARAMS = ("heads_kv", "group", "rows", "capacity", "chunk", "splits")
+INT_PARAMS = ("heads_kv", "group", "rows", "capacity", "chunk", "splits", "s_new", "window_left", "block_n")
 STRIDE_PARAMS = ("o.stride_b", "o.stride_h", "o.stride_s", "lse.stride_b", "lse.stride_h", "lse.stride_s")
 POINTERS = ("o_partial", "lse_partial", "seq_len_kv", "o", "lse")
 
@@ -116,6 +118,9 @@ class DecodeCombine:
         capacity: cutlass.Int32,
         chunk: cutlass.Int32,
         splits: cutlass.Int32,
+        s_new: cutlass.Int32,
+        window_left: cutlass.Int32,
+        block_n: cutlass.Int32,
         o_sb: cutlass.Int64,
         o_sh: cutlass.Int64,
         o_ss: cutlass.Int64,
@@ -140,7 +145,8 @@ class DecodeCombine:
         my_lse = lses[cutlass.min(tidx, splits - 1)]
         my_piece = self._piece(o_partial, first, cutlass.min(grp, splits - 1), rows, lane).load()
         kv_len = cutlass.min(cutlass.max(length, 0), capacity)
-        active = cutlass.min((kv_len + chunk - 1) // chunk, splits)
+        keys = kv_len - key_origin(kv_len, s_new, window_left, block_n)  # what the splits cover
+        active = cutlass.min((keys + chunk - 1) // chunk, splits)
 
         # the largest LSE, then the sum of the weights
         largest = cutlass.select_(tidx < active, my_lse, -cutlass.Float32.inf)

@@ -42,7 +42,7 @@ from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
 
-from frostc.kernels.sdpa_common import TmaVariant, dsl_dtype, fake_ptr
+from frostc.kernels.sdpa_common import TmaVariant, dsl_dtype, fake_ptr, key_origin
 from frostc.kernels.sdpa_fwd_wgmma import (
     RAGGED_EXTENT,
     RAGGED_ROWS,
@@ -100,8 +100,9 @@ LOADED = ("k", "v")  # through TMA tensor maps
 # i32 arguments, in order
 INT_PARAMS = (
     "batch", "heads_kv", "group", "s_new", "rows", "row_blocks", "max_pages", "pages",
-    "rows_per_page", "chunk", "splits",
+    "rows_per_page", "chunk", "splits", "window_left",
 )  # fmt: skip
+FLOAT_PARAMS = ("scale_log2", "score_scale")
 STRIDE_PARAMS = ("q.stride_b", "q.stride_h", "q.stride_s", "o.stride_b", "o.stride_h", "o.stride_s",
                  "lse.stride_b", "lse.stride_h", "lse.stride_s", "page_table.stride_b")  # fmt: skip
 POINTERS = ("q", "o", "lse", "page_table", "seq_len_kv", "o_partial", "lse_partial")
@@ -117,10 +118,13 @@ class PagedDecodeVariant(TmaVariant):
     causal: bool  # bottom-right: the new tokens are the cache's last
     split: bool  # partial results to the workspace (a combine launch follows)
     has_lse: bool
+    window: bool = False  # a sliding window: each token sees window_left keys before its own
+    softcap: bool = False  # scores s -> softcap * tanh(s / softcap)
 
     @property
     def name(self) -> str:
         mask = "causal_br" if self.causal else "full"
+        mask += (".local" if self.window else "") + (".softcap" if self.softcap else "")
         name = f"sdpa_decode_paged.{self.dtype}.d{self.head_dim}.p{self.page_size}.{mask}"
         return name + (".split" if self.split else "") + (".lse" if self.has_lse and not self.split else "")
 
@@ -152,7 +156,7 @@ class PagedDecodeVariant(TmaVariant):
         params += [(name, "ptr") for name in POINTERS]
         params += [(name, "i32") for name in INT_PARAMS]
         params += [(name, "i64") for name in STRIDE_PARAMS]
-        params += [("scale_log2", "f32")]
+        params += [(name, "f32") for name in FLOAT_PARAMS]
         return tuple(params)
 
     def kernel(self) -> "PagedDecode":
@@ -193,7 +197,7 @@ def _fake_scalars() -> tuple:
         tuple(cutlass.Int32(1) for _ in INT_PARAMS),
         tuple(cutlass.Int64(8) for _ in range(6)),  # (page, row, head) strides of the K and V caches
         tuple(cutlass.Int64(8) for _ in STRIDE_PARAMS),
-        (cutlass.Float32(1.0),),
+        tuple(cutlass.Float32(1.0) for _ in FLOAT_PARAMS),
     )
 
 
@@ -215,17 +219,24 @@ class Work:
 
 @dataclass(frozen=True)
 class DecodeMask:
-    """-inf for keys at or past the sequence's end, and (causal) past each token's diagonal."""
+    """-inf for keys at or past the sequence's end, (causal) past each token's diagonal, and
+    (window) before each token's window: token t sits at position kv_len - s_new + t and sees
+    keys from that position - window_left on."""
 
     causal: bool
+    window: bool
     kv_len: cutlass.Int32
     s_new: cutlass.Int32
     group: cutlass.Int32
     first_row: cutlass.Int32  # the CTA's first row (rows are (token, head in group), head fastest)
+    window_left: cutlass.Int32
 
-    def needed(self, key_end):
-        """Whether any row misses a key before `key_end` (the block's end)."""
+    def needed(self, key0, key_end):
+        """Whether any row misses a key of the block [key0, key_end)."""
         fewest = self.kv_len - self.s_new + 1 if self.causal else self.kv_len
+        if cutlass.const_expr(self.window):
+            latest_start = self.kv_len - 1 - self.window_left  # the last token's first key
+            return (key_end > fewest) | (key0 < latest_start)
         return key_end > fewest
 
     @cute.jit
@@ -234,12 +245,21 @@ class DecodeMask:
         c_mn = _wgmma_rows_by_cols(qk_thr.partition_C(cS))
         for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
             hi = self.kv_len
-            if cutlass.const_expr(self.causal):
+            if cutlass.const_expr(self.causal or self.window):
                 token = (self.first_row + c_mn[r, 0][0]) // self.group
-                hi = cutlass.min(hi, self.kv_len - self.s_new + token + 1)
-            for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
-                if key0 + c_mn[r, c][1] >= hi:
-                    s_mn[r, c] = -cutlass.Float32.inf
+                position = self.kv_len - self.s_new + token
+                if cutlass.const_expr(self.causal):
+                    hi = cutlass.min(hi, position + 1)
+            if cutlass.const_expr(self.window):
+                lo = position - self.window_left
+                for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
+                    key = key0 + c_mn[r, c][1]
+                    if (key >= hi) | (key < lo):
+                        s_mn[r, c] = -cutlass.Float32.inf
+            else:
+                for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
+                    if key0 + c_mn[r, c][1] >= hi:
+                        s_mn[r, c] = -cutlass.Float32.inf
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -402,6 +422,7 @@ class PagedDecode:
         rows_per_page: cutlass.Int32,
         chunk: cutlass.Int32,
         splits: cutlass.Int32,
+        window_left: cutlass.Int32,
         q_sb: cutlass.Int64,
         q_sh: cutlass.Int64,
         q_ss: cutlass.Int64,
@@ -413,6 +434,7 @@ class PagedDecode:
         lse_ss: cutlass.Int64,
         pt_sb: cutlass.Int64,
         scale_log2: cutlass.Float32,
+        score_scale: cutlass.Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
@@ -421,7 +443,10 @@ class PagedDecode:
 
         capacity = max_pages * self.page_size
         kv_len = cutlass.min(cutlass.max(cute.make_tensor(seq_len_kv + b, cute.make_layout(1))[0], 0), capacity)
-        key_first = split * chunk
+        origin = cutlass.Int32(0)
+        if cutlass.const_expr(self.variant.window):
+            origin = key_origin(kv_len, s_new, window_left, t.block_n)
+        key_first = origin + split * chunk
         key_end = cutlass.min(key_first + chunk, kv_len)
         blocks = cutlass.max(key_end - key_first + (t.block_n - 1), 0) // t.block_n
         work = Work(b, head_rows // row_blocks, head_rows % row_blocks, kv_len, capacity, key_first, blocks)
@@ -432,8 +457,8 @@ class PagedDecode:
         # splits from the lengths); with one split the CTA writes the rows even without keys
         args = (
             work, (k_tma, mK), (v_tma, mV), q, (q_sb, q_sh, q_ss), (o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss),
-            (o_partial, lse_partial), (pt_row, first_pages), (group, s_new, rows, splits, split),
-            (heads_kv, pages, rows_per_page), scale_log2, tidx, warp,
+            (o_partial, lse_partial), (pt_row, first_pages), (group, s_new, rows, splits, split, window_left),
+            (heads_kv, pages, rows_per_page), (scale_log2, score_scale), tidx, warp,
         )  # fmt: skip
         if cutlass.const_expr(self.variant.split):
             if blocks > 0:
@@ -443,7 +468,7 @@ class PagedDecode:
 
     @cute.jit
     def _run(self, work, k_load, v_load, q, q_strides, o_args, lse_args, partials, page_ids, geometry, extents,
-             scale_log2, tidx, warp):  # fmt: skip
+             scales, tidx, warp):  # fmt: skip
         heads_kv, pages, rows_per_page = extents
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         k_pipe, v_pipe = self._pipelines(storage)
@@ -457,7 +482,7 @@ class PagedDecode:
             if tidx % 32 == 0:
                 self._produce(k_pipe, v_pipe, sK, sV, k_load, v_load, work, page_ids, pages, rows_per_page)
         else:
-            self._consume(k_pipe, v_pipe, sQ, sK, sV, work, geometry, q, q_strides, tidx, scale_log2, o_args,
+            self._consume(k_pipe, v_pipe, sQ, sK, sV, work, geometry, q, q_strides, tidx, scales, o_args,
                           lse_args, partials, heads_kv)  # fmt: skip
 
     # ---------------------------------------------------------------- producer
@@ -557,10 +582,11 @@ class PagedDecode:
         pipeline.NamedBarrier(barrier_id=BARRIER_Q, num_threads=128).arrive_and_wait()
 
     @cute.jit
-    def _consume(self, k_pipe, v_pipe, sQ, sK, sV, work, geometry, q, q_strides, tidx, scale_log2, o_args, lse_args,
+    def _consume(self, k_pipe, v_pipe, sQ, sK, sV, work, geometry, q, q_strides, tidx, scales, o_args, lse_args,
                  partials, heads_kv):  # fmt: skip
         t = self.tiles
-        group, s_new, rows, splits, split = geometry
+        group, s_new, rows, splits, split, window_left = geometry
+        scale_log2, score_scale = scales
         ring = Ring(t.stages)
         qk_mma, pv_mma = self._mmas()
         qk_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -576,7 +602,8 @@ class PagedDecode:
         softmax.reset()
         s_shape = qk_thr.partition_shape_C((ROWS, t.block_n))
         rP = cute.make_rmem_tensor(_c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
-        mask = DecodeMask(self.variant.causal, work.kv_len, s_new, group, work.row_block * ROWS)
+        v = self.variant
+        mask = DecodeMask(v.causal, v.window, work.kv_len, s_new, group, work.row_block * ROWS, window_left)
 
         if work.blocks > 0:
             # step j issues S_j = Q K_jᵀ with O += P_{j-1} V_{j-1}; softmax(S_j) runs under P V
@@ -588,7 +615,7 @@ class PagedDecode:
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             k_pipe.sync_object_empty.arrive(0, None)
-            self._scores(qk_thr, acc_S, softmax, mask, work.key_first)
+            self._scores(qk_thr, acc_S, softmax, mask, work.key_first, score_scale)
             cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
             for j in range(1, work.blocks, 1):
                 stage, phase = ring.at(j)
@@ -604,7 +631,7 @@ class PagedDecode:
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)  # S_j is ready; P V may still run
                 k_pipe.sync_object_empty.arrive(stage, None)
-                self._scores(qk_thr, acc_S, softmax, mask, work.key_first + j * t.block_n)
+                self._scores(qk_thr, acc_S, softmax, mask, work.key_first + j * t.block_n, score_scale)
                 warpgroup.wait_group(0)
                 v_pipe.sync_object_empty.arrive(prev_stage, None)
                 softmax.rescale(_wgmma_rows_by_cols(acc_O))
@@ -631,9 +658,13 @@ class PagedDecode:
             cute.gemm(pv_mma, acc_O, rP[None, None, kk], tOrV[None, None, kk, stage], acc_O)
 
     @cute.jit
-    def _scores(self, qk_thr, acc_S, softmax, mask, key0):
+    def _scores(self, qk_thr, acc_S, softmax, mask, key0, score_scale):
+        """S -> softcap (scale / softcap inside the tanh, softcap * log2(e) in the softmax's
+        scale), mask where some row misses a key of the block, online softmax."""
+        if cutlass.const_expr(self.variant.softcap):
+            acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
         s_mn = _wgmma_rows_by_cols(acc_S)
-        if mask.needed(key0 + self.tiles.block_n):
+        if mask.needed(key0, key0 + self.tiles.block_n):
             mask.apply(qk_thr, s_mn, key0, self.tiles.block_n)
             softmax.update(s_mn)
         else:
@@ -643,7 +674,7 @@ class PagedDecode:
     def _epilogue(self, pv_thr, acc_O, softmax, work, geometry, o_args, lse_args, partials, heads_kv):
         """Rows of this CTA that exist: O and LSE into the caller's tensors (one split), or the
         split's normalized O (fp32) and LSE into the workspace for the combine kernel."""
-        group, s_new, rows, splits, split = geometry
+        group, s_new, rows, splits, split, _ = geometry
         o_mn = _wgmma_rows_by_cols(acc_O)
         c_mn = _wgmma_rows_by_cols(pv_thr.partition_C(cute.make_identity_tensor((ROWS, self.head_dim))))
         quad_leader = cute.arch.thread_idx()[0] % 4 == 0

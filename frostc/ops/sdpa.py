@@ -397,9 +397,12 @@ def _check_paged_mask(ctx: NodeContext, alignment, left, right, softcap) -> None
             'a paged node\'s new tokens are the last of each cache, so its diagonal is "bottom_right": '
             "remove diagonal_alignment (or write bottom_right)",
         )
-    for key, value in (("window_left", left), ("window_right", right), ("softcap", softcap)):
-        if value is not None:
-            ctx.problem(key, f"{key} is not supported in the paged form yet (causal or no mask): remove it")
+    if right is not None:
+        ctx.problem(
+            "window_right",
+            "window_right is not supported in the paged form (its new tokens are the cache's last: no key lies "
+            "past them): remove it",
+        )
 
 
 def _check_capacities(ctx: NodeContext, form: str, sizes: dict[str, int] | None) -> tuple[int, int, int, int] | None:

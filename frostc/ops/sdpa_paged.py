@@ -48,8 +48,9 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     ctas_per_sm = decode_tiles(node.head_dim, node.page_size).ctas_per_sm
     splits, chunk = split_plan(node, ctas_per_sm, TARGET_SMS[ctx.graph.target])
     variant = PagedDecodeVariant(
-        ctx.slot(node.q).dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None
-    )
+        ctx.slot(node.q).dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
+        window=node.mask.window_left is not None, softcap=node.mask.softcap is not None,
+    )  # fmt: skip
     if splits == 1:
         return (_attention_launch(node, variant, splits, chunk, None, ctx),)
     partials = node.batch * node.heads_kv * splits * _rows(node)
@@ -75,12 +76,21 @@ def split_plan(node: Sdpa, ctas_per_sm: int, sms: int) -> tuple[int, int]:
     than half the slots). The chunk is a whole number of blocks."""
     units = node.batch * node.heads_kv * -(-_rows(node) // ROWS)
     slots = sms * ctas_per_sm
-    blocks = -(-node.seq_kv // BLOCK_N)
+    blocks = -(-_keys_seen(node) // BLOCK_N)
     wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
     shortest = SHORT_CHUNK_BLOCKS if 2 * units < slots else MIN_CHUNK_BLOCKS
     splits = max(1, min(wanted, blocks // shortest))
     chunk_blocks = -(-blocks // splits)
     return -(-blocks // chunk_blocks), chunk_blocks * BLOCK_N
+
+
+def _keys_seen(node: Sdpa) -> int:
+    """The most keys one sequence's new tokens see: the capacity, or with a window the window
+    of the first token through the last one, plus a block of alignment (the splits start at the
+    window's first block)."""
+    if node.mask.window_left is None:
+        return node.seq_kv
+    return min(node.seq_kv, node.mask.window_left + node.seq_q + BLOCK_N)
 
 
 def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
@@ -160,6 +170,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
         "rows_per_page": k.strides[0] // row_stride if node.pages > 1 else node.page_size,
         "chunk": chunk,
         "splits": splits,
+        "window_left": -1 if node.mask.window_left is None else node.mask.window_left,
     }
     assert tuple(ints) == INT_PARAMS
     values: dict[str, int | float] = dict(ints)
@@ -167,7 +178,10 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
         for i, s in enumerate(("stride_b", "stride_h", "stride_s")):
             values[f"{role}.{s}"] = slot.strides[i] if slot is not None else 0
     values["page_table.stride_b"] = table.strides[0]
-    values["scale_log2"] = node.attn_scale * LOG2_E
+    if node.mask.softcap is None:
+        values["scale_log2"], values["score_scale"] = node.attn_scale * LOG2_E, 0.0
+    else:  # s -> softcap * tanh(s * scale / softcap): the tanh's argument, then the softmax's scale
+        values["scale_log2"], values["score_scale"] = node.mask.softcap * LOG2_E, node.attn_scale / node.mask.softcap
     values["k.extents"] = values["v.extents"] = node.heads_kv
     slots = {"k": k, "v": ctx.slot(node.v), "q": q, "o": o, "lse": lse, "page_table": table}
     slots["seq_len_kv"] = ctx.slot(node.kv_lengths)
@@ -194,6 +208,9 @@ def _combine_launch(node: Sdpa, splits: int, chunk: int, workspace: dict[str, in
         "capacity": node.seq_kv,
         "chunk": chunk,
         "splits": splits,
+        "s_new": node.seq_q,
+        "window_left": -1 if node.mask.window_left is None else node.mask.window_left,
+        "block_n": BLOCK_N,
     }
     assert tuple(ints) == COMBINE_INT_PARAMS
     values: dict[str, int] = dict(ints)

@@ -18,9 +18,9 @@ The design (README, "Serving a Hugging Face model"):
   device from the host, so a decode step can be captured in a CUDA graph (`DecodeGraph`).
 - **Plans where they cover the call, torch otherwise.** Prefill of a fresh cache (`b * s` within the
   set's prompt tokens) goes through the set's packed plan, decode (1 + speculative new tokens)
-  through its paged plan (kv_append + attention). A call the set does not cover (a layer kind
-  without decode plans, e.g. a window in the paged form; another cache; a batch over the largest
-  bucket) is computed by an fp32 torch reference over the same pools, with one warning per
+  through its paged plan (kv_append + attention), windows and softcap included. A call the set
+  does not cover (a batch over the largest bucket, another step size, a set lacking the plan,
+  another cache) is computed by an fp32 torch reference over the same pools, with one warning per
   reason: never a wrong answer. `backend.calls` counts both.
 - A row's valid tokens must be one run (left or right padding, as tokenizers make them); a row
   that is not gets NaN outputs (checked on the device, never read back), not a wrong answer.

@@ -97,7 +97,8 @@ def decode_description(case: DecodeCase):
         g.node("kv_append", name="append", k="k_new", v="v_new", **paged)
     if attend:
         g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", lse="lse" if case.lse else None,
-               page_table="page_table", seq_len_kv="cache_len", causal=case.causal or None)  # fmt: skip
+               page_table="page_table", seq_len_kv="cache_len", causal=case.causal or None,
+               window_left=case.window_left, softcap=case.softcap)  # fmt: skip
     return g.build()
 
 

@@ -29,6 +29,8 @@ class DecodeCase:
     lse: bool
     layout: str  # q, k_new, v_new and o: "bshd" or "bhsd"
     nodes: str = "both"  # both (kv_append then sdpa) | sdpa (sdpa alone) | append (kv_append alone)
+    window_left: int | None = None  # token t (at len - s_new + t) sees keys from there - window_left on
+    softcap: float | None = None
 
     @property
     def pages(self) -> int:
@@ -46,6 +48,8 @@ class DecodeCase:
             f"decode-{self.nodes}-{self.dtype}-d{self.head_dim}-p{self.page_size}x{self.max_pages}"
             f"-b{self.batch}-h{self.heads_q}x{self.heads_kv}-n{self.s_new}-{c}-{self.layout}"
             f"{'-lse' if self.lse else ''}"
+            f"{'' if self.window_left is None else f'-w{self.window_left}'}"
+            f"{'' if self.softcap is None else f'-cap{self.softcap:g}'}"
         )
 
 
@@ -79,6 +83,14 @@ CASES = [
     _("fp16", 3, 8, 2, 64, 16, 64, 4, True, False, "bhsd", "sdpa"),
     _("bf16", 1, 16, 2, 128, 64, 64, 16, True, True, "bshd", "sdpa"),
     _("fp16", 8, 8, 8, 128, 32, 8, 1, False, True, "bshd", "sdpa"),
+    # sliding windows and softcap (Mistral, Gemma-2): split and not, windows shorter and longer
+    # than a split's chunk and than the lengths, with several new tokens
+    _("bf16", 1, 32, 8, 128, 16, 512, 1, True, True, "bshd", window_left=1000),  # split over the window
+    _("bf16", 2, 16, 8, 256, 32, 64, 1, True, True, "bshd", window_left=300, softcap=50.0),  # Gemma-2 local
+    _("bf16", 2, 16, 8, 256, 32, 64, 1, True, False, "bshd", softcap=50.0),  # Gemma-2 global
+    _("fp16", 3, 8, 2, 64, 64, 32, 4, True, True, "bhsd", window_left=70),
+    _("bf16", 1, 8, 2, 128, 16, 1024, 16, False, True, "bshd", window_left=5000, softcap=30.0),
+    _("fp16", 8, 32, 8, 128, 16, 16, 1, True, False, "bshd", window_left=31),  # many sequences, one launch
     # kv_append alone (hq, causal and lse do not apply)
     _("bf16", 4, 8, 8, 128, 16, 16, 4, False, False, "bhsd", "append"),
 ]

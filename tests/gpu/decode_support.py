@@ -286,6 +286,7 @@ class DecodeBuffers:
             return
         rel_tol, abs_tol, lse_tol = TOLERANCE[self.case["dtype"]]
         mask = {"causal": self.case["causal"], "alignment": "bottom_right"}
+        mask |= {"window_left": self.case.get("window_left"), "softcap": self.case.get("softcap")}
         t = self.tensors
         err_sq = ref_sq = worst = lse_worst = 0.0
         for b in range(self.case["batch"]):
