@@ -10,9 +10,9 @@ bf16 weights (no Hub), prompts of 2048 random tokens. Rows:
 - decode step at batch 8 and 32 (after a 2048-token prefill): frostc with the whole step as one
   CUDA graph (`frost_runtime.hf.DecodeGraph`), frostc eager (the same step, no graph), HF
   `generate()` with a static cache and sdpa (eager), and with `--hf-compiled` HF's compiled
-  static-cache path at batch 32 (its compile time reported; minutes per batch size). ms per step and tokens/s; the bandwidth floor
-  is the bytes a step must read (every weight but the embedding table, plus the KV of every
-  sequence) over the read ceiling measured in the run.
+  static-cache path at batch 32 (its compile time reported; minutes per batch size). ms per
+  step and tokens/s; the bandwidth floor is the bytes a step must read (every weight but the
+  embedding table, plus the KV of every sequence) over the read ceiling measured in the run.
 - prefill of 8 x 2048 and 1 x 32768 tokens: frostc (packed plans; the K/V written to its pools)
   against HF sdpa (no cache kept), logits of the last token only.
 - cold start: a fresh process from start to first token with the plan set (read, verify, load
