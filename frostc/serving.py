@@ -214,10 +214,12 @@ def plan_list(kinds: tuple[LayerKind, ...], dep: Deployment) -> tuple[PlanEntry,
 
 
 def prefill_description(name: str, kind: LayerKind, dep: Deployment, batch: int) -> Description:
-    """Packed prompts: up to `batch` sequences, `max_prompt_tokens` tokens in all, each at most
-    the cache's length; queries and keys are the same tokens, so one cu_seqlens serves both."""
+    """Packed prompts: up to `batch` sequences, `max_prompt_tokens` tokens in all; queries and
+    keys are the same tokens, so one cu_seqlens serves both."""
     g = GraphBuilder(name)
-    tokens, longest = dep.max_prompt_tokens, min(dep.max_prompt_tokens, dep.max_cache_len)
+    # a sequence may also hold the next prompt's left padding as trailing rows (frost_runtime.hf
+    # reads HF's left-padded batch in place so): up to 2 * max_cache_len - 1 tokens
+    tokens, longest = dep.max_prompt_tokens, min(dep.max_prompt_tokens, 2 * dep.max_cache_len - 1)
     for tensor, heads in (("q", kind.heads), ("k", kind.kv_heads), ("v", kind.kv_heads), ("o", kind.heads)):
         g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, kind.head_dim])
     g.tensor("cu_seqlens", dtype="int32", dims=[batch + 1])

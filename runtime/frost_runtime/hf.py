@@ -294,6 +294,9 @@ class FrostcAttention:
             return self._reference_prefill(info, rows, query, key, value, why)
         slot = _slots_by_name(key_plan)
         tokens, offsets = slot["q"].dims[0], slot["cu_seqlens"].dims[0]
+        in_place = self._prefill_in_place(key_plan, rows, query, key, value)
+        if in_place is not None:
+            return in_place
         dest, gather, cu = self._derived(
             rows, ("packed", tokens, offsets), lambda: self._packing(rows, s, tokens, offsets)
         )
@@ -305,6 +308,31 @@ class FrostcAttention:
         torch.ops.frostc.execute(key_plan, [*packed, cu], [o[:tokens]], None)
         self.calls["prefill"] += 1
         return o.index_select(0, gather).view(b, s, hq, d)
+
+    def _prefill_in_place(self, key_plan: str, rows: FrostcMask, query, key, value):
+        """The packed plan run on HF's own (b * s)-row buffers, no packing: sequence i spans
+        rows [i * s + first_i, (i + 1) * s + first_(i+1)), its valid tokens then the next row's
+        left padding (or its own right padding), which no valid query sees (they come after it,
+        and the mask is causal). Needs every span within the plan's longest sequence (2s - 1 <=
+        it) and HF's (b, s, h, d) memory; None otherwise (the packing path runs). Row 0's
+        leading pads belong to no span: zeros; a row that is not one run: NaN."""
+        r = torch_ops.registered(key_plan)
+        b, hq, s, d = query.shape
+        names = [slot.name for slot in r.data.slots]
+        contracts = {r.data.slots[c.slot].name: c.longest for c in r.data.lengths}
+        if names != ["q", "k", "v", "cu_seqlens", "o"] or 2 * s - 1 > contracts.get("cu_seqlens", 0):
+            return None
+        tensors = [x.transpose(1, 2) for x in (query, key, value)]
+        if not all(t.is_contiguous() for t in tensors) or r.plan is None:
+            return None
+        offsets = r.data.slots[3].dims[0]
+        cu = self._derived(rows, ("spans", s, offsets), lambda: _spans(rows, s, offsets))
+        o = torch.empty(b, s, hq, d, dtype=query.dtype, device=query.device)
+        o[0].zero_()
+        buffers = [_Capacity(t, slot) for t, slot in zip((*tensors, o), (*r.data.slots[:3], r.data.slots[4]))]
+        r.plan.execute(*buffers[:3], cu, buffers[3], workspace=r.workspace)
+        self.calls["prefill"] += 1
+        return o.masked_fill_(rows.broken[:, None, None, None], torch.nan)
 
     def _prefill_slots(self, rows: FrostcMask, s: int) -> torch.Tensor:
         """Each token's row in its layer's pool (pool viewed as (pages * page_size, hkv, d)); pad
@@ -463,6 +491,34 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 def _slots_by_name(key: str) -> dict:
     r = torch_ops.registered(key)
     return {s.name: s for s in r.data.slots}
+
+
+class _Capacity:
+    """A tensor's memory presented to a plan as its slot's whole capacity (the plan's rows past
+    the tensor's are never touched: the lengths end inside it), through __cuda_array_interface__."""
+
+    def __init__(self, t: torch.Tensor, slot):
+        from frost_runtime.plan import TYPESTR
+
+        size = t.element_size()
+        self.tensor = t  # kept alive while the plan is queued
+        self.__cuda_array_interface__ = {
+            "shape": tuple(slot.dims),
+            "typestr": TYPESTR[slot.dtype],
+            "strides": tuple(x * size for x in slot.strides),
+            "data": (t.data_ptr(), False),
+            "version": 3,
+        }
+        if tuple(t.stride()[-2:]) != tuple(slot.strides[-2:]) or _DTYPE_NAMES.get(t.dtype) != slot.dtype:
+            raise ValueError(f"{slot.name}: {tuple(t.stride())} / {t.dtype} is not the slot's row layout")
+
+
+def _spans(rows: FrostcMask, s: int, offsets: int) -> torch.Tensor:
+    """cu_seqlens of HF's own rows: sequence i from row i * s + first_i; empty ones after."""
+    b = len(rows.first)
+    cu = torch.full((offsets,), b * s, dtype=torch.int32, device=rows.first.device)
+    cu[:b] = torch.arange(b, device=rows.first.device, dtype=torch.int32) * s + rows.first.to(torch.int32)
+    return cu
 
 
 def _append(k_pool, v_pool, key, value, slots: torch.Tensor) -> None:

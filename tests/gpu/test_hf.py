@@ -102,6 +102,31 @@ def test_generate_matches_the_reference(family: str) -> None:
     print(f"{family}: {verdict}; calls {calls}")
 
 
+def test_a_prompt_too_long_to_read_in_place_is_packed() -> None:
+    """Prefill reads HF's rows in place when every span fits the plan's longest sequence (2s - 1
+    tokens); a longer prompt is packed first. Both give the reference's tokens (or a near tie)."""
+    plans = _plans("llama")
+    model = hf_model("llama", device="cuda")
+    longest = max(c.longest for c in plans.plan_data(plans.select("prefill", "l0", 1)).lengths)
+    length = longest // 2 + 20  # 2 * length - 1 > longest: the packing path
+    ids, mask = left_padded_prompts([length], model.config.vocab_size, "cuda")
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        expected = greedy(model, ids, mask, 8)
+    backend = _backend(plans, model, "frostc-test-packed")
+    with torch.no_grad():
+        got = greedy(model, ids, mask, 8, cache=backend.new_cache())
+        model.set_attn_implementation("sdpa")
+        from transformers import DynamicCache
+
+        logits_expected = stepwise_logits(model, ids, mask, expected, DynamicCache(config=model.config))
+        model.set_attn_implementation(backend.name)
+        logits_got = stepwise_logits(model, ids, mask, expected, backend.new_cache())
+        logits_exact = reference_logits(model, ids, mask, expected)
+    assert backend.calls["prefill"] == 2 * model.config.num_hidden_layers and "fallback" not in backend.calls
+    print("packed:", compare_generations(expected, got, logits_expected, logits_got, logits_exact))
+
+
 def test_the_backend_reads_nothing_back_in_a_decode_step_captured_as_a_graph() -> None:
     """A prefill, then one decode step captured in a CUDA graph and replayed: the replay's output
     equals the eager step's (lengths and positions live in device buffers)."""
