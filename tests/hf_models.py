@@ -174,3 +174,21 @@ def compare_generations(expected, got, logits_expected, logits_got, logits_exact
             gap = float(top2[0] - top2[1])
             assert gap <= err_expected + err_got, f"row {row} token {j}: no near tie (fp32 top-2 gap {gap:.4f})"
     return f"near tie ({same} of {expected.numel()} tokens equal)"
+
+
+def judge(model, reference: str, backend, ids, mask, expected, got) -> str:
+    """`compare_generations` with the logits it needs: teacher-forced through the reference
+    implementation (HF's DynamicCache) and through the backend (a fresh frostc cache), and the
+    fp32 model's. Leaves the model on the backend's attention."""
+    import torch
+    from transformers import DynamicCache
+
+    if bool((expected == got).all()):
+        return "equal"
+    with torch.no_grad():
+        model.set_attn_implementation(reference)
+        logits_expected = stepwise_logits(model, ids, mask, expected, DynamicCache(config=model.config))
+        model.set_attn_implementation(backend.name)
+        logits_got = stepwise_logits(model, ids, mask, expected, backend.new_cache())
+        logits_exact = reference_logits(model, ids, mask, expected)
+    return compare_generations(expected, got, logits_expected, logits_got, logits_exact)

@@ -24,15 +24,7 @@ if not torch.cuda.is_available():
 import frost_runtime  # noqa: E402
 from frost_runtime import hf  # noqa: E402
 
-from tests.hf_models import (  # noqa: E402
-    TINY,
-    compare_generations,
-    greedy,
-    hf_model,
-    left_padded_prompts,
-    reference_logits,
-    stepwise_logits,
-)
+from tests.hf_models import TINY, greedy, hf_model, judge, left_padded_prompts  # noqa: E402
 
 SETS = Path(__file__).resolve().parent.parent / ".built" / "hf"
 PROMPTS = [7, 30, 19, 12]
@@ -90,16 +82,7 @@ def test_generate_matches_the_reference(family: str) -> None:
     calls = dict(backend.calls)
     assert calls == {"prefill": layers, "decode": layers * (NEW_TOKENS - 1)}, calls
 
-    with torch.no_grad():
-        model.set_attn_implementation(REFERENCE[family])
-        from transformers import DynamicCache
-
-        logits_expected = stepwise_logits(model, ids, mask, expected, DynamicCache(config=model.config))
-        model.set_attn_implementation(backend.name)
-        logits_got = stepwise_logits(model, ids, mask, expected, backend.new_cache())
-        logits_exact = reference_logits(model, ids, mask, expected)
-    verdict = compare_generations(expected, got, logits_expected, logits_got, logits_exact)
-    print(f"{family}: {verdict}; calls {calls}")
+    print(f"{family}: {judge(model, REFERENCE[family], backend, ids, mask, expected, got)}; calls {calls}")
 
 
 def test_a_prompt_too_long_to_read_in_place_is_packed() -> None:
@@ -116,15 +99,8 @@ def test_a_prompt_too_long_to_read_in_place_is_packed() -> None:
     backend = _backend(plans, model, "frostc-test-packed")
     with torch.no_grad():
         got = greedy(model, ids, mask, 8, cache=backend.new_cache())
-        model.set_attn_implementation("sdpa")
-        from transformers import DynamicCache
-
-        logits_expected = stepwise_logits(model, ids, mask, expected, DynamicCache(config=model.config))
-        model.set_attn_implementation(backend.name)
-        logits_got = stepwise_logits(model, ids, mask, expected, backend.new_cache())
-        logits_exact = reference_logits(model, ids, mask, expected)
-    assert backend.calls["prefill"] == 2 * model.config.num_hidden_layers and "fallback" not in backend.calls
-    print("packed:", compare_generations(expected, got, logits_expected, logits_got, logits_exact))
+    assert backend.calls["prefill"] == model.config.num_hidden_layers and "fallback" not in backend.calls
+    print("packed:", judge(model, "sdpa", backend, ids, mask, expected, got))
 
 
 def test_the_backend_reads_nothing_back_in_a_decode_step_captured_as_a_graph() -> None:
