@@ -31,6 +31,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from frost_runtime import dtypes
+
 from frostc.checks import describe, is_int, is_number, quoted
 from frostc.description import read_text_file
 from frostc.errors import DescriptionError, Problem
@@ -39,8 +41,8 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 LEGACY_LAYER_TYPES = {"attention": FULL}  # transformers' remap_legacy_layer_types
 
 # HF dtype names -> frostc's; fp32 is read (so the refusal can say what the config holds) but not served
-DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-SERVED_DTYPES = ("bf16", "fp16")
+DTYPES = {d.hf: name for name, d in dtypes.DTYPES.items() if d.hf}  # config names -> ours
+SERVED_DTYPES = dtypes.ATTENTION
 
 # transformers 5.23's config-class defaults for the keys a config may leave out, by model type
 DEFAULTS: dict[str, dict[str, Any]] = {

@@ -9,6 +9,7 @@ name again: the runtime sees slot indices and workspace offsets.
 """
 
 from frost_runtime import schema
+from frost_runtime.dtypes import DTYPES
 
 from frostc import ops
 from frostc.contexts import ResolveContext
@@ -16,7 +17,7 @@ from frostc.errors import DescriptionError
 from frostc.graph import Graph, Tensor
 from frostc.resolved import ResolvedPlan, Slot
 
-SLOT_ALIGN = {"bf16": 16, "fp16": 16, "fp32": 4, "int32": 4}  # bytes: 16-byte rows of half types
+SLOT_ALIGN = {name: d.align for name, d in DTYPES.items()}  # bytes (frost_runtime.dtypes)
 
 
 def resolve(graph: Graph) -> ResolvedPlan:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from frost_runtime.dtypes import DTYPES
+
 from frostc.checks import quoted
 from frostc.description import Description, GraphBuilder
 from frostc.errors import DescriptionError, Problem
@@ -314,7 +316,7 @@ def dry_run_summary(model: ModelAttention, dep: Deployment, kinds: tuple[LayerKi
     """The model, the deployment, the layer kinds and every plan with its status, as plain data
     (`--json`); deterministic: the same inputs give the same text."""
     entries = plan_list(kinds, dep)
-    dtype_bytes = 2  # bf16 and fp16
+    dtype_bytes = DTYPES[dep.dtype].bytes
     pool_bytes = 2 * dep.pages * dep.page_size * kinds[0].kv_heads * kinds[0].head_dim * dtype_bytes
     notes = [note for note in [dropped_windows(model, dep)] if note]
     return {

@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from frost_runtime import schema
+from frost_runtime import dtypes, schema
 
 from frostc import ops
 from frostc.checks import (
@@ -43,7 +43,7 @@ from frostc.graph import Graph, Node, Tensor
 
 DEFAULT_TARGET = "sm_90a"
 SUPPORTED_TARGETS = ("sm_90a",)
-DTYPES = ("bf16", "fp16", "fp32", "int32")
+DTYPES = dtypes.NAMES
 IO_KINDS = ("input", "output")
 
 _GRAPH_NAME = re.compile(r"[A-Za-z0-9._-]+")

@@ -154,7 +154,7 @@ def test_many_sequences_run_unsplit_with_no_workspace():
 
 def test_the_split_count_follows_the_sm_count_and_the_residency():
     node = check(base(batch=32, max_pages=4096)).nodes[0]  # 64 (sequence, KV head) pairs, 65536 keys
-    ctas = decode_tiles(D, PAGE).ctas_per_sm
+    ctas = decode_tiles(D, PAGE, "bf16").ctas_per_sm
     few, _ = split_plan(node, ctas, 66)
     many, chunk = split_plan(node, ctas, TARGET_SMS["sm_90a"])
     assert 1 < few < many

@@ -15,13 +15,14 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_ptr
 from cutlass.cute.typing import AddressSpace
 from cutlass.cutlass_dsl import T, dsl_user_op
+from frost_runtime.dtypes import DTYPES
 
 LOG2_E = 1.4426950408889634
 LN_2 = 0.6931471805599453
 
 
 def dsl_dtype(name: str):
-    return {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32, "int32": cutlass.Int32}[name]
+    return getattr(cutlass, DTYPES[name].dsl)
 
 
 def fake_ptr(dtype, align: int):

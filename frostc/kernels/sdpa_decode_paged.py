@@ -41,6 +41,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
+from frost_runtime.dtypes import DTYPES
 
 from frostc.kernels.sdpa_common import TmaVariant, dsl_dtype, fake_ptr, key_origin
 from frostc.kernels.sdpa_fwd_wgmma import (
@@ -83,13 +84,14 @@ class DecodeTiles:
         }
 
 
-def decode_tiles(head_dim: int, page_size: int) -> DecodeTiles:
+def decode_tiles(head_dim: int, page_size: int, dtype: str) -> DecodeTiles:
     """Two CTAs per SM where they fit (one streams while the other starts or ends), then as
-    many stages as the shared memory holds: Q is 64·d and a stage 2·block_n·d two-byte elements."""
+    many stages as the shared memory holds: Q is 64·d and a stage 2·block_n·d elements."""
     ctas = 2 if head_dim <= 128 else 1
     budget = SMEM_PER_SM // ctas - 1024 - 1024  # the CTA's reserved KiB, barriers and alignment
-    q_bytes = ROWS * head_dim * 2
-    stage_bytes = 2 * BLOCK_N * head_dim * 2
+    size = DTYPES[dtype].bytes
+    q_bytes = ROWS * head_dim * size
+    stage_bytes = 2 * BLOCK_N * head_dim * size
     stages = min((budget - q_bytes) // stage_bytes, 6)
     return DecodeTiles(BLOCK_N, stages, math.gcd(page_size, BLOCK_N), ctas)
 
@@ -130,7 +132,7 @@ class PagedDecodeVariant(TmaVariant):
 
     @property
     def tile_shape(self) -> DecodeTiles:
-        return decode_tiles(self.head_dim, self.page_size)
+        return decode_tiles(self.head_dim, self.page_size, self.dtype)
 
     @property
     def tiles(self) -> dict[str, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from frost_runtime.dtypes import ATTENTION
 from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
@@ -29,7 +30,7 @@ from frostc.resolved import ResolvedLaunch, launch_args
 
 KEYS = ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv")
 
-DATA_DTYPES = ("bf16", "fp16")
+DATA_DTYPES = ATTENTION  # frost_runtime.dtypes
 INDEX_DTYPE = "int32"
 
 # The named dims of each role; shared names must agree across roles.

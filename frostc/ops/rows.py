@@ -4,12 +4,13 @@ elements moved in 16-byte pieces, TMA strides under 2**40 bytes, int32 extents."
 
 from __future__ import annotations
 
+from frost_runtime.dtypes import DTYPES
+
 from frostc.contexts import ResolveContext
 from frostc.graph import Tensor
 
 HEAD_DIMS = (64, 128, 256)
-ROW_ALIGN_ELEMS = 8  # 16-byte rows of 2-byte elements
-ELEMENT_BYTES = 2
+ROW_PIECE_BYTES = 16  # rows move in 16-byte pieces
 TMA_STRIDE_LIMIT = 1 << 40  # bytes: the largest global stride a tensor map can hold, exclusive
 INT32_MAX = (1 << 31) - 1
 
@@ -18,6 +19,11 @@ def check_head_dim(head_dim: int, path: str, ctx: ResolveContext) -> None:
     if head_dim not in HEAD_DIMS:
         supported = ", ".join(map(str, HEAD_DIMS))
         ctx.problem(path, f"head dim {head_dim} is not supported yet; supported: {supported}")
+
+
+def row_align_elems(dtype: str) -> int:
+    """Elements of one 16-byte piece: every stride but the head dim's is a multiple of it."""
+    return ROW_PIECE_BYTES // DTYPES[dtype].bytes
 
 
 def check_row_layout(t: Tensor, letters: str, layouts: str, ctx: ResolveContext) -> None:
@@ -30,27 +36,29 @@ def check_row_layout(t: Tensor, letters: str, layouts: str, ctx: ResolveContext)
             f"the head dim must be innermost (stride 1), found stride {t.strides[last]}; "
             f"use a layout ending in d, such as {layouts}",
         )
+    align = row_align_elems(t.dtype)
     for i, letter in enumerate(letters[:-1]):
-        if t.dims[i] > 1 and t.strides[i] % ROW_ALIGN_ELEMS:
+        if t.dims[i] > 1 and t.strides[i] % align:
             ctx.problem(
                 f"{t.path}.strides[{i}]",
-                f"stride {t.strides[i]} of dim {letter} must be a multiple of {ROW_ALIGN_ELEMS} elements "
+                f"stride {t.strides[i]} of dim {letter} must be a multiple of {align} elements "
                 "(16 bytes) so rows can be moved in 16-byte pieces",
             )
 
 
 def check_tma_strides(t: Tensor, letters: str, dims: tuple[int, ...], ctx: ResolveContext) -> None:
     """Strides a TMA tensor map holds (of `dims`) must stay under 2**40 bytes."""
+    size = DTYPES[t.dtype].bytes
     for i in dims:
-        if t.dims[i] > 1 and t.strides[i] * ELEMENT_BYTES >= TMA_STRIDE_LIMIT:
+        if t.dims[i] > 1 and t.strides[i] * size >= TMA_STRIDE_LIMIT:
             ctx.problem(
                 f"{t.path}.strides[{i}]",
-                f"stride {t.strides[i]} of dim {letters[i]} is {t.strides[i] * ELEMENT_BYTES} bytes; TMA "
-                f"loads need strides under 2**40 bytes ({TMA_STRIDE_LIMIT // ELEMENT_BYTES} elements)",
+                f"stride {t.strides[i]} of dim {letters[i]} is {t.strides[i] * size} bytes; TMA "
+                f"loads need strides under 2**40 bytes ({TMA_STRIDE_LIMIT // size} elements)",
             )
 
 
-def tma_stride(extent: int, stride: int) -> int:
+def tma_stride(extent: int, stride: int, dtype: str) -> int:
     """A dim of extent 1 is never stepped over, so its stride (which a description may leave at
     any value) becomes one TMA accepts (16 bytes)."""
-    return stride if extent > 1 else ROW_ALIGN_ELEMS
+    return stride if extent > 1 else row_align_elems(dtype)

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from frost_runtime.dtypes import ATTENTION
 from frost_runtime.schema import F32_MAX, MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
@@ -47,7 +48,7 @@ KEYS = (
 )  # fmt: skip
 
 ALIGNMENTS = ("top_left", "bottom_right")
-DATA_DTYPES = ("bf16", "fp16")  # q, k, v and o
+DATA_DTYPES = ATTENTION  # q, k, v and o (frost_runtime.dtypes)
 LSE_DTYPE = "fp32"
 LENGTH_DTYPE = "int32"
 PACKED_KEYS = ("cu_seqlens_q", "cu_seqlens_kv")
@@ -686,4 +687,4 @@ def _bhs_strides(slot, form: str) -> tuple[int, int, int]:
 def _tma_strides(slot, strides: tuple[int, int, int]) -> tuple[int, int, int]:
     """(b, h, s) strides TMA accepts; a packed tensor's absent b has extent 0 (never stepped)."""
     extents = (0, slot.dims[1], slot.dims[0]) if len(slot.dims) == 3 else slot.dims[:3]
-    return tuple(tma_stride(extent, st) for extent, st in zip(extents, strides))
+    return tuple(tma_stride(extent, st, slot.dtype) for extent, st in zip(extents, strides))

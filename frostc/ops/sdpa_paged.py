@@ -45,7 +45,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     if len(ctx.problems) > before:
         return ()
     ctx.length_contract(node.kv_lengths, "lengths", node.seq_kv)
-    ctas_per_sm = decode_tiles(node.head_dim, node.page_size).ctas_per_sm
+    ctas_per_sm = decode_tiles(node.head_dim, node.page_size, ctx.slot(node.q).dtype).ctas_per_sm
     splits, chunk = split_plan(node, ctas_per_sm, TARGET_SMS[ctx.graph.target])
     variant = PagedDecodeVariant(
         ctx.slot(node.q).dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
@@ -157,7 +157,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     table = ctx.slot(node.page_table)
     rows = _rows(node)
     row_blocks = -(-rows // ROWS)
-    row_stride = tma_stride(k.dims[1], k.strides[1])
+    row_stride = tma_stride(k.dims[1], k.strides[1], k.dtype)
     ints = {
         "batch": node.batch,
         "heads_kv": node.heads_kv,
@@ -188,7 +188,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     # the partial results: workspace with several splits, unused (null) with one
     args = launch_args(variant, slots, workspace or {}, values)
     cache_strides = tuple(
-        tma_stride(extent, stride)
+        tma_stride(extent, stride, cache.dtype)
         for cache in (k, slots["v"])
         for extent, stride in zip(cache.dims[:3], cache.strides[:3])
     )

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from frost_runtime import torch_ops
+from frost_runtime import dtypes, torch_ops
 from frost_runtime.planset import KindInfo, PlanSet
 
 NAME = "frostc"
@@ -485,7 +485,7 @@ class FrostcAttention:
 
 # ---------------------------------------------------------------------------------------- helpers
 
-_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_DTYPE_NAMES = {dtypes.torch_dtype(name): name for name in dtypes.NAMES}
 
 
 def _slots_by_name(key: str) -> dict:

@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from frost_runtime import driver
+from frost_runtime import driver, dtypes
 from frost_runtime.schema import (
     DTYPES,
     PARAM_ALIGN,
@@ -89,7 +89,7 @@ class PlanClosedError(RuntimeError):
     """The plan was closed: its kernels are unloaded and it launches nothing."""
 
 
-TYPESTR = {"bf16": "<V2", "fp16": "<f2", "fp32": "<f4", "int32": "<i4"}  # __cuda_array_interface__
+TYPESTR = {name: d.typestr for name, d in dtypes.DTYPES.items()}  # __cuda_array_interface__
 
 
 @dataclass(frozen=True)
@@ -518,7 +518,7 @@ def _torch_dtype(name: str):
         import torch
     except ImportError:
         return None
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32}[name]
+    return getattr(torch, dtypes.DTYPES[name].torch)
 
 
 def _where(check: _SlotCheck) -> str:

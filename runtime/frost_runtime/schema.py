@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, replace
 
 import msgpack
 
+from frost_runtime import dtypes
+
 MAGIC = "frostc-plan"
 # 2: tensor-map and i32x3 parameters, persistent grids (ctas_per_sm)
 # 3: int32 slots, workspace arguments and named workspace regions
@@ -52,7 +54,7 @@ MAX_NAME_CHARS = 128  # a slot's, a launch's node's, a workspace region's
 MAX_PLAN_NAME_CHARS = 256  # the header's (the reader's default string limit, and _HEADER_FORMS)
 F32_MAX = 3.4028234663852886e38
 
-DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4}  # name -> element bytes
+DTYPES = dtypes.ELEMENT_BYTES  # name -> element bytes (frost_runtime.dtypes)
 WORKSPACE_ALIGN = 256  # bytes: the workspace's base and every region's offset are multiples
 # name -> bytes. "tmap": a TMA tensor map (CUtensorMap) passed by value, its global address
 # (bytes 0..7) patched from a slot's pointer; "i32x3": three int32 (a coordinate tensor's extents)

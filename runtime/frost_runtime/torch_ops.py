@@ -26,10 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
+from frost_runtime import dtypes
 from frost_runtime.plan import BindError, Plan
 from frost_runtime.schema import PlanData, TensorSlot
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32}
+_DTYPES = {name: dtypes.torch_dtype(name) for name in dtypes.NAMES}
 
 
 @dataclass

@@ -1,0 +1,51 @@
+"""The element types, defined once: what every stage of frostc and the runtime knows of a dtype
+derives from this table (the names a description and a plan use, the element size, a slot's
+pointer alignment, the __cuda_array_interface__ and torch forms, the Hugging Face config name,
+the CuTe DSL type, and whether attention's data tensors may have it). Adding a dtype is a row
+here, plus the kernels that support it and their tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # in descriptions, plans and plan sets: "bf16"
+    bytes: int  # per element
+    align: int  # a slot's base pointer, in bytes (16: tensor maps and 16-byte row pieces)
+    typestr: str  # __cuda_array_interface__
+    torch: str  # the torch dtype's attribute name: "bfloat16"
+    dsl: str  # the CuTe DSL type's name in `cutlass`: "BFloat16"
+    hf: str | None  # a Hugging Face config's torch_dtype / dtype value, None for none
+    attention: bool  # q, k, v, o and the caches may have it
+
+
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType("bf16", 2, 16, "<V2", "bfloat16", "BFloat16", "bfloat16", True),
+        DType("fp16", 2, 16, "<f2", "float16", "Float16", "float16", True),
+        DType("fp32", 4, 4, "<f4", "float32", "Float32", "float32", False),
+        DType("int32", 4, 4, "<i4", "int32", "Int32", None, False),
+    )
+}
+NAMES = tuple(DTYPES)
+ATTENTION = tuple(name for name, d in DTYPES.items() if d.attention)  # data tensors of sdpa and kv_append
+ELEMENT_BYTES = {name: d.bytes for name, d in DTYPES.items()}
+
+
+def torch_dtype(name: str):
+    """The torch dtype of `name` (imports torch)."""
+    import torch
+
+    return getattr(torch, DTYPES[name].torch)
+
+
+def from_torch(dtype) -> str | None:
+    """The table's name of a torch dtype, None for one it lacks."""
+    for name, d in DTYPES.items():
+        if str(dtype) == f"torch.{d.torch}":
+            return name
+    return None
