@@ -43,16 +43,12 @@ from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
 from frost_runtime.dtypes import DTYPES
 
+from frostc.kernels.barriers import Barrier
+from frostc.kernels.online_softmax import OnlineSoftmax
+from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
+from frostc.kernels.ring import Ring
 from frostc.kernels.sdpa_common import TmaVariant, dsl_dtype, fake_ptr, key_origin
-from frostc.kernels.sdpa_fwd_wgmma import (
-    RAGGED_EXTENT,
-    RAGGED_ROWS,
-    RAGGED_WRAP,
-    OnlineSoftmax,
-    Ring,
-    _c_to_a_layout,
-    _wgmma_rows_by_cols,
-)
+from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows_by_cols
 
 ROWS = 64  # query rows per CTA: one consumer warpgroup's WGMMA M
 BLOCK_N = 64  # keys per pipeline stage
@@ -61,7 +57,6 @@ SMEM_LIMIT = 227 * 1024  # per CTA
 D_CHUNK = 64  # head-dim elements per TMA box row (128 bytes: the swizzle's width)
 THREADS = 160  # one consumer warpgroup and one producer warp
 PRODUCER_WARP = 4
-BARRIER_Q = 1  # named barrier: the consumer warpgroup's Q staging (128 threads)
 
 
 @dataclass(frozen=True)
@@ -244,7 +239,7 @@ class DecodeMask:
     @cute.jit
     def apply(self, qk_thr, s_mn, key0, block_n: int):
         cS = cute.make_identity_tensor((ROWS, block_n))
-        c_mn = _wgmma_rows_by_cols(qk_thr.partition_C(cS))
+        c_mn = wgmma_rows_by_cols(qk_thr.partition_C(cS))
         for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
             hi = self.kv_len
             if cutlass.const_expr(self.causal or self.window):
@@ -581,7 +576,7 @@ class PagedDecode:
             dst = cute.local_tile(sQ, (1, elems), (r, col // elems))
             dst.store(cute.make_tensor(vec.iterator, cute.make_layout((1, elems))).load())
         cute.arch.fence_proxy("async.shared", space="cta")
-        pipeline.NamedBarrier(barrier_id=BARRIER_Q, num_threads=128).arrive_and_wait()
+        pipeline.NamedBarrier(barrier_id=Barrier.DECODE_Q, num_threads=128).arrive_and_wait()
 
     @cute.jit
     def _consume(self, k_pipe, v_pipe, sQ, sK, sV, work, geometry, q, q_strides, tidx, scales, o_args, lse_args,
@@ -600,10 +595,10 @@ class PagedDecode:
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
         acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((ROWS, self.head_dim)))
         acc_O.fill(0.0)
-        softmax = OnlineSoftmax.create(cute.size(_wgmma_rows_by_cols(acc_O).shape[0]), scale_log2)
+        softmax = OnlineSoftmax.create(cute.size(wgmma_rows_by_cols(acc_O).shape[0]), scale_log2)
         softmax.reset()
         s_shape = qk_thr.partition_shape_C((ROWS, t.block_n))
-        rP = cute.make_rmem_tensor(_c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
+        rP = cute.make_rmem_tensor(c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
         v = self.variant
         mask = DecodeMask(v.causal, v.window, work.kv_len, s_new, group, work.row_block * ROWS, window_left)
 
@@ -636,7 +631,7 @@ class PagedDecode:
                 self._scores(qk_thr, acc_S, softmax, mask, work.key_first + j * t.block_n, score_scale)
                 warpgroup.wait_group(0)
                 v_pipe.sync_object_empty.arrive(prev_stage, None)
-                softmax.rescale(_wgmma_rows_by_cols(acc_O))
+                softmax.rescale(wgmma_rows_by_cols(acc_O))
                 cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
             last_stage, last_phase = ring.at(work.blocks - 1)
             v_pipe.sync_object_full.wait(last_stage, last_phase)
@@ -646,7 +641,7 @@ class PagedDecode:
             warpgroup.wait_group(0)
             v_pipe.sync_object_empty.arrive(last_stage, None)
 
-        softmax.normalize(_wgmma_rows_by_cols(acc_O))  # no keys: O = 0, LSE = -inf
+        softmax.normalize(wgmma_rows_by_cols(acc_O))  # no keys: O = 0, LSE = -inf
         self._epilogue(pv_thr, acc_O, softmax, work, geometry, o_args, lse_args, partials, heads_kv)
 
     @cute.jit
@@ -665,7 +660,7 @@ class PagedDecode:
         scale), mask where some row misses a key of the block, online softmax."""
         if cutlass.const_expr(self.variant.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
-        s_mn = _wgmma_rows_by_cols(acc_S)
+        s_mn = wgmma_rows_by_cols(acc_S)
         if mask.needed(key0, key0 + self.tiles.block_n):
             mask.apply(qk_thr, s_mn, key0, self.tiles.block_n)
             softmax.update(s_mn)
@@ -677,8 +672,8 @@ class PagedDecode:
         """Rows of this CTA that exist: O and LSE into the caller's tensors (one split), or the
         split's normalized O (fp32) and LSE into the workspace for the combine kernel."""
         group, s_new, rows, splits, split, _ = geometry
-        o_mn = _wgmma_rows_by_cols(acc_O)
-        c_mn = _wgmma_rows_by_cols(pv_thr.partition_C(cute.make_identity_tensor((ROWS, self.head_dim))))
+        o_mn = wgmma_rows_by_cols(acc_O)
+        c_mn = wgmma_rows_by_cols(pv_thr.partition_C(cute.make_identity_tensor((ROWS, self.head_dim))))
         quad_leader = cute.arch.thread_idx()[0] % 4 == 0
         for r in cutlass.range_constexpr(cute.size(o_mn.shape[0])):
             row = work.row_block * ROWS + c_mn[r, 0][0]

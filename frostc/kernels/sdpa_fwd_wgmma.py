@@ -62,44 +62,24 @@ from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
 
+from frostc.kernels.barriers import Barrier
+from frostc.kernels.online_softmax import OnlineSoftmax
+from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
+from frostc.kernels.ring import Ring
 from frostc.kernels.sdpa_common import (
-    LN_2,
     KeyRange,
     MaskFlags,
     TmaVariant,
     any_at_barrier,
     dsl_dtype,
     fake_ptr,
-    quad_max,
-    quad_sum,
 )
+from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows, wgmma_rows_by_cols
 
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
 # producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
 REGISTERS = {2: (40, 232), 3: (32, 160)}
 SMEM_LIMIT = 227 * 1024  # sm_90's opt-in maximum per CTA
-MAX_CONSUMERS = 3
-
-# Ragged tensor maps (variable lengths). A sequence of `length` rows starting at row `start`
-# is addressed with coordinates (RAGGED_ROWS - length + r, ..., RAGGED_ROWS, start + length)
-# over modes of strides (row, ..., RAGGED_WRAP - row, row): the address is
-#   base + (RAGGED_ROWS - length + r)·row + RAGGED_ROWS·(RAGGED_WRAP - row) + (start + length)·row
-#   = base + (start + r)·row + RAGGED_ROWS·RAGGED_WRAP        ≡ base + (start + r)·row
-# because RAGGED_ROWS·RAGGED_WRAP·(element bytes) is a multiple of 2**64 and addresses wrap.
-# Row r is in bounds exactly when r < length, so the TMA unit zero-fills past the sequence.
-RAGGED_ROWS = 1 << 30
-RAGGED_WRAP = 1 << 34  # elements
-RAGGED_EXTENT = (1 << 31) - 1  # of the two extra modes
-
-
-class Barrier:
-    """Named barrier ids (0 is __syncthreads)."""
-
-    TURN = 2  # TURN + c: consumer c may issue its GEMMs (it and its predecessor, 256 threads)
-    EPILOGUE = TURN + MAX_CONSUMERS  # EPILOGUE + c: consumer c's O staging (128 threads)
-    RETRY = EPILOGUE + MAX_CONSUMERS  # RETRY + c: whether consumer c redoes a block exactly (128)
-    TICKET_FULL = RETRY + MAX_CONSUMERS  # the dynamic walk's next tile is written (`TicketWalk`)
-    TICKET_EMPTY = TICKET_FULL + 1  # ... and read by every consumer thread
 
 
 @dataclass(frozen=True)
@@ -297,22 +277,6 @@ def _fake_scalars() -> tuple:
 
 
 @dataclass(frozen=True)
-class Ring:
-    """Stage and phase of the n-th use of a `stages`-deep pipeline."""
-
-    stages: int
-
-    def at(self, position):
-        """(stage, phase) of a non-negative position. A power-of-two depth takes two bit
-        operations each; signed % and // cost a dozen uniform instructions per use, in the
-        consumers' critical path (bench/NOTES.md v18)."""
-        if cutlass.const_expr(self.stages & (self.stages - 1) == 0):
-            shift = self.stages.bit_length() - 1
-            return position & (self.stages - 1), (position >> shift) & 1
-        return position % self.stages, position // self.stages % 2
-
-
-@dataclass(frozen=True)
 class Sequence:
     """One sequence's lengths and where its rows start: the ragged row of its first token in
     Q (and K, V) and the element offset of its first row in O (and LSE)."""
@@ -361,14 +325,6 @@ class Sequences:
             lse_offset=cutlass.Int64(batch) * self.lse_strides[0] + cutlass.Int64(q_token) * self.lse_strides[1],
         )
 
-
-# the online softmax keeps a row's reference max until a block raises it by more than this
-# (log2 units; probabilities stay <= 2**8 = 256, exact in bf16/fp16 range and fp32 sums)
-RESCALE_LOG2 = 8.0
-# a block's probabilities taken against the reference max without computing the block's max
-# (`OnlineSoftmax.update_fast`) are kept when each thread's sum of them stays at most this, so
-# no probability exceeds it (fp16's P and fp32 sums stay far from overflow)
-FAST_SUM_LIMIT = 4096.0
 
 L2_SECTION_BYTES = 32 << 20  # K and V of the heads whose tiles run together (H100/H200 L2: 50/60 MB)
 
@@ -590,7 +546,7 @@ class ConsumerMask:
         cS = cute.local_tile(
             cute.make_identity_tensor((self.q_len, self.kv_len)), (self.rows, self.cols), (self.row_tile, n_block)
         )
-        c_mn = _wgmma_rows_by_cols(qk_thr.partition_C(cS))
+        c_mn = wgmma_rows_by_cols(qk_thr.partition_C(cS))
         for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
             row = c_mn[r, 0][0]
             lo, hi = self.keys.lo(row), self.keys.hi(row)
@@ -598,102 +554,6 @@ class ConsumerMask:
                 col = c_mn[r, c][1]
                 if col < lo or col >= hi:
                     s_mn[r, c] = -cutlass.Float32.inf
-
-
-@dataclass(frozen=True)
-class OnlineSoftmax:
-    """The running row max and row sum of one consumer's rows, over key blocks (register
-    tensors, updated in place)."""
-
-    scale_log2: cutlass.Float32
-    row_max: cute.Tensor
-    row_sum: cute.Tensor
-    correction: cute.Tensor
-    block_sum: cute.Tensor  # `update_fast`'s sums, added by `accept_fast`
-
-    @staticmethod
-    def create(rows: int, scale_log2) -> "OnlineSoftmax":
-        make = lambda: cute.make_rmem_tensor(rows, cutlass.Float32)  # noqa: E731
-        return OnlineSoftmax(scale_log2, make(), make(), make(), make())
-
-    def reset(self):
-        self.row_max.fill(-cutlass.Float32.inf)
-        self.row_sum.fill(0.0)
-
-    @cute.jit
-    def update(self, s_mn):
-        """Scores (rows, cols) -> unnormalized probabilities in place. Returns whether this
-        warp's output so far must be scaled by `correction` (applied once the P V that writes
-        it ended). A row's reference max moves only when some row of the warp grew by more
-        than RESCALE_LOG2 (log2 units): below that the stale max is kept, probabilities reach
-        at most 2**RESCALE_LOG2, and the warp skips the rescale of O (exact either way: the
-        output and the row sum always share one reference max)."""
-        rows = cute.size(self.row_max)
-        block_max = cute.make_rmem_tensor(rows, cutlass.Float32)
-        grow = cutlass.Boolean(False)
-        for r in cutlass.range_constexpr(rows):
-            block_max[r] = quad_max(s_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
-            # a row that saw no key has max -inf: any finite score grows it (inf > threshold)
-            grow = grow | ((block_max[r] - self.row_max[r]) * self.scale_log2 > RESCALE_LOG2)
-        moved = cute.arch.vote_any_sync(grow)
-        for r in cutlass.range_constexpr(rows):
-            row = s_mn[r, None].load()
-            prev_max = self.row_max[r]
-            new_max = cutlass.select_(moved, cute.arch.fmax(prev_max, block_max[r]), prev_max)
-            # a row that has seen no key yet keeps max -inf: exponentiate against 0 instead
-            safe_max = 0.0 if new_max == -cutlass.Float32.inf else new_max
-            shift = safe_max * self.scale_log2
-            probs = cute.math.exp2(row * self.scale_log2 - shift, fastmath=True)
-            factor = cute.math.exp2(prev_max * self.scale_log2 - shift, fastmath=True)
-            self.row_sum[r] = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0) + self.row_sum[r] * factor
-            self.correction[r] = factor
-            self.row_max[r] = new_max
-            s_mn[r, None] = probs
-        return moved
-
-    @cute.jit
-    def update_fast(self, s_mn):
-        """Scores -> probabilities against each row's reference max as it stands, without this
-        block's max (its reductions were a third of a step's instructions, all ahead of the
-        exponentials on the consumer's critical path). Returns whether this thread needs the
-        exact `update` instead: a row without a reference yet (max -inf), or a sum of its
-        probabilities above FAST_SUM_LIMIT (or NaN), so that some probability may have grown
-        past it. The scores are overwritten either way: an exact retry recomputes them."""
-        retry = cutlass.Boolean(False)
-        for r in cutlass.range_constexpr(cute.size(self.row_max)):
-            reference = self.row_max[r]
-            unset = reference == -cutlass.Float32.inf
-            shift = cutlass.select_(unset, cutlass.Float32(0.0), reference * self.scale_log2)
-            probs = cute.math.exp2(s_mn[r, None].load() * self.scale_log2 - shift, fastmath=True)
-            total = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-            retry = retry | unset | (total > FAST_SUM_LIMIT) | (total != total)
-            self.block_sum[r] = total
-            s_mn[r, None] = probs
-        return retry
-
-    @cute.jit
-    def accept_fast(self):
-        """Keep `update_fast`'s probabilities: the reference max did not move, no rescale."""
-        for r in cutlass.range_constexpr(cute.size(self.row_sum)):
-            self.row_sum[r] = self.row_sum[r] + self.block_sum[r]
-
-    @cute.jit
-    def rescale(self, o_mn):
-        for r in cutlass.range_constexpr(cute.size(self.row_max)):
-            o_mn[r, None] = o_mn[r, None].load() * self.correction[r]
-
-    @cute.jit
-    def normalize(self, o_mn):
-        """O /= row sum (0 for a row that saw no key); row_sum becomes the quad's total."""
-        for r in cutlass.range_constexpr(cute.size(self.row_sum)):
-            total = quad_sum(self.row_sum[r])
-            self.row_sum[r] = total
-            inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
-            o_mn[r, None] = o_mn[r, None].load() * inv
-
-    def lse(self, r):
-        """Natural-log log-sum-exp of row r (after `normalize`); -inf for a row that saw no key."""
-        return (self.row_max[r] * self.scale_log2 + cute.math.log2(self.row_sum[r])) * LN_2
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -1082,9 +942,9 @@ class SdpaForwardWgmma:
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N, K, stage)
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
         acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((wg_m, self.head_dim)))
-        softmax = OnlineSoftmax.create(_wgmma_rows(acc_O.layout), scale_log2)
+        softmax = OnlineSoftmax.create(wgmma_rows(acc_O.layout), scale_log2)
         s_shape = qk_thr.partition_shape_C((wg_m, t.block_n))
-        rP = cute.make_rmem_tensor(_c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
+        rP = cute.make_rmem_tensor(c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
 
         # ping-pong: consumer c issues its GEMMs after consumer c-1 issued its own, in a ring.
         # Every turn hands over to the next consumer; the last hand-over (to consumer 0) is
@@ -1325,7 +1185,7 @@ class SdpaForwardWgmma:
         warpgroup.wait_group(0)  # O and P_{j-1} are free again
         self._release(v_pipe, prev_stage)
         if moved:
-            softmax.rescale(_wgmma_rows_by_cols(acc_O))
+            softmax.rescale(wgmma_rows_by_cols(acc_O))
         cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
 
     @cute.jit
@@ -1351,7 +1211,7 @@ class SdpaForwardWgmma:
         as it stands, returning whether this thread needs the exact retry (`update_fast`)."""
         if cutlass.const_expr(self.mask_flags.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
-        s_mn = _wgmma_rows_by_cols(acc_S)
+        s_mn = wgmma_rows_by_cols(acc_S)
         if cutlass.const_expr(masked):
             mask.apply(qk_thr, s_mn, n_block)
         if cutlass.const_expr(fast):
@@ -1372,7 +1232,7 @@ class SdpaForwardWgmma:
         t = self.tiles
         wg_m = t.block_m // t.consumers
         d = self.head_dim
-        softmax.normalize(_wgmma_rows_by_cols(acc_O))
+        softmax.normalize(wgmma_rows_by_cols(acc_O))
         rO = cute.make_fragment_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), pv_mma)
@@ -1392,7 +1252,7 @@ class SdpaForwardWgmma:
                 cute.copy(s2g, tOrO[None, m, None], tOgO[None, m, None])
 
         if cutlass.const_expr(self.has_lse):
-            c_mn = _wgmma_rows_by_cols(pv_mma.get_slice(wg_tidx).partition_C(cO))
+            c_mn = wgmma_rows_by_cols(pv_mma.get_slice(wg_tidx).partition_C(cO))
             mLSE = self._lse_rows(lse_args, seq, head)
             for r in cutlass.range_constexpr(cute.size(softmax.row_sum)):
                 row = c_mn[r, 0][0]
@@ -1416,7 +1276,7 @@ class SdpaForwardWgmma:
             if tOcO[0, m, 0][0] < seq.q_len:
                 cute.copy(s2g, tOrO[None, m, None], tOgO[None, m, None])
         if cutlass.const_expr(self.has_lse):
-            c_mn = _wgmma_rows_by_cols(pv_mma.get_slice(wg_tidx).partition_C(cO))
+            c_mn = wgmma_rows_by_cols(pv_mma.get_slice(wg_tidx).partition_C(cO))
             mLSE = self._lse_rows(lse_args, seq, head)
             for r in cutlass.range_constexpr(cute.size(c_mn.shape[0])):
                 row = c_mn[r, 0][0]
@@ -1427,27 +1287,3 @@ class SdpaForwardWgmma:
         lse, lse_sh, lse_ss = lse_args
         base = lse + (seq.lse_offset + cutlass.Int64(head) * lse_sh)
         return cute.make_tensor(base, cute.make_layout(seq.q_len, stride=lse_ss))
-
-
-def _wgmma_rows(acc_layout) -> int:
-    """Rows of a WGMMA accumulator ((2, 2, N/8), M, N) one thread holds."""
-    return cute.size(acc_layout.shape[0][1]) * cute.size(acc_layout.shape[1])
-
-
-def _wgmma_rows_by_cols(acc: cute.Tensor) -> cute.Tensor:
-    """View ((2 cols, 2 rows, N/8 blocks), MMA_M, MMA_N) as (rows, cols)."""
-    lay = cute.make_layout(acc.layout.shape)
-    view = cute.make_layout(
-        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[0][2], lay.shape[2])),
-        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[0][2], lay.stride[2])),
-    )
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, view))
-
-
-def _c_to_a_layout(c):
-    """Accumulator ((2, 2, N/8), M, 1) -> A operand ((2, 2, 2), M, N/16): each 16 columns of S
-    are one k-slice of P (the m64nNk16 C and A register layouts agree for 16-bit types)."""
-    return cute.make_layout(
-        ((c.shape[0][0], c.shape[0][1], 2), c.shape[1], c.shape[0][2] // 2),
-        stride=((c.stride[0][0], c.stride[0][1], c.stride[0][2]), c.stride[1], c.stride[0][2] * 2),
-    )

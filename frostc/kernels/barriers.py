@@ -1,0 +1,16 @@
+"""The named barriers of frostc's kernels, one enumeration for all of them."""
+
+MAX_CONSUMERS = 3  # the forward kernel's consumer warpgroups, at most (TURN, EPILOGUE and RETRY take one id each)
+
+
+class Barrier:
+    """Named barrier ids (0 is __syncthreads; sm_90 has 16 per CTA). The kernels' own, in one
+    place: an id is free in a kernel that does not use it."""
+
+    DECODE_Q = 1  # the paged decode kernel's Q staging (its consumer warpgroup, 128 threads)
+
+    TURN = 2  # TURN + c: consumer c may issue its GEMMs (it and its predecessor, 256 threads)
+    EPILOGUE = TURN + MAX_CONSUMERS  # EPILOGUE + c: consumer c's O staging (128 threads)
+    RETRY = EPILOGUE + MAX_CONSUMERS  # RETRY + c: whether consumer c redoes a block exactly (128)
+    TICKET_FULL = RETRY + MAX_CONSUMERS  # the dynamic walk's next tile is written (`TicketWalk`)
+    TICKET_EMPTY = TICKET_FULL + 1  # ... and read by every consumer thread
