@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from frostc.kernels.sdpa_fwd_wgmma import paired_tile
+from frostc.kernels.tile_walks import paired_tile
 
 PY_OPS = (lambda c, a, b: a if c else b, min, max)
 
