@@ -47,7 +47,7 @@ from frostc.kernels.barriers import Barrier
 from frostc.kernels.online_softmax import OnlineSoftmax
 from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
 from frostc.kernels.ring import Ring
-from frostc.kernels.sdpa_common import TmaVariant, dsl_dtype, fake_ptr, key_origin
+from frostc.kernels.sdpa_common import KeyRange, MaskFlags, TmaVariant, dsl_dtype, fake_ptr, key_origin
 from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows_by_cols
 
 ROWS = 64  # query rows per CTA: one consumer warpgroup's WGMMA M
@@ -216,39 +216,36 @@ class Work:
 
 @dataclass(frozen=True)
 class DecodeMask:
-    """-inf for keys at or past the sequence's end, (causal) past each token's diagonal, and
-    (window) before each token's window: token t sits at position kv_len - s_new + t and sees
-    keys from that position - window_left on."""
+    """The kernels' one mask (`KeyRange`, the README's definition) over a decode CTA's rows:
+    row r is new token (first_row + r) // group, bottom-right aligned (token t sits at position
+    kv_len - s_new + t); causal is window_right = 0, a sliding window is window_left."""
 
-    causal: bool
-    window: bool
-    kv_len: cutlass.Int32
+    keys: KeyRange
     s_new: cutlass.Int32
     group: cutlass.Int32
     first_row: cutlass.Int32  # the CTA's first row (rows are (token, head in group), head fastest)
-    window_left: cutlass.Int32
+
+    @staticmethod
+    def of(causal: bool, window: bool, window_left, s_new, kv_len, group, first_row) -> "DecodeMask":
+        flags = MaskFlags(right=causal, left=window, bottom_right=True)
+        return DecodeMask(KeyRange.of(flags, window_left, 0, s_new, kv_len), s_new, group, first_row)
 
     def needed(self, key0, key_end):
-        """Whether any row misses a key of the block [key0, key_end)."""
-        fewest = self.kv_len - self.s_new + 1 if self.causal else self.kv_len
-        if cutlass.const_expr(self.window):
-            latest_start = self.kv_len - 1 - self.window_left  # the last token's first key
-            return (key_end > fewest) | (key0 < latest_start)
-        return key_end > fewest
+        """Whether any row misses a key of the block [key0, key_end): the first token sees the
+        fewest keys at the end, the last one the fewest at the start."""
+        if cutlass.const_expr(self.keys.flags.left):
+            return (key_end > self.keys.hi(0)) | (key0 < self.keys.lo(self.s_new - 1))
+        return key_end > self.keys.hi(0)
 
     @cute.jit
     def apply(self, qk_thr, s_mn, key0, block_n: int):
         cS = cute.make_identity_tensor((ROWS, block_n))
         c_mn = wgmma_rows_by_cols(qk_thr.partition_C(cS))
         for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
-            hi = self.kv_len
-            if cutlass.const_expr(self.causal or self.window):
-                token = (self.first_row + c_mn[r, 0][0]) // self.group
-                position = self.kv_len - self.s_new + token
-                if cutlass.const_expr(self.causal):
-                    hi = cutlass.min(hi, position + 1)
-            if cutlass.const_expr(self.window):
-                lo = position - self.window_left
+            token = (self.first_row + c_mn[r, 0][0]) // self.group
+            hi = self.keys.hi(token)
+            if cutlass.const_expr(self.keys.flags.left):
+                lo = self.keys.lo(token)
                 for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
                     key = key0 + c_mn[r, c][1]
                     if (key >= hi) | (key < lo):
@@ -600,7 +597,7 @@ class PagedDecode:
         s_shape = qk_thr.partition_shape_C((ROWS, t.block_n))
         rP = cute.make_rmem_tensor(c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
         v = self.variant
-        mask = DecodeMask(v.causal, v.window, work.kv_len, s_new, group, work.row_block * ROWS, window_left)
+        mask = DecodeMask.of(v.causal, v.window, window_left, s_new, work.kv_len, group, work.row_block * ROWS)
 
         if work.blocks > 0:
             # step j issues S_j = Q K_jᵀ with O += P_{j-1} V_{j-1}; softmax(S_j) runs under P V
