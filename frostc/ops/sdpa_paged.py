@@ -30,11 +30,12 @@ if TYPE_CHECKING:
 TARGET_SMS = {"sm_90a": 132}  # H100 SXM and H200
 WAVES = 5  # CTAs per resident slot the splits aim for at full capacity: lengths vary, the tail stays short
 UNSPLIT_WAVES = 3  # as many (sequence, KV head) CTAs as this many waves: no split needed
-# keys per split at least, in blocks of BLOCK_N: short chunks (512 keys) while the unsplit CTAs fill
-# less than half the resident slots (a short cache at a small batch: Llama-3-8B at batch 8 and 2k
-# tokens ran 64 CTAs on 132 SMs, 52 % of the read ceiling; 4 splits: 0.71 ms from 0.92), long ones
-# (2048 keys) otherwise, where a split only evens the tail and the combine costs more than it saves
-# (the same at batch 32, 256 CTAs: unsplit 2.16 ms, 4 splits 2.30) (bench/NOTES.md, "decode in a model")
+# keys per split at least, in blocks of BLOCK_N: long chunks (2048 keys), or short ones (512) when
+# long ones leave more than half the resident slots idle (a short cache at a small batch:
+# Llama-3-8B at batch 8 and 2k tokens ran 64 CTAs on 132 SMs, 52 % of the read ceiling; 4 splits:
+# 0.71 ms from 0.92). Not otherwise: at batch 32 (256 CTAs) 4 splits took 2.30 ms against 2.16
+# unsplit, and a 128k-token sequence split in 165 short chunks instead of 64 long ones ran 7 %
+# slower (bench/NOTES.md, "decode in a model")
 MIN_CHUNK_BLOCKS, SHORT_CHUNK_BLOCKS = 32, 8
 # (bench/NOTES.md: decode v1 measured 2, 3, 5 and 8 waves on the issue's rows)
 
@@ -72,14 +73,15 @@ def _rows(node: Sdpa) -> int:
 def split_plan(node: Sdpa, ctas_per_sm: int, sms: int) -> tuple[int, int]:
     """(splits, chunk keys): one split when the (sequence, KV head) CTAs already fill
     UNSPLIT_WAVES waves of the resident slots; else enough splits for WAVES waves at full
-    capacity, each at least MIN_CHUNK_BLOCKS blocks (SHORT_CHUNK_BLOCKS while the CTAs fill less
+    capacity, each at least MIN_CHUNK_BLOCKS blocks (SHORT_CHUNK_BLOCKS when those would fill less
     than half the slots). The chunk is a whole number of blocks."""
     units = node.batch * node.heads_kv * -(-_rows(node) // ROWS)
     slots = sms * ctas_per_sm
     blocks = -(-_keys_seen(node) // BLOCK_N)
     wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
-    shortest = SHORT_CHUNK_BLOCKS if 2 * units < slots else MIN_CHUNK_BLOCKS
-    splits = max(1, min(wanted, blocks // shortest))
+    splits = max(1, min(wanted, blocks // MIN_CHUNK_BLOCKS))
+    if 2 * units * splits < slots:  # long chunks leave most of the GPU idle: shorter ones
+        splits = max(1, min(wanted, blocks // SHORT_CHUNK_BLOCKS))
     chunk_blocks = -(-blocks // splits)
     return -(-blocks // chunk_blocks), chunk_blocks * BLOCK_N
 
