@@ -95,3 +95,22 @@ def test_the_scan_sees_nested_and_guarded_imports(tmp_path: Path, monkeypatch: p
     )
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert imports("frostc.ops.bad") == {"frostc.validate", "frostc.resolve", "frostc.contexts"}
+
+
+KERNELS = ROOT / "frostc" / "kernels"
+KERNEL_FILES = ("sdpa_fwd_wgmma", "sdpa_decode_paged", "sdpa_decode_combine", "sdpa_schedule", "kv_append")
+
+
+@pytest.mark.parametrize("kernel", KERNEL_FILES)
+def test_a_kernel_takes_shared_parts_from_their_modules_not_from_another_kernel(kernel: str) -> None:
+    """The parts the kernels share (softmax, rings, tile walks, sequences, barriers, layouts)
+    live in modules of their own: no kernel's file imports another kernel's, or the ops or stages."""
+    found = reachable(f"frostc.kernels.{kernel}")
+    others = {f"frostc.kernels.{k}" for k in KERNEL_FILES} - {f"frostc.kernels.{kernel}"}
+    assert {m: by for m, by in found.items() if m in others or is_under(m, ("frostc.ops", *STAGES))} == {}
+
+
+def test_the_decode_kernel_shares_the_forward_kernels_parts() -> None:
+    found = reachable("frostc.kernels.sdpa_decode_paged")
+    for part in ("online_softmax", "ring", "ragged", "wgmma_layouts", "barriers", "sdpa_common"):
+        assert f"frostc.kernels.{part}" in found, part
