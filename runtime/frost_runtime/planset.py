@@ -29,7 +29,7 @@ import hashlib
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import msgpack
 
@@ -221,14 +221,8 @@ def _entry_map(e: SetEntry, stripped: bytes) -> dict:
 
 
 def serving_fields(d: ServingInfo) -> dict:
-    return {
-        "max_cache_len": d.max_cache_len,
-        "page_size": d.page_size,
-        "pages": d.pages,
-        "max_prompt_tokens": d.max_prompt_tokens,
-        "new_tokens": d.new_tokens,
-        "tp": d.tp,
-    }
+    """The manifest's `serving` map: the dataclass's fields, in their order."""
+    return asdict(d)
 
 
 def kind_fields(k: KindInfo) -> dict:
