@@ -133,3 +133,14 @@ def test_the_decode_graph_helper_steps_as_generate_does(sets) -> None:
         for _ in range(4):
             tokens.append(graph.step(tokens[-1], capture=False))
     assert torch.equal(torch.stack(tokens, dim=1), expected)
+
+
+def test_the_decode_graph_helper_stops_at_the_cache(sets) -> None:
+    model = hf_model("llama", device="cpu")
+    backend = _backend(sets["llama"], model, "frostc-cpu-graph-full")
+    graph = hf.DecodeGraph(model, backend, batch=1)
+    ids, mask = left_padded_prompts([MAX_CACHE_LEN - 1], model.config.vocab_size, "cpu")
+    with torch.no_grad():
+        tokens = graph.step(graph.prefill(ids, mask), capture=False)  # the cache's last position
+        with pytest.raises(ValueError, match="past the plan set's cache of 256 tokens"):
+            graph.step(tokens, capture=False)

@@ -609,6 +609,7 @@ class DecodeGraph:
         self.cache = backend.new_cache()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
+        self.tokens = 0  # the most tokens a row holds (host-known: the prompts' width + steps)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Run the prompts (eager, through the set's prefill plans); the first new tokens, (b,)."""
@@ -620,6 +621,7 @@ class DecodeGraph:
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position, past_key_values=self.cache
         )
         self.length.copy_(attention_mask.sum(-1))
+        self.tokens = input_ids.shape[1]
         columns = torch.arange(self.mask.shape[1], device=self.mask.device)
         self.mask.copy_((columns[None, :] < self.length[:, None]).to(self.mask.dtype))
         return out.logits[:, -1].argmax(-1)
@@ -627,7 +629,15 @@ class DecodeGraph:
     reset = prefill
 
     def step(self, tokens: torch.Tensor, *, capture: bool = True) -> torch.Tensor:
-        """Feed `tokens` (b,) and return the next ones; `capture=False` runs the step eagerly."""
+        """Feed `tokens` (b,) and return the next ones; `capture=False` runs the step eagerly.
+        Refused (ValueError) once a row could outgrow the set's cache: a replay checks nothing."""
+        width = self.mask.shape[1]
+        if self.tokens + 1 > width:
+            raise ValueError(
+                f"step {self.tokens + 1 - width} past the plan set's cache of {width} tokens per sequence "
+                "(--max-cache-len): stop here, or build the set with a longer cache"
+            )
+        self.tokens += 1
         self.ids.copy_(tokens.view(-1, 1))
         self.position.copy_(self.length.view(-1, 1))
         self.mask.scatter_(1, self.length.view(-1, 1), 1)
