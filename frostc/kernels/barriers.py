@@ -8,8 +8,11 @@ class Barrier:
     place: an id is free in a kernel that does not use it."""
 
     DECODE_Q = 1  # the paged decode kernel's Q staging (its consumer warpgroup, 128 threads)
+    # ... and, over a quantized cache, its converted K and V tiles: free to write, then written
+    DECODE_TILES = 2
 
-    TURN = 2  # TURN + c: consumer c may issue its GEMMs (it and its predecessor, 256 threads)
+    TURN = 2  # (the forward kernel's; the decode kernel's ids above are free in it)
+    # TURN + c: consumer c may issue its GEMMs (it and its predecessor, 256 threads)
     EPILOGUE = TURN + MAX_CONSUMERS  # EPILOGUE + c: consumer c's O staging (128 threads)
     RETRY = EPILOGUE + MAX_CONSUMERS  # RETRY + c: whether consumer c redoes a block exactly (128)
     TICKET_FULL = RETRY + MAX_CONSUMERS  # the dynamic walk's next tile is written (`TicketWalk`)

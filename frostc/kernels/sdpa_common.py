@@ -40,6 +40,11 @@ class TmaVariant:
     TMA_SLOTS: ClassVar[tuple[str, ...]]
 
     @property
+    def tma_dtype(self) -> str:
+        """The loaded tensors' dtype (a quantized cache's differs from the variant's `dtype`)."""
+        return self.dtype
+
+    @property
     def tensor_map_params(self) -> tuple[str, ...]:
         return tuple(f"{name}.tmap" for name in self.TMA_SLOTS)
 
@@ -47,7 +52,7 @@ class TmaVariant:
         return self.kernel().encode_tensor_maps
 
     def tensor_map_compile_args(self) -> tuple:
-        pointers = [fake_ptr(dsl_dtype(self.dtype), 16) for _ in self.TMA_SLOTS]
+        pointers = [fake_ptr(dsl_dtype(self.tma_dtype), 16) for _ in self.TMA_SLOTS]
         return (*pointers, fake_ptr(cutlass.Uint8, 64), *self.fake_scalars()[:2])
 
 

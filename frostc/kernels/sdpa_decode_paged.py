@@ -79,15 +79,20 @@ class DecodeTiles:
         }
 
 
-def decode_tiles(head_dim: int, page_size: int, dtype: str) -> DecodeTiles:
+def decode_tiles(head_dim: int, page_size: int, dtype: str, cache: str | None = None) -> DecodeTiles:
     """Two CTAs per SM where they fit (one streams while the other starts or ends), then as
-    many stages as the shared memory holds: Q is 64·d and a stage 2·block_n·d elements."""
+    many stages as the shared memory holds: Q is 64·d and a stage 2·block_n·d elements. A
+    quantized cache also keeps one converted (fp16) K and V tile beside Q."""
     ctas = 2 if head_dim <= 128 else 1
     budget = SMEM_PER_SM // ctas - 1024 - 1024  # the CTA's reserved KiB, barriers and alignment
-    size = DTYPES[dtype].bytes
-    q_bytes = ROWS * head_dim * size
-    stage_bytes = 2 * BLOCK_N * head_dim * size
-    stages = min((budget - q_bytes) // stage_bytes, 6)
+    if cache is None:
+        size = DTYPES[dtype].bytes
+        fixed_bytes = ROWS * head_dim * size
+        stage_bytes = 2 * BLOCK_N * head_dim * size
+    else:
+        fixed_bytes = (ROWS + 2 * BLOCK_N) * head_dim * DTYPES[MMA_DTYPE_OF_SCALED].bytes
+        stage_bytes = 2 * BLOCK_N * head_dim * DTYPES[cache].bytes
+    stages = min((budget - fixed_bytes) // stage_bytes, 6)
     return DecodeTiles(BLOCK_N, stages, math.gcd(page_size, BLOCK_N), ctas)
 
 
@@ -100,6 +105,13 @@ INT_PARAMS = (
     "rows_per_page", "chunk", "splits", "window_left",
 )  # fmt: skip
 FLOAT_PARAMS = ("scale_log2", "score_scale")
+# a quantized cache's: the scale factors (float32, per tensor or per KV head: stride 0 or 1), and
+# the softmax scale, applied to Q before its conversion to the MMA's fp16
+SCALE_POINTERS = ("k_scale", "v_scale")
+SCALE_STRIDES = ("k_scale.stride_h", "v_scale.stride_h")
+QUANTIZED_FLOATS = ("q_scale",)
+MMA_DTYPE_OF_SCALED = "fp16"  # e4m3 converts to fp16 exactly in one instruction per pair (bf16: five)
+MMA_FINITE_MAX = 65504.0  # fp16's largest finite: Q times the softmax scale saturates there
 STRIDE_PARAMS = ("q.stride_b", "q.stride_h", "q.stride_s", "o.stride_b", "o.stride_h", "o.stride_s",
                  "lse.stride_b", "lse.stride_h", "lse.stride_s", "page_table.stride_b")  # fmt: skip
 POINTERS = ("q", "o", "lse", "page_table", "seq_len_kv", "o_partial", "lse_partial")
@@ -117,17 +129,27 @@ class PagedDecodeVariant(TmaVariant):
     has_lse: bool
     window: bool = False  # a sliding window: each token sees window_left keys before its own
     softcap: bool = False  # scores s -> softcap * tanh(s / softcap)
+    cache: str | None = None  # a quantized cache's dtype ("e4m3"); None: the caches are `dtype`
+
+    @property
+    def quantized(self) -> bool:
+        return self.cache is not None
+
+    @property
+    def tma_dtype(self) -> str:
+        return self.cache or self.dtype
 
     @property
     def name(self) -> str:
         mask = "causal_br" if self.causal else "full"
         mask += (".local" if self.window else "") + (".softcap" if self.softcap else "")
-        name = f"sdpa_decode_paged.{self.dtype}.d{self.head_dim}.p{self.page_size}.{mask}"
+        kv = f".kv_{self.cache}" if self.cache else ""
+        name = f"sdpa_decode_paged.{self.dtype}{kv}.d{self.head_dim}.p{self.page_size}.{mask}"
         return name + (".split" if self.split else "") + (".lse" if self.has_lse and not self.split else "")
 
     @property
     def tile_shape(self) -> DecodeTiles:
-        return decode_tiles(self.head_dim, self.page_size, self.dtype)
+        return decode_tiles(self.head_dim, self.page_size, self.dtype, self.cache)
 
     @property
     def tiles(self) -> dict[str, int]:
@@ -150,34 +172,35 @@ class PagedDecodeVariant(TmaVariant):
         params: list[tuple[str, str]] = []
         for name in LOADED:
             params += [(f"{name}.tmap", "tmap"), (f"{name}.extents", "i32")]
-        params += [(name, "ptr") for name in POINTERS]
+        params += [(name, "ptr") for name in POINTERS + (SCALE_POINTERS if self.quantized else ())]
         params += [(name, "i32") for name in INT_PARAMS]
-        params += [(name, "i64") for name in STRIDE_PARAMS]
-        params += [(name, "f32") for name in FLOAT_PARAMS]
+        params += [(name, "i64") for name in STRIDE_PARAMS + (SCALE_STRIDES if self.quantized else ())]
+        params += [(name, "f32") for name in FLOAT_PARAMS + (QUANTIZED_FLOATS if self.quantized else ())]
         return tuple(params)
 
     def kernel(self) -> "PagedDecode":
-        return PagedDecode(self)
+        return PagedDecodeScaledCache(self) if self.quantized else PagedDecode(self)
 
     def compile_args(self) -> tuple:
         dtype = dsl_dtype(self.dtype)
-        pointers = [fake_ptr(dtype, 16) for _ in LOADED]
+        pointers = [fake_ptr(dsl_dtype(self.tma_dtype), 16) for _ in LOADED]
         pointers += [fake_ptr(dtype, 16), fake_ptr(dtype, 16), fake_ptr(cutlass.Float32, 4)]
         pointers += [fake_ptr(cutlass.Int32, 4), fake_ptr(cutlass.Int32, 4)]
         pointers += [fake_ptr(cutlass.Float32, 16), fake_ptr(cutlass.Float32, 4)]
-        return (*pointers, *_fake_scalars(), make_fake_stream())
+        if self.quantized:
+            pointers += [fake_ptr(cutlass.Float32, 4) for _ in SCALE_POINTERS]
+        return (*pointers, *_fake_scalars(self.quantized), make_fake_stream())
 
     # tensor maps (TmaVariant): the build encodes them on the CPU with the same code the kernel uses
     TMA_SLOTS = LOADED
 
-    @staticmethod
-    def fake_scalars() -> tuple:
-        return _fake_scalars()
+    def fake_scalars(self) -> tuple:
+        return _fake_scalars(self.quantized)
 
     def tensor_map_args(self, shape, addresses: list[int], out: int) -> tuple:
         """`shape`: (ints, strides): INT_PARAMS values and the caches' (page, row, head) strides."""
         ints, strides = shape
-        dtype = dsl_dtype(self.dtype)
+        dtype = dsl_dtype(self.tma_dtype)
         pointers = [make_ptr(dtype, a, AddressSpace.gmem, assumed_align=16) for a in addresses]
         out_ptr = make_ptr(cutlass.Uint8, out, AddressSpace.gmem, assumed_align=64)
         return (
@@ -188,13 +211,15 @@ class PagedDecodeVariant(TmaVariant):
         )
 
 
-def _fake_scalars() -> tuple:
+def _fake_scalars(quantized: bool = False) -> tuple:
     """Stand-ins for the integer, cache-stride, stride and float argument tuples."""
+    strides = STRIDE_PARAMS + (SCALE_STRIDES if quantized else ())
+    floats = FLOAT_PARAMS + (QUANTIZED_FLOATS if quantized else ())
     return (
         tuple(cutlass.Int32(1) for _ in INT_PARAMS),
         tuple(cutlass.Int64(8) for _ in range(6)),  # (page, row, head) strides of the K and V caches
-        tuple(cutlass.Int64(8) for _ in STRIDE_PARAMS),
-        tuple(cutlass.Float32(1.0) for _ in FLOAT_PARAMS),
+        tuple(cutlass.Int64(8) for _ in strides),
+        tuple(cutlass.Float32(1.0) for _ in floats),
     )
 
 
@@ -264,7 +289,9 @@ class PagedDecode:
 
     def __init__(self, variant: PagedDecodeVariant):
         self.variant = variant
-        self.dtype = dsl_dtype(variant.dtype)
+        self.dtype = dsl_dtype(variant.dtype)  # Q's and O's
+        self.cache_dtype = dsl_dtype(variant.tma_dtype)  # what TMA loads
+        self.mma_dtype = self.dtype  # the MMAs' operands in shared memory and P
         self.head_dim = variant.head_dim
         self.page_size = variant.page_size
         self.tiles = variant.tile_shape
@@ -279,11 +306,15 @@ class PagedDecode:
         self.shared_storage = self._shared_storage()
         self.smem_bytes = self.shared_storage.size_in_bytes()
         (k_tma, mK), (v_tma, mV) = self.tma_loads(k, v, ints, cache_strides)
-        batch, heads_kv, row_blocks, splits = ints[0], ints[1], ints[5], ints[10]
-        self.kernel(
+        kernel = self.kernel(
             k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
             *ints, *strides, *floats,
-        ).launch(
+        )  # fmt: skip
+        self._launch(kernel, ints, stream)
+
+    def _launch(self, kernel, ints: tuple, stream):
+        batch, heads_kv, row_blocks, splits = ints[0], ints[1], ints[5], ints[10]
+        kernel.launch(
             grid=(splits, heads_kv * row_blocks, batch),
             block=[THREADS, 1, 1],
             smem=self.smem_bytes,
@@ -328,9 +359,15 @@ class PagedDecode:
         (box_rows, 64) lands in one piece of the tile."""
         t = self.tiles
         d = self.head_dim
-        sQ = sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (ROWS, t.block_n, d), self.dtype, 1)
-        sK = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (ROWS, t.block_n, d), self.dtype, t.stages)
-        sV = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, (ROWS, d, t.block_n), self.dtype, t.stages)
+        return self._mma_layouts(t.stages)
+
+    def _mma_layouts(self, stages: int):
+        """Q, and `stages` of K and V, in the MMA's dtype and swizzles."""
+        t = self.tiles
+        d = self.head_dim
+        sQ = sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (ROWS, t.block_n, d), self.mma_dtype, 1)
+        sK = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (ROWS, t.block_n, d), self.mma_dtype, stages)
+        sV = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, (ROWS, d, t.block_n), self.mma_dtype, stages)
         return cute.select(sQ, mode=[0, 1]), sK, sV
 
     def _box_layouts(self):
@@ -363,10 +400,10 @@ class PagedDecode:
         t = self.tiles
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         qk = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, k_major, cutlass.Float32, (1, 1, 1), (ROWS, t.block_n)
+            self.mma_dtype, self.mma_dtype, k_major, k_major, cutlass.Float32, (1, 1, 1), (ROWS, t.block_n)
         )
         pv = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, mn_major, cutlass.Float32, (1, 1, 1), (ROWS, self.head_dim),
+            self.mma_dtype, self.mma_dtype, k_major, mn_major, cutlass.Float32, (1, 1, 1), (ROWS, self.head_dim),
             warpgroup.OperandSource.RMEM,
         )  # fmt: skip
         return qk, pv
@@ -384,7 +421,7 @@ class PagedDecode:
                 num_stages=t.stages,
                 producer_group=producer,
                 consumer_group=consumers,
-                tx_count=t.block_n * self.head_dim * (self.dtype.width // 8),
+                tx_count=t.block_n * self.head_dim * (self.cache_dtype.width // 8),
                 defer_sync=True,
             )
 
@@ -430,6 +467,22 @@ class PagedDecode:
         scale_log2: cutlass.Float32,
         score_scale: cutlass.Float32,
     ):
+        self._main(
+            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
+            batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
+            window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
+            None,
+        )  # fmt: skip
+
+    @cute.jit
+    def _main(
+        self, k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
+        batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
+        window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
+        scaled,
+    ):  # fmt: skip
+        """The kernel's body; `scaled`: None, or a quantized cache's (k_scale, v_scale, their head
+        strides, q_scale)."""
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
         split, head_rows, b = cute.arch.block_idx()
@@ -444,6 +497,17 @@ class PagedDecode:
         key_end = cutlass.min(key_first + chunk, kv_len)
         blocks = cutlass.max(key_end - key_first + (t.block_n - 1), 0) // t.block_n
         work = Work(b, head_rows // row_blocks, head_rows % row_blocks, kv_len, capacity, key_first, blocks)
+        dequant = None
+        if cutlass.const_expr(scaled is not None):
+            # K's scale joins the scores' (in the tanh with softcap), V's multiplies O at the end
+            k_scale, v_scale, k_scale_sh, v_scale_sh, q_scale = scaled
+            k_descale = cute.make_tensor(k_scale + cutlass.Int64(work.head_kv) * k_scale_sh, cute.make_layout(1))[0]
+            v_descale = cute.make_tensor(v_scale + cutlass.Int64(work.head_kv) * v_scale_sh, cute.make_layout(1))[0]
+            if cutlass.const_expr(self.variant.softcap):
+                score_scale = score_scale * k_descale
+            else:
+                scale_log2 = scale_log2 * k_descale
+            dequant = (v_descale, q_scale)
         # the first block's page ids do not depend on the length: their loads overlap its load
         pt_row = page_table + cutlass.Int64(b) * pt_sb
         first_pages = self._block_pages(pt_row, work, 0, pages)
@@ -452,7 +516,7 @@ class PagedDecode:
         args = (
             work, (k_tma, mK), (v_tma, mV), q, (q_sb, q_sh, q_ss), (o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss),
             (o_partial, lse_partial), (pt_row, first_pages), (group, s_new, rows, splits, split, window_left),
-            (heads_kv, pages, rows_per_page), (scale_log2, score_scale), tidx, warp,
+            (heads_kv, pages, rows_per_page), (scale_log2, score_scale, dequant), tidx, warp,
         )  # fmt: skip
         if cutlass.const_expr(self.variant.split):
             if blocks > 0:
@@ -466,18 +530,23 @@ class PagedDecode:
         heads_kv, pages, rows_per_page = extents
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         k_pipe, v_pipe = self._pipelines(storage)
-        sQ_layout, sK_layout, sV_layout = self._smem_layouts()
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sQ, sK, sV, loaded = self._smem_tensors(storage)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if warp == PRODUCER_WARP:
             if tidx % 32 == 0:
-                self._produce(k_pipe, v_pipe, sK, sV, k_load, v_load, work, page_ids, pages, rows_per_page)
+                self._produce(k_pipe, v_pipe, *loaded, k_load, v_load, work, page_ids, pages, rows_per_page)
         else:
-            self._consume(k_pipe, v_pipe, sQ, sK, sV, work, geometry, q, q_strides, tidx, scales, o_args,
+            self._consume(k_pipe, v_pipe, sQ, sK, sV, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
                           lse_args, partials, heads_kv)  # fmt: skip
+
+    def _smem_tensors(self, storage):
+        """(Q, K, V) as the MMAs read them, and the (K, V) rings TMA writes: the same tiles."""
+        sQ_layout, sK_layout, sV_layout = self._smem_layouts()
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        return sQ, sK, sV, (sK, sV)
 
     # ---------------------------------------------------------------- producer
     def _box_page(self, pt_row, key, pages):
@@ -552,9 +621,10 @@ class PagedDecode:
 
     # ---------------------------------------------------------------- consumer
     @cute.jit
-    def _load_q(self, sQ, q, q_strides, work, group, rows, tidx):
+    def _load_q(self, sQ, q, q_strides, work, group, rows, tidx, q_scale):
         """The CTA's query rows (token t, head g of the group; g fastest) into shared memory in
-        16-byte pieces; rows past the last are zeros (their results are never stored)."""
+        16-byte pieces; rows past the last are zeros (their results are never stored). With
+        `q_scale` (a quantized cache) Q is scaled and converted to the MMA's fp16, saturating."""
         q_sb, q_sh, q_ss = (cute.assume(x, divby=8) for x in q_strides)
         elems = 8
         per_row = self.head_dim // elems
@@ -571,22 +641,32 @@ class PagedDecode:
                 src = cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(elems))
                 vec.store(src.load())
             dst = cute.local_tile(sQ, (1, elems), (r, col // elems))
-            dst.store(cute.make_tensor(vec.iterator, cute.make_layout((1, elems))).load())
+            if cutlass.const_expr(q_scale is None):
+                dst.store(cute.make_tensor(vec.iterator, cute.make_layout((1, elems))).load())
+            else:
+                limit = cutlass.Float32(MMA_FINITE_MAX)
+                scaled = cute.make_rmem_tensor(elems, cutlass.Float32)
+                scaled.store(vec.load().to(cutlass.Float32) * q_scale)
+                for e in cutlass.range_constexpr(elems):
+                    scaled[e] = cutlass.max(cutlass.min(scaled[e], limit), -limit)
+                wide = cute.make_rmem_tensor(elems, self.mma_dtype)
+                wide.store(scaled.load().to(self.mma_dtype))
+                dst.store(cute.make_tensor(wide.iterator, cute.make_layout((1, elems))).load())
         cute.arch.fence_proxy("async.shared", space="cta")
         pipeline.NamedBarrier(barrier_id=Barrier.DECODE_Q, num_threads=128).arrive_and_wait()
 
     @cute.jit
-    def _consume(self, k_pipe, v_pipe, sQ, sK, sV, work, geometry, q, q_strides, tidx, scales, o_args, lse_args,
-                 partials, heads_kv):  # fmt: skip
+    def _consume(self, k_pipe, v_pipe, sQ, sK, sV, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
+                 lse_args, partials, heads_kv):  # fmt: skip
         t = self.tiles
         group, s_new, rows, splits, split, window_left = geometry
-        scale_log2, score_scale = scales
+        scale_log2, score_scale, dequant = scales
         ring = Ring(t.stages)
         qk_mma, pv_mma = self._mmas()
         qk_mma.set(warpgroup.Field.ACCUMULATE, True)
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
         qk_thr, pv_thr = qk_mma.get_slice(tidx), pv_mma.get_slice(tidx)
-        self._load_q(sQ, q, q_strides, work, group, rows, tidx)
+        self._load_q(sQ, q, q_strides, work, group, rows, tidx, None if dequant is None else dequant[1])
         tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N, K, stage)
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
@@ -595,51 +675,70 @@ class PagedDecode:
         softmax = OnlineSoftmax.create(cute.size(wgmma_rows_by_cols(acc_O).shape[0]), scale_log2)
         softmax.reset()
         s_shape = qk_thr.partition_shape_C((ROWS, t.block_n))
-        rP = cute.make_rmem_tensor(c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
+        rP = cute.make_rmem_tensor(c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.mma_dtype)
         v = self.variant
         mask = DecodeMask.of(v.causal, v.window, window_left, s_new, work.kv_len, group, work.row_block * ROWS)
+        tiles = (sK, sV, loaded)
 
         if work.blocks > 0:
             # step j issues S_j = Q K_jᵀ with O += P_{j-1} V_{j-1}; softmax(S_j) runs under P V
             acc_S = qk_thr.make_fragment_C(s_shape)
             acc_S.fill(0.0)
-            k_pipe.sync_object_full.wait(0, 0)
+            k_tile, _ = self._operands(k_pipe, v_pipe, (0, 0), None, tiles, tidx)
             warpgroup.fence()
-            self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, 0)
+            self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, k_tile)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            k_pipe.sync_object_empty.arrive(0, None)
+            self._release(k_pipe, 0)
             self._scores(qk_thr, acc_S, softmax, mask, work.key_first, score_scale)
-            cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+            cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.mma_dtype))
             for j in range(1, work.blocks, 1):
                 stage, phase = ring.at(j)
                 prev_stage, prev_phase = ring.at(j - 1)
                 acc_S = qk_thr.make_fragment_C(s_shape)
                 acc_S.fill(0.0)
-                k_pipe.sync_object_full.wait(stage, phase)
-                v_pipe.sync_object_full.wait(prev_stage, prev_phase)
+                k_tile, v_tile = self._operands(k_pipe, v_pipe, (stage, phase), (prev_stage, prev_phase), tiles, tidx)
                 warpgroup.fence()
-                self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage)
+                self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, k_tile)
                 warpgroup.commit_group()
-                self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage)
+                self._gemm_pv(pv_mma, acc_O, rP, tOrV, v_tile)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)  # S_j is ready; P V may still run
-                k_pipe.sync_object_empty.arrive(stage, None)
+                self._release(k_pipe, stage)
                 self._scores(qk_thr, acc_S, softmax, mask, work.key_first + j * t.block_n, score_scale)
                 warpgroup.wait_group(0)
-                v_pipe.sync_object_empty.arrive(prev_stage, None)
+                self._release(v_pipe, prev_stage)
                 softmax.rescale(wgmma_rows_by_cols(acc_O))
-                cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+                cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.mma_dtype))
             last_stage, last_phase = ring.at(work.blocks - 1)
-            v_pipe.sync_object_full.wait(last_stage, last_phase)
+            _, v_tile = self._operands(k_pipe, v_pipe, None, (last_stage, last_phase), tiles, tidx)
             warpgroup.fence()
-            self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
+            self._gemm_pv(pv_mma, acc_O, rP, tOrV, v_tile)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            v_pipe.sync_object_empty.arrive(last_stage, None)
+            self._release(v_pipe, last_stage)
 
         softmax.normalize(wgmma_rows_by_cols(acc_O))  # no keys: O = 0, LSE = -inf
+        if cutlass.const_expr(dequant is not None):
+            acc_O.store(acc_O.load() * dequant[0])
         self._epilogue(pv_thr, acc_O, softmax, work, geometry, o_args, lse_args, partials, heads_kv)
+
+    @cute.jit
+    def _operands(self, k_pipe, v_pipe, k_at, v_at, tiles, tidx):
+        """Wait for this step's K block (`k_at`: its (stage, phase) in the ring, or None) and V
+        block; the stage of each in the MMAs' tiles (here: the ring's own)."""
+        k_tile, v_tile = 0, 0
+        if cutlass.const_expr(k_at is not None):
+            k_pipe.sync_object_full.wait(k_at[0], k_at[1])
+            k_tile = k_at[0]
+        if cutlass.const_expr(v_at is not None):
+            v_pipe.sync_object_full.wait(v_at[0], v_at[1])
+            v_tile = v_at[0]
+        return k_tile, v_tile
+
+    def _release(self, pipe, stage):
+        """The MMAs are done with a ring stage: the producer may refill it."""
+        pipe.sync_object_empty.arrive(stage, None)
 
     @cute.jit
     def _gemm_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage):
@@ -696,3 +795,204 @@ class PagedDecode:
                             at = cutlass.Int64(work.batch) * lse_sb + cutlass.Int64(head) * lse_sh
                             at = at + cutlass.Int64(token) * lse_ss
                             cute.make_tensor(lse + at, cute.make_layout(1))[0] = softmax.lse(r)
+
+
+# ------------------------------------------------------------------------------ a quantized cache
+
+
+class PagedDecodeScaledCache(PagedDecode):
+    """The kernel over a quantized (e4m3) cache, whose element x holds value x * scale (float32
+    scales per tensor or per KV head, device tensors). TMA brings the cache's bytes into a ring
+    of plain (keys, d) tiles, half a bf16 ring's bytes; the consumer warpgroup converts each
+    block into one fp16 K and one fp16 V tile in WGMMA's swizzles (e4m3 to fp16 is exact, one
+    instruction per pair): step j converts K_j and V_{j-1} between two barriers, the first
+    after every warp's MMAs of step j - 1 are done with the tiles. Q is multiplied by the
+    softmax scale and converted to fp16 (saturating at 65504); K's scale multiplies the scores,
+    V's the output."""
+
+    def __init__(self, variant: PagedDecodeVariant):
+        super().__init__(variant)
+        self.mma_dtype = dsl_dtype(MMA_DTYPE_OF_SCALED)
+
+    @cute.jit
+    def __call__(
+        self, k, v, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, k_scale, v_scale,
+        ints: tuple, cache_strides: tuple, strides: tuple, floats: tuple, stream,
+    ):  # fmt: skip
+        self.shared_storage = self._shared_storage()
+        self.smem_bytes = self.shared_storage.size_in_bytes()
+        (k_tma, mK), (v_tma, mV) = self.tma_loads(k, v, ints, cache_strides)
+        kernel = self.kernel_scaled(
+            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, k_scale, v_scale,
+            *ints, *strides, *floats,
+        )  # fmt: skip
+        self._launch(kernel, ints, stream)
+
+    @cute.jit
+    def tma_loads(self, k, v, ints: tuple, cache_strides: tuple):
+        """Both caches seen like K in the base kernel, (rows, d, h_kv, wrap, start), a box being
+        (box_rows, d) of plain rows: the conversion, not the MMA, reads them."""
+        t = self.tiles
+        d = self.head_dim
+        heads_kv = ints[1]
+        _, k_ss, k_sh, _, v_ss, v_sh = (cute.assume(x, divby=16) for x in cache_strides)
+        rows, wrap = RAGGED_ROWS, RAGGED_EXTENT
+        k_wrap, v_wrap = (cute.assume(RAGGED_WRAP - x, divby=16) for x in (k_ss, v_ss))
+        gK = cute.make_tensor(
+            k, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(k_ss, 1, k_sh, k_wrap, k_ss))
+        )
+        gV = cute.make_tensor(
+            v, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(v_ss, 1, v_sh, v_wrap, v_ss))
+        )
+        box = cute.make_layout((t.box_rows, d), stride=(d, 1))
+        op = cpasync.CopyBulkTensorTileG2SOp()
+        k_info = cpasync.make_tiled_tma_atom(op, gK, box, (t.box_rows, d))
+        v_info = cpasync.make_tiled_tma_atom(op, gV, box, (t.box_rows, d))
+        return (k_info[0], k_info[1]), (v_info[0], v_info[1])
+
+    def _smem_layouts(self):
+        """Q and one K and V tile in fp16 (what the MMAs read)."""
+        return self._mma_layouts(1)
+
+    def _ring_layout(self):
+        """The cache's ring: `stages` blocks of (block_n, d) plain rows."""
+        t = self.tiles
+        d = self.head_dim
+        return cute.make_layout((t.block_n, d, t.stages), stride=(d, 1, t.block_n * d))
+
+    def _shared_storage(self):
+        t = self.tiles
+        mma, cache = self.mma_dtype, self.cache_dtype
+        q_elems, k_elems, v_elems = (cute.cosize(x) for x in self._smem_layouts())
+        ring_elems = cute.cosize(self._ring_layout())
+        stages = t.stages
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[mma, q_elems], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[mma, k_elems], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[mma, v_elems], 1024]
+            ringK: cute.struct.Align[cute.struct.MemRange[cache, ring_elems], 1024]
+            ringV: cute.struct.Align[cute.struct.MemRange[cache, ring_elems], 1024]
+            k_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            v_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+
+        limit = min(SMEM_LIMIT, SMEM_PER_SM // t.ctas_per_sm - 1024)
+        if SharedStorage.size_in_bytes() > limit:
+            raise ValueError(f"{t} needs {SharedStorage.size_in_bytes()} bytes of shared memory, over {limit}")
+        return SharedStorage
+
+    def _smem_tensors(self, storage):
+        sQ, sK, sV, _ = super()._smem_tensors(storage)
+        ring = self._ring_layout()
+        return sQ, sK, sV, (storage.ringK.get_tensor(ring), storage.ringV.get_tensor(ring))
+
+    @cute.jit
+    def _load_block(self, pipe, tma, mX, sX, block, work, rows_per_page, keys_mode: int):
+        """One K or V block into its ring stage, box by box: `box_rows` keys of one page (ragged:
+        rows the sequence lacks are zero-filled) by the whole head dim."""
+        t = self.tiles
+        key0, block_pages, stage, phase = block
+        pipe.sync_object_empty.wait(stage, phase ^ 1)
+        pipe.sync_object_full.arrive(stage, None)
+        for i in cutlass.range_constexpr(t.block_n // t.box_rows):
+            key = key0 + i * t.box_rows
+            page, valid = self._box_extent(block_pages[i], key, work.kv_len)
+            start = page * rows_per_page + key % self.page_size + valid
+            rows = mX[None, None, work.head_kv, RAGGED_ROWS, start]
+            g_box = cute.local_tile(
+                cute.domain_offset((RAGGED_ROWS - valid, 0), rows), (t.box_rows, self.head_dim), (0, 0)
+            )
+            s_box = cute.local_tile(sX[None, None, stage], (t.box_rows, self.head_dim), (i, 0))
+            self._copy_box(tma, s_box, g_box, pipe.sync_object_full.get_barrier(stage))
+
+    @cute.jit
+    def _operands(self, k_pipe, v_pipe, k_at, v_at, tiles, tidx):
+        """Convert this step's K block (`k_at`: its ring (stage, phase), or None) and V block into
+        the fp16 tiles, freeing their ring stages at once; the tiles' stage is 0."""
+        sK, sV, (ringK, ringV) = tiles
+        tiles_barrier = pipeline.NamedBarrier(barrier_id=Barrier.DECODE_TILES, num_threads=128)
+        tiles_barrier.arrive_and_wait()  # every warp's MMAs of the step before are done with the tiles
+        if cutlass.const_expr(k_at is not None):
+            k_pipe.sync_object_full.wait(k_at[0], k_at[1])
+            self._convert(ringK[None, None, k_at[0]], sK[None, None, 0], True, tidx)
+            k_pipe.sync_object_empty.arrive(k_at[0], None)
+        if cutlass.const_expr(v_at is not None):
+            v_pipe.sync_object_full.wait(v_at[0], v_at[1])
+            self._convert(ringV[None, None, v_at[0]], sV[None, None, 0], False, tidx)
+            v_pipe.sync_object_empty.arrive(v_at[0], None)
+        cute.arch.fence_proxy("async.shared", space="cta")  # the MMAs read through the async proxy
+        tiles_barrier.arrive_and_wait()
+        return 0, 0
+
+    def _release(self, pipe, stage):
+        """Nothing: the conversion freed the ring stage."""
+
+    @cute.jit
+    def _convert(self, src, dst, keys_first: bool, tidx):
+        """One block of the cache, (block_n, d) e4m3 rows, into its fp16 tile: K's (keys, d) or
+        V's (d, keys), 16 elements a thread at a time (a 16-byte load, two 16-byte stores)."""
+        per_row = self.head_dim // 16
+        for i in cutlass.range_constexpr(self.tiles.block_n * per_row // 128):
+            piece = i * 128 + tidx
+            key, col = piece // per_row, (piece % per_row) * 16
+            wide = cute.make_rmem_tensor(16, self.mma_dtype)
+            wide.store(cute.local_tile(src, (1, 16), (key, col // 16)).load().to(self.mma_dtype))
+            for h in cutlass.range_constexpr(2):
+                if cutlass.const_expr(keys_first):
+                    half = cute.make_tensor(wide.iterator + 8 * h, cute.make_layout((1, 8)))
+                    cute.local_tile(dst, (1, 8), (key, col // 8 + h)).store(half.load())
+                else:
+                    half = cute.make_tensor(wide.iterator + 8 * h, cute.make_layout((8, 1)))
+                    cute.local_tile(dst, (8, 1), (col // 8 + h, key)).store(half.load())
+
+    @cute.kernel
+    def kernel_scaled(
+        self,
+        k_tma: cute.CopyAtom,
+        mK: cute.Tensor,
+        v_tma: cute.CopyAtom,
+        mV: cute.Tensor,
+        q: cute.Pointer,
+        o: cute.Pointer,
+        lse: cute.Pointer,
+        page_table: cute.Pointer,
+        seq_len_kv: cute.Pointer,
+        o_partial: cute.Pointer,
+        lse_partial: cute.Pointer,
+        k_scale: cute.Pointer,
+        v_scale: cute.Pointer,
+        batch: cutlass.Int32,
+        heads_kv: cutlass.Int32,
+        group: cutlass.Int32,
+        s_new: cutlass.Int32,
+        rows: cutlass.Int32,
+        row_blocks: cutlass.Int32,
+        max_pages: cutlass.Int32,
+        pages: cutlass.Int32,
+        rows_per_page: cutlass.Int32,
+        chunk: cutlass.Int32,
+        splits: cutlass.Int32,
+        window_left: cutlass.Int32,
+        q_sb: cutlass.Int64,
+        q_sh: cutlass.Int64,
+        q_ss: cutlass.Int64,
+        o_sb: cutlass.Int64,
+        o_sh: cutlass.Int64,
+        o_ss: cutlass.Int64,
+        lse_sb: cutlass.Int64,
+        lse_sh: cutlass.Int64,
+        lse_ss: cutlass.Int64,
+        pt_sb: cutlass.Int64,
+        k_scale_sh: cutlass.Int64,
+        v_scale_sh: cutlass.Int64,
+        scale_log2: cutlass.Float32,
+        score_scale: cutlass.Float32,
+        q_scale: cutlass.Float32,
+    ):
+        self._main(
+            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
+            batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
+            window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
+            (k_scale, v_scale, k_scale_sh, v_scale_sh, q_scale),
+        )  # fmt: skip

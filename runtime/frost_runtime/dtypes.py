@@ -1,8 +1,9 @@
 """The element types, defined once: what every stage of frostc and the runtime knows of a dtype
 derives from this table (the names a description and a plan use, the element size, a slot's
 pointer alignment, the __cuda_array_interface__ and torch forms, the Hugging Face config name,
-the CuTe DSL type, and whether attention's data tensors may have it). Adding a dtype is a row
-here, plus the kernels that support it and their tests.
+the CuTe DSL type, whether attention's data tensors may have it, and whether a paged KV cache
+may, with scale factors). Adding a dtype is a row here, plus the kernels that support it and
+their tests.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class DType:
     dsl: str  # the CuTe DSL type's name in `cutlass`: "BFloat16"
     hf: str | None  # a Hugging Face config's torch_dtype / dtype value, None for none
     attention: bool  # q, k, v, o and the caches may have it
+    scaled: bool = False  # a quantized paged KV cache: stored as x / scale, with float32 scales
 
 
 DTYPES: dict[str, DType] = {
@@ -29,10 +31,15 @@ DTYPES: dict[str, DType] = {
         DType("fp16", 2, 16, "<f2", "float16", "Float16", "float16", True),
         DType("fp32", 4, 4, "<f4", "float32", "Float32", "float32", False),
         DType("int32", 4, 4, "<i4", "int32", "Int32", None, False),
+        DType("e4m3", 1, 16, "|V1", "float8_e4m3fn", "Float8E4M3FN", None, False, scaled=True),
     )
 }
 NAMES = tuple(DTYPES)
 ATTENTION = tuple(name for name, d in DTYPES.items() if d.attention)  # data tensors of sdpa and kv_append
+SCALED_CACHE = tuple(name for name, d in DTYPES.items() if d.scaled)  # a paged cache's quantized forms
+KV_CACHE = ATTENTION + SCALED_CACHE  # a paged cache's elements
+SCALE_DTYPE = "fp32"  # a quantized cache's scale factors
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn: quantizing saturates to it
 ELEMENT_BYTES = {name: d.bytes for name, d in DTYPES.items()}
 
 
