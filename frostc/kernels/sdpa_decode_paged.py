@@ -357,9 +357,7 @@ class PagedDecode:
         """Q (rows, d), K (keys, d, stage), V (d, keys, stage), in WGMMA's swizzles. For each
         64-wide piece of d the keys of a stage are contiguous 128-byte rows, so a TMA box of
         (box_rows, 64) lands in one piece of the tile."""
-        t = self.tiles
-        d = self.head_dim
-        return self._mma_layouts(t.stages)
+        return self._mma_layouts(self.tiles.stages)
 
     def _mma_layouts(self, stages: int):
         """Q, and `stages` of K and V, in the MMA's dtype and swizzles."""
