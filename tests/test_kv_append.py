@@ -95,7 +95,7 @@ def test_valid_node() -> None:
         ({"tensors.k_new.dtype": "fp32"}, "tensors.k_new.dtype", ("bf16 or fp16", "fp32", 'dtype = "bf16"')),
         ({"tensors.v_new.dtype": "fp16"}, "tensors.v_new.dtype", ("does not match k's bf16", 'dtype = "bf16"')),
         ({"tensors.k_cache.dtype": "fp16"}, "tensors.k_cache.dtype", ("does not match k's bf16", "caches")),
-        ({"tensors.v_cache.dtype": "int32"}, "tensors.v_cache.dtype", ("v_cache must be bf16 or fp16",)),
+        ({"tensors.v_cache.dtype": "int32"}, "tensors.v_cache.dtype", ("v_cache must be bf16 or fp16 or e4m3",)),
         ({"tensors.page_table.dtype": "fp32"}, "tensors.page_table.dtype", ("page ids", "int32")),
         ({"tensors.cache_len.dtype": "bf16"}, "tensors.cache_len.dtype", ("sequence lengths", "int32")),
         ({"tensors.k_new.dims": [B, HKV, D]}, "tensors.k_new.dims", ("(b, hkv, s_new, d)", "rank 4", "rank 3")),

@@ -12,6 +12,9 @@ page_table[b, p // page_size], row p % page_size. The lengths and the page table
 device (the caller writes them before each execute); a position outside the sequence's
 capacity (max_pages * page_size) or a page id outside [0, pages) is skipped, so the plan never
 writes outside the caches, whatever they hold.
+
+The caches may be e4m3 (quantized) with k_scale and v_scale (float32, (hkv,) or (1,)): each new
+element is stored as x * (1 / scale), rounded to nearest even, saturated to +-448.
 """
 
 from __future__ import annotations
@@ -24,11 +27,17 @@ from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.kernels.kv_append import INT_PARAMS, STRIDE_PARAMS, KvAppendVariant
-from frostc.ops.paged_cache import new_tokens_problem, page_size_problem
+from frostc.ops.paged_cache import (
+    cache_dtype_problem,
+    check_cache_scales,
+    is_scaled,
+    new_tokens_problem,
+    page_size_problem,
+)
 from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout
 from frostc.resolved import ResolvedLaunch, launch_args
 
-KEYS = ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv")
+KEYS = ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv", "k_scale", "v_scale")
 
 DATA_DTYPES = ATTENTION  # frost_runtime.dtypes
 INDEX_DTYPE = "int32"
@@ -70,6 +79,8 @@ class KvAppend:
     pages: int
     page_size: int
     max_pages: int
+    k_scale: str | None = None  # e4m3 caches: their scales
+    v_scale: str | None = None
 
     @property
     def capacity(self) -> int:
@@ -78,7 +89,8 @@ class KvAppend:
 
     @property
     def inputs(self) -> tuple[tuple[str, str], ...]:
-        return (("k", self.k), ("v", self.v), ("page_table", self.page_table), ("seq_len_kv", self.seq_len_kv))
+        roles = (("k", self.k), ("v", self.v), ("page_table", self.page_table), ("seq_len_kv", self.seq_len_kv))
+        return roles + tuple((r, n) for r, n in (("k_scale", self.k_scale), ("v_scale", self.v_scale)) if n)
 
     @property
     def outputs(self) -> tuple[tuple[str, str], ...]:
@@ -104,6 +116,7 @@ def validate(ctx: NodeContext) -> KvAppend | None:
             tensors[role] = c
     sizes = _check_shapes(tensors, ctx)
     _check_dtypes(tensors, ctx)
+    check_cache_scales(ctx, (tensors.get("k_cache"), tensors.get("v_cache")), (sizes or {}).get("hkv"))
     if len(ctx.problems) > before or ctx.name is None or sizes is None:
         return None
     return KvAppend(
@@ -155,7 +168,10 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext) -> None:
     for role, c in tensors.items():
         if c.dtype is None:
             continue
-        if role in ("k", "v", "k_cache", "v_cache"):
+        if role in ("k_cache", "v_cache"):
+            if message := cache_dtype_problem(f"kv_append {role}", c.dtype, k_dtype, "k"):
+                ctx.problems_at(c.at("dtype"), message)
+        elif role in ("k", "v"):
             if c.dtype not in DATA_DTYPES:
                 message = f'kv_append {role} must be {" or ".join(DATA_DTYPES)}, got "{c.dtype}"'
                 ctx.problems_at(c.at("dtype"), message + f'; write dtype = "{k_dtype or DATA_DTYPES[0]}"')
@@ -181,7 +197,8 @@ def resolve(node: KvAppend, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         return ()
     # the kernel clamps to this (never writing outside the caches); check_lengths checks it
     ctx.length_contract(node.seq_len_kv, "lengths", node.capacity)
-    variant = KvAppendVariant(ctx.slot(node.k).dtype, node.head_dim)
+    cache = ctx.slot(node.k_cache).dtype
+    variant = KvAppendVariant(ctx.slot(node.k).dtype, node.head_dim, cache if is_scaled(cache) else None)
     slots = {role: ctx.slot(name) for role, name in node.inputs + node.outputs}
     values = {
         "heads_kv": node.heads_kv,
@@ -197,6 +214,9 @@ def resolve(node: KvAppend, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         slot = slots[role]
         values |= {f"{role}.stride_{x}": st if n > 1 else 0 for x, st, n in zip(names, slot.strides, slot.dims)}
     values["page_table.stride_b"] = slots["page_table"].strides[0]
+    for role in ("k_scale", "v_scale"):  # one scale per kv head, or one for all (stride 0)
+        if role in slots:
+            values[f"{role}.stride_h"] = slots[role].strides[0] if slots[role].dims[0] > 1 else 0
     assert all(p in values for p in STRIDE_PARAMS)
     args = launch_args(variant, slots, {}, values)
     return (ResolvedLaunch(node.name, variant, (node.batch, node.s_new, 1), args),)

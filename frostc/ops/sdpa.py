@@ -12,7 +12,8 @@ support, and how a node becomes launches. Three forms of sequence lengths:
   paged   q (b, hq, s_new, d) a few new tokens per sequence, k and v a paged KV cache
           (pages, page_size, hkv, d), page_table (int32, (b, max_pages)) and seq_len_kv (int32,
           (b,)): each sequence's keys are its first seq_len_kv cache positions, position p in
-          page page_table[b, p // page_size]; resolved by `frostc.ops.sdpa_paged` (split-KV)
+          page page_table[b, p // page_size]; resolved by `frostc.ops.sdpa_paged` (split-KV);
+          the caches may be e4m3 with k_scale and v_scale (float32, (hkv,) or (1,))
 
 Variable lengths stay on the device: the plan fixes capacities (batch, tokens or rows,
 max_seqlen_*), a scheduling kernel of the same plan turns the lengths into a tile list in the
@@ -36,7 +37,13 @@ from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant, tiles_for_
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
 from frostc.ops import sdpa_paged
-from frostc.ops.paged_cache import new_tokens_problem, page_size_problem
+from frostc.ops.paged_cache import (
+    SCALE_ROLES,
+    cache_dtype_problem,
+    check_cache_scales,
+    new_tokens_problem,
+    page_size_problem,
+)
 from frostc.ops.rows import HEAD_DIMS, INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
 from frostc.resolved import ResolvedLaunch, launch_args
 
@@ -44,7 +51,7 @@ KEYS = (
     "q", "k", "v", "o", "lse",
     "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "max_seqlen_q", "max_seqlen_kv",
     "attn_scale", "causal", "diagonal_alignment", "window_left", "window_right", "softcap", "inference",
-    "page_table", "debug_tile_visits",
+    "page_table", "k_scale", "v_scale", "debug_tile_visits",
 )  # fmt: skip
 
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -144,6 +151,8 @@ class Sdpa:
     page_table: str | None = None  # paged: seq_kv is max_pages * page_size, the capacity
     page_size: int = 0
     pages: int = 0
+    k_scale: str | None = None  # paged, e4m3 caches: their scales
+    v_scale: str | None = None
     # a debug build: the dynamic tile walk counts each tile's visits into the workspace
     debug_tile_visits: bool = False
 
@@ -155,7 +164,8 @@ class Sdpa:
     def inputs(self) -> tuple[tuple[str, str], ...]:
         roles = [("q", self.q), ("k", self.k), ("v", self.v)]
         if self.form == "paged":
-            return tuple(roles) + (("page_table", self.page_table), ("seq_len_kv", self.kv_lengths))
+            roles += [("page_table", self.page_table), ("seq_len_kv", self.kv_lengths)]
+            return tuple(roles) + tuple((r, n) for r, n in (("k_scale", self.k_scale), ("v_scale", self.v_scale)) if n)
         length_keys = PACKED_KEYS if self.form == "packed" else PADDED_KEYS
         roles += [(key, name) for key, name in zip(length_keys, (self.q_lengths, self.kv_lengths)) if name]
         return tuple(roles)
@@ -189,7 +199,17 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         if c is not None:
             tensors[role] = c
     sizes = _check_shapes(tensors, dims_of, ctx)
-    _check_dtypes(tensors, ctx)
+    _check_dtypes(tensors, ctx, form)
+    if form == "paged":
+        check_cache_scales(ctx, (tensors.get("k"), tensors.get("v")), (sizes or {}).get("hkv"))
+    else:
+        for role in SCALE_ROLES:
+            if ctx.given(role):
+                ctx.problem(
+                    role,
+                    f"scales a quantized (e4m3) paged KV cache; the {form} form reads bf16 or fp16 k and v: remove "
+                    f"{role}",
+                )
     mask = _check_mask(ctx, form)
     scale = ctx.positive_float("attn_scale", "omit it for the default 1/sqrt(head dim)")
     default_scale = 1.0 / math.sqrt(sizes["d"]) if sizes and "d" in sizes else 1.0
@@ -238,6 +258,8 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         page_table=ctx.value("page_table") if paged else None,
         page_size=sizes["page_size"] if paged else 0,
         pages=sizes["pages"] if paged else 0,
+        k_scale=ctx.value("k_scale") if paged else None,
+        v_scale=ctx.value("v_scale") if paged else None,
         debug_tile_visits=bool(debug_tile_visits),
     )
 
@@ -323,13 +345,16 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
     return sizes if ok and all(n in sizes for n in ("hq", "hkv", "d")) else None
 
 
-def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext) -> None:
+def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> None:
     q = tensors.get("q")
     q_dtype = q.dtype if q is not None and q.dtype in DATA_DTYPES else None
     for role, c in tensors.items():
         if c.dtype is None:
             continue
-        if role in ("q", "k", "v", "o"):
+        if form == "paged" and role in ("k", "v"):
+            if message := cache_dtype_problem(f"the paged form's {role} (a cache)", c.dtype, q_dtype, "q"):
+                ctx.problems_at(c.at("dtype"), message)
+        elif role in ("q", "k", "v", "o"):
             if c.dtype not in DATA_DTYPES:
                 ctx.problems_at(c.at("dtype"), f'sdpa {role} must be {" or ".join(DATA_DTYPES)}, got "{c.dtype}"')
             elif q_dtype is not None and c.dtype != q_dtype:

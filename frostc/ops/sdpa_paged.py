@@ -21,6 +21,7 @@ from frostc.kernels.sdpa_common import LOG2_E
 from frostc.kernels.sdpa_decode_combine import INT_PARAMS as COMBINE_INT_PARAMS
 from frostc.kernels.sdpa_decode_combine import DecodeCombineVariant
 from frostc.kernels.sdpa_decode_paged import BLOCK_N, INT_PARAMS, ROWS, PagedDecodeVariant, decode_tiles
+from frostc.ops.paged_cache import is_scaled
 from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
 from frostc.resolved import ResolvedLaunch, launch_args
 
@@ -46,11 +47,13 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     if len(ctx.problems) > before:
         return ()
     ctx.length_contract(node.kv_lengths, "lengths", node.seq_kv)
-    ctas_per_sm = decode_tiles(node.head_dim, node.page_size, ctx.slot(node.q).dtype).ctas_per_sm
+    dtype, cache = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
+    cache = cache if is_scaled(cache) else None
+    ctas_per_sm = decode_tiles(node.head_dim, node.page_size, dtype, cache).ctas_per_sm
     splits, chunk = split_plan(node, ctas_per_sm, TARGET_SMS[ctx.graph.target])
     variant = PagedDecodeVariant(
-        ctx.slot(node.q).dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
-        window=node.mask.window_left is not None, softcap=node.mask.softcap is not None,
+        dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
+        window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, cache=cache,
     )  # fmt: skip
     if splits == 1:
         return (_attention_launch(node, variant, splits, chunk, None, ctx),)
@@ -180,12 +183,20 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
         for i, s in enumerate(("stride_b", "stride_h", "stride_s")):
             values[f"{role}.{s}"] = slot.strides[i] if slot is not None else 0
     values["page_table.stride_b"] = table.strides[0]
+    # a quantized cache's kernel scales Q by attn_scale itself (before fp16), and the scores by
+    # k_scale (read on the device): the scales below then leave attn_scale out
+    scale = 1.0 if variant.quantized else node.attn_scale
     if node.mask.softcap is None:
-        values["scale_log2"], values["score_scale"] = node.attn_scale * LOG2_E, 0.0
+        values["scale_log2"], values["score_scale"] = scale * LOG2_E, 0.0
     else:  # s -> softcap * tanh(s * scale / softcap): the tanh's argument, then the softmax's scale
-        values["scale_log2"], values["score_scale"] = node.mask.softcap * LOG2_E, node.attn_scale / node.mask.softcap
+        values["scale_log2"], values["score_scale"] = node.mask.softcap * LOG2_E, scale / node.mask.softcap
     values["k.extents"] = values["v.extents"] = node.heads_kv
     slots = {"k": k, "v": ctx.slot(node.v), "q": q, "o": o, "lse": lse, "page_table": table}
+    if variant.quantized:
+        values["q_scale"] = node.attn_scale
+        for role, name in (("k_scale", node.k_scale), ("v_scale", node.v_scale)):
+            slots[role] = ctx.slot(name)
+            values[f"{role}.stride_h"] = slots[role].strides[0] if slots[role].dims[0] > 1 else 0
     slots["seq_len_kv"] = ctx.slot(node.kv_lengths)
     # the partial results: workspace with several splits, unused (null) with one
     args = launch_args(variant, slots, workspace or {}, values)

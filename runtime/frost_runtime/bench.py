@@ -20,7 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from frost_runtime import workload
+from frost_runtime import dtypes, workload
 from frost_runtime.check import version_text
 
 SETTLE_S = 0.2  # bench/sdpa.py's SETTLE_S
@@ -95,13 +95,14 @@ def _empty(slot, device: str):
     random normal (int32: zeros), padding between rows included."""
     import torch
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32}[slot.dtype]
+    dtype = dtypes.torch_dtype(slot.dtype)
     extent = sum((d - 1) * s for d, s in zip(slot.dims, slot.strides)) + 1
-    storage = torch.empty(extent, dtype=dtype, device=device)
     if slot.dtype == "int32":
-        storage.zero_()
+        storage = torch.zeros(extent, dtype=dtype, device=device)
+    elif dtypes.DTYPES[slot.dtype].scaled:  # torch draws no float8 directly
+        storage = torch.randn(extent, device=device).to(dtype)
     else:
-        storage.normal_()
+        storage = torch.empty(extent, dtype=dtype, device=device).normal_()
     return storage.as_strided(slot.dims, slot.strides)
 
 
