@@ -5,17 +5,19 @@ dense cache, with this GPU's measured read ceiling, one run.
     python bench/decode.py build                       # CPU machine: compile into bench/.built
     python bench/decode.py run [--json FILE] [--md FILE]   # GPU machine: time everything, print a table
 
-Rows: bf16, hq 32, hkv 8, d 128, contexts uniform in [mean/2, 3·mean/2] (seeded; the batch-1 row
-exactly 131072), pages of each sequence a shuffled draw from the pool. The plans' capacity is
-max_pages = ceil(3·mean/2 / page) per sequence (batch 1: 131072 / page), the pool batch ·
-max_pages pages. A frostc step is the whole plan, `bound.execute()`: the append of this step's
-K/V rows, then the attention (split-KV plans: partial results + combine). FlashAttention-4
-appends nothing: its time is attention alone. torch's time counts the gather of the pages into a
-dense (batch, hkv, longest, d) cache, the length mask and SDPA.
+Rows: bf16 q, hq 32, hkv 8, d 128, a bf16 cache or an e4m3 one (one scale per kv head, amax /
+448 of the row's data: the FP8 rows, beside the bf16 row of the same shape), contexts uniform in
+[mean/2, 3·mean/2] (seeded; the batch-1 row exactly 131072), pages of each sequence a shuffled
+draw from the pool. The plans' capacity is max_pages = ceil(3·mean/2 / page) per sequence (batch
+1: 131072 / page), the pool batch · max_pages pages. A frostc step is the whole plan,
+`bound.execute()`: the append of this step's K/V rows, then the attention (split-KV plans:
+partial results + combine). FlashAttention-4 appends nothing: its time is attention alone.
+torch's time counts the gather of the pages into a dense (batch, hkv, longest, d) cache, the
+length mask and SDPA.
 
 Times are device times from CUDA-graph replays (`bench/sdpa.py`'s `time_ms`: 20 steps in one
 graph, replayed to settle, then timed over a window of replays). TB/s counts the KV bytes a
-step must read: Σ len · hkv · d · 2 bytes · 2 (K and V). The ceiling is the fastest plain
+step must read: Σ len · hkv · d · element bytes · 2 (K and V; e4m3: 1 byte). The ceiling is the fastest plain
 read of a 4 GiB buffer in the same run (a torch reduction, which reads every byte once and
 writes a scalar). frostc's O is checked against
 float32 attention on the gathered cache before its time is reported; a row that fails prints
@@ -48,6 +50,7 @@ class Row:
     page: int
     s_new: int = 1
     causal: bool = False  # bottom-right (speculative tokens see the cache and each other in order)
+    cache: str = "bf16"  # or "e4m3", with one float32 scale per kv head
 
     @property
     def max_pages(self) -> int:
@@ -59,7 +62,12 @@ class Row:
 
     @property
     def plan(self) -> str:
-        return f"decode-b{self.batch}-ctx{self.mean}-p{self.page}-n{self.s_new}{'-causal' if self.causal else ''}"
+        name = f"decode-b{self.batch}-ctx{self.mean}-p{self.page}-n{self.s_new}{'-causal' if self.causal else ''}"
+        return name + ("" if self.cache == "bf16" else f"-kv_{self.cache}")
+
+    @property
+    def element_bytes(self) -> int:
+        return 1 if self.cache == "e4m3" else 2
 
     def lengths(self) -> list[int]:
         if self.batch == 1:
@@ -75,6 +83,8 @@ ROWS = [
     Row(128, 2048, 128),
     Row(1, LONG, 128),
     Row(32, 8192, 128, s_new=4, causal=True),  # speculative decoding: 4 tokens per step
+    Row(32, 8192, 128, cache="e4m3"),  # an FP8 cache: half the bytes per token
+    Row(8, 32768, 128, cache="e4m3"),
 ]
 
 
@@ -91,15 +101,19 @@ def build() -> int:
         g.tensor("q", dtype="bf16", dims=(b, HQ, n, D), layout="bshd")
         g.tensor("k_new", dtype="bf16", dims=(b, HKV, n, D), layout="bshd")
         g.tensor("v_new", dtype="bf16", dims=(b, HKV, n, D), layout="bshd")
-        g.tensor("k_cache", dtype="bf16", dims=(row.pages, row.page, HKV, D))
-        g.tensor("v_cache", dtype="bf16", dims=(row.pages, row.page, HKV, D))
+        g.tensor("k_cache", dtype=row.cache, dims=(row.pages, row.page, HKV, D))
+        g.tensor("v_cache", dtype=row.cache, dims=(row.pages, row.page, HKV, D))
+        scales = {}
+        if row.cache != "bf16":
+            scales = {"k_scale": g.tensor("k_scale", dtype="fp32", dims=(HKV,)),
+                      "v_scale": g.tensor("v_scale", dtype="fp32", dims=(HKV,))}  # fmt: skip
         g.tensor("page_table", dtype="int32", dims=(b, row.max_pages))
         g.tensor("cache_len", dtype="int32", dims=(b,))
         g.tensor("o", dtype="bf16", dims=(b, HQ, n, D), layout="bshd")
         g.node("kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache",
-               page_table="page_table", seq_len_kv="cache_len")  # fmt: skip
+               page_table="page_table", seq_len_kv="cache_len", **scales)  # fmt: skip
         g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", page_table="page_table", seq_len_kv="cache_len",
-               causal=row.causal or None)  # fmt: skip
+               causal=row.causal or None, **scales)  # fmt: skip
         write_atomic(BUILT / f"{row.plan}.frost", build_plan(g.build()))
         print("built", row.plan, flush=True)
     return 0
@@ -191,11 +205,17 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
         "cache_len": torch.tensor(lens, dtype=torch.int32, device="cuda"),
         "o": torch.empty(b, n, HQ, D, device="cuda", dtype=torch.bfloat16),
     }
+    if row.cache == "e4m3":  # quantized with one scale per kv head: amax / 448
+        for name in ("k", "v"):
+            real = t[f"{name}_cache"]
+            t[f"{name}_scale"] = real.float().abs().amax(dim=(0, 1, 3)) / 448.0
+            t[f"{name}_cache"] = (real.float() / t[f"{name}_scale"].view(1, 1, HKV, 1)).to(torch.float8_e4m3fn)
+            del real
     logical = {name: t[name].transpose(1, 2) for name in ("q", "k_new", "v_new", "o")}  # (b, h, n, d)
     table = t["page_table"].tolist()
-    kv_bytes = sum(lens) * HKV * D * 2 * 2
+    kv_bytes = sum(lens) * HKV * D * row.element_bytes * 2
     result = {"row": row.plan, "batch": b, "mean": row.mean, "page": P, "s_new": n, "causal": row.causal,
-              "lengths": lens, "kv_bytes": kv_bytes, "us": {}, "errors": {}}  # fmt: skip
+              "cache": row.cache, "lengths": lens, "kv_bytes": kv_bytes, "us": {}, "errors": {}}  # fmt: skip
 
     plan = frost_runtime.load(BUILT / f"{row.plan}.frost")
     result["launches"] = [launch.node for launch in plan.data.launches]
@@ -203,13 +223,22 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
     t["o"].fill_(float("nan"))
     bound.execute()
     torch.cuda.synchronize()
-    want = _reference(row, t["q"], t["k_cache"], t["v_cache"], table, lens)  # the caches after the append
+    caches = [t["k_cache"], t["v_cache"]]  # after the append; an e4m3 one dequantized
+    if row.cache == "e4m3":
+        caches = [c.float() * t[f"{x}_scale"].view(1, 1, HKV, 1) for c, x in zip(caches, "kv")]
+    want = _reference(row, t["q"], *caches, table, lens)
+    del caches
     result["errors"]["frostc"] = err = _rel_err(t["o"], want)
     if not err < 2e-2:
         result["wrong"] = True
         plan.close()
         return result
     result["us"]["frostc"] = time_ms(bound.execute) * 1e3
+    if row.cache != "bf16":  # no peer reads an FP8 paged cache on this GPU (FA4's sm90 path has none)
+        result["tb_s"] = {"frostc": kv_bytes / (result["us"]["frostc"] * 1e-6) / 1e12}
+        result["of_ceiling"] = kv_bytes / (result["us"]["frostc"] * 1e-6) / ceiling
+        plan.close()
+        return result
 
     if fa4 is not None:  # attention alone: FlashAttention-4 has no append
         fa4_call = functools.partial(fa4, t["q"], t["k_cache"], t["v_cache"], seqused_k=t["cache_len"],
@@ -290,25 +319,32 @@ def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing:
     today = datetime.date.today().isoformat()
     top = ceiling["bytes_per_s"] / 1e12
     lines = [
-        f"Paged-KV decode, bf16, hq {HQ}, hkv {HKV}, d {D} — {device}, torch {torch_version}, {today}.",
+        f"Paged-KV decode, bf16 q, hq {HQ}, hkv {HKV}, d {D} — {device}, torch {torch_version}, {today}.",
         "µs per step from CUDA-graph replays (20 steps per graph, settled, then a timed window); TB/s = KV bytes read "
-        "(Σ len · hkv · d · 2 B · 2) per second.",
+        "(Σ len · hkv · d · element bytes · 2) per second.",
         f"Read ceiling in this run: {top:.2f} TB/s ({ceiling['how']}); device copy (read + write counted): "
         f"{ceiling['copy_read_plus_write'] / 1e12:.2f} TB/s.",
         "frostc = kv_append + attention (the whole plan); FA4 = FlashAttention-4 paged attention alone (no append); "
         "torch = gather pages to a dense cache + length mask + SDPA (gather counted).",
         "",
-        "| batch | mean ctx | page | s_new | launches | frostc µs | frostc TB/s | % of ceiling | FA4 µs | FA4 TB/s "
-        "| frostc / FA4 | torch µs | frostc / torch | err |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| batch | mean ctx | page | s_new | cache | launches | frostc µs | frostc TB/s | % of ceiling | FA4 µs "
+        "| FA4 TB/s | frostc / FA4 | torch µs | frostc / torch | err |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    by_plan = {r["row"]: r for r in rows}
     for r in rows:
         head = f"| {r['batch']} | {r['mean']} | {r['page']} | {r['s_new']}{' causal' if r['causal'] else ''} | "
-        head += f"{len(r['launches'])} | "
+        head += f"{r['cache']} | {len(r['launches'])} | "
         if r.get("wrong"):
             lines.append(head + f"wrong (rel. err {r['errors']['frostc']:.1e}) | | | | | | | | |")
             continue
         us, tb = r["us"], r["tb_s"]
+        if r["cache"] != "bf16":
+            lines.append(
+                head + f"{us['frostc']:.1f} | {tb['frostc']:.2f} | {100 * r['of_ceiling']:.0f} % | no FP8 cache | — "
+                f"| — | no FP8 cache | — | {r['errors']['frostc']:.1e} |"
+            )
+            continue
         if "fa4" in us:
             fa4_cells = f"{us['fa4']:.1f} | {tb['fa4']:.2f} | {us['fa4'] / us['frostc']:.2f}"
         else:
@@ -326,7 +362,17 @@ def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing:
         "",
         "- frostc / FA4 and frostc / torch are speed ratios (their time over frostc's: above 1, frostc is faster);",
         "  launches = the plan's kernel launches per step (append, attention, and a combine when split-KV).",
+        "- e4m3 rows: err is against attention on the dequantized cache (the kernel's own error, not the",
+        "  quantization's: tests/gpu/test_fp8_cache.py bounds that).",
     ]
+    for r in rows:
+        twin = by_plan.get(Row(r["batch"], r["mean"], r["page"], r["s_new"], r["causal"]).plan)
+        if r["cache"] != "bf16" and not r.get("wrong") and twin and not twin.get("wrong"):
+            lines.append(
+                f"- e4m3 cache, batch {r['batch']}, mean context {r['mean']}: {r['us']['frostc']:.1f} µs against the "
+                f"bf16 cache's {twin['us']['frostc']:.1f} µs: {twin['us']['frostc'] / r['us']['frostc']:.2f}x the "
+                f"tokens per second, {100 * r['of_ceiling']:.0f} % of the read ceiling in bytes."
+            )
     if fa4_missing:
         lines.append(f"- FlashAttention-4 was not installed in this run ({fa4_missing}).")
     forms = {r.get("torch_form") for r in rows if r.get("torch_form")}

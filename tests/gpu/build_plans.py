@@ -85,20 +85,25 @@ def decode_description(case: DecodeCase):
         for name in ("k_new", "v_new"):
             g.tensor(name, dtype=case.dtype, dims=(b, hkv, n, d), layout=case.layout)
     for name in ("k_cache", "v_cache"):  # (pages, page_size, hkv, d)
-        g.tensor(name, dtype=case.dtype, dims=(case.pages, case.page_size, hkv, d))
+        g.tensor(name, dtype=case.cache or case.dtype, dims=(case.pages, case.page_size, hkv, d))
+    scales = {}
+    if case.cache is not None:
+        scales = dict(k_scale="k_scale", v_scale="v_scale")
+        for name in scales:
+            g.tensor(name, dtype="fp32", dims=(hkv if case.scales == "head" else 1,))
     g.tensor("page_table", dtype="int32", dims=(b, case.max_pages))
     g.tensor("cache_len", dtype="int32", dims=(b,))
     if attend:
         g.tensor("o", dtype=case.dtype, dims=(b, hq, n, d), layout=case.layout)
         if case.lse:
             g.tensor("lse", dtype="fp32", dims=(b, hq, n))
-    paged = dict(k_cache="k_cache", v_cache="v_cache", page_table="page_table", seq_len_kv="cache_len")
+    paged = dict(k_cache="k_cache", v_cache="v_cache", page_table="page_table", seq_len_kv="cache_len") | scales
     if append:
         g.node("kv_append", name="append", k="k_new", v="v_new", **paged)
     if attend:
         g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", lse="lse" if case.lse else None,
                page_table="page_table", seq_len_kv="cache_len", causal=case.causal or None,
-               window_left=case.window_left, softcap=case.softcap)  # fmt: skip
+               window_left=case.window_left, softcap=case.softcap, **scales)  # fmt: skip
     return g.build()
 
 

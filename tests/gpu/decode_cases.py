@@ -4,7 +4,8 @@ Each case is one plan: kv_append (this step's new K/V rows into the paged caches
 over the caches, or one of the two alone. The list is written out rather than crossed: every
 value of each factor appears at least once (dtype bf16/fp16; head dim 64, 128, one 256; page
 size 16, 32, 48, 64, 128, 256; hq/hkv 1, 4, 8 and MQA; s_new 1, 4, 16 with and without the
-bottom-right causal mask; LSE on some; batch 1..8; q/o/k_new layouts bshd and bhsd), and the
+bottom-right causal mask; LSE on some; batch 1..8; q/o/k_new layouts bshd and bhsd; an e4m3
+cache with scales per kv head and per tensor), and the
 capacities (max_pages per sequence) are chosen so that some plans see many pages per sequence
 and few sequences (the split-KV path) and others few pages and many sequences (one launch).
 ~24 plans of ~100-300 KB each keep the carried folder small.
@@ -31,6 +32,8 @@ class DecodeCase:
     nodes: str = "both"  # both (kv_append then sdpa) | sdpa (sdpa alone) | append (kv_append alone)
     window_left: int | None = None  # token t (at len - s_new + t) sees keys from there - window_left on
     softcap: float | None = None
+    cache: str | None = None  # a quantized cache ("e4m3", with k_scale and v_scale); None: `dtype`
+    scales: str = "head"  # a quantized cache's scales: one per kv head ("head") or one ("tensor")
 
     @property
     def pages(self) -> int:
@@ -50,6 +53,7 @@ class DecodeCase:
             f"{'-lse' if self.lse else ''}"
             f"{'' if self.window_left is None else f'-w{self.window_left}'}"
             f"{'' if self.softcap is None else f'-cap{self.softcap:g}'}"
+            f"{'' if self.cache is None else f'-kv{self.cache}-{self.scales}'}"
         )
 
 
@@ -93,6 +97,17 @@ CASES = [
     _("fp16", 8, 32, 8, 128, 16, 16, 1, True, False, "bshd", window_left=31),  # many sequences, one launch
     # kv_append alone (hq, causal and lse do not apply)
     _("bf16", 4, 8, 8, 128, 16, 16, 4, False, False, "bhsd", "append"),
+    # an FP8 (e4m3) cache with float32 scales per kv head or per tensor: split and not, each head
+    # dim, windows and softcap, several new tokens, each node alone
+    _("bf16", 4, 32, 8, 128, 16, 64, 1, False, True, "bshd", cache="e4m3"),  # Llama-3 decode
+    _("fp16", 1, 16, 4, 64, 64, 128, 16, True, False, "bhsd", cache="e4m3", scales="tensor"),  # split
+    _("bf16", 2, 16, 8, 256, 32, 64, 1, True, True, "bshd", window_left=300, softcap=50.0, cache="e4m3"),
+    _("bf16", 8, 32, 8, 128, 128, 4, 4, True, True, "bshd", cache="e4m3", scales="tensor"),  # one launch
+    _("bf16", 3, 8, 2, 128, 48, 40, 1, False, False, "bhsd", "sdpa", cache="e4m3"),
+    _("fp16", 4, 8, 8, 64, 16, 16, 4, False, False, "bhsd", "append", cache="e4m3"),
+    # the accuracy pair: one shape, a bf16 cache and an e4m3 one (tests/gpu/test_fp8_cache.py)
+    _("bf16", 4, 32, 8, 128, 64, 64, 1, False, False, "bshd", "sdpa"),
+    _("bf16", 4, 32, 8, 128, 64, 64, 1, False, False, "bshd", "sdpa", cache="e4m3"),
 ]
 # fmt: on
 del _
@@ -112,3 +127,14 @@ def contract_case() -> DecodeCase:
     """The execute-contract checks' plan: append + attention, LSE, a long capacity (workspace
     when split-KV is chosen)."""
     return next(c for c in CASES if c.nodes == "both" and c.batch == 1 and c.max_pages >= 128 and c.lse)
+
+
+def scaled_graph_case() -> DecodeCase:
+    """The CUDA-graph decode loop over an e4m3 cache: append (quantizing) + attention."""
+    return next(c for c in CASES if c.nodes == "both" and c.s_new == 1 and c.cache is not None)
+
+
+def accuracy_pair() -> tuple[DecodeCase, DecodeCase]:
+    """Two sdpa-alone plans of one shape, over a bf16 cache and over an e4m3 cache."""
+    shape = DecodeCase("bf16", 4, 32, 8, 128, 64, 64, 1, False, False, "bshd", "sdpa")
+    return shape, DecodeCase(**{**shape.__dict__, "cache": "e4m3"})

@@ -14,6 +14,10 @@ makes a wrong read or write show:
 The checks: the caches bitwise equal to a CPU copy taken before the run with this step's new
 rows written where the spec says (every other byte untouched, guards included), O and LSE
 against a float64 reference computed on the gathered (expected) cache, sequence by sequence.
+
+An e4m3 cache holds x / scale: its rows are random values quantized with random positive scales
+(per kv head or one), NaN is the byte 0x7F, the appended rows are the new rows quantized the
+way the spec says (`quantize`, bitwise), and the reference reads the dequantized cache.
 """
 
 from __future__ import annotations
@@ -27,6 +31,24 @@ from tests.gpu.support import BUILT, GUARD, SENTINEL, TOLERANCE, gpu_skip_reason
 DECODE_MANIFEST = BUILT / "decode-manifest.json"
 INT32_MAX = 2**31 - 1
 DEVICE = "cuda"  # a module setting so the harness itself can be exercised on the CPU with a stand-in plan
+E4M3_MAX = 448.0
+FP8_NAN, FP8_GUARD = 0x7F, 0x5A  # e4m3 bytes: NaN, and a finite guard value
+
+
+def quantize(x, scale):
+    """x (..., hkv, d) stored as e4m3 with scales (hkv,) or (1,): x * (1 / scale) in float32,
+    rounded to nearest even, saturated to +-448 (kv_append's spec)."""
+    import torch
+
+    inverse = (1.0 / scale.float()).to(x.device).view(-1, 1)
+    return (x.float() * inverse).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def as_bits(x):
+    """The same bytes as integers (bitwise comparisons and masked copies; float8 has few ops)."""
+    import torch
+
+    return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[x.element_size()])
 
 
 def decode_skip_reason() -> str | None:
@@ -84,6 +106,8 @@ class DecodeBuffers:
 
         self.case, self.plan = case, plan
         self.dtype = torch_dtype(case["dtype"])
+        self.scaled = case.get("cache") is not None
+        self.cache_dtype = torch_dtype(case["cache"]) if self.scaled else self.dtype
         self.gen = torch.Generator(device=DEVICE).manual_seed(seed)
         self.rng = random.Random(seed)
         b, hq, hkv, d, n = case["batch"], case["heads_q"], case["heads_kv"], case["head_dim"], case["s_new"]
@@ -91,7 +115,13 @@ class DecodeBuffers:
         self.storage: dict = {}  # guarded allocations: o, lse, k_cache, v_cache
         cache_shape = (case["pages"], case["page_size"], hkv, d)
         for name in ("k_cache", "v_cache"):
-            self._guarded(name, cache_shape, (0, 1, 2, 3), self.dtype)
+            self._guarded(name, cache_shape, (0, 1, 2, 3), self.cache_dtype)
+        if self.scaled:  # positive, around what amax / 448 gives for N(0, 1) rows
+            count = hkv if case["scales"] == "head" else 1
+            for i, name in enumerate(("k_scale", "v_scale")):
+                drawn = torch.rand(count, generator=torch.Generator().manual_seed(seed + i))
+                scale = (0.5 + drawn) * (4 / E4M3_MAX)
+                self.tensors[name] = scale.to(DEVICE)
         self.tensors["page_table"] = torch.zeros(b, case["max_pages"], dtype=torch.int32, device=DEVICE)
         self.tensors["cache_len"] = torch.zeros(b, dtype=torch.int32, device=DEVICE)
         if has_append(case):
@@ -123,9 +153,19 @@ class DecodeBuffers:
         import torch
 
         n = math.prod(physical)
-        storage = torch.full((n + 2 * GUARD,), SENTINEL, device=DEVICE, dtype=dtype)
+        storage = torch.empty((n + 2 * GUARD,), device=DEVICE, dtype=dtype)
+        self._fill_guards(storage)
         self.storage[name] = storage
         self.tensors[name] = storage[GUARD : GUARD + n].view(physical).permute(permute)
+
+    @staticmethod
+    def _fill_guards(storage) -> None:
+        """Sentinels in the first and last GUARD elements (the whole storage at allocation)."""
+        for part in (storage[:GUARD], storage[-GUARD:]) if storage.numel() > 2 * GUARD else (storage,):
+            if part.element_size() == 1:
+                as_bits(part).fill_(FP8_GUARD)
+            else:
+                part.fill_(SENTINEL)
 
     @property
     def all(self) -> list:
@@ -168,8 +208,13 @@ class DecodeBuffers:
         held = [max(0, x - n) if has_append(case) else x for x in lens]
         for name in ("k_cache", "v_cache"):
             cache = t[name]
-            cache.fill_(float("nan"))
-            fresh = torch.randn(cache.shape, device=DEVICE, dtype=self.dtype, generator=self.gen)
+            if self.scaled:
+                as_bits(cache).fill_(FP8_NAN)
+                real = torch.randn(cache.shape, device=DEVICE, dtype=torch.float32, generator=self.gen)
+                fresh = quantize(real, t[name.replace("cache", "scale")])
+            else:
+                cache.fill_(float("nan"))
+                fresh = torch.randn(cache.shape, device=DEVICE, dtype=self.dtype, generator=self.gen)
             mask = torch.zeros(cache.shape[:2], dtype=torch.bool, device="cpu")
             for i in range(b):
                 for pos in range(min(held[i], case["capacity"])):
@@ -177,10 +222,8 @@ class DecodeBuffers:
                     if 0 <= page < case["pages"]:
                         mask[page, pos % p] = True
             mask = mask.to(DEVICE)
-            cache[mask] = fresh[mask]
-            storage = self.storage[name]
-            storage[:GUARD].fill_(SENTINEL)
-            storage[GUARD + cache.numel() :].fill_(SENTINEL)
+            as_bits(cache)[mask] = as_bits(fresh)[mask]
+            self._fill_guards(self.storage[name])
         self.new_inputs()
 
     def new_inputs(self, snapshot: bool = True) -> None:
@@ -214,6 +257,10 @@ class DecodeBuffers:
             return
         P, n, cap, pages = case["page_size"], case["s_new"], case["capacity"], case["pages"]
         new = {"k_cache": self.tensors["k_new"].cpu(), "v_cache": self.tensors["v_new"].cpu()}
+        if self.scaled:  # (b, hkv, s_new, d): each head with its scale
+            for name, x in new.items():
+                scale = self.tensors[name.replace("cache", "scale")].cpu()
+                new[name] = quantize(x.transpose(1, 2), scale).transpose(1, 2)
         for b, length in enumerate(self.lens):
             for t in range(n):
                 pos = length - n + t
@@ -230,9 +277,9 @@ class DecodeBuffers:
         case = self.case
         shape = (case["pages"], case["page_size"], case["heads_kv"], case["head_dim"])
         out = {name: storage.clone() for name, storage in self.before.items()}
-        views = {name: x[GUARD : GUARD + math.prod(shape)].view(shape) for name, x in out.items()}
+        views = {name: as_bits(x[GUARD : GUARD + math.prod(shape)]).view(shape) for name, x in out.items()}
         for name, page, row, values in self.appended_rows():
-            views[name][page, row] = values
+            views[name][page, row] = as_bits(values)
         return out
 
     # -- checks
@@ -246,7 +293,7 @@ class DecodeBuffers:
         shape = (case["pages"], case["page_size"], case["heads_kv"], case["head_dim"])
         for name, want in expected.items():
             got = self.storage[name].cpu()
-            same = got.view(torch.int16) == want.view(torch.int16)
+            same = as_bits(got) == as_bits(want)
             if bool(same.all()):
                 continue
             bad = (~same).nonzero().flatten()
@@ -258,7 +305,7 @@ class DecodeBuffers:
                 where = f"page {int(page)} row {int(row)} head {int(head)} element {int(col)}"
             raise AssertionError(
                 f"{name}: {len(bad)} elements differ from the expected cache; the first at {where} "
-                f"(got {got[first].item()!r}, want {want[first].item()!r})"
+                f"(got {got[first].float().item()!r}, want {want[first].float().item()!r})"
             )
         return expected
 
@@ -273,7 +320,9 @@ class DecodeBuffers:
         out = []
         for name in ("k_cache", "v_cache"):
             cache = caches[name][GUARD : GUARD + math.prod(shape)].view(shape)
-            rows = cache[ids].reshape(-1, hkv, d)[:length]
+            rows = as_bits(cache)[ids].reshape(-1, hkv, d)[:length].view(cache.dtype)
+            if self.scaled:  # the values the cache holds: x * scale, in float32 (exact)
+                rows = rows.float() * self.tensors[name.replace("cache", "scale")].cpu().view(1, -1, 1)
             out.append(rows.permute(1, 0, 2).to(DEVICE))
         return out
 

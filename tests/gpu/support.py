@@ -43,7 +43,7 @@ def built_manifest_entries() -> list[dict]:
 def torch_dtype(name: str):
     import torch
 
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "e4m3": torch.float8_e4m3fn}[name]
 
 
 # ---------------------------------------------------------------------------- the reference

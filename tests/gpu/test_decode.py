@@ -16,7 +16,7 @@ import zlib
 
 import pytest
 
-from tests.gpu.decode_cases import DecodeCase, cases, contract_case, graph_case
+from tests.gpu.decode_cases import DecodeCase, cases, contract_case, graph_case, scaled_graph_case
 from tests.gpu.decode_support import (
     BUILT,
     DecodeBuffers,
@@ -115,7 +115,9 @@ def test_append_skips_positions_past_the_capacity_and_pages_outside_the_pool():
 # ---------------------------------------------------------------------------- one graph, 50 steps
 
 
-@pytest.mark.parametrize("pick", [graph_case, contract_case], ids=["small-pages", "long-sequence"])
+@pytest.mark.parametrize(
+    "pick", [graph_case, contract_case, scaled_graph_case], ids=["small-pages", "long-sequence", "e4m3-cache"]
+)
 def test_one_graph_serves_fifty_decode_steps(pick):
     """Captured once on a side stream; each step copies new q, k_new, v_new into the same
     buffers, adds one to cache_len on the device (the pages for the growth are in the table
