@@ -76,6 +76,7 @@ def check_cache_scales(
     for role in SCALE_ROLES:
         if not scaled:
             if ctx.given(role):
+                ctx.tensor(role, letters="h", dims="(hkv,)")  # a use: the tensor is not reported as unused
                 what = dtypes[0] if dtypes else "not quantized"
                 ctx.problem(role, f"scales a quantized (e4m3) cache, and the caches are {what}: remove {role}")
             continue
