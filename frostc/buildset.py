@@ -123,7 +123,7 @@ def kind_info(kind: LayerKind) -> planset.KindInfo:
 
 def serving_info(dep: Deployment) -> planset.ServingInfo:
     return planset.ServingInfo(
-        dep.max_cache_len, dep.page_size, dep.pages, dep.max_prompt_tokens, dep.new_tokens, dep.tp
+        dep.max_cache_len, dep.page_size, dep.pages, dep.max_prompt_tokens, dep.new_tokens, dep.tp, dep.cache_dtype
     )
 
 

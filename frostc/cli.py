@@ -233,6 +233,9 @@ def from_config(
     speculative: int = typer.Option(0, "--speculative", help="Speculative tokens per decode step, 0 to 15."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree: the heads split over this many ranks."),
     dtype: str | None = typer.Option(None, "--dtype", help="bf16 or fp16 [default: the config's]."),
+    kv_cache_dtype: str | None = typer.Option(
+        None, "--kv-cache-dtype", help="The paged cache's: e4m3 (FP8, scaled per KV head) [default: the dtype]."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the plans (validated and resolved); build nothing."),
     as_json: bool = typer.Option(False, "--json", help="The listing as JSON."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Plan set to write (.frostset)."),
@@ -258,6 +261,7 @@ def from_config(
             pages=pages,
             speculative=speculative,
             tp=tp,
+            kv_cache_dtype=kv_cache_dtype,
         )
     except FrostcError as exc:
         _fail(f"{config} cannot be planned:\n{exc}")

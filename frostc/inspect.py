@@ -185,6 +185,7 @@ def set_summary(ps) -> dict:
             "content_hash": h.content_hash,
             "sha256": ps.sha256,
         },
+        "serving": planset.serving_fields(ps.serving),
         "kinds": [planset.kind_fields(k) | {"kind": k.kind} for k in ps.kind_info.values()],
         "plans": plans,
         "missing": [
@@ -218,6 +219,13 @@ def print_set(ps, console: Console) -> None:
     console.print(escape(h["model"]), highlight=False)
     console.print(f"content {h['content_hash'][:16]}…")
     console.print(f"sha256 {h['sha256']}  (the set file's; what read_set(..., sha256=) pins)", highlight=False)
+    v = s["serving"]
+    console.print(
+        f"serving: a {v['kv_cache_dtype']} paged cache of {v['pages']} pages of {v['page_size']} tokens, up to "
+        f"{v['max_cache_len']} tokens per sequence; prefill up to {v['max_prompt_tokens']} tokens per step; "
+        f"{v['new_tokens']} new {'token' if v['new_tokens'] == 1 else 'tokens'} per decode step; tp {v['tp']}",
+        highlight=False,
+    )
     rows = [
         dict(
             k,

@@ -9,14 +9,16 @@
 A plan per (layer kind x phase x batch bucket): prefill is the packed variable-length form (the
 bucket's sequences, up to `max_prompt_tokens` tokens in all, causal, no lse); decode is the paged
 form, kv_append then sdpa, with 1 + `speculative` new tokens per sequence over a pool of `pages`
-pages of `page_size` tokens. Nothing here compiles: building the plan set comes later.
+pages of `page_size` tokens, in the model's dtype or in e4m3 (`kv_cache_dtype`: half the bytes,
+with one float32 scale per KV head and layer, the serving side's to set). Nothing here compiles:
+building the plan set comes later.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frost_runtime.dtypes import DTYPES
+from frost_runtime.dtypes import DTYPES, KV_CACHE, SCALE_DTYPE
 
 from frostc.checks import quoted
 from frostc.description import Description, GraphBuilder
@@ -46,6 +48,15 @@ class Deployment:
     pages: int  # the pool's, shared by every sequence
     speculative: int  # decode's new tokens per sequence: 1 + speculative
     tp: int
+    kv_cache_dtype: str = ""  # the paged pools': the dtype's, or a scaled one (e4m3); "" for dtype
+
+    @property
+    def cache_dtype(self) -> str:
+        return self.kv_cache_dtype or self.dtype
+
+    @property
+    def scaled_cache(self) -> bool:
+        return DTYPES[self.cache_dtype].scaled
 
     @property
     def max_pages(self) -> int:
@@ -82,6 +93,7 @@ def deployment(
     pages: int | None = None,
     speculative: int = 0,
     tp: int = 1,
+    kv_cache_dtype: str | None = None,
 ) -> Deployment:
     """The options, checked against each other and the model; None takes the default: the config's
     dtype, a cache of the model's max positions, prompts up to the cache's length, and a pool of
@@ -117,6 +129,12 @@ def deployment(
         message = f"{speculative}: must be 0 to {MAX_SPECULATIVE} (a decode step takes 1 to 16 tokens per sequence)"
         bad("--speculative", message)
     _check_tp(model, tp, bad)
+    if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE:
+        bad("--kv-cache-dtype", f"{kv_cache_dtype!r}: the paged cache holds {quoted(KV_CACHE)}")
+    elif kv_cache_dtype is not None and dtype is not None and not DTYPES[kv_cache_dtype].scaled:
+        if kv_cache_dtype != dtype:
+            bad("--kv-cache-dtype", f"{kv_cache_dtype!r}: an unquantized cache holds the model's {dtype}; "
+                                    f"leave the flag out, or pass e4m3 (FP8: half the bytes)")  # fmt: skip
     if problems:
         raise DescriptionError(problems)
     max_pages = -(-max_cache_len // page_size)
@@ -126,7 +144,10 @@ def deployment(
         message = f"{pages}: fewer than one sequence of {max_cache_len} tokens needs: give at least {max_pages}"
         bad("--pages", message)
         raise DescriptionError(problems)
-    return Deployment(dtype, tuple(batch_sizes), max_prompt_tokens, max_cache_len, page_size, pages, speculative, tp)
+    cache = "" if kv_cache_dtype in (None, dtype) else kv_cache_dtype
+    return Deployment(
+        dtype, tuple(batch_sizes), max_prompt_tokens, max_cache_len, page_size, pages, speculative, tp, cache
+    )
 
 
 def _check_tp(model: ModelAttention, tp: int, bad) -> None:
@@ -243,17 +264,20 @@ def decode_description(name: str, kind: LayerKind, dep: Deployment, batch: int) 
     g.tensor("k_new", dims=[batch, kind.kv_heads, dep.new_tokens, kind.head_dim], **rows)
     g.tensor("v_new", dims=[batch, kind.kv_heads, dep.new_tokens, kind.head_dim], **rows)
     for cache in ("k_cache", "v_cache"):
-        g.tensor(cache, dtype=kind.dtype, dims=[dep.pages, dep.page_size, kind.kv_heads, kind.head_dim])
+        g.tensor(cache, dtype=dep.cache_dtype, dims=[dep.pages, dep.page_size, kind.kv_heads, kind.head_dim])
+    scales = {}
+    if dep.scaled_cache:  # one per KV head of the layer
+        scales = {name: g.tensor(name, dtype=SCALE_DTYPE, dims=[kind.kv_heads]) for name in ("k_scale", "v_scale")}
     g.tensor("page_table", dtype="int32", dims=[batch, dep.max_pages])
     g.tensor("cache_len", dtype="int32", dims=[batch])
     g.tensor("o", dims=[batch, kind.heads, dep.new_tokens, kind.head_dim], **rows)
     g.node(
         "kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache",
-        page_table="page_table", seq_len_kv="cache_len",
+        page_table="page_table", seq_len_kv="cache_len", **scales,
     )  # fmt: skip
     g.sdpa(
         name="attn", q="q", k="k_cache", v="v_cache", o="o", page_table="page_table", seq_len_kv="cache_len",
-        causal=True, window_left=kind.window_left, softcap=kind.softcap, attn_scale=kind.scale,
+        causal=True, window_left=kind.window_left, softcap=kind.softcap, attn_scale=kind.scale, **scales,
     )  # fmt: skip
     return g.build()
 
@@ -316,7 +340,7 @@ def dry_run_summary(model: ModelAttention, dep: Deployment, kinds: tuple[LayerKi
     """The model, the deployment, the layer kinds and every plan with its status, as plain data
     (`--json`); deterministic: the same inputs give the same text."""
     entries = plan_list(kinds, dep)
-    dtype_bytes = DTYPES[dep.dtype].bytes
+    dtype_bytes = DTYPES[dep.cache_dtype].bytes
     pool_bytes = 2 * dep.pages * dep.page_size * kinds[0].kv_heads * kinds[0].head_dim * dtype_bytes
     notes = [note for note in [dropped_windows(model, dep)] if note]
     return {
@@ -334,6 +358,7 @@ def dry_run_summary(model: ModelAttention, dep: Deployment, kinds: tuple[LayerKi
         },
         "deployment": {
             "dtype": dep.dtype,
+            "kv_cache_dtype": dep.cache_dtype,
             "tp": dep.tp,
             "batch_sizes": list(dep.batch_sizes),
             "max_prompt_tokens": dep.max_prompt_tokens,
@@ -394,7 +419,8 @@ def print_dry_run(s: dict, console, source: str) -> None:
     console.print(
         f"serving {d['dtype']}, tp {d['tp']}: {per_rank['heads']} heads and {per_rank['kv_heads']} KV heads per rank\n"
         f"  batch sizes {_sizes_text(sizes)}{graphs}; prefill: up to {d['max_prompt_tokens']} tokens per step\n"
-        f"  cache: {d['max_cache_len']} tokens per sequence, pages of {d['page_size']} ({d['max_pages']} per "
+        f"  cache: {d['kv_cache_dtype']}, {d['max_cache_len']} tokens per sequence, pages of {d['page_size']} "
+        f"({d['max_pages']} per "
         f"sequence), pool of {d['pages']} pages: {gib:,.1f} GiB of K and V per layer per rank, "
         f"{gib * m['layers']:,.1f} GiB for {m['layers']} layers\n"
         f"  decode: {d['new_tokens']} new {'token' if d['new_tokens'] == 1 else 'tokens'} per sequence per step "

@@ -67,15 +67,17 @@ BATCH_SIZES = (1, 2, 4)
 MAX_CACHE_LEN = 256
 
 
-def build_tiny_set(family: str) -> bytes:
-    """The family's plan set (frostc, CPU): prefill and decode over batch sizes 1, 2, 4."""
+def build_tiny_set(family: str, kv_cache_dtype: str | None = None) -> bytes:
+    """The family's plan set (frostc, CPU): prefill and decode over batch sizes 1, 2, 4; its
+    paged cache in the model's dtype, or `kv_cache_dtype` (e4m3)."""
     from frostc.buildset import build_set
     from frostc.models import read_model
     from frostc.serving import deployment
 
     model = read_model(TINY[family])
-    dep = deployment(model, batch_sizes=BATCH_SIZES, max_cache_len=MAX_CACHE_LEN)
-    return build_set(model, dep, name=f"tiny-{family}").data
+    dep = deployment(model, batch_sizes=BATCH_SIZES, max_cache_len=MAX_CACHE_LEN, kv_cache_dtype=kv_cache_dtype)
+    suffix = f"-kv_{kv_cache_dtype}" if kv_cache_dtype else ""
+    return build_set(model, dep, name=f"tiny-{family}{suffix}").data
 
 
 def hf_model(family: str, *, device: str, dtype=None, seed: int = 0):

@@ -70,7 +70,7 @@ def _good_set() -> bytes:
     header = planset.SetHeader("toyset", "a toy", "0.1.0", "4.8.0", "sm_90a", 13000)
     entry = planset.SetEntry("l0-decode-b1", "toy", "decode", 1, "l0", (0, 1), hashlib.sha256(plan).hexdigest())
     kind = planset.KindInfo("l0", (0, 1), 8, 2, 64, "bf16", 0.125, None, None)
-    serving = planset.ServingInfo(4096, 16, 256, 4096, 1, 1)
+    serving = planset.ServingInfo(4096, 16, 256, 4096, 1, 1, "bf16")
     return planset.encode_set(header, [(entry, plan)], (), (kind,), serving)
 
 
@@ -98,7 +98,7 @@ CONTENTS: dict[str, bytes] = {
     "plan-control-char-name": _reheader(name="[/bold red]\x01"),
     "set-corrupt": _corrupt(_good_set()),
     "set-truncated": _good_set()[: len(_good_set()) // 2],
-    "set-newer-format": _good_set().replace(b"\xa6format\x02", b"\xa6format\x07", 1),
+    "set-newer-format": _good_set().replace(b"\xa6format\x03", b"\xa6format\x07", 1),
     "set-shaped": _pack({"magic": planset.SET_MAGIC, "format": 1, "header": 5, "manifest": {}, "cubins": {}}),
 }
 

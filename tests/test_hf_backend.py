@@ -144,3 +144,43 @@ def test_the_decode_graph_helper_stops_at_the_cache(sets) -> None:
         tokens = graph.step(graph.prefill(ids, mask), capture=False)  # the cache's last position
         with pytest.raises(ValueError, match="past the plan set's cache of 256 tokens"):
             graph.step(tokens, capture=False)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_an_fp8_cache_quantizes_with_scales_from_the_prefill_and_stays_close(sets, family: str) -> None:
+    """A set built with --kv-cache-dtype e4m3: float8 pools, scales from each layer's prefill (amax
+    / 448 x the headroom, per KV head), decode over the dequantized pools. Its teacher-forced
+    logits stay near the fp32 model's: within a bound of the bf16 cache's error (e4m3 keeps 3
+    mantissa bits, bf16 7)."""
+    from transformers import DynamicCache
+
+    from tests.hf_models import reference_logits, stepwise_logits
+
+    fp8 = frost_runtime.read_set(build_tiny_set(family, "e4m3"))
+    assert fp8.serving.kv_cache_dtype == "e4m3" and sets[family].serving.kv_cache_dtype == "bf16"
+    decode_plan = fp8.plan_data(next(k for k in fp8.keys if "decode" in k))
+    assert {s.name: s.dtype for s in decode_plan.slots}["k_cache"] == "e4m3"
+    model = hf_model(family, device="cpu")
+    ids, mask = left_padded_prompts([5, 11, 3], model.config.vocab_size, "cpu")
+    model.set_attn_implementation(REFERENCE[family])
+    with torch.no_grad():
+        tokens = greedy(model, ids, mask, 6)
+        logits_exact = reference_logits(model, ids, mask, tokens)
+        logits_sdpa = stepwise_logits(model, ids, mask, tokens, DynamicCache(config=model.config))
+    errors = {}
+    for name, plans in (("bf16", sets[family]), ("e4m3", fp8)):
+        backend = _backend(plans, model, f"frostc-cpu-{family}-{name}")
+        with torch.no_grad():
+            logits = stepwise_logits(model, ids, mask, tokens, backend.new_cache())
+        errors[name] = float((logits - logits_exact).abs().amax())
+        if name == "e4m3":
+            k_pool, v_pool = backend._pools[0]
+            assert k_pool.dtype == v_pool.dtype == torch.float8_e4m3fn
+            k_scale, v_scale = backend._scales[0]
+            assert bool((k_scale > 0).all() and (k_scale != 1).all() and (v_scale != 1).all())
+            stored = torch.cat([k_pool.float().flatten(), v_pool.float().flatten()])
+            assert bool(stored.isfinite().all()) and float(stored.abs().amax()) > 448 / hf.KV_SCALE_HEADROOM / 4
+    sdpa = float((logits_sdpa - logits_exact).abs().amax())
+    print(f"\n{family}: max logit error against fp32, sdpa {sdpa:.4f}, bf16 cache {errors['bf16']:.4f}, "
+          f"e4m3 cache {errors['e4m3']:.4f}")  # fmt: skip
+    assert errors["e4m3"] <= 8 * max(errors["bf16"], sdpa) + 0.05, (errors, sdpa)

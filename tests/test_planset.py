@@ -145,11 +145,11 @@ def _cases(data: bytes) -> dict[str, tuple[bytes, str]]:
         "a-plan": (read_set(data).plan_bytes(read_set(data).keys[0]), "not a frostc plan set"),
     }
     top = _top(data)
-    top["format"] = 3
-    cases["newer"] = (_reseal(top), "plan-set format 3 is newer")
+    top["format"] = 4
+    cases["newer"] = (_reseal(top), "plan-set format 4 is newer")
     top = _top(data)
-    top["format"] = 1
-    cases["older"] = (_reseal(top), "plan-set format 1 is older")
+    top["format"] = 2
+    cases["older"] = (_reseal(top), "plan-set format 2 is older")
     top = _top(data)
     del top["manifest"]["kinds"]["l0"]
     cases["kind-missing"] = (_reseal(top), "which manifest.kinds lacks")
@@ -165,6 +165,9 @@ def _cases(data: bytes) -> dict[str, tuple[bytes, str]]:
     top = _top(data)
     top["manifest"]["serving"]["pages"] = 0
     cases["serving-pages"] = (_reseal(top), "manifest.serving.pages")
+    top = _top(data)
+    top["manifest"]["serving"]["kv_cache_dtype"] = "fp32"
+    cases["serving-cache-dtype"] = (_reseal(top), "manifest.serving.kv_cache_dtype")
     top = _top(data)
     top["header"]["target_arch"] = "sm_100a"
     cases["edited-header"] = (planset._pack(top), "content hash does not match")
@@ -245,8 +248,8 @@ def test_inspect_a_set(set_files) -> None:
     whole, _ = set_files
     result = frostc("inspect", whole)
     assert result.exit_code == 0
-    says = ("plan set llama3-8b (format 2)", "l0-decode-b4", "Layer kinds (1)", "Cubins (5,", read_set(whole).sha256)
-    for words in (*says, "3 plans"):
+    says = ("plan set llama3-8b (format 3)", "l0-decode-b4", "Layer kinds (1)", "Cubins (5,", read_set(whole).sha256)
+    for words in (*says, "3 plans", "serving: a bf16 paged cache"):
         assert words in result.stdout
     summary = json.loads(frostc("inspect", whole, "--json").stdout)
     assert summary["set"]["sha256"] == read_set(whole).sha256
@@ -264,7 +267,7 @@ def test_check_a_set(set_files) -> None:
     whole, _ = set_files
     verdict = json.loads(frostc("check", whole, "--json").stdout)
     assert verdict["valid"] and verdict["header"]["kind"] == "set" and verdict["exit_code"] in (0, 1)
-    assert "a valid plan set llama3-8b (format 2" in check.check_lines(verdict)[0]
+    assert "a valid plan set llama3-8b (format 3" in check.check_lines(verdict)[0]
     result = frostc("check", whole, "--sha256", "0" * 64)
     assert result.exit_code == 2 and "not the pinned plan" in result.stderr
     assert frostc("check", whole, "--sha256", read_set(whole).sha256).exit_code in (0, 1)

@@ -24,6 +24,12 @@ The design (README, "Serving a Hugging Face model"):
   reason: never a wrong answer. `backend.calls` counts both.
 - A row's valid tokens must be one run (left or right padding, as tokenizers make them); a row
   that is not gets NaN outputs (checked on the device, never read back), not a wrong answer.
+- **An FP8 cache** (a set built with `--kv-cache-dtype e4m3`): the pools hold e4m3, with one
+  float32 scale per KV head and layer. Each prefill (a generation's start) sets its layer's scales
+  on the device from its own K and V: amax / 448 times KV_SCALE_HEADROOM, room for later tokens
+  twice as large (e4m3 is floating point: the headroom costs range at the small end, not
+  precision). Its rows are quantized into the pools; decode's kv_append quantizes the new rows
+  with the same scales, and the attention reads the pools through them.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from frost_runtime import dtypes, torch_ops
 from frost_runtime.planset import KindInfo, PlanSet
 
 NAME = "frostc"
+KV_SCALE_HEADROOM = 2.0  # a scaled cache's scale: amax of the prefill's K (or V) per head / 448, times this
 
 
 @dataclass
@@ -125,6 +132,7 @@ class FrostcAttention:
         self._fresh: dict[int, tuple[torch.Tensor, int]] = {}
         self._loaded: dict[str, str] = {}  # set key -> registry key
         self._pools: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._scales: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # a scaled cache's, per layer
         self._warned: set[str] = set()
         self._kind_of_layer = {layer: info for info in plans.kind_info.values() for layer in info.layers}
         serving = plans.serving
@@ -232,10 +240,10 @@ class FrostcAttention:
         self._check_call(info, query, key, scaling, sliding_window, softcap)
         b, _, s, _ = query.shape
         self._check_capacity(b, past + s)
-        k_pool, v_pool = self._pool(layer, info, key)
+        pools = self._pool(layer, info, key)
         if past == 0:
-            return self._prefill(info, rows, query, key, value, k_pool, v_pool), None
-        return self._decode(info, rows, query, key, value, k_pool, v_pool), None
+            return self._prefill(info, rows, query, key, value, pools), None
+        return self._decode(info, rows, query, key, value, pools), None
 
     def _check_call(self, info: KindInfo, query, key, scaling, sliding_window, softcap) -> None:
         """A call whose attention is not the kind's would be a wrong answer: refused, naming it."""
@@ -280,12 +288,16 @@ class FrostcAttention:
             )
 
     # ------------------------------------------------------------------ prefill
-    def _prefill(self, info: KindInfo, rows: FrostcMask, query, key, value, k_pool, v_pool):
+    def _prefill(self, info: KindInfo, rows: FrostcMask, query, key, value, pools: Pools):
         b, hq, s, d = query.shape
         if rows.width != s:
             raise ValueError(f"prefill: the 2-D attention mask has {rows.width} columns, the prompt {s} tokens")
         slots = self._derived(rows, "pool_slots", lambda: self._prefill_slots(rows, s))
-        _append(k_pool, v_pool, key, value, slots)
+        if pools.scales is not None:  # a new generation: its scales from its prompts' K and V
+            for scale, x in zip(pools.scales, (key, value)):
+                amax = x.detach().float().abs().amax(dim=(0, 2, 3))
+                scale.copy_((amax * (KV_SCALE_HEADROOM / dtypes.E4M3_MAX)).clamp_min(MIN_KV_SCALE))
+        pools.append(key, value, slots)
         key_plan, why = self._select("prefill", info, b)
         serving = self.plans.serving
         if key_plan is not None and b * s > serving.max_prompt_tokens:
@@ -363,7 +375,7 @@ class FrostcAttention:
         return dest.flatten(), gather.flatten(), cu
 
     # ------------------------------------------------------------------ decode
-    def _decode(self, info: KindInfo, rows: FrostcMask, query, key, value, k_pool, v_pool):
+    def _decode(self, info: KindInfo, rows: FrostcMask, query, key, value, pools: Pools):
         b, hq, s, d = query.shape
         key_plan, why = self._select("decode", info, b)
         new_tokens = self.plans.serving.new_tokens
@@ -372,8 +384,8 @@ class FrostcAttention:
         if key_plan is None:
             positions = rows.count[:, None].to(torch.int64) - s + torch.arange(s, device=query.device)
             base = torch.arange(b, device=query.device)[:, None] * (self.max_pages * self.page_size)
-            _append(k_pool, v_pool, key, value, (base + positions).flatten())
-            return self._reference_decode(info, rows, query, k_pool, v_pool, why)
+            pools.append(key, value, (base + positions).flatten())
+            return self._reference_decode(info, rows, query, pools, why)
         slot = _slots_by_name(key_plan)
         bucket = slot["q"].dims[0]
         q, k_new, v_new = (_rows_to(x, bucket) for x in (query, key, value))
@@ -381,7 +393,9 @@ class FrostcAttention:
         o = torch.empty_strided(slot["o"].dims, slot["o"].strides, dtype=query.dtype, device=query.device)
         pages = self.plans.serving.pages
         reads = {"q": q, "k_new": k_new, "v_new": v_new, "page_table": self.page_table[:bucket], "cache_len": cache_len}
-        writes = {"k_cache": k_pool[:pages], "v_cache": v_pool[:pages], "o": o}
+        if pools.scales is not None:
+            reads["k_scale"], reads["v_scale"] = pools.scales
+        writes = {"k_cache": pools.k[:pages], "v_cache": pools.v[:pages], "o": o}
         names_in, names_out = torch_ops.slot_roles(key_plan)
         torch.ops.frostc.execute(key_plan, [reads[n] for n in names_in], [writes[n] for n in names_out], None)
         self.calls["decode"] += 1
@@ -411,14 +425,21 @@ class FrostcAttention:
             self._loaded[set_key] = key
         return key
 
-    def _pool(self, layer: int, info: KindInfo, like: torch.Tensor):
-        """The layer's K and V pools: (pages + 1, page_size, hkv, d); the last page takes pad tokens."""
+    def _pool(self, layer: int, info: KindInfo, like: torch.Tensor) -> Pools:
+        """The layer's K and V pools: (pages + 1, page_size, hkv, d) in the set's cache dtype (the
+        last page takes pad tokens), and a scaled cache's scales ((hkv,) float32 each)."""
         pools = self._pools.get(layer)
+        cache = self.plans.serving.kv_cache_dtype
+        scaled = dtypes.DTYPES[cache].scaled
         if pools is None:
             shape = (self.plans.serving.pages + 1, self.page_size, info.kv_heads, info.head_dim)
-            pools = tuple(torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in range(2))
+            dtype = dtypes.torch_dtype(cache) if scaled else like.dtype
+            pools = tuple(torch.zeros(shape, dtype=dtype, device=like.device) for _ in range(2))
             self._pools[layer] = pools
-        return pools
+            if scaled:
+                ones = torch.ones(info.kv_heads, dtype=torch.float32, device=like.device)
+                self._scales[layer] = (ones, ones.clone())
+        return Pools(*pools, self._scales.get(layer))
 
     def _derived(self, rows: FrostcMask, what, make):
         """Per-forward tensors every layer shares, computed by the first layer that needs them."""
@@ -449,13 +470,14 @@ class FrostcAttention:
         out = _reference(query, key, value, allowed[:, None], info.scale, info.softcap)
         return _fill_rows(out, valid.flatten(), rows.broken)
 
-    def _reference_decode(self, info: KindInfo, rows: FrostcMask, query, k_pool, v_pool, why: str):
+    def _reference_decode(self, info: KindInfo, rows: FrostcMask, query, pools: Pools, why: str):
         self._fallback(why)
         b, _, s, d = query.shape
         length = self.max_pages * self.page_size
         pages = self.plans.serving.pages
-        keys = k_pool[:pages].view(-1, length, info.kv_heads, d)[:b].transpose(1, 2)
-        values = v_pool[:pages].view(-1, length, info.kv_heads, d)[:b].transpose(1, 2)
+        k_pool, v_pool = pools.values(pages)
+        keys = k_pool.view(-1, length, info.kv_heads, d)[:b].transpose(1, 2)
+        values = v_pool.view(-1, length, info.kv_heads, d)[:b].transpose(1, 2)
         j = torch.arange(length, device=query.device)
         at = rows.count[:, None].to(torch.int64) - s + torch.arange(s, device=query.device)  # (b, s): the queries'
         allowed = j[None, None, :] <= at[:, :, None]
@@ -521,11 +543,42 @@ def _spans(rows: FrostcMask, s: int, offsets: int) -> torch.Tensor:
     return cu
 
 
-def _append(k_pool, v_pool, key, value, slots: torch.Tensor) -> None:
-    """Write (b, hkv, s, d) K/V into the pools' rows `slots` ((b * s,), pool rows of page_size)."""
-    hkv, d = key.shape[1], key.shape[3]
-    for pool, x in ((k_pool, key), (v_pool, value)):
-        pool.view(-1, hkv, d).index_copy_(0, slots, x.transpose(1, 2).reshape(-1, hkv, d))
+MIN_KV_SCALE = 1e-12  # an all-zero head's scale: any positive value stores its zeros exactly
+
+
+@dataclass(frozen=True)
+class Pools:
+    """One layer's K and V pools, and a scaled (e4m3) cache's scales (K's, V's), else None."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    scales: tuple[torch.Tensor, torch.Tensor] | None
+
+    def append(self, key, value, slots: torch.Tensor) -> None:
+        """Write (b, hkv, s, d) K/V into the pools' rows `slots` ((b * s,), pool rows of
+        page_size), quantized as kv_append does when the cache is scaled."""
+        hkv, d = key.shape[1], key.shape[3]
+        scales = self.scales or (None, None)
+        for pool, x, scale in ((self.k, key, scales[0]), (self.v, value, scales[1])):
+            rows = x.transpose(1, 2).reshape(-1, hkv, d)
+            if scale is not None:  # float8 has few ops: copy its bytes
+                rows, pool = quantize(rows, scale).view(torch.uint8), pool.view(torch.uint8)
+            pool.view(-1, hkv, d).index_copy_(0, slots, rows)
+
+    def values(self, pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `pages` pages of K and V as the values they hold (a scaled cache dequantized,
+        in float32: exact)."""
+        k, v = self.k[:pages], self.v[:pages]
+        if self.scales is None:
+            return k, v
+        return tuple(x.float() * s.view(1, 1, -1, 1) for x, s in zip((k, v), self.scales))
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(..., hkv, d) into e4m3 with a scale per head: x * (1 / scale) in float32, rounded to nearest
+    even, saturated to +-448: what the plans' kv_append computes."""
+    inverse = (1.0 / scale.float()).view(-1, 1)
+    return (x.float() * inverse).clamp(-dtypes.E4M3_MAX, dtypes.E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def _pack(x: torch.Tensor, dest: torch.Tensor, tokens: int) -> torch.Tensor:

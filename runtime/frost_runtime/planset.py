@@ -34,11 +34,12 @@ from dataclasses import asdict, dataclass, field
 import msgpack
 
 from frost_runtime import schema
+from frost_runtime.dtypes import DTYPES, KV_CACHE
 from frost_runtime.integrity import Pin, check_sha256
 from frost_runtime.schema import PlanData, PlanFormatError, _Reader, _unpack
 
 SET_MAGIC = "frostc-planset"
-SET_FORMAT_VERSION = 2  # 2: the manifest's `kinds`
+SET_FORMAT_VERSION = 3  # 2: the manifest's `kinds`; 3: the serving map's kv_cache_dtype
 REBUILD_SET = "rebuild it with this frostc: frostc from-config CONFIG.json -o SET"
 MAX_SET_BYTES = 1 << 32
 MAX_SET_PLANS = 4096
@@ -110,6 +111,7 @@ class ServingInfo:
     max_prompt_tokens: int  # one prefill step's tokens, all its sequences together
     new_tokens: int  # per sequence per decode step
     tp: int
+    kv_cache_dtype: str  # the pools' (the kinds' dtype, or e4m3: one float32 scale per KV head and layer)
 
     @property
     def max_pages(self) -> int:
@@ -413,6 +415,12 @@ def _read_manifest(header: SetHeader, manifest: dict, cubins: dict, digest: str)
         raise PlanFormatError("manifest.plans: a plan set holds at least one plan")
     kind_info = _read_kinds(m, (*entries, *missing))
     serving = _read_serving(m)
+    for info in kind_info.values():  # an unquantized cache holds its layers' dtype
+        if serving.kv_cache_dtype != info.dtype and not DTYPES[serving.kv_cache_dtype].scaled:
+            raise PlanFormatError(
+                f"manifest.serving.kv_cache_dtype: {serving.kv_cache_dtype} caches for kind {info.kind}, whose "
+                f"dtype is {info.dtype}; {REBUILD_SET}"
+            )
     unused = sorted(set(cubins) - used)
     if unused:
         raise PlanFormatError(f"cubins[{unused[0][:16]!r}]: no plan uses it; {REBUILD_SET}")
@@ -428,7 +436,10 @@ def _read_serving(m: _Reader) -> ServingInfo:
         pages=d.int("pages", 1, big), max_prompt_tokens=d.int("max_prompt_tokens", 1, big),
         new_tokens=d.int("new_tokens", 1, 1 << 16),
         tp=d.int("tp", 1, 1 << 16),
+        kv_cache_dtype=d.str("kv_cache_dtype", 16),
     )  # fmt: skip
+    if serving.kv_cache_dtype not in KV_CACHE:
+        raise PlanFormatError(f"manifest.serving.kv_cache_dtype: {serving.kv_cache_dtype!r} is not one of {KV_CACHE}")
     _refuse_extra(raw, serving_fields(serving), "manifest.serving")
     return serving
 

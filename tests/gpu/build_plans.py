@@ -169,6 +169,9 @@ def build_hf_sets() -> None:
         start = time.time()
         write_atomic(BUILT / "hf" / f"tiny-{family}.frostset", build_tiny_set(family))
         print(f"[hf] tiny-{family}.frostset ({time.time() - start:.0f} s)", flush=True)
+    for family in ("llama", "gemma2"):  # an FP8 cache: test_hf.py's e4m3 test
+        write_atomic(BUILT / "hf" / f"tiny-{family}-kv_e4m3.frostset", build_tiny_set(family, "e4m3"))
+        print(f"[hf] tiny-{family}-kv_e4m3.frostset", flush=True)
 
 
 def main() -> int:

@@ -32,8 +32,8 @@ NEW_TOKENS = 64
 REFERENCE = {"llama": "sdpa", "qwen2": "sdpa", "mistral": "sdpa", "gemma2": "eager"}
 
 
-def _plans(family: str):
-    path = SETS / f"tiny-{family}.frostset"
+def _plans(family: str, suffix: str = ""):
+    path = SETS / f"tiny-{family}{suffix}.frostset"
     if not path.exists():
         pytest.skip(f"{path} is not built: run `python -m tests.gpu.build_plans --only hf` on the build machine")
     return frost_runtime.read_set(path)
@@ -83,6 +83,31 @@ def test_generate_matches_the_reference(family: str) -> None:
     assert calls == {"prefill": layers, "decode": layers * (NEW_TOKENS - 1)}, calls
 
     print(f"{family}: {judge(model, REFERENCE[family], backend, ids, mask, expected, got)}; calls {calls}")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_an_fp8_cache_through_the_plans_matches_its_torch_reference(family: str) -> None:
+    """A set built with --kv-cache-dtype e4m3: every call through a plan (the decode plans'
+    kv_append quantizing, the attention reading e4m3 pages), and the teacher-forced logits equal,
+    within the bf16 model's noise, those of the backend's torch reference over the same
+    quantized pools (launch=False: the same scales, the same e4m3 bytes, dequantized in fp32)."""
+    from tests.hf_models import stepwise_logits
+
+    plans = _plans(family, "-kv_e4m3")
+    model = hf_model(family, device="cuda")
+    layers = model.config.num_hidden_layers
+    ids, mask = left_padded_prompts(PROMPTS, model.config.vocab_size, "cuda")
+    backend = _backend(plans, model, f"frostc-test-{family}-fp8")
+    with torch.no_grad():
+        tokens = greedy(model, ids, mask, 16, cache=backend.new_cache())
+        assert dict(backend.calls) == {"prefill": layers, "decode": layers * 15}, dict(backend.calls)
+        assert backend._pools[0][0].dtype == torch.float8_e4m3fn
+        got = stepwise_logits(model, ids, mask, tokens, backend.new_cache())
+        reference = hf.install(plans, model, device="cuda", name=f"frostc-test-{family}-fp8-ref", launch=False)
+        want = stepwise_logits(model, ids, mask, tokens, reference.new_cache())
+    err = float((got - want).abs().amax())
+    print(f"{family} e4m3 cache: max logit difference, plans against the torch reference, {err:.4f}")
+    assert err < 0.1, err
 
 
 def test_a_prompt_too_long_to_read_in_place_is_packed() -> None:
