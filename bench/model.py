@@ -13,6 +13,8 @@ bf16 weights (no Hub), prompts of 2048 random tokens. Rows:
   static-cache path at batch 32 (its compile time reported; minutes per batch size). ms per
   step and tokens/s; the bandwidth floor is the bytes a step must read (every weight but the
   embedding table, plus the KV of every sequence) over the read ceiling measured in the run.
+  Also frostc with an FP8 (e4m3) cache (a set built with --kv-cache-dtype e4m3): its graph step
+  and its own floor (half the KV bytes).
 - prefill of 8 x 2048 and 1 x 32768 tokens: frostc (packed plans; the K/V written to its pools)
   against HF sdpa (the K/V kept in its default DynamicCache), logits of the last token only.
 - cold start: a fresh process from start to first token with the plan set (read, verify, load
@@ -39,9 +41,10 @@ PROMPT = 2048
 STEPS = 32  # generated tokens per timed generate() (HF) and replays per timing window (frostc)
 DECODE_BATCHES = (8, 32)
 LONG = 32768
-SETS = {  # name -> (batch sizes, max cache length, max prompt tokens)
-    "llama3-8b-serve": ((8, 32), PROMPT + 256, 32 * PROMPT),
-    "llama3-8b-long": ((1,), LONG + 256, LONG),
+SETS = {  # name -> (batch sizes, max cache length, max prompt tokens, paged cache dtype)
+    "llama3-8b-serve": ((8, 32), PROMPT + 256, 32 * PROMPT, None),
+    "llama3-8b-serve-kv_e4m3": ((8, 32), PROMPT + 256, 32 * PROMPT, "e4m3"),
+    "llama3-8b-long": ((1,), LONG + 256, LONG, None),
 }
 
 
@@ -63,8 +66,10 @@ def build() -> int:
 
     BUILT.mkdir(parents=True, exist_ok=True)
     model = read_model(config())
-    for name, (sizes, cache, prompt) in SETS.items():
-        dep = deployment(model, batch_sizes=sizes, max_cache_len=cache, max_prompt_tokens=prompt)
+    for name, (sizes, cache, prompt, kv_cache_dtype) in SETS.items():
+        dep = deployment(
+            model, batch_sizes=sizes, max_cache_len=cache, max_prompt_tokens=prompt, kv_cache_dtype=kv_cache_dtype
+        )
         start = time.perf_counter()
         result = build_set(model, dep, name=name)
         write_atomic(BUILT / f"{name}.frostset", result.data)
@@ -111,13 +116,13 @@ def _cuda_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def step_bytes(model, batch: int, context: int) -> int:
+def step_bytes(model, batch: int, context: int, kv_element_bytes: int = 2) -> int:
     """What one decode step must read: every weight but the embedding table (a step reads only
     its tokens' rows), and each sequence's K and V of every layer."""
     c = model.config
     weights = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
-    kv = batch * context * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
-    return weights + kv
+    per_token = c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 2
+    return weights + batch * context * per_token * kv_element_bytes
 
 
 def hf_generate_step_ms(model, ids, mask, *, compiled: bool) -> tuple[float, float]:
@@ -268,6 +273,18 @@ def run(md: str | None, json_path: str | None, hf_compiled: bool) -> int:
         print(row, flush=True)
         result["decode"].append(row)
         torch.cuda.empty_cache()
+    fp8 = hf.FrostcAttention(frost_runtime.read_set(BUILT / "llama3-8b-serve-kv_e4m3.frostset"), name="frostc-fp8")
+    fp8.preload()
+    fp8.install()
+    model.set_attn_implementation(fp8.name)
+    for row in result["decode"]:  # the same steps over an FP8 cache
+        ids, mask = _prompts(row["batch"], PROMPT, vocab)
+        floor = step_bytes(model, row["batch"], PROMPT + STEPS // 2, kv_element_bytes=1) / ceiling * 1e3
+        row["fp8"] = {"floor_ms": floor} | frostc_decode(model, fp8, ids, mask)
+        print(row["fp8"], flush=True)
+        torch.cuda.empty_cache()
+    del fp8
+    model.set_attn_implementation(backend.name)
     ids, mask = _prompts(8, PROMPT, vocab)
     result["prefill"].append({"shape": "8 x 2048"} | prefill_ms(model, backend, ids, mask))
     print(result["prefill"][-1], flush=True)
@@ -284,7 +301,9 @@ def run(md: str | None, json_path: str | None, hf_compiled: bool) -> int:
         Path(md).write_text(table)
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=1))
-    return 0 if all(r["graph_tokens_match_eager"] for r in result["decode"]) else 1
+    same = [r["graph_tokens_match_eager"] and r.get("fp8", {}).get("graph_tokens_match_eager", True)
+            for r in result["decode"]]  # fmt: skip
+    return 0 if all(same) else 1
 
 
 def _cell(value: float | None, form: str = ".1f") -> str:
@@ -329,6 +348,17 @@ def markdown(r: dict, device: str, torch_version: str) -> str:
             _cell(None if compiled is None else compiled / graph),
         )
         lines.append("| " + " | ".join(cells) + " |")
+    fp8_rows = [d for d in r["decode"] if "fp8" in d]
+    if fp8_rows:
+        header = "| decode step, FP8 cache | floor ms | frostc graph ms | tok/s | × floor | × bf16 cache's tok/s |"
+        lines += ["", header, "|---|---:|---:|---:|---:|---:|"]
+        for d in fp8_rows:
+            f = d["fp8"]
+            lines.append(
+                f"| batch {d['batch']}, context {d['context']} | {f['floor_ms']:.2f} | {f['graph_ms']:.2f} | "
+                f"{d['batch'] / f['graph_ms'] * 1e3:,.0f} | {f['graph_ms'] / f['floor_ms']:.2f} | "
+                f"{d['graph_ms'] / f['graph_ms']:.2f} |"
+            )
     lines += ["", "| prefill | HF sdpa ms | frostc ms | HF / frostc |", "|---|---:|---:|---:|"]
     for p in r["prefill"]:
         ratio = p["hf_sdpa_ms"] / p["frostc_ms"]
