@@ -174,31 +174,11 @@ def set_summary(ps) -> dict:
         plans.append(planset.entry_fields(e) | {"kernels": [k.name for k in data.kernels]})
     h = ps.header
     return {
-        "set": {
-            "name": h.name,
-            "format": planset.SET_FORMAT_VERSION,
-            "model": h.model,
-            "frostc_version": h.frostc_version,
-            "cutlass_dsl_version": h.cutlass_dsl_version,
-            "target_arch": h.target_arch,
-            "min_driver": h.min_driver,
-            "content_hash": h.content_hash,
-            "sha256": ps.sha256,
-        },
+        "set": {"format": planset.SET_FORMAT_VERSION} | planset.header_fields(h) | {"sha256": ps.sha256},
         "serving": planset.serving_fields(ps.serving),
         "kinds": [planset.kind_fields(k) | {"kind": k.kind} for k in ps.kind_info.values()],
         "plans": plans,
-        "missing": [
-            {
-                "key": m.key,
-                "phase": m.phase,
-                "batch": m.batch,
-                "kind": m.kind,
-                "layers": list(m.layers),
-                "reason": m.reason,
-            }
-            for m in ps.missing
-        ],
+        "missing": [planset.missing_fields(m) for m in ps.missing],
         "cubins": [
             {"sha256": sha, "kernel": variant[sha], "bytes": len(blob), "used_by": used[sha]}
             for sha, blob in ps.cubins.items()

@@ -50,9 +50,9 @@ def torch_dtype(name: str):
     return getattr(torch, DTYPES[name].torch)
 
 
+_BY_TORCH_NAME = {f"torch.{d.torch}": name for name, d in DTYPES.items()}
+
+
 def from_torch(dtype) -> str | None:
-    """The table's name of a torch dtype, None for one it lacks."""
-    for name, d in DTYPES.items():
-        if str(dtype) == f"torch.{d.torch}":
-            return name
-    return None
+    """The table's name of a torch dtype, None for one it lacks (no torch import)."""
+    return _BY_TORCH_NAME.get(str(dtype))

@@ -62,6 +62,16 @@ class FrostcMask:
     hf_arguments: dict
     derived: dict = field(default_factory=dict)  # per-forward index tensors, computed by the first layer
 
+    def positions(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b, s): each column's position in its sequence, and whether it holds one of the
+        sequence's tokens; computed once per forward (every layer's prefill uses them)."""
+        if ("positions", s) not in self.derived:
+            t = torch.arange(s, device=self.first.device)
+            position = t[None, :] - self.first[:, None]
+            valid = (position >= 0) & (position < self.count[:, None])
+            self.derived[("positions", s)] = (position, valid)
+        return self.derived[("positions", s)]
+
     @property
     def shape(self) -> tuple[int, ...]:  # HF code may log a mask's shape
         return (len(self.first), self.width)
@@ -258,7 +268,7 @@ class FrostcAttention:
                 ("heads", hq, info.heads),
                 ("KV heads", key.shape[1], info.kv_heads),
                 ("head dim", d, info.head_dim),
-                ("dtype", _DTYPE_NAMES.get(query.dtype, str(query.dtype)), info.dtype),
+                ("dtype", dtypes.from_torch(query.dtype) or str(query.dtype), info.dtype),
                 ("window_left", window, info.window_left),
                 ("softcap", softcap or None, info.softcap),
             )
@@ -350,10 +360,8 @@ class FrostcAttention:
         """Each token's row in its layer's pool (pool viewed as (pages * page_size, hkv, d)); pad
         tokens go to the dump page past the plan's pages."""
         b = len(rows.first)
-        t = torch.arange(s, device=rows.first.device)
-        position = t[None, :] - rows.first[:, None]
-        valid = (position >= 0) & (position < rows.count[:, None])
-        base = torch.arange(b, device=t.device)[:, None] * (self.max_pages * self.page_size)
+        position, valid = rows.positions(s)
+        base = torch.arange(b, device=position.device)[:, None] * (self.max_pages * self.page_size)
         dump = self.plans.serving.pages * self.page_size
         return torch.where(valid, base + position, dump).flatten()
 
@@ -363,13 +371,11 @@ class FrostcAttention:
         a row that is not one run: row `tokens + 1`, NaN), and cu_seqlens over the plan's bucket
         (empty sequences after the batch's)."""
         b = len(rows.first)
-        t = torch.arange(s, device=rows.first.device)
-        position = t[None, :] - rows.first[:, None]
-        valid = (position >= 0) & (position < rows.count[:, None])
+        position, valid = rows.positions(s)
         starts = torch.cumsum(rows.count, 0, dtype=torch.int32) - rows.count
         dest = torch.where(valid, starts[:, None].to(torch.int64) + position, tokens)
         gather = torch.where(rows.broken[:, None], tokens + 1, dest)
-        cu = torch.zeros(offsets, dtype=torch.int32, device=t.device)
+        cu = torch.zeros(offsets, dtype=torch.int32, device=position.device)
         cu[1 : b + 1] = torch.cumsum(rows.count, 0, dtype=torch.int32)
         cu[b + 1 :] = cu[b]
         return dest.flatten(), gather.flatten(), cu
@@ -462,8 +468,7 @@ class FrostcAttention:
         self._fallback(why)
         s = query.shape[2]
         t = torch.arange(s, device=query.device)
-        position = t[None, :] - rows.first[:, None]  # (b, s): a column's position in its sequence
-        valid = (position >= 0) & (position < rows.count[:, None])
+        _, valid = rows.positions(s)
         allowed = valid[:, :, None] & valid[:, None, :] & (t[None, None, :] <= t[None, :, None])
         if info.window_left is not None:
             allowed &= t[None, None, :] >= t[None, :, None] - info.window_left
@@ -507,8 +512,6 @@ class FrostcAttention:
 
 # ---------------------------------------------------------------------------------------- helpers
 
-_DTYPE_NAMES = {dtypes.torch_dtype(name): name for name in dtypes.NAMES}
-
 
 def _slots_by_name(key: str) -> dict:
     r = torch_ops.registered(key)
@@ -531,7 +534,7 @@ class _Capacity:
             "data": (t.data_ptr(), False),
             "version": 3,
         }
-        if tuple(t.stride()[-2:]) != tuple(slot.strides[-2:]) or _DTYPE_NAMES.get(t.dtype) != slot.dtype:
+        if tuple(t.stride()[-2:]) != tuple(slot.strides[-2:]) or dtypes.from_torch(t.dtype) != slot.dtype:
             raise ValueError(f"{slot.name}: {tuple(t.stride())} / {t.dtype} is not the slot's row layout")
 
 

@@ -515,10 +515,9 @@ def _torch_tensor_type():
 
 def _torch_dtype(name: str):
     try:
-        import torch
+        return dtypes.torch_dtype(name)
     except ImportError:
         return None
-    return getattr(torch, dtypes.DTYPES[name].torch)
 
 
 def _where(check: _SlotCheck) -> str:

@@ -193,7 +193,8 @@ class PlanSet:
 # ------------------------------------------------------------------------------- encoding
 
 
-def _header_map(h: SetHeader) -> dict:
+def header_fields(h: SetHeader) -> dict:
+    """The set header's fields, as the file holds them."""
     return {
         "name": h.name,
         "model": h.model,
@@ -240,7 +241,8 @@ def kind_fields(k: KindInfo) -> dict:
     }
 
 
-def _missing_map(m: MissingEntry) -> dict:
+def missing_fields(m: MissingEntry) -> dict:
+    """A missing entry's fields, as the manifest holds them."""
     return {
         "key": m.key,
         "phase": m.phase,
@@ -256,7 +258,7 @@ def _pack(obj) -> bytes:
 
 
 def set_content_hash(header: SetHeader, manifest: dict, cubins: dict) -> str:
-    fields = {k: v for k, v in _header_map(header).items() if k != "content_hash"}
+    fields = {k: v for k, v in header_fields(header).items() if k != "content_hash"}
     top = {"magic": SET_MAGIC, "format": SET_FORMAT_VERSION, "header": fields, "manifest": manifest, "cubins": cubins}
     return hashlib.sha256(_pack(top)).hexdigest()
 
@@ -265,7 +267,7 @@ def _file_map(header: SetHeader, manifest: dict, cubins: dict) -> dict:
     return {
         "magic": SET_MAGIC,
         "format": SET_FORMAT_VERSION,
-        "header": _header_map(header),
+        "header": header_fields(header),
         "manifest": manifest,
         "cubins": cubins,
     }
@@ -304,12 +306,12 @@ def encode_set(
         entries.append(_entry_map(entry, stripped))
     manifest = {
         "plans": entries,
-        "missing": [_missing_map(m) for m in missing],
+        "missing": [missing_fields(m) for m in missing],
         "kinds": {k.kind: kind_fields(k) for k in kinds},
         "serving": serving_fields(serving),
     }
     table = dict(sorted(cubins.items()))
-    sealed = SetHeader(**(_header_map(header) | {"content_hash": set_content_hash(header, manifest, table)}))
+    sealed = SetHeader(**(header_fields(header) | {"content_hash": set_content_hash(header, manifest, table)}))
     data = _pack(_file_map(sealed, manifest, table))
     read_set(data)
     return data
@@ -357,7 +359,7 @@ def read_set(source: str | os.PathLike | bytes, *, sha256: Pin | None = None) ->
     manifest = r.get("manifest", dict)
     cubins = r.get("cubins", dict)
     _refuse_extra(top, _file_map(header, manifest, cubins), "set")
-    _refuse_extra(top["header"], _header_map(header), "header")
+    _refuse_extra(top["header"], header_fields(header), "header")
     if set_content_hash(header, manifest, cubins) != header.content_hash:
         raise PlanFormatError(
             "header.content_hash: the content hash does not match the set: the file is corrupt or was edited "
