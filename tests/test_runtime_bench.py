@@ -63,19 +63,23 @@ def _padded() -> bytes:
 PAGE, MAX_PAGES, PAGES = 16, 512, 300  # a pool smaller than batch x max_pages (tests/test_sdpa_paged.py's)
 
 
-def _decode() -> bytes:
+def _decode(cache: str = "bf16") -> bytes:
     g = GraphBuilder("decode")
     for t, heads in (("k_new", HKV), ("v_new", HKV), ("q", 8), ("o", 8)):
         g.tensor(t, dtype="bf16", dims=(B, heads, 1, D), layout="bshd")
     g.tensor("lse", dtype="fp32", dims=(B, 8, 1))
     for t in ("k_cache", "v_cache"):
-        g.tensor(t, dtype="bf16", dims=(PAGES, PAGE, HKV, D))
+        g.tensor(t, dtype=cache, dims=(PAGES, PAGE, HKV, D))
     g.tensor("page_table", dtype="int32", dims=(B, MAX_PAGES))
     g.tensor("cache_len", dtype="int32", dims=(B,))
     paged = {"k_cache": "k_cache", "v_cache": "v_cache", "page_table": "page_table", "seq_len_kv": "cache_len"}
+    if cache == "e4m3":
+        for t in ("k_scale", "v_scale"):
+            paged[t] = g.tensor(t, dtype="fp32", dims=(HKV,))
     g.node("kv_append", name="append", k="k_new", v="v_new", **paged)
+    scales = {t: paged[t] for t in ("k_scale", "v_scale") if t in paged}
     g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", lse="lse", page_table="page_table",
-           seq_len_kv="cache_len", causal=True)  # fmt: skip
+           seq_len_kv="cache_len", causal=True, **scales)  # fmt: skip
     return build(g.build())
 
 
@@ -89,6 +93,7 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "packed": _packed(),
         "padded": _padded(),
         "decode": _decode(),
+        "decode-e4m3": _decode("e4m3"),
     }
     paths = {}
     for name, data in made.items():
@@ -284,6 +289,23 @@ def test_paged_bytes_are_bench_decode_py_s(plans) -> None:
     assert work.flops is None
     full = workload.work(plan, workload.make_lengths(plan))
     assert full.bytes == B * MAX_PAGES * PAGE * HKV * D * 2 * 2
+
+
+def test_an_e4m3_cache_reads_half_the_bytes(plans) -> None:
+    plan = data(plans, "decode-e4m3")
+    values = workload.make_lengths(plan, ["cache_len=100,8000"])
+    assert workload.work(plan, values).bytes == (100 + 8000) * HKV * D * 1 * 2
+
+
+def test_the_bench_buffers_of_an_e4m3_plan_have_its_dtypes(plans) -> None:
+    torch = pytest.importorskip("torch")
+    from frost_runtime import bench
+
+    plan = data(plans, "decode-e4m3")
+    buffers, _ = bench.make_buffers(plan, workload.make_lengths(plan), seed=0, device="cpu")
+    dtypes = {slot.name: b.dtype for slot, b in zip(plan.slots, buffers)}
+    assert dtypes["k_cache"] == dtypes["v_cache"] == torch.float8_e4m3fn
+    assert dtypes["k_scale"] == torch.float32 and dtypes["q"] == torch.bfloat16
 
 
 # ------------------------------------------------------------------------------------ lengths
