@@ -8,8 +8,10 @@ or quantized. Both outputs are measured against float64 attention on the real va
 (four channels of K and V x50, which set the scales and so coarsen every other channel).
 
 The bounds: e4m3 keeps 3 mantissa bits, a relative rounding error of at most 2^-4 (rms about
-2^-4 / sqrt(3) = 3.6 %) per element, which O inherits about unchanged (bench/RESULTS.md has the
-measured figures). The bf16 cache's error, 2^-8 per element, is the yardstick beside it.
+2.4 %) per element; V's reaches O about unchanged, K's moves the softmax's weights by its
+error times the scores' spread (about 1 for N(0, 1) data, about 9 with the outlier channels).
+The bf16 cache (2^-8 per element) is the yardstick beside it; the bounds are set above the
+estimate with room, and bench/RESULTS.md records the measured figures.
 """
 
 import math
@@ -26,7 +28,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(decode_skip_reason() is not No
 
 OUTLIER_CHANNELS = (3, 40, 77, 121)
 OUTLIER_GAIN = 50.0
-BOUND = {"e4m3": 0.05, "bf16": 0.006}  # relative L2 error of O against float64 on the real values
+# relative L2 error of O against float64 on the real values, by data: N(0, 1), then outlier
+# channels (their scores spread ~9x wider, so K's rounding moves the softmax's weights more)
+BOUND = {False: {"e4m3": 0.05, "bf16": 0.012}, True: {"e4m3": 0.15, "bf16": 0.012}}
 LENGTHS = (4096, 3001, 1000, 17)
 
 
@@ -91,5 +95,5 @@ def test_e4m3_cache_error_is_within_its_bound(outliers, record_property):
     record_property("relative_l2", errors)
     print(f"\n{'outlier channels' if outliers else 'N(0, 1)'}: relative L2 of O, bf16 cache {errors['bf16']:.2e}, "
           f"e4m3 cache {errors['e4m3']:.2e}")  # fmt: skip
-    for dtype, bound in BOUND.items():
+    for dtype, bound in BOUND[outliers].items():
         assert errors[dtype] < bound, f"{dtype} cache: relative L2 error {errors[dtype]:.3e} over its bound {bound}"
