@@ -106,6 +106,8 @@ def test_pages_round_up() -> None:
         ({"tp": 3}, "--tp", ("does not divide", "32 attention heads", "[1, 2, 4, 8, 16, 32]")),
         ({"dtype": "fp32"}, "--dtype", ('"bf16", "fp16"',)),
         ({"batch_sizes": ()}, "--batch-sizes", ("at least one",)),
+        ({"kv_cache_dtype": "fp32"}, "--kv-cache-dtype", ('"bf16", "fp16", "e4m3"',)),
+        ({"kv_cache_dtype": "fp16"}, "--kv-cache-dtype", ("model's bf16", "e4m3")),
     ],
 )  # fmt: skip
 def test_bad_options_name_the_flag_and_the_fix(options, flag, words) -> None:
@@ -224,6 +226,21 @@ def test_a_decode_plans_shapes() -> None:
     assert attn.form == "paged" and attn.attn_scale == 128**-0.5
 
 
+def test_an_fp8_cache_makes_the_decode_plans_e4m3_with_scales_per_kv_head() -> None:
+    _, dep, kinds = planned(LLAMA3_8B, batch_sizes=(8,), kv_cache_dtype="e4m3", tp=2)
+    assert (dep.cache_dtype, dep.scaled_cache) == ("e4m3", True)
+    prefill, decode = plan_list(kinds, dep)
+    graph = validate(decode.description)
+    tensors = {t.name: (t.dtype, t.dims) for t in graph.tensors}
+    assert tensors["k_cache"][0] == tensors["v_cache"][0] == "e4m3"
+    assert tensors["k_scale"] == tensors["v_scale"] == ("fp32", (4,))  # 4 KV heads per rank
+    assert tensors["q"][0] == tensors["k_new"][0] == "bf16"
+    assert {n.k_scale for n in graph.nodes} == {"k_scale"}
+    assert "k_scale" not in {t.name for t in validate(prefill.description).tensors}  # prefill reads no cache
+    _, dep_bf16, _ = planned(LLAMA3_8B, batch_sizes=(8,), kv_cache_dtype="bf16")
+    assert dep_bf16.kv_cache_dtype == "" and dep_bf16.cache_dtype == "bf16"
+
+
 def test_a_prefill_plans_shapes() -> None:
     _, dep, kinds = planned(GEMMA2_27B, batch_sizes=(4,), max_prompt_tokens=16384, max_cache_len=8000)
     prefill = plan_list(kinds, dep)[0]
@@ -285,6 +302,17 @@ def test_dry_run_prints_the_model_the_kinds_and_the_plans(config_file) -> None:
     assert "0,2,4..40" in out and "1,3,5..41" in out
     assert "l0-prefill-b8" in out and "l1-decode-b1" in out
     assert "8 plans: 8 ok" in out
+
+
+def test_dry_run_shows_an_fp8_cache_and_its_smaller_pool(config_file) -> None:
+    import json
+
+    args = ("from-config", config_file(LLAMA3_8B), "--dry-run", "--batch-sizes", "8")
+    plain, fp8 = (json.loads(frostc(*args, "--json", *extra).stdout) for extra in ((), ("--kv-cache-dtype", "e4m3")))
+    assert (plain["deployment"]["kv_cache_dtype"], fp8["deployment"]["kv_cache_dtype"]) == ("bf16", "e4m3")
+    assert fp8["deployment"]["kv_pool_bytes_per_layer"] * 2 == plain["deployment"]["kv_pool_bytes_per_layer"]
+    assert all(p["status"] == "ok" for p in fp8["plans"])
+    assert "cache: e4m3" in frostc(*args, "--kv-cache-dtype", "e4m3").stdout
 
 
 def test_dry_run_json(config_file) -> None:
