@@ -50,8 +50,8 @@ def model_text(model: ModelAttention, dep: Deployment) -> str:
     return (
         f"{model.model_type}: {model.layers} layers, {model.heads} heads, {model.kv_heads} KV heads, head dim "
         f"{model.head_dim}, scale {model.scale:.6g}{window}{softcap}; served {dep.dtype}, tp {dep.tp}, batch sizes "
-        f"{sizes}, prefill {dep.max_prompt_tokens} tokens, cache {dep.max_cache_len} tokens in pages of "
-        f"{dep.page_size} ({dep.pages} pages), {dep.new_tokens} new {tokens} per decode step"
+        f"{sizes}, prefill {dep.max_prompt_tokens} tokens, {dep.cache_dtype} cache {dep.max_cache_len} tokens in "
+        f"pages of {dep.page_size} ({dep.pages} pages), {dep.new_tokens} new {tokens} per decode step"
     )[: planset.MAX_MODEL_CHARS]
 
 
