@@ -24,6 +24,9 @@ split-KV, at the memory-bandwidth limit.
   and with causal the keys past each new token's diagonal (bottom-right: token t of n sees
   keys < len - n + t + 1).
 
+- A quantized (e4m3) cache: `PagedDecodeScaledCache` at the end of this file; the same schedule
+  with a conversion step (the TMA'd e4m3 blocks into fp16 tiles) and fp16 MMAs.
+
 Modes the kernel sees (element strides; the innermost head-dim stride is 1, checked at build):
   K, V cache : (page_size, d, h_kv, pages) pages of rows; TMA views ragged like the prefill
                kernel's: (rows, d, h_kv, wrap, start) with start = page · rows_per_page + row
