@@ -2,7 +2,7 @@
 own paths, in one run (issue 19).
 
     python bench/model.py build                   # CPU machine: the plan sets, into bench/.built/model
-    python bench/model.py run [--md F] [--json F] [--hf-compiled]   # GPU machine (transformers installed)
+    python bench/model.py run [--md F] [--json F] [--hf-compiled] [--compiled-model]   # GPU machine
     python bench/model.py cold SET                # one process: start -> first token (run calls it)
 
 The model: Llama-3-8B's shapes (32 layers, 32 heads, 8 KV heads, d 128, vocab 128256), random
@@ -14,7 +14,9 @@ bf16 weights (no Hub), prompts of 2048 random tokens. Rows:
   step and tokens/s; the bandwidth floor is the bytes a step must read (every weight but the
   embedding table, plus the KV of every sequence) over the read ceiling measured in the run.
   Also frostc with an FP8 (e4m3) cache (a set built with --kv-cache-dtype e4m3): its graph step
-  and its own floor (half the KV bytes).
+  and its own floor (half the KV bytes); and with `--compiled-model` frostc's graph step with the
+  model's forward through torch.compile (`DecodeGraph(compile_model=True)`: inductor fuses the
+  model's elementwise work around frostc's ops; its compile time reported).
 - prefill of 8 x 2048 and 1 x 32768 tokens: frostc (packed plans; the K/V written to its pools)
   against HF sdpa (the K/V kept in its default DynamicCache), logits of the last token only.
 - cold start: a fresh process from start to first token with the plan set (read, verify, load
@@ -152,16 +154,23 @@ def hf_generate_step_ms(model, ids, mask, *, compiled: bool) -> tuple[float, flo
     return (many - one) / STEPS, first
 
 
-def frostc_decode(model, backend, ids, mask) -> dict:
+def frostc_decode(model, backend, ids, mask, compile_model: bool = False) -> dict:
     """frostc's decode step at this batch: graph replays (device time over STEPS replays) and
-    the same step eager; the graph's tokens are checked against the eager step's."""
+    the same step eager; the graph's tokens are checked against the eager step's. With
+    `compile_model`, the first (compiling) step's seconds too."""
     import torch
     from frost_runtime.hf import DecodeGraph
 
-    graph = DecodeGraph(model, backend, batch=ids.shape[0])
+    graph = DecodeGraph(model, backend, batch=ids.shape[0], compile_model=compile_model)
+    extra = {}
     with torch.no_grad():
         tokens = graph.prefill(ids, mask)
         eager_tokens = [tokens]
+        if compile_model:
+            start = time.perf_counter()
+            eager_tokens.append(graph.step(tokens, capture=False))
+            torch.cuda.synchronize()
+            extra["compile_s"] = time.perf_counter() - start
         eager_ms = _cuda_ms(lambda: eager_tokens.append(graph.step(eager_tokens[-1], capture=False)), 5)
         graph.reset(ids, mask)
         replayed = [tokens]
@@ -176,7 +185,8 @@ def frostc_decode(model, backend, ids, mask) -> dict:
             graph.graph.replay()
         end.record()
         torch.cuda.synchronize()
-    return {"graph_ms": start.elapsed_time(end) / STEPS, "eager_ms": eager_ms, "graph_tokens_match_eager": same}
+    result = {"graph_ms": start.elapsed_time(end) / STEPS, "eager_ms": eager_ms, "graph_tokens_match_eager": same}
+    return result | extra
 
 
 def prefill_ms(model, backend, ids, mask) -> dict:
@@ -228,7 +238,7 @@ def cold(set_path: str) -> int:
     return 0
 
 
-def run(md: str | None, json_path: str | None, hf_compiled: bool) -> int:
+def run(md: str | None, json_path: str | None, hf_compiled: bool, compiled_model: bool = False) -> int:
     import frost_runtime
     import torch
     from decode import read_ceiling
@@ -285,6 +295,11 @@ def run(md: str | None, json_path: str | None, hf_compiled: bool) -> int:
         torch.cuda.empty_cache()
     del fp8
     model.set_attn_implementation(backend.name)
+    for row in result["decode"] if compiled_model else ():  # the model's own work fused around frostc's ops
+        ids, mask = _prompts(row["batch"], PROMPT, vocab)
+        row["compiled_model"] = frostc_decode(model, backend, ids, mask, compile_model=True)
+        print(row["compiled_model"], flush=True)
+        torch.cuda.empty_cache()
     ids, mask = _prompts(8, PROMPT, vocab)
     result["prefill"].append({"shape": "8 x 2048"} | prefill_ms(model, backend, ids, mask))
     print(result["prefill"][-1], flush=True)
@@ -301,7 +316,8 @@ def run(md: str | None, json_path: str | None, hf_compiled: bool) -> int:
         Path(md).write_text(table)
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=1))
-    same = [r["graph_tokens_match_eager"] and r.get("fp8", {}).get("graph_tokens_match_eager", True)
+    same = [r["graph_tokens_match_eager"] and all(r.get(k, {}).get("graph_tokens_match_eager", True)
+                                                  for k in ("fp8", "compiled_model"))
             for r in result["decode"]]  # fmt: skip
     return 0 if all(same) else 1
 
@@ -359,6 +375,16 @@ def markdown(r: dict, device: str, torch_version: str) -> str:
                 f"{d['batch'] / f['graph_ms'] * 1e3:,.0f} | {f['graph_ms'] / f['floor_ms']:.2f} | "
                 f"{d['graph_ms'] / f['graph_ms']:.2f} |"
             )
+    compiled_rows = [d for d in r["decode"] if "compiled_model" in d]
+    if compiled_rows:
+        header = "| decode step, model through torch.compile | frostc graph ms | × floor | compile s |"
+        lines += ["", header, "|---|---:|---:|---:|"]
+        for d in compiled_rows:
+            c = d["compiled_model"]
+            lines.append(
+                f"| batch {d['batch']}, context {d['context']} | {c['graph_ms']:.2f} | "
+                f"{c['graph_ms'] / d['floor_ms']:.2f} | {c['compile_s']:.0f} |"
+            )
     lines += ["", "| prefill | HF sdpa ms | frostc ms | HF / frostc |", "|---|---:|---:|---:|"]
     for p in r["prefill"]:
         ratio = p["hf_sdpa_ms"] / p["frostc_ms"]
@@ -385,6 +411,9 @@ def main() -> int:
     run_parser.add_argument("--md")
     run_parser.add_argument("--json")
     run_parser.add_argument("--hf-compiled", action="store_true", help="also HF's compiled path (minutes of compile)")
+    run_parser.add_argument(
+        "--compiled-model", action="store_true", help="also frostc's step with the model through torch.compile"
+    )
     cold_parser = sub.add_parser("cold")
     cold_parser.add_argument("set")
     args = parser.parse_args()
@@ -392,7 +421,7 @@ def main() -> int:
         return build()
     if args.command == "cold":
         return cold(args.set)
-    return run(args.md, args.json, args.hf_compiled)
+    return run(args.md, args.json, args.hf_compiled, args.compiled_model)
 
 
 if __name__ == "__main__":

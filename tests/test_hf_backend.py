@@ -184,3 +184,20 @@ def test_an_fp8_cache_quantizes_with_scales_from_the_prefill_and_stays_close(set
     print(f"\n{family}: max logit error against fp32, sdpa {sdpa:.4f}, bf16 cache {errors['bf16']:.4f}, "
           f"e4m3 cache {errors['e4m3']:.4f}")  # fmt: skip
     assert errors["e4m3"] <= 8 * max(errors["bf16"], sdpa) + 0.05, (errors, sdpa)
+
+
+def test_the_decode_graph_helper_may_compile_the_step_around_the_backend(sets) -> None:
+    """`compile_model=True`: the step's forward through torch.compile (dynamo traces the
+    backend's attention and mask functions); the tokens are the eager step's."""
+    model = hf_model("llama", device="cpu")
+    backend = _backend(sets["llama"], model, "frostc-cpu-compiled-step")
+    ids, mask = left_padded_prompts([5, 11], model.config.vocab_size, "cpu")
+    runs = []
+    for compile_model in (False, True):
+        graph = hf.DecodeGraph(model, backend, batch=2, compile_model=compile_model)
+        with torch.no_grad():
+            tokens = [graph.prefill(ids, mask)]
+            for _ in range(3):
+                tokens.append(graph.step(tokens[-1], capture=False))
+        runs.append(torch.stack(tokens))
+    assert torch.equal(runs[0], runs[1])

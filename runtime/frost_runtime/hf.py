@@ -653,10 +653,16 @@ class DecodeGraph:
     each row's count from it on the device). Nothing in the step depends on a host-side length,
     so one capture serves every later step of every generation of this batch size. A replay
     runs no Python: `backend.calls` counts only the eager and capturing runs.
+
+    `compile_model=True` runs the step's forward through `torch.compile` (inductor fuses the
+    model's own elementwise work — norms, rotary, activations, residuals — around frostc's ops,
+    which compile as they are) before the capture: a compile on the serving machine at the first
+    step, which the plans themselves never need.
     """
 
-    def __init__(self, model, backend: FrostcAttention, batch: int):
+    def __init__(self, model, backend: FrostcAttention, batch: int, *, compile_model: bool = False):
         self.model, self.backend, self.batch = model, backend, batch
+        self.step_model = torch.compile(model, dynamic=False) if compile_model else model
         device, width = backend.device, backend.plans.serving.max_cache_len
         self.ids = torch.zeros(batch, 1, dtype=torch.int64, device=device)
         self.position = torch.zeros(batch, 1, dtype=torch.int64, device=device)
@@ -706,7 +712,7 @@ class DecodeGraph:
         return self.logits[:, -1].argmax(-1)
 
     def _forward(self) -> torch.Tensor:
-        out = self.model(
+        out = self.step_model(
             input_ids=self.ids, attention_mask=self.mask, position_ids=self.position, past_key_values=self.cache
         )
         return out.logits
