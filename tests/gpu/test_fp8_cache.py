@@ -32,7 +32,7 @@ OUTLIER_GAIN = 50.0
 # channels (their scores spread ~9x wider, so K's rounding moves the softmax's weights more)
 # (on the CPU, the same data through exact attention on the dequantized and the bf16 caches:
 # 0.034 and 0.0028 for N(0, 1), 0.162 and 0.0104 with the outlier channels)
-BOUND = {False: {"e4m3": 0.05, "bf16": 0.006}, True: {"e4m3": 0.22, "bf16": 0.02}}
+BOUND = {False: {"e4m3": 0.05, "bf16": 0.012}, True: {"e4m3": 0.22, "bf16": 0.025}}
 LENGTHS = (4096, 3001, 1000, 17)
 
 
