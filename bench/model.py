@@ -364,27 +364,18 @@ def markdown(r: dict, device: str, torch_version: str) -> str:
             _cell(None if compiled is None else compiled / graph),
         )
         lines.append("| " + " | ".join(cells) + " |")
-    fp8_rows = [d for d in r["decode"] if "fp8" in d]
-    if fp8_rows:
-        header = "| decode step, FP8 cache | floor ms | frostc graph ms | tok/s | × floor | × bf16 cache's tok/s |"
-        lines += ["", header, "|---|---:|---:|---:|---:|---:|"]
-        for d in fp8_rows:
-            f = d["fp8"]
-            lines.append(
-                f"| batch {d['batch']}, context {d['context']} | {f['floor_ms']:.2f} | {f['graph_ms']:.2f} | "
-                f"{d['batch'] / f['graph_ms'] * 1e3:,.0f} | {f['graph_ms'] / f['floor_ms']:.2f} | "
-                f"{d['graph_ms'] / f['graph_ms']:.2f} |"
-            )
-    compiled_rows = [d for d in r["decode"] if "compiled_model" in d]
-    if compiled_rows:
-        header = "| decode step, model through torch.compile | frostc graph ms | × floor | compile s |"
-        lines += ["", header, "|---|---:|---:|---:|"]
-        for d in compiled_rows:
-            c = d["compiled_model"]
-            lines.append(
-                f"| batch {d['batch']}, context {d['context']} | {c['graph_ms']:.2f} | "
-                f"{c['graph_ms'] / d['floor_ms']:.2f} | {c['compile_s']:.0f} |"
-            )
+    lines += _variant_table(
+        r["decode"], "fp8", "FP8 cache", ("floor ms", "frostc graph ms", "tok/s", "× floor", "× bf16 cache's tok/s"),
+        lambda d, f: (f"{f['floor_ms']:.2f}", f"{f['graph_ms']:.2f}", f"{d['batch'] / f['graph_ms'] * 1e3:,.0f}",
+                      f"{f['graph_ms'] / f['floor_ms']:.2f}", f"{d['graph_ms'] / f['graph_ms']:.2f}"),
+    )  # fmt: skip
+    lines += _variant_table(
+        r["decode"],
+        "compiled_model",
+        "model through torch.compile",
+        ("frostc graph ms", "× floor", "compile s"),
+        lambda d, c: (f"{c['graph_ms']:.2f}", f"{c['graph_ms'] / d['floor_ms']:.2f}", f"{c['compile_s']:.0f}"),
+    )
     lines += ["", "| prefill | HF sdpa ms | frostc ms | HF / frostc |", "|---|---:|---:|---:|"]
     for p in r["prefill"]:
         ratio = p["hf_sdpa_ms"] / p["frostc_ms"]
@@ -401,6 +392,17 @@ def markdown(r: dict, device: str, torch_version: str) -> str:
     if compiles:
         lines.append("HF compiled static path, first generate() (its compile): " + ", ".join(compiles) + ".")
     return "\n".join(lines) + "\n"
+
+
+def _variant_table(decode: list[dict], key: str, what: str, columns: tuple[str, ...], cells) -> list[str]:
+    """A table of the decode rows that measured a variant of the step (`key`), or nothing."""
+    rows = [d for d in decode if key in d]
+    if not rows:
+        return []
+    lines = ["", f"| decode step, {what} | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for d in rows:
+        lines.append(f"| batch {d['batch']}, context {d['context']} | " + " | ".join(cells(d, d[key])) + " |")
+    return lines
 
 
 def main() -> int:
