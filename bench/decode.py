@@ -17,7 +17,8 @@ length mask and SDPA.
 
 Times are device times from CUDA-graph replays (`bench/sdpa.py`'s `time_ms`: 20 steps in one
 graph, replayed to settle, then timed over a window of replays). TB/s counts the KV bytes a
-step must read: Σ len · hkv · d · element bytes · 2 (K and V; e4m3: 1 byte). The ceiling is the fastest plain
+step must read: Σ len · hkv · d · element bytes · 2 (K and V; e4m3: 1 byte; with a window, only
+the keys a step's tokens see: min(len, window + s_new)). The ceiling is the fastest plain
 read of a 4 GiB buffer in the same run (a torch reduction, which reads every byte once and
 writes a scalar). frostc's O is checked against
 float32 attention on the gathered cache before its time is reported; a row that fails prints
@@ -51,6 +52,7 @@ class Row:
     s_new: int = 1
     causal: bool = False  # bottom-right (speculative tokens see the cache and each other in order)
     cache: str = "bf16"  # or "e4m3", with one float32 scale per kv head
+    window: int | None = None  # window_left (causal): each token sees its last window + 1 keys (Mistral)
 
     @property
     def max_pages(self) -> int:
@@ -63,6 +65,7 @@ class Row:
     @property
     def plan(self) -> str:
         name = f"decode-b{self.batch}-ctx{self.mean}-p{self.page}-n{self.s_new}{'-causal' if self.causal else ''}"
+        name += "" if self.window is None else f"-w{self.window}"
         return name + ("" if self.cache == "bf16" else f"-kv_{self.cache}")
 
     @property
@@ -83,6 +86,7 @@ ROWS = [
     Row(128, 2048, 128),
     Row(1, LONG, 128),
     Row(32, 8192, 128, s_new=4, causal=True),  # speculative decoding: 4 tokens per step
+    Row(32, 8192, 128, causal=True, window=4095),  # Mistral-7B's window: only the last 4096 keys are read
     Row(32, 8192, 128, cache="e4m3"),  # an FP8 cache: half the bytes per token
     Row(8, 32768, 128, cache="e4m3"),
 ]
@@ -113,7 +117,7 @@ def build() -> int:
         g.node("kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache",
                page_table="page_table", seq_len_kv="cache_len", **scales)  # fmt: skip
         g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", page_table="page_table", seq_len_kv="cache_len",
-               causal=row.causal or None, **scales)  # fmt: skip
+               causal=row.causal or None, window_left=row.window, **scales)  # fmt: skip
         write_atomic(BUILT / f"{row.plan}.frost", build_plan(g.build()))
         print("built", row.plan, flush=True)
     return 0
@@ -151,17 +155,19 @@ def _fa4():
     return _flash_attn_fwd, None
 
 
-def _mask(lens, n: int, keys: int, causal: bool):
+def _mask(lens, n: int, keys: int, causal: bool, window: int | None = None):
     """(b, 1, n, keys) bool from the device lengths: key j of sequence b is seen by query t when
-    j < len (and j <= len - n + t when causal)."""
+    j < len (and j <= len - n + t when causal, and j >= len - n + t - window with a window)."""
     import torch
 
     j = torch.arange(keys, device="cuda")[None, None, None, :]
     end = lens.long()[:, None, None, None]
     seen = j < end
+    t = torch.arange(n, device="cuda")[None, None, :, None]
     if causal:
-        t = torch.arange(n, device="cuda")[None, None, :, None]
         seen = seen & (j <= end - n + t)
+    if window is not None:
+        seen = seen & (j >= end - n + t - window)
     return seen
 
 
@@ -178,7 +184,10 @@ def _reference(row: Row, q, k_cache, v_cache, table: list[list[int]], lens: list
         k, v = k.repeat_interleave(group, 0)[None], v.repeat_interleave(group, 0)[None]
         mask = None
         if row.causal:
-            mask = torch.arange(length, device="cuda")[None, :] <= torch.arange(n, device="cuda")[:, None] + length - n
+            j, at = torch.arange(length, device="cuda")[None, :], torch.arange(n, device="cuda")[:, None] + length - n
+            mask = j <= at
+            if row.window is not None:
+                mask &= j >= at - row.window
         qb = q[b].transpose(0, 1)[None].float()  # (1, hq, n, d)
         out[b] = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask)[0].transpose(0, 1)
     return out
@@ -213,9 +222,11 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
             del real
     logical = {name: t[name].transpose(1, 2) for name in ("q", "k_new", "v_new", "o")}  # (b, h, n, d)
     table = t["page_table"].tolist()
-    kv_bytes = sum(lens) * HKV * D * row.element_bytes * 2
+    seen = [min(x, row.window + n) if row.window is not None else x for x in lens]  # the keys a step must read
+    kv_bytes = sum(seen) * HKV * D * row.element_bytes * 2
     result = {"row": row.plan, "batch": b, "mean": row.mean, "page": P, "s_new": n, "causal": row.causal,
-              "cache": row.cache, "lengths": lens, "kv_bytes": kv_bytes, "us": {}, "errors": {}}  # fmt: skip
+              "cache": row.cache, "window": row.window, "lengths": lens, "kv_bytes": kv_bytes, "us": {},
+              "errors": {}}  # fmt: skip
 
     plan = frost_runtime.load(BUILT / f"{row.plan}.frost")
     result["launches"] = [launch.node for launch in plan.data.launches]
@@ -241,8 +252,9 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
         return result
 
     if fa4 is not None:  # attention alone: FlashAttention-4 has no append
+        window = {} if row.window is None else {"window_size_left": row.window, "window_size_right": 0}
         fa4_call = functools.partial(fa4, t["q"], t["k_cache"], t["v_cache"], seqused_k=t["cache_len"],
-                                     page_table=t["page_table"], causal=row.causal)  # fmt: skip
+                                     page_table=t["page_table"], causal=row.causal, **window)  # fmt: skip
         try:
             out = fa4_call()  # the first call JIT-compiles (seconds): a warm-up outside the timing
             out = out[0] if isinstance(out, tuple) else out
@@ -261,7 +273,7 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
             k, v = (c[ids].reshape(b, keys_pages * P, HKV, D).transpose(1, 2) for c in (t["k_cache"], t["v_cache"]))
             if not gqa:
                 k, v = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
-            mask = _mask(t["cache_len"], n, keys_pages * P, row.causal)
+            mask = _mask(t["cache_len"], n, keys_pages * P, row.causal, row.window)
             return F.scaled_dot_product_attention(logical["q"], k, v, attn_mask=mask, enable_gqa=gqa)
 
         return call
@@ -333,7 +345,8 @@ def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing:
     ]
     by_plan = {r["row"]: r for r in rows}
     for r in rows:
-        head = f"| {r['batch']} | {r['mean']} | {r['page']} | {r['s_new']}{' causal' if r['causal'] else ''} | "
+        causal = (" causal" if r["causal"] else "") + (f" window {r['window']}" if r.get("window") is not None else "")
+        head = f"| {r['batch']} | {r['mean']} | {r['page']} | {r['s_new']}{causal} | "
         head += f"{r['cache']} | {len(r['launches'])} | "
         if r.get("wrong"):
             lines.append(head + f"wrong (rel. err {r['errors']['frostc']:.1e}) | | | | | | | | |")
