@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU machine's checks after a kernel or runtime change, one device call each (600 s at most):
+#   bash bench/gpu_checks.sh tests    # the whole GPU suite, then compute-sanitizer on SANITIZE_ONLY
+#   bash bench/gpu_checks.sh decode   # bench/decode.py
+#   bash bench/gpu_checks.sh model    # bench/model.py (add MODEL_ARGS="--compiled-model" to time that too)
+# Build first on the CPU machine: python -m tests.gpu.build_plans; python bench/sanitize.py build;
+# python bench/decode.py build; python bench/model.py build. Carry tests/.built, bench/.built and
+# .hfslim (transformers' wheels without numpy: ../shared/tools/gpu-wheels). Logs go to $OUT.
+set -u
+export PYTHONPATH=runtime:. PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+case "${1:-tests}" in
+tests)
+    python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
+    timeout 330 python -m pytest tests/gpu -q -p no:cacheprovider -rs -s > "$OUT/pytest.log" 2>&1
+    echo "pytest rc=$?"
+    grep -E "relative L2|logit|near tie|equal;" "$OUT/pytest.log" | head -20
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
+    timeout 200 python bench/sanitize.py run --only "${SANITIZE_ONLY:-}" > "$OUT/sanitize.txt" 2>&1
+    echo "sanitize rc=$?"; tail -30 "$OUT/sanitize.txt"
+    ;;
+decode)
+    timeout 560 python bench/decode.py run --md "$OUT/decode.md" --json "$OUT/decode.json" > "$OUT/decode.log" 2>&1
+    echo "decode rc=$?"; tail -25 "$OUT/decode.log"
+    ;;
+model)
+    python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
+    # shellcheck disable=SC2086
+    timeout 560 python bench/model.py run --md "$OUT/model.md" --json "$OUT/model.json" ${MODEL_ARGS:-} \
+        > "$OUT/model.log" 2>&1
+    echo "model rc=$?"; tail -30 "$OUT/model.log"
+    ;;
+*)
+    echo "usage: bash bench/gpu_checks.sh tests|decode|model" >&2; exit 2
+    ;;
+esac
