@@ -435,9 +435,9 @@ class FrostcAttention:
         """The layer's K and V pools: (pages + 1, page_size, hkv, d) in the set's cache dtype (the
         last page takes pad tokens), and a scaled cache's scales ((hkv,) float32 each)."""
         pools = self._pools.get(layer)
-        cache = self.plans.serving.kv_cache_dtype
-        scaled = dtypes.DTYPES[cache].scaled
-        if pools is None:
+        if pools is None:  # first use: allocate (the per-call path is the lookup)
+            cache = self.plans.serving.kv_cache_dtype
+            scaled = dtypes.DTYPES[cache].scaled
             shape = (self.plans.serving.pages + 1, self.page_size, info.kv_heads, info.head_dim)
             dtype = dtypes.torch_dtype(cache) if scaled else like.dtype
             pools = tuple(torch.zeros(shape, dtype=dtype, device=like.device) for _ in range(2))
