@@ -157,10 +157,13 @@ def hf_generate_step_ms(model, ids, mask, *, compiled: bool) -> tuple[float, flo
 def frostc_decode(model, backend, ids, mask, compile_model: bool = False) -> dict:
     """frostc's decode step at this batch: graph replays (device time over STEPS replays) and
     the same step eager; the graph's tokens are checked against the eager step's. With
-    `compile_model`, the first (compiling) step's seconds too."""
+    `compile_model`, the first (compiling) step's seconds too, and the graphs dynamo compiled
+    over the whole row (1: one compile served every eager step, the reset and the capture)."""
     import torch
     from frost_runtime.hf import DecodeGraph
+    from torch._dynamo.utils import counters
 
+    compiled_before = counters["stats"]["unique_graphs"]
     graph = DecodeGraph(model, backend, batch=ids.shape[0], compile_model=compile_model)
     extra = {}
     with torch.no_grad():
@@ -186,6 +189,8 @@ def frostc_decode(model, backend, ids, mask, compile_model: bool = False) -> dic
         end.record()
         torch.cuda.synchronize()
     result = {"graph_ms": start.elapsed_time(end) / STEPS, "eager_ms": eager_ms, "graph_tokens_match_eager": same}
+    if compile_model:
+        extra["compiles"] = counters["stats"]["unique_graphs"] - compiled_before
     return result | extra
 
 
@@ -297,7 +302,10 @@ def run(md: str | None, json_path: str | None, hf_compiled: bool, compiled_model
     model.set_attn_implementation(backend.name)
     for row in result["decode"] if compiled_model else ():  # the model's own work fused around frostc's ops
         ids, mask = _prompts(row["batch"], PROMPT, vocab)
-        row["compiled_model"] = frostc_decode(model, backend, ids, mask, compile_model=True)
+        try:
+            row["compiled_model"] = frostc_decode(model, backend, ids, mask, compile_model=True)
+        except hf.RecompileLimitError as exc:  # DecodeGraph refuses a step past dynamo's recompile limit
+            row["compiled_model"] = {"error": str(exc), "graph_tokens_match_eager": False}
         print(row["compiled_model"], flush=True)
         torch.cuda.empty_cache()
     ids, mask = _prompts(8, PROMPT, vocab)
@@ -373,9 +381,13 @@ def markdown(r: dict, device: str, torch_version: str) -> str:
         r["decode"],
         "compiled_model",
         "model through torch.compile",
-        ("frostc graph ms", "× floor", "compile s"),
-        lambda d, c: (f"{c['graph_ms']:.2f}", f"{c['graph_ms'] / d['floor_ms']:.2f}", f"{c['compile_s']:.0f}"),
+        ("frostc graph ms", "× floor", "compile s", "compiles"),
+        _compiled_cells,
     )
+    errors = [f"batch {d['batch']}: {d['compiled_model']['error']}" for d in r["decode"]
+              if "error" in d.get("compiled_model", {})]  # fmt: skip
+    if errors:
+        lines += ["", "Model through torch.compile, refused: " + "; ".join(errors)]
     lines += ["", "| prefill | HF sdpa ms | frostc ms | HF / frostc |", "|---|---:|---:|---:|"]
     for p in r["prefill"]:
         ratio = p["hf_sdpa_ms"] / p["frostc_ms"]
@@ -392,6 +404,14 @@ def markdown(r: dict, device: str, torch_version: str) -> str:
     if compiles:
         lines.append("HF compiled static path, first generate() (its compile): " + ", ".join(compiles) + ".")
     return "\n".join(lines) + "\n"
+
+
+def _compiled_cells(d: dict, c: dict) -> tuple[str, ...]:
+    """A compiled-model row's cells; dashes where DecodeGraph refused the compile (its error is
+    listed under the table)."""
+    if "error" in c:
+        return ("—", "—", "—", "refused")
+    return (f"{c['graph_ms']:.2f}", f"{c['graph_ms'] / d['floor_ms']:.2f}", f"{c['compile_s']:.0f}", str(c["compiles"]))
 
 
 def _variant_table(decode: list[dict], key: str, what: str, columns: tuple[str, ...], cells) -> list[str]:

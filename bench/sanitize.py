@@ -105,7 +105,7 @@ def targets() -> list[Target]:
           decode=DecodeCase("bf16", 1, 32, 8, 128, 16, 512, 1, True, True, "bshd", window_left=1000)),
         t("decode-window-softcap", "window + softcap, d=256, s_new 4 (Gemma-2 local)",
           decode=DecodeCase("bf16", 2, 16, 8, 256, 32, 64, 4, True, True, "bshd", window_left=100, softcap=50.0)),
-        # an e4m3 cache (quantizing append; conversion to fp16 in the decode kernel)
+        # an e4m3 cache (quantizing append; the decode kernel's warp-level MMAs over converted rows)
         t("decode-e4m3-split", "e4m3 cache, head scales: quantizing kv_append + split-KV + combine",
           decode=DecodeCase("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd", cache="e4m3")),
         t("decode-e4m3-unsplit", "e4m3 cache, one scale: kv_append + one launch, d=64, s_new 4",

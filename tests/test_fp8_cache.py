@@ -147,6 +147,21 @@ def test_the_ring_holds_more_stages_of_half_the_bytes():
     assert decode_tiles(256, 32, "bf16", "e4m3").stages >= 3
 
 
+def test_the_e4m3_kernel_takes_16_rows_per_cta_and_more_row_blocks():
+    """The warp-level kernel's CTA holds one m16 tile of (token, head) rows: a group of 4 by one
+    token is one row block, by 5 tokens two; the bf16 cache's kernel keeps 64 rows."""
+    assert decode_tiles(128, 16, "bf16", "e4m3").rows == 16 and decode_tiles(128, 16, "bf16").rows == 64
+    for s_new, row_blocks in ((1, 1), (5, 2)):
+        d = edited(step(), **{f"tensors.{name}.dims": [B, HQ, s_new, D] for name in ("q", "o")})
+        d = edited(d, **{f"tensors.{name}.dims": [B, HKV, s_new, D] for name in ("k_new", "v_new")})
+        plan = decode_plan(build(parse_description(json.dumps(d), fmt="json")))
+        attn = _launch_values(plan, "attn", "sdpa_decode_paged")
+        assert (attn["rows"], attn["row_blocks"]) == (4 * s_new, row_blocks)
+        launch = next(x for x in plan.launches if x.node == "attn" and plan.kernels[x.kernel].name.startswith("sdpa_"))
+        assert launch.grid[1] == HKV * row_blocks
+        assert "/ 16)" in plan.kernels[launch.kernel].grid_rule
+
+
 def test_inspect_shows_the_cache_dtype_and_the_scale_slots():
     plan = decode_plan(build(parse_description(json.dumps(step()), fmt="json")))
     text = json.dumps(plan_summary(plan))

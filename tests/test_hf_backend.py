@@ -201,3 +201,54 @@ def test_the_decode_graph_helper_may_compile_the_step_around_the_backend(sets) -
                 tokens.append(graph.step(tokens[-1], capture=False))
         runs.append(torch.stack(tokens))
     assert torch.equal(runs[0], runs[1])
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    """Graphs dynamo compiled so far in this process, and its recompile-limit fallbacks to eager."""
+    from torch._dynamo.utils import counters
+
+    limit_hits = sum(n for what, n in counters["unimplemented"].items() if "recompile limit" in what)
+    return counters["stats"]["unique_graphs"], limit_hits
+
+
+def test_compiled_decode_graphs_compile_once_each_at_any_batch_and_step(sets) -> None:
+    """`compile_model=True` at two batch sizes on one model, each through a generation, a reset
+    and another: one compile per graph (a step's host state is the same at every step and every
+    generation, and each graph's step keeps its own compiled entries: the model's forward code is
+    not where they are counted), never dynamo's recompile limit and its silent fallback to eager,
+    and the eager step's tokens."""
+    model = hf_model("llama", device="cpu")
+    backend = _backend(sets["llama"], model, "frostc-cpu-compile-once")
+
+    def generations(batch: int, compile_model: bool) -> torch.Tensor:
+        ids, mask = left_padded_prompts([5, 11, 3][:batch], model.config.vocab_size, "cpu")
+        graph = hf.DecodeGraph(model, backend, batch=batch, compile_model=compile_model)
+        runs = []
+        with torch.no_grad():
+            for _ in range(2):  # prefill is a reset: a new cache, the same graph
+                tokens = [graph.prefill(ids, mask)]
+                for _ in range(3):
+                    tokens.append(graph.step(tokens[-1], capture=False))
+                runs.append(torch.stack(tokens))
+        return torch.stack(runs)
+
+    expected = {batch: generations(batch, False) for batch in (2, 3)}
+    graphs, limit_hits = _dynamo_counts()
+    got = {batch: generations(batch, True) for batch in (2, 3)}
+    assert _dynamo_counts() == (graphs + 2, limit_hits)
+    for batch in (2, 3):
+        assert torch.equal(got[batch], expected[batch])
+
+
+def test_a_compiled_decode_graph_over_the_recompile_limit_says_so(sets) -> None:
+    """A step that would recompile past dynamo's limit (here the model's attention switched under
+    the graph, with a limit of 1) is refused, naming the limit, not run uncompiled in silence."""
+    model = hf_model("llama", device="cpu")
+    backend = _backend(sets["llama"], model, "frostc-cpu-compile-limit")
+    ids, mask = left_padded_prompts([5, 11], model.config.vocab_size, "cpu")
+    graph = hf.DecodeGraph(model, backend, batch=2, compile_model=True)
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=1):
+        tokens = graph.step(graph.prefill(ids, mask), capture=False)
+        model.set_attn_implementation("sdpa")
+        with pytest.raises(hf.RecompileLimitError, match="recompile limit"):
+            graph.step(tokens, capture=False)

@@ -8,8 +8,8 @@ class Barrier:
     place: an id is free in a kernel that does not use it."""
 
     DECODE_Q = 1  # the paged decode kernel's Q staging (its consumer warpgroup, 128 threads)
-    # ... and, over a quantized cache, its converted K and V tiles: free to write, then written
-    DECODE_TILES = 2
+    # ... and, over a quantized cache, the merge of its consumer warps' partial outputs
+    DECODE_MERGE = 2
 
     TURN = 2  # (the forward kernel's; the decode kernel's ids above are free in it)
     # TURN + c: consumer c may issue its GEMMs (it and its predecessor, 256 threads)

@@ -24,8 +24,8 @@ split-KV, at the memory-bandwidth limit.
   and with causal the keys past each new token's diagonal (bottom-right: token t of n sees
   keys < len - n + t + 1).
 
-- A quantized (e4m3) cache: `PagedDecodeScaledCache` at the end of this file; the same schedule
-  with a conversion step (the TMA'd e4m3 blocks into fp16 tiles) and fp16 MMAs.
+- A quantized (e4m3) cache: `PagedDecodeScaledCache` at the end of this file; the same producer,
+  then four independent consumer warps with warp-level MMAs over registers (its docstring).
 
 Modes the kernel sees (element strides; the innermost head-dim stride is 1, checked at build):
   K, V cache : (page_size, d, h_kv, pages) pages of rows; TMA views ragged like the prefill
@@ -41,6 +41,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import warp as warp_mma
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
@@ -50,8 +51,17 @@ from frostc.kernels.barriers import Barrier
 from frostc.kernels.online_softmax import OnlineSoftmax
 from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
 from frostc.kernels.ring import Ring
-from frostc.kernels.sdpa_common import KeyRange, MaskFlags, TmaVariant, dsl_dtype, fake_ptr, key_origin
-from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows_by_cols
+from frostc.kernels.sdpa_common import (
+    LN_2,
+    KeyRange,
+    MaskFlags,
+    TmaVariant,
+    dsl_dtype,
+    fake_ptr,
+    key_origin,
+    quad_sum,
+)
+from frostc.kernels.wgmma_layouts import c_to_a_layout, mma_rows_by_cols, wgmma_rows_by_cols
 
 ROWS = 64  # query rows per CTA: one consumer warpgroup's WGMMA M
 BLOCK_N = 64  # keys per pipeline stage
@@ -60,6 +70,10 @@ SMEM_LIMIT = 227 * 1024  # per CTA
 D_CHUNK = 64  # head-dim elements per TMA box row (128 bytes: the swizzle's width)
 THREADS = 160  # one consumer warpgroup and one producer warp
 PRODUCER_WARP = 4
+CONSUMER_WARPS = 4
+ROWS_SCALED = 16  # over a quantized cache: one m16n8k16 tile of rows, shared by the consumer warps
+WARP_KEYS = BLOCK_N // CONSUMER_WARPS  # ... each warp taking this many keys of every block
+MMA_SHAPE = (16, 8, 16)  # the warp-level MMA (mma.sync) the quantized cache's kernel uses
 
 
 @dataclass(frozen=True)
@@ -70,10 +84,11 @@ class DecodeTiles:
     stages: int
     box_rows: int  # keys per TMA box: within one page
     ctas_per_sm: int  # the residency the stages were sized for (the split count assumes it)
+    rows: int = ROWS  # query rows per CTA
 
     def as_dict(self) -> dict[str, int]:
         return {
-            "rows": ROWS,
+            "rows": self.rows,
             "block_n": self.block_n,
             "stages": self.stages,
             "box_rows": self.box_rows,
@@ -85,18 +100,18 @@ class DecodeTiles:
 def decode_tiles(head_dim: int, page_size: int, dtype: str, cache: str | None = None) -> DecodeTiles:
     """Two CTAs per SM where they fit (one streams while the other starts or ends), then as
     many stages as the shared memory holds: Q is 64·d and a stage 2·block_n·d elements. A
-    quantized cache also keeps one converted (fp16) K and V tile beside Q."""
+    quantized cache's kernel keeps only its ring (Q and the operands live in registers), and
+    takes ROWS_SCALED rows per CTA."""
     ctas = 2 if head_dim <= 128 else 1
     budget = SMEM_PER_SM // ctas - 1024 - 1024  # the CTA's reserved KiB, barriers and alignment
     if cache is None:
         size = DTYPES[dtype].bytes
-        fixed_bytes = ROWS * head_dim * size
-        stage_bytes = 2 * BLOCK_N * head_dim * size
-    else:
-        fixed_bytes = (ROWS + 2 * BLOCK_N) * head_dim * DTYPES[MMA_DTYPE_OF_SCALED].bytes
-        stage_bytes = 2 * BLOCK_N * head_dim * DTYPES[cache].bytes
-    stages = min((budget - fixed_bytes) // stage_bytes, 6)
-    return DecodeTiles(BLOCK_N, stages, math.gcd(page_size, BLOCK_N), ctas)
+        stages = min((budget - ROWS * head_dim * size) // (2 * BLOCK_N * head_dim * size), 6)
+        return DecodeTiles(BLOCK_N, stages, math.gcd(page_size, BLOCK_N), ctas)
+    stages = min(budget // (2 * BLOCK_N * head_dim * DTYPES[cache].bytes), 6)
+    # the warps' partial outputs (fp32) are merged in the K ring once every block is read
+    assert stages * BLOCK_N * DTYPES[cache].bytes >= CONSUMER_WARPS * ROWS_SCALED * 4, "merge area over the ring"
+    return DecodeTiles(BLOCK_N, stages, math.gcd(page_size, BLOCK_N), ctas, ROWS_SCALED)
 
 
 # ------------------------------------------------------------------------------ the variant
@@ -168,7 +183,7 @@ class PagedDecodeVariant(TmaVariant):
 
     @property
     def grid_rule(self) -> str:
-        return f"(splits, heads_kv * ceil(s_new * group / {ROWS}), batch)"
+        return f"(splits, heads_kv * ceil(s_new * group / {self.tile_shape.rows}), batch)"
 
     @property
     def params(self) -> tuple[tuple[str, str], ...]:
@@ -266,9 +281,8 @@ class DecodeMask:
         return key_end > self.keys.hi(0)
 
     @cute.jit
-    def apply(self, qk_thr, s_mn, key0, block_n: int):
-        cS = cute.make_identity_tensor((ROWS, block_n))
-        c_mn = wgmma_rows_by_cols(qk_thr.partition_C(cS))
+    def apply(self, c_mn, s_mn, key0):
+        """-inf where a row misses a key: `c_mn` holds each score's (row, key - key0)."""
         for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
             token = (self.first_row + c_mn[r, 0][0]) // self.group
             hi = self.keys.hi(token)
@@ -759,7 +773,8 @@ class PagedDecode:
             acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
         s_mn = wgmma_rows_by_cols(acc_S)
         if mask.needed(key0, key0 + self.tiles.block_n):
-            mask.apply(qk_thr, s_mn, key0, self.tiles.block_n)
+            c_mn = wgmma_rows_by_cols(qk_thr.partition_C(cute.make_identity_tensor((ROWS, self.tiles.block_n))))
+            mask.apply(c_mn, s_mn, key0)
             softmax.update(s_mn)
         else:
             softmax.update(s_mn)
@@ -803,13 +818,28 @@ class PagedDecode:
 
 class PagedDecodeScaledCache(PagedDecode):
     """The kernel over a quantized (e4m3) cache, whose element x holds value x * scale (float32
-    scales per tensor or per KV head, device tensors). TMA brings the cache's bytes into a ring
-    of plain (keys, d) tiles, half a bf16 ring's bytes; the consumer warpgroup converts each
-    block into one fp16 K and one fp16 V tile in WGMMA's swizzles (e4m3 to fp16 is exact, one
-    instruction per pair): step j converts K_j and V_{j-1} between two barriers, the first
-    after every warp's MMAs of step j - 1 are done with the tiles. Q is multiplied by the
-    softmax scale and converted to fp16 (saturating at 65504); K's scale multiplies the scores,
-    V's the output."""
+    scales per tensor or per KV head, device tensors).
+
+    Not the bf16 kernel's WGMMA schedule: at a decode's few rows (a GQA group of 4 to 8 by one
+    new token) a 64-row WGMMA spends 90 % of its MMAs, exponentials and shared-memory reads on
+    padding, and its B operands must sit in shared memory as fp16: converting each e4m3 block
+    there tripled the block's shared-memory traffic and serialized the conversion with the MMAs
+    (51 % of the read ceiling, bench/NOTES.md "decode v4"). Here every consumer warp works on
+    its own: it takes 16 of each block's 64 keys, reads its K and V rows from the TMA ring
+    straight into registers, converts them there (e4m3 to fp16 is exact, one instruction per
+    pair) and runs warp-level m16n8k16 MMAs over the CTA's 16 rows, with its own online softmax.
+    The four warps' (max, sum, O) merge in shared memory at the end.
+
+    Fragments (PTX m16n8k16; quad = lane / 4, c = lane % 4): the head dim is permuted so that
+    each thread's operand elements are contiguous bytes of one cache row (the dot products do
+    not care which order d is summed in, as long as Q and K agree; O's columns are put back when
+    stored):
+    - S = Q Kᵀ: thread c's k-elements of k-step kk are d = (d/4)·c + 4·kk + (0..3), for Q
+      (registers, loaded once) and for K (row `key` of the warp's 16, one (d/4)-byte load);
+    - O = P V: P is S's accumulator; n-tile dt's column `quad` is d = (d/8)·quad + dt, so a
+      thread's V elements are one (d/8)-byte piece of each of its 4 keys' rows.
+    Q is multiplied by the softmax scale and converted to fp16 (saturating at 65504); K's scale
+    multiplies the scores, V's the output."""
 
     def __init__(self, variant: PagedDecodeVariant):
         super().__init__(variant)
@@ -832,7 +862,7 @@ class PagedDecodeScaledCache(PagedDecode):
     @cute.jit
     def tma_loads(self, k, v, ints: tuple, cache_strides: tuple):
         """Both caches seen like K in the base kernel, (rows, d, h_kv, wrap, start), a box being
-        (box_rows, d) of plain rows: the conversion, not the MMA, reads them."""
+        (box_rows, d) of plain rows: the warps read them into registers."""
         t = self.tiles
         d = self.head_dim
         heads_kv = ints[1]
@@ -851,10 +881,6 @@ class PagedDecodeScaledCache(PagedDecode):
         v_info = cpasync.make_tiled_tma_atom(op, gV, box, (t.box_rows, d))
         return (k_info[0], k_info[1]), (v_info[0], v_info[1])
 
-    def _smem_layouts(self):
-        """Q and one K and V tile in fp16 (what the MMAs read)."""
-        return self._mma_layouts(1)
-
     def _ring_layout(self):
         """The cache's ring: `stages` blocks of (block_n, d) plain rows."""
         t = self.tiles
@@ -863,20 +889,19 @@ class PagedDecodeScaledCache(PagedDecode):
 
     def _shared_storage(self):
         t = self.tiles
-        mma, cache = self.mma_dtype, self.cache_dtype
-        q_elems, k_elems, v_elems = (cute.cosize(x) for x in self._smem_layouts())
         ring_elems = cute.cosize(self._ring_layout())
         stages = t.stages
+        cache = self.cache_dtype
+        stats = CONSUMER_WARPS * ROWS_SCALED
 
         @cute.struct
         class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[mma, q_elems], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[mma, k_elems], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[mma, v_elems], 1024]
             ringK: cute.struct.Align[cute.struct.MemRange[cache, ring_elems], 1024]
             ringV: cute.struct.Align[cute.struct.MemRange[cache, ring_elems], 1024]
             k_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             v_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            row_max: cute.struct.MemRange[cutlass.Float32, stats]  # each warp's, log2 units
+            row_sum: cute.struct.MemRange[cutlass.Float32, stats]
 
         limit = min(SMEM_LIMIT, SMEM_PER_SM // t.ctas_per_sm - 1024)
         if SharedStorage.size_in_bytes() > limit:
@@ -884,9 +909,23 @@ class PagedDecodeScaledCache(PagedDecode):
         return SharedStorage
 
     def _smem_tensors(self, storage):
-        sQ, sK, sV, _ = super()._smem_tensors(storage)
+        """No operand tiles: the rings, and the merge's statistics and O (fp32, in the K ring)."""
         ring = self._ring_layout()
-        return sQ, sK, sV, (storage.ringK.get_tensor(ring), storage.ringV.get_tensor(ring))
+        d = self.head_dim
+        stats = cute.make_layout((ROWS_SCALED, CONSUMER_WARPS))
+        merge = (
+            storage.row_max.get_tensor(stats),
+            storage.row_sum.get_tensor(stats),
+            cute.make_tensor(
+                cute.recast_ptr(storage.ringK.data_ptr(), dtype=cutlass.Float32),
+                cute.make_layout((ROWS_SCALED, d, CONSUMER_WARPS), stride=(d, 1, ROWS_SCALED * d)),
+            ),
+        )
+        return None, None, None, (storage.ringK.get_tensor(ring), storage.ringV.get_tensor(ring), merge)
+
+    @cute.jit
+    def _produce(self, k_pipe, v_pipe, sK, sV, merge, k_load, v_load, work, page_ids, pages, rows_per_page):
+        super()._produce(k_pipe, v_pipe, sK, sV, k_load, v_load, work, page_ids, pages, rows_per_page)
 
     @cute.jit
     def _load_block(self, pipe, tma, mX, sX, block, work, rows_per_page, keys_mode: int):
@@ -907,45 +946,198 @@ class PagedDecodeScaledCache(PagedDecode):
             s_box = cute.local_tile(sX[None, None, stage], (t.box_rows, self.head_dim), (i, 0))
             self._copy_box(tma, s_box, g_box, pipe.sync_object_full.get_barrier(stage))
 
+    # ---------------------------------------------------------------- consumer warps
     @cute.jit
-    def _operands(self, k_pipe, v_pipe, k_at, v_at, tiles, tidx):
-        """Convert this step's K block (`k_at`: its ring (stage, phase), or None) and V block into
-        the fp16 tiles, freeing their ring stages at once; the tiles' stage is 0."""
-        sK, sV, (ringK, ringV) = tiles
-        tiles_barrier = pipeline.NamedBarrier(barrier_id=Barrier.DECODE_TILES, num_threads=128)
-        tiles_barrier.arrive_and_wait()  # every warp's MMAs of the step before are done with the tiles
-        if cutlass.const_expr(k_at is not None):
-            k_pipe.sync_object_full.wait(k_at[0], k_at[1])
-            self._convert(ringK[None, None, k_at[0]], sK[None, None, 0], True, tidx)
-            k_pipe.sync_object_empty.arrive(k_at[0], None)
-        if cutlass.const_expr(v_at is not None):
-            v_pipe.sync_object_full.wait(v_at[0], v_at[1])
-            self._convert(ringV[None, None, v_at[0]], sV[None, None, 0], False, tidx)
-            v_pipe.sync_object_empty.arrive(v_at[0], None)
-        cute.arch.fence_proxy("async.shared", space="cta")  # the MMAs read through the async proxy
-        tiles_barrier.arrive_and_wait()
-        return 0, 0
-
-    def _release(self, pipe, stage):
-        """Nothing: the conversion freed the ring stage."""
+    def _consume(self, k_pipe, v_pipe, sQ, sK, sV, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
+                 lse_args, partials, heads_kv):  # fmt: skip
+        t = self.tiles
+        d = self.head_dim
+        group, s_new, rows, splits, split, window_left = geometry
+        scale_log2, score_scale, dequant = scales
+        ringK, ringV, merge = loaded
+        warp, lane = tidx // 32, tidx % 32
+        quad, pair = lane // 4, lane % 4
+        mma = cute.make_tiled_mma(cute.make_mma_atom(warp_mma.MmaF16BF16Op(self.mma_dtype, cutlass.Float32, MMA_SHAPE)))
+        rQ = self._q_fragment(q, q_strides, work, group, rows, quad, pair, dequant[1])
+        acc_O = cute.make_rmem_tensor(((2, 2), 1, d // 8), cutlass.Float32)
+        acc_O.fill(0.0)
+        softmax = OnlineSoftmax.create(2, scale_log2)
+        softmax.reset()
+        v = self.variant
+        mask = DecodeMask.of(v.causal, v.window, window_left, s_new, work.kv_len, group, work.row_block * ROWS_SCALED)
+        c_mn = mma_rows_by_cols(mma.get_slice(lane).partition_C(cute.make_identity_tensor((ROWS_SCALED, WARP_KEYS))))
+        ring = Ring(t.stages)
+        for j in range(0, work.blocks, 1):
+            stage, phase = ring.at(j)
+            key0 = work.key_first + j * t.block_n + warp * WARP_KEYS
+            k_pipe.sync_object_full.wait(stage, phase)
+            rK = self._k_fragment(ringK[None, None, stage], warp, quad, pair)
+            acc_S = cute.make_rmem_tensor(((2, 2), 1, WARP_KEYS // 8), cutlass.Float32)
+            acc_S.fill(0.0)
+            cute.gemm(mma, acc_S, rQ, rK, acc_S)
+            k_pipe.sync_object_empty.arrive(stage, None)
+            # V's loads and conversions now, to overlap the MMAs and the softmax (at d 256 its
+            # 64 registers more would spill: after the softmax there)
+            if cutlass.const_expr(d <= 128):
+                v_pipe.sync_object_full.wait(stage, phase)
+                rV = self._v_fragment(ringV[None, None, stage], warp, quad, pair)
+            if cutlass.const_expr(v.softcap):
+                acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
+            s_mn = mma_rows_by_cols(acc_S)
+            if mask.needed(key0, key0 + WARP_KEYS):
+                mask.apply(c_mn, s_mn, key0)
+            softmax.update(s_mn)
+            # always: skipping it when no reference max moved (as the forward kernel does) gave
+            # wrong outputs in a variant with V loaded after the softmax, not understood yet
+            # (bench/NOTES.md, decode v5); the multiplies cost ~2 % here
+            softmax.rescale(mma_rows_by_cols(acc_O))
+            rP = cute.make_rmem_tensor(((2, 2, 2), 1, 1), self.mma_dtype)
+            cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.mma_dtype))
+            if cutlass.const_expr(d > 128):
+                v_pipe.sync_object_full.wait(stage, phase)
+                rV = self._v_fragment(ringV[None, None, stage], warp, quad, pair)
+            cute.gemm(mma, acc_O, rP, rV, acc_O)
+            v_pipe.sync_object_empty.arrive(stage, None)
+        self._merge(acc_O, softmax, merge, warp, quad, pair, dequant[0])
+        self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
 
     @cute.jit
-    def _convert(self, src, dst, keys_first: bool, tidx):
-        """One block of the cache, (block_n, d) e4m3 rows, into its fp16 tile: K's (keys, d) or
-        V's (d, keys), 16 elements a thread at a time (a 16-byte load, two 16-byte stores)."""
-        per_row = self.head_dim // 16
-        for i in cutlass.range_constexpr(self.tiles.block_n * per_row // 128):
-            piece = i * 128 + tidx
-            key, col = piece // per_row, (piece % per_row) * 16
-            wide = cute.make_rmem_tensor(16, self.mma_dtype)
-            wide.store(cute.local_tile(src, (1, 16), (key, col // 16)).load().to(self.mma_dtype))
-            for h in cutlass.range_constexpr(2):
-                if cutlass.const_expr(keys_first):
-                    half = cute.make_tensor(wide.iterator + 8 * h, cute.make_layout((1, 8)))
-                    cute.local_tile(dst, (1, 8), (key, col // 8 + h)).store(half.load())
-                else:
-                    half = cute.make_tensor(wide.iterator + 8 * h, cute.make_layout((8, 1)))
-                    cute.local_tile(dst, (8, 1), (col // 8 + h, key)).store(half.load())
+    def _q_fragment(self, q, q_strides, work, group, rows, quad, pair, q_scale):
+        """The A operand of S = Q Kᵀ for all k-steps, ((2, 2, 2), 1, d/16) fp16: rows quad and
+        quad + 8 of the CTA's, d = (d/4)·pair + 4·kk + (0..3); rows past the last are zeros.
+        Q is scaled by `q_scale` and saturates at fp16's largest finite."""
+        d = self.head_dim
+        span = d // 4
+        q_sb, q_sh, q_ss = (cute.assume(x, divby=8) for x in q_strides)
+        frag = cute.make_rmem_tensor(8 * (d // 16), self.mma_dtype)
+        limit = cutlass.Float32(MMA_FINITE_MAX)
+        for half in cutlass.range_constexpr(2):
+            row = work.row_block * ROWS_SCALED + quad + 8 * half
+            raw = cute.make_rmem_tensor(span, self.dtype)
+            raw.fill(0.0)
+            if row < rows:
+                token, g = row // group, row % group
+                offset = cutlass.Int64(work.batch) * q_sb + cutlass.Int64(work.head_kv * group + g) * q_sh
+                offset = offset + cutlass.Int64(token) * q_ss + span * pair
+                raw.store(cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(span)).load())
+            scaled = cute.make_rmem_tensor(span, cutlass.Float32)
+            scaled.store(raw.load().to(cutlass.Float32) * q_scale)
+            for e in cutlass.range_constexpr(span):
+                scaled[e] = cutlass.max(cutlass.min(scaled[e], limit), -limit)
+            wide = cute.make_rmem_tensor(span, self.mma_dtype)
+            wide.store(scaled.load().to(self.mma_dtype))
+            for kk in cutlass.range_constexpr(d // 16):
+                for e in cutlass.range_constexpr(4):
+                    # A's value (k parity, row half, k + 8) = (e % 2, half, e // 2)
+                    frag[8 * kk + 4 * (e // 2) + 2 * half + e % 2] = wide[4 * kk + e]
+        return cute.make_tensor(frag.iterator, cute.make_layout(((2, 2, 2), 1, d // 16)))
+
+    @cute.jit
+    def _k_fragment(self, tile, warp, quad, pair):
+        """The B operand of S = Q Kᵀ, ((2, 2), 2 n-tiles, d/16 k-steps) fp16: n-tile nt's column
+        `quad` is key warp·16 + 8·nt + quad; its elements d = (d/4)·pair + 4·kk + (0..3)."""
+        d = self.head_dim
+        span = d // 4
+        wide = cute.make_rmem_tensor(2 * span, self.mma_dtype)
+        for nt in cutlass.range_constexpr(2):
+            row = cute.local_tile(tile, (1, span), (warp * WARP_KEYS + 8 * nt + quad, pair))
+            piece = cute.make_tensor(wide.iterator + nt * span, cute.make_layout((1, span)))
+            piece.store(row.load().to(self.mma_dtype))
+        return cute.make_tensor(wide.iterator, cute.make_layout(((2, 2), 2, d // 16), stride=((1, 2), span, 4)))
+
+    @cute.jit
+    def _v_fragment(self, tile, warp, quad, pair):
+        """The B operand of O += P V, ((2, 2), d/8 n-tiles, 1) fp16: k-elements are the warp's
+        keys 2·pair, 2·pair + 1, 2·pair + 8, 2·pair + 9 (P's columns); n-tile dt's column
+        `quad` is d = (d/8)·quad + dt."""
+        span = self.head_dim // 8
+        wide = cute.make_rmem_tensor(4 * span, self.mma_dtype)
+        for i in cutlass.range_constexpr(4):
+            key = warp * WARP_KEYS + 2 * pair + i % 2 + 8 * (i // 2)
+            row = cute.local_tile(tile, (1, span), (key, quad))
+            piece = cute.make_tensor(wide.iterator + i * span, cute.make_layout((1, span)))
+            piece.store(row.load().to(self.mma_dtype))
+        # pairs of keys side by side (a register each): B's value order, n-tile by n-tile
+        frag = cute.make_rmem_tensor(4 * span, self.mma_dtype)
+        for dt in cutlass.range_constexpr(span):
+            for i in cutlass.range_constexpr(4):
+                frag[4 * dt + i] = wide[i * span + dt]
+        return cute.make_tensor(frag.iterator, cute.make_layout(((2, 2), span, 1)))
+
+    @cute.jit
+    def _merge(self, acc_O, softmax, merge, warp, quad, pair, v_descale):
+        """Each warp's rows against the CTA's max and sum: O_w · 2^(m_w - m) / Σ_w l_w 2^(m_w - m)
+        (times V's scale) into the merge area, summed by `_store`. A row no warp saw keys of
+        ends with O = 0 and LSE = -inf."""
+        row_max, row_sum, o_parts = merge
+        for r in cutlass.range_constexpr(2):
+            total = quad_sum(softmax.row_sum[r])
+            if pair == 0:
+                row_max[quad + 8 * r, warp] = softmax.row_max[r] * softmax.scale_log2
+                row_sum[quad + 8 * r, warp] = total
+        merge_barrier = pipeline.NamedBarrier(barrier_id=Barrier.DECODE_MERGE, num_threads=128)
+        merge_barrier.arrive_and_wait()  # every warp's statistics are written, and its ring reads done
+        o_mn = mma_rows_by_cols(acc_O)
+        span = self.head_dim // 8
+        for r in cutlass.range_constexpr(2):
+            row = quad + 8 * r
+            top, total = self._row_total(row_max, row_sum, row)
+            own = cute.math.exp2(row_max[row, warp] - top, fastmath=True)
+            factor = cutlass.select_(total > 0.0, own * v_descale / total, cutlass.Float32(0.0))
+            # o_mn's columns: (k parity, n-tile): logical column 2·pair + parity of n-tile dt
+            for parity in cutlass.range_constexpr(2):
+                for dt in cutlass.range_constexpr(span):
+                    o_parts[row, span * (2 * pair + parity) + dt, warp] = o_mn[r, parity + 2 * dt] * factor
+        merge_barrier.arrive_and_wait()
+
+    @cute.jit
+    def _row_total(self, row_max, row_sum, row):
+        """(the row's max over the warps, log2 units, 0 when none saw a key; its sum against it)."""
+        top = row_max[row, 0]
+        for w in cutlass.range_constexpr(1, CONSUMER_WARPS):
+            top = cute.arch.fmax(top, row_max[row, w])
+        top = cutlass.select_(top == -cutlass.Float32.inf, cutlass.Float32(0.0), top)
+        total = cutlass.Float32(0.0)
+        for w in cutlass.range_constexpr(CONSUMER_WARPS):
+            total = total + row_sum[row, w] * cute.math.exp2(row_max[row, w] - top, fastmath=True)
+        return top, total
+
+    @cute.jit
+    def _store(self, merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx):
+        """The merged rows that exist: thread i sums row i / 8's columns (d/8)·(i % 8) onward
+        over the warps, then stores O and LSE (one split), or the split's normalized O (fp32)
+        and LSE into the workspace."""
+        row_max, row_sum, o_parts = merge
+        group, s_new, rows, splits, split, _ = geometry
+        span = self.head_dim // 8
+        local, col = tidx // 8, (tidx % 8) * span
+        row = work.row_block * ROWS_SCALED + local
+        if row < rows:
+            out = cute.make_rmem_tensor(span, cutlass.Float32)
+            out.store(cute.local_tile(o_parts[local, None, 0], (span,), (tidx % 8,)).load())
+            for w in cutlass.range_constexpr(1, CONSUMER_WARPS):
+                out.store(out.load() + cute.local_tile(o_parts[local, None, w], (span,), (tidx % 8,)).load())
+            top, total = self._row_total(row_max, row_sum, local)
+            lse_value = (top + cute.math.log2(total)) * LN_2  # log2(0) = -inf: a row without keys
+            if cutlass.const_expr(self.variant.split):
+                o_partial, lse_partial = partials
+                index = ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
+                dst = cute.make_tensor(o_partial + index * self.head_dim + col, cute.make_layout(span))
+                dst.store(out.load())
+                if tidx % 8 == 0:
+                    cute.make_tensor(lse_partial + index, cute.make_layout(1))[0] = lse_value
+            else:
+                token, head = row // group, work.head_kv * group + row % group
+                o, o_sb, o_sh, o_ss = o_args
+                offset = cutlass.Int64(work.batch) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
+                dst = cute.make_tensor(o + offset + col, cute.make_layout(span))
+                dst.store(out.load().to(self.dtype))
+                if cutlass.const_expr(self.variant.has_lse):
+                    lse, lse_sb, lse_sh, lse_ss = lse_args
+                    if tidx % 8 == 0:
+                        at = cutlass.Int64(work.batch) * lse_sb + cutlass.Int64(head) * lse_sh
+                        at = at + cutlass.Int64(token) * lse_ss
+                        cute.make_tensor(lse + at, cute.make_layout(1))[0] = lse_value
 
     @cute.kernel
     def kernel_scaled(

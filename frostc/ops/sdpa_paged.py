@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from frost_runtime.dtypes import DTYPES
 from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import ResolveContext
@@ -49,8 +50,9 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     ctx.length_contract(node.kv_lengths, "lengths", node.seq_kv)
     dtype, cache = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
     cache = cache if is_scaled(cache) else None
-    ctas_per_sm = decode_tiles(node.head_dim, node.page_size, dtype, cache).ctas_per_sm
-    splits, chunk = split_plan(node, ctas_per_sm, TARGET_SMS[ctx.graph.target])
+    tiles = decode_tiles(node.head_dim, node.page_size, dtype, cache)
+    sms = TARGET_SMS[ctx.graph.target]
+    splits, chunk = split_plan(node, tiles.ctas_per_sm, sms, tiles.rows, DTYPES[ctx.slot(node.k).dtype].bytes)
     variant = PagedDecodeVariant(
         dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, cache=cache,
@@ -73,16 +75,21 @@ def _rows(node: Sdpa) -> int:
     return node.seq_q * (node.heads_q // node.heads_kv)
 
 
-def split_plan(node: Sdpa, ctas_per_sm: int, sms: int) -> tuple[int, int]:
+def split_plan(
+    node: Sdpa, ctas_per_sm: int, sms: int, rows_per_cta: int = ROWS, cache_bytes: int = 2
+) -> tuple[int, int]:
     """(splits, chunk keys): one split when the (sequence, KV head) CTAs already fill
     UNSPLIT_WAVES waves of the resident slots; else enough splits for WAVES waves at full
-    capacity, each at least MIN_CHUNK_BLOCKS blocks (SHORT_CHUNK_BLOCKS when those would fill less
-    than half the slots). The chunk is a whole number of blocks."""
-    units = node.batch * node.heads_kv * -(-_rows(node) // ROWS)
+    capacity, each at least MIN_CHUNK_BLOCKS blocks of a 2-byte cache — of a 1-byte (e4m3)
+    cache twice the blocks, the same bytes, so each CTA's fixed cost (Q, the ring's fill, the
+    warps' merge) is spread as thin: +7 % at batch 8 / 32k, bench/NOTES.md decode v5 —
+    (SHORT_CHUNK_BLOCKS when those would fill less than half the slots). The chunk is a whole
+    number of blocks."""
+    units = node.batch * node.heads_kv * -(-_rows(node) // rows_per_cta)
     slots = sms * ctas_per_sm
     blocks = -(-_keys_seen(node) // BLOCK_N)
     wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
-    splits = max(1, min(wanted, blocks // MIN_CHUNK_BLOCKS))
+    splits = max(1, min(wanted, blocks // (MIN_CHUNK_BLOCKS * 2 // cache_bytes)))
     if 2 * units * splits < slots:  # long chunks leave most of the GPU idle: shorter ones
         splits = max(1, min(wanted, blocks // SHORT_CHUNK_BLOCKS))
     chunk_blocks = -(-blocks // splits)
@@ -125,13 +132,15 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
         ctx.problem(
             f"{q.path}.dims[0]", f"batch {node.batch} is over {MAX_GRID[2]}, a launch's grid z; split the batch"
         )
-    row_blocks = -(-_rows(node) // ROWS)
+    cache = k.dtype if is_scaled(k.dtype) else None
+    rows_per_cta = decode_tiles(node.head_dim, node.page_size, q.dtype, cache).rows
+    row_blocks = -(-_rows(node) // rows_per_cta)
     if node.heads_kv * row_blocks > MAX_GRID[1]:
         ctx.problem(
             f"{q.path}.dims[1]",
             f"{node.heads_q} query heads of {node.seq_q} new tokens over {node.heads_kv} KV heads make "
-            f"{node.heads_kv} x {row_blocks} blocks of {ROWS} rows, a grid y of {node.heads_kv * row_blocks}; a "
-            f"launch's grid y is at most {MAX_GRID[1]}: fewer heads or new tokens per plan",
+            f"{node.heads_kv} x {row_blocks} blocks of {rows_per_cta} rows, a grid y of {node.heads_kv * row_blocks}; "
+            f"a launch's grid y is at most {MAX_GRID[1]}: fewer heads or new tokens per plan",
         )
     if node.seq_kv > INT32_MAX:
         ctx.problem(
@@ -161,7 +170,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     lse = ctx.slot(node.lse) if node.lse else None
     table = ctx.slot(node.page_table)
     rows = _rows(node)
-    row_blocks = -(-rows // ROWS)
+    row_blocks = -(-rows // variant.tile_shape.rows)
     row_stride = tma_stride(k.dims[1], k.strides[1], k.dtype)
     ints = {
         "batch": node.batch,

@@ -21,7 +21,7 @@ The design (README, "Serving a Hugging Face model"):
   through its paged plan (kv_append + attention), windows and softcap included. A call the set
   does not cover (a batch over the largest bucket, another step size, a set lacking the plan,
   another cache) is computed by an fp32 torch reference over the same pools, with one warning per
-  reason: never a wrong answer. `backend.calls` counts both.
+  reason: never a wrong answer. `backend.calls` counts both (calls outside torch.compile).
 - A row's valid tokens must be one run (left or right padding, as tokenizers make them); a row
   that is not gets NaN outputs (checked on the device, never read back), not a wrong answer.
 - **An FP8 cache** (a set built with `--kv-cache-dtype e4m3`): the pools hold e4m3, with one
@@ -34,7 +34,9 @@ The design (README, "Serving a Hugging Face model"):
 
 from __future__ import annotations
 
+import functools
 import math
+import types
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -77,8 +79,11 @@ class FrostcMask:
         return (len(self.first), self.width)
 
 
+@functools.cache
 def _cache_class():
-    """FrostcCache, defined on first use (transformers is imported only then)."""
+    """FrostcCache, defined on first use (transformers is imported only then), once: every cache
+    is of one class (torch.compile guards on a cache's type; a class per cache would fail the
+    guard at every new cache, and each dead class would leave its compiled entries behind)."""
     from transformers.cache_utils import Cache, CacheLayerMixin
 
     class FrostcLayer(CacheLayerMixin):
@@ -328,7 +333,7 @@ class FrostcAttention:
         o[tokens].zero_()
         o[tokens + 1].fill_(torch.nan)
         torch.ops.frostc.execute(key_plan, [*packed, cu], [o[:tokens]], None)
-        self.calls["prefill"] += 1
+        self._count("prefill")
         return o.index_select(0, gather).view(b, s, hq, d)
 
     def _prefill_in_place(self, key_plan: str, rows: FrostcMask, query, key, value):
@@ -353,7 +358,7 @@ class FrostcAttention:
         o[0].zero_()
         buffers = [_Capacity(t, slot) for t, slot in zip((*tensors, o), (*r.data.slots[:3], r.data.slots[4]))]
         r.plan.execute(*buffers[:3], cu, buffers[3], workspace=r.workspace)
-        self.calls["prefill"] += 1
+        self._count("prefill")
         return o.masked_fill_(rows.broken[:, None, None, None], torch.nan)
 
     def _prefill_slots(self, rows: FrostcMask, s: int) -> torch.Tensor:
@@ -404,7 +409,7 @@ class FrostcAttention:
         writes = {"k_cache": pools.k[:pages], "v_cache": pools.v[:pages], "o": o}
         names_in, names_out = torch_ops.slot_roles(key_plan)
         torch.ops.frostc.execute(key_plan, [reads[n] for n in names_in], [writes[n] for n in names_out], None)
-        self.calls["decode"] += 1
+        self._count("decode")
         out = o[:b].transpose(1, 2)
         return torch.where(rows.broken[:, None, None, None], torch.nan, out)
 
@@ -454,12 +459,19 @@ class FrostcAttention:
         return rows.derived[what]
 
     # ------------------------------------------------------------------ the torch reference (fallbacks)
+    def _count(self, *what: str) -> None:
+        """Count a call in `calls`, unless torch.compile is tracing it: a count would be a Python
+        int dynamo reads, bakes into the graph and guards on (a recompile at every step)."""
+        if torch.compiler.is_compiling():
+            return
+        for key in what:
+            self.calls[key] += 1
+
     def _fallback(self, why: str) -> None:
         if not self.launch:
-            self.calls["reference"] += 1
+            self._count("reference")
             return
-        self.calls["fallback"] += 1
-        self.calls[f"fallback: {why}"] += 1
+        self._count("fallback", f"fallback: {why}")
         if why not in self._warned:
             self._warned.add(why)
             warnings.warn(f"frostc: computing attention in torch (fp32 reference), not a plan: {why}", stacklevel=4)
@@ -639,6 +651,11 @@ def install(plans: PlanSet, model=None, *, device=None, name: str = NAME, launch
     return FrostcAttention(plans, device=device, name=name, launch=launch).install(model)
 
 
+class RecompileLimitError(RuntimeError):
+    """A compiled DecodeGraph's step would recompile past torch._dynamo's recompile limit (and so
+    run uncompiled): refused, not slowed in silence."""
+
+
 class DecodeGraph:
     """Greedy decoding whose whole decode step (the model's forward: every layer, every frostc
     plan) runs as one CUDA graph, captured at the first step and replayed after.
@@ -652,17 +669,22 @@ class DecodeGraph:
     the cache's width whose row b holds ones on its first `length[b]` columns (the backend reads
     each row's count from it on the device). Nothing in the step depends on a host-side length,
     so one capture serves every later step of every generation of this batch size. A replay
-    runs no Python: `backend.calls` counts only the eager and capturing runs.
+    runs no Python: `backend.calls` counts only the eager and capturing runs (not compiled ones).
 
     `compile_model=True` runs the step's forward through `torch.compile` (inductor fuses the
     model's own elementwise work — norms, rotary, activations, residuals — around frostc's ops,
     which compile as they are) before the capture: a compile on the serving machine at the first
-    step, which the plans themselves never need.
+    step, which the plans themselves never need. One compile per graph: a step's host state is
+    the same at every step and every generation (see `_hold_cache`), and each graph compiles a
+    step function with a code object of its own, where dynamo keeps the graph's compiled entries
+    and counts its recompiles (compiling the model itself would count every graph's, at every
+    batch size, against the limit of the model's one forward code, then run it uncompiled). A
+    step that would recompile past dynamo's limit raises RecompileLimitError, not a silent eager step.
     """
 
     def __init__(self, model, backend: FrostcAttention, batch: int, *, compile_model: bool = False):
         self.model, self.backend, self.batch = model, backend, batch
-        self.step_model = torch.compile(model, dynamic=False) if compile_model else model
+        self.compiled = torch.compile(_own_code(_step), dynamic=False) if compile_model else None
         device, width = backend.device, backend.plans.serving.max_cache_len
         self.ids = torch.zeros(batch, 1, dtype=torch.int64, device=device)
         self.position = torch.zeros(batch, 1, dtype=torch.int64, device=device)
@@ -711,11 +733,34 @@ class DecodeGraph:
         self.graph.replay()
         return self.logits[:, -1].argmax(-1)
 
+    def _hold_cache(self) -> None:
+        """Present the cache to the step as wide as its mask (as HF's static cache does: its mask
+        sizes are its whole length): every layer has seen `width - 1` tokens before the step's
+        append, at every step. The rows' lengths are the mask's, on the device; a host count that
+        grew by one a step would be a Python int torch.compile specializes on: a compile a step."""
+        held = self.mask.shape[1] - 1
+        for layer in self.cache.layers:
+            layer.seen = held
+
     def _forward(self) -> torch.Tensor:
-        out = self.step_model(
-            input_ids=self.ids, attention_mask=self.mask, position_ids=self.position, past_key_values=self.cache
-        )
-        return out.logits
+        self._hold_cache()  # before every forward: a capture runs two (the warm-up, then the captured one)
+        inputs = (self.model, self.ids, self.mask, self.position, self.cache)
+        if self.compiled is None:
+            return _step(*inputs)
+        if not hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+            return self.compiled(*inputs)
+        try:
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                return self.compiled(*inputs)
+        except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
+            limit = torch._dynamo.config.recompile_limit
+            raise RecompileLimitError(
+                f"DecodeGraph(batch={self.batch}, compile_model=True): this graph's step would recompile past "
+                f"torch._dynamo's recompile limit (torch._dynamo.config.recompile_limit = {limit}) and run "
+                "uncompiled. Something the step reads changed between steps (the model's attention "
+                "implementation or config, say): TORCH_LOGS=recompiles lists the guards that failed; or use "
+                "compile_model=False"
+            ) from exc
 
     def _capture(self) -> None:
         """Warm up on a side stream (the step's writes are idempotent: the same K/V rows again),
@@ -728,3 +773,14 @@ class DecodeGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.logits = self._forward()
+
+
+def _step(model, ids, mask, position, cache) -> torch.Tensor:
+    """A decode step's forward: the logits of `ids` (b, 1) at `position` over `cache`."""
+    return model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache).logits
+
+
+def _own_code(fn):
+    """`fn` with a copy of its code object: dynamo keeps compiled entries, and counts a frame's
+    recompiles against its limit, per code object; the copy's are its own (and go with it)."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
