@@ -42,6 +42,7 @@ from sdpa import time_ms  # noqa: E402
 HQ, HKV, D = 32, 8, 128
 LONG = 131072
 CEILING_BYTES = 4 << 30
+REPEATS = 20  # executes compared bit for bit after the timing (a race shows as a difference)
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,9 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
         plan.close()
         return result
     result["us"]["frostc"] = time_ms(bound.execute) * 1e3
+    result["repeats_differing"] = _repeats_differing(bound, t["o"])
+    if result["repeats_differing"]:
+        result["wrong"] = True
     if row.cache != "bf16":  # no peer reads an FP8 paged cache on this GPU (FA4's sm90 path has none)
         result["tb_s"] = {"frostc": kv_bytes / (result["us"]["frostc"] * 1e-6) / 1e12}
         result["of_ceiling"] = kv_bytes / (result["us"]["frostc"] * 1e-6) / ceiling
@@ -297,6 +301,20 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
     return result
 
 
+def _repeats_differing(bound, o, repeats: int = REPEATS) -> int:
+    """How many of `repeats` more executes give an output not bit for bit the one before (a
+    step's appends are idempotent: the same inputs every time; the kernels have no atomics, so
+    any difference is a race)."""
+    import torch
+
+    differing = 0
+    for _ in range(repeats):
+        before = o.clone()
+        bound.execute()
+        differing += not torch.equal(before, o)
+    return differing
+
+
 def run(json_path: str | None, md_path: str | None) -> int:
     import torch
 
@@ -322,6 +340,8 @@ def run(json_path: str | None, md_path: str | None) -> int:
 
 
 def _line(r: dict) -> str:
+    if r.get("repeats_differing"):
+        return f"{r['row']:34} WRONG: {r['repeats_differing']} of {REPEATS} repeated executes differed in bits"
     if r.get("wrong"):
         return f"{r['row']:34} WRONG: relative error {r['errors']['frostc']:.2e}"
     return f"{r['row']:34} " + "  ".join(f"{k} {v:8.1f} µs" for k, v in r["us"].items())
@@ -348,7 +368,9 @@ def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing:
         causal = (" causal" if r["causal"] else "") + (f" window {r['window']}" if r.get("window") is not None else "")
         head = f"| {r['batch']} | {r['mean']} | {r['page']} | {r['s_new']}{causal} | "
         head += f"{r['cache']} | {len(r['launches'])} | "
-        if r.get("wrong"):
+        if r.get("repeats_differing"):
+            lines.append(head + f"wrong ({r['repeats_differing']} of {REPEATS} repeats differ) | | | | | | | | |")
+        elif r.get("wrong"):
             lines.append(head + f"wrong (rel. err {r['errors']['frostc']:.1e}) | | | | | | | | |")
             continue
         us, tb = r["us"], r["tb_s"]
@@ -375,6 +397,7 @@ def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing:
         "",
         "- frostc / FA4 and frostc / torch are speed ratios (their time over frostc's: above 1, frostc is faster);",
         "  launches = the plan's kernel launches per step (append, attention, and a combine when split-KV).",
+        f"- Every row's plan also ran {REPEATS} more times after the timing, each output bit for bit the one before.",
         "- e4m3 rows: err is against attention on the dequantized cache (the kernel's own error, not the",
         "  quantization's: tests/gpu/test_fp8_cache.py bounds that).",
     ]

@@ -975,7 +975,7 @@ class PagedDecodeScaledCache(PagedDecode):
             acc_S = cute.make_rmem_tensor(((2, 2), 1, WARP_KEYS // 8), cutlass.Float32)
             acc_S.fill(0.0)
             cute.gemm(mma, acc_S, rQ, rK, acc_S)
-            k_pipe.sync_object_empty.arrive(stage, None)
+            self._release_read(k_pipe, stage)
             # V's loads and conversions now, to overlap the MMAs and the softmax (at d 256 its
             # 64 registers more would spill: after the softmax there)
             if cutlass.const_expr(d <= 128):
@@ -997,9 +997,17 @@ class PagedDecodeScaledCache(PagedDecode):
                 v_pipe.sync_object_full.wait(stage, phase)
                 rV = self._v_fragment(ringV[None, None, stage], warp, quad, pair)
             cute.gemm(mma, acc_O, rP, rV, acc_O)
-            v_pipe.sync_object_empty.arrive(stage, None)
+            self._release_read(v_pipe, stage)
         self._merge(acc_O, softmax, merge, warp, quad, pair, dequant[0])
         self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
+
+    def _release_read(self, pipe, stage):
+        """This thread has read its rows of a ring stage (ld.shared: the generic proxy); TMA
+        (the async proxy) may refill it. The proxy fence orders the reads before the refill's
+        writes — without it the arrive may overtake reads still in flight (runs differed in
+        their last bits, bench/NOTES.md decode v5)."""
+        cute.arch.fence_proxy("async.shared", space="cta")
+        pipe.sync_object_empty.arrive(stage, None)
 
     @cute.jit
     def _q_fragment(self, q, q_strides, work, group, rows, quad, pair, q_scale):

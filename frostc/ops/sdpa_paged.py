@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from frost_runtime.dtypes import DTYPES
 from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import ResolveContext
@@ -51,8 +50,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     dtype, cache = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
     cache = cache if is_scaled(cache) else None
     tiles = decode_tiles(node.head_dim, node.page_size, dtype, cache)
-    sms = TARGET_SMS[ctx.graph.target]
-    splits, chunk = split_plan(node, tiles.ctas_per_sm, sms, tiles.rows, DTYPES[ctx.slot(node.k).dtype].bytes)
+    splits, chunk = split_plan(node, tiles.ctas_per_sm, TARGET_SMS[ctx.graph.target], tiles.rows)
     variant = PagedDecodeVariant(
         dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, cache=cache,
@@ -75,21 +73,17 @@ def _rows(node: Sdpa) -> int:
     return node.seq_q * (node.heads_q // node.heads_kv)
 
 
-def split_plan(
-    node: Sdpa, ctas_per_sm: int, sms: int, rows_per_cta: int = ROWS, cache_bytes: int = 2
-) -> tuple[int, int]:
+def split_plan(node: Sdpa, ctas_per_sm: int, sms: int, rows_per_cta: int = ROWS) -> tuple[int, int]:
     """(splits, chunk keys): one split when the (sequence, KV head) CTAs already fill
     UNSPLIT_WAVES waves of the resident slots; else enough splits for WAVES waves at full
-    capacity, each at least MIN_CHUNK_BLOCKS blocks of a 2-byte cache — of a 1-byte (e4m3)
-    cache twice the blocks, the same bytes, so each CTA's fixed cost (Q, the ring's fill, the
-    warps' merge) is spread as thin: +7 % at batch 8 / 32k, bench/NOTES.md decode v5 —
-    (SHORT_CHUNK_BLOCKS when those would fill less than half the slots). The chunk is a whole
-    number of blocks."""
+    capacity, each at least MIN_CHUNK_BLOCKS blocks (SHORT_CHUNK_BLOCKS when those would fill less
+    than half the slots). The chunk is a whole number of blocks (an e4m3 cache's chunks too:
+    twice the blocks per chunk was tried, bench/NOTES.md decode v5)."""
     units = node.batch * node.heads_kv * -(-_rows(node) // rows_per_cta)
     slots = sms * ctas_per_sm
     blocks = -(-_keys_seen(node) // BLOCK_N)
     wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
-    splits = max(1, min(wanted, blocks // (MIN_CHUNK_BLOCKS * 2 // cache_bytes)))
+    splits = max(1, min(wanted, blocks // MIN_CHUNK_BLOCKS))
     if 2 * units * splits < slots:  # long chunks leave most of the GPU idle: shorter ones
         splits = max(1, min(wanted, blocks // SHORT_CHUNK_BLOCKS))
     chunk_blocks = -(-blocks // splits)

@@ -99,3 +99,24 @@ def test_e4m3_cache_error_is_within_its_bound(outliers, record_property):
           f"e4m3 cache {errors['e4m3']:.2e}")  # fmt: skip
     for dtype, bound in BOUND[outliers].items():
         assert errors[dtype] < bound, f"{dtype} cache: relative L2 error {errors[dtype]:.3e} over its bound {bound}"
+
+
+def test_e4m3_attention_is_the_same_bits_every_run():
+    """The kernel has no atomics: repeated runs on the same inputs give the same bits. (Before its
+    ring reads were fenced against TMA's refills, runs differed in a few outputs under load:
+    bench/NOTES.md, decode v5.)"""
+    import frost_runtime
+
+    _, e4m3_case = (_entry(c) for c in accuracy_pair())
+    with frost_runtime.load(BUILT / e4m3_case["plan"]) as plan:
+        buffers = DecodeBuffers(e4m3_case, plan, zlib.crc32(e4m3_case["plan"].encode()))
+        buffers.setup(list(LENGTHS))
+        buffers.execute()
+        first = buffers.tensors["o"].clone()
+        differing = 0
+        for _ in range(50):
+            buffers.tensors["o"].fill_(float("nan"))
+            buffers.execute()
+            differing += not torch.equal(first, buffers.tensors["o"])
+        torch.cuda.synchronize()
+    assert differing == 0, f"{differing} of 50 runs differ from the first in some bits"
