@@ -636,10 +636,9 @@ class PagedDecode:
 
     # ---------------------------------------------------------------- consumer
     @cute.jit
-    def _load_q(self, sQ, q, q_strides, work, group, rows, tidx, q_scale):
+    def _load_q(self, sQ, q, q_strides, work, group, rows, tidx):
         """The CTA's query rows (token t, head g of the group; g fastest) into shared memory in
-        16-byte pieces; rows past the last are zeros (their results are never stored). With
-        `q_scale` (a quantized cache) Q is scaled and converted to the MMA's fp16, saturating."""
+        16-byte pieces; rows past the last are zeros (their results are never stored)."""
         q_sb, q_sh, q_ss = (cute.assume(x, divby=8) for x in q_strides)
         elems = 8
         per_row = self.head_dim // elems
@@ -656,17 +655,7 @@ class PagedDecode:
                 src = cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(elems))
                 vec.store(src.load())
             dst = cute.local_tile(sQ, (1, elems), (r, col // elems))
-            if cutlass.const_expr(q_scale is None):
-                dst.store(cute.make_tensor(vec.iterator, cute.make_layout((1, elems))).load())
-            else:
-                limit = cutlass.Float32(MMA_FINITE_MAX)
-                scaled = cute.make_rmem_tensor(elems, cutlass.Float32)
-                scaled.store(vec.load().to(cutlass.Float32) * q_scale)
-                for e in cutlass.range_constexpr(elems):
-                    scaled[e] = cutlass.max(cutlass.min(scaled[e], limit), -limit)
-                wide = cute.make_rmem_tensor(elems, self.mma_dtype)
-                wide.store(scaled.load().to(self.mma_dtype))
-                dst.store(cute.make_tensor(wide.iterator, cute.make_layout((1, elems))).load())
+            dst.store(cute.make_tensor(vec.iterator, cute.make_layout((1, elems))).load())
         cute.arch.fence_proxy("async.shared", space="cta")
         pipeline.NamedBarrier(barrier_id=Barrier.DECODE_Q, num_threads=128).arrive_and_wait()
 
@@ -675,13 +664,13 @@ class PagedDecode:
                  lse_args, partials, heads_kv):  # fmt: skip
         t = self.tiles
         group, s_new, rows, splits, split, window_left = geometry
-        scale_log2, score_scale, dequant = scales
+        scale_log2, score_scale, _ = scales  # the third: a quantized cache's (PagedDecodeScaledCache)
         ring = Ring(t.stages)
         qk_mma, pv_mma = self._mmas()
         qk_mma.set(warpgroup.Field.ACCUMULATE, True)
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
         qk_thr, pv_thr = qk_mma.get_slice(tidx), pv_mma.get_slice(tidx)
-        self._load_q(sQ, q, q_strides, work, group, rows, tidx, None if dequant is None else dequant[1])
+        self._load_q(sQ, q, q_strides, work, group, rows, tidx)
         tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N, K, stage)
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
@@ -734,8 +723,6 @@ class PagedDecode:
             self._release(v_pipe, last_stage)
 
         softmax.normalize(wgmma_rows_by_cols(acc_O))  # no keys: O = 0, LSE = -inf
-        if cutlass.const_expr(dequant is not None):
-            acc_O.store(acc_O.load() * dequant[0])
         self._epilogue(pv_thr, acc_O, softmax, work, geometry, o_args, lse_args, partials, heads_kv)
 
     @cute.jit
