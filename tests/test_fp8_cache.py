@@ -182,3 +182,30 @@ def test_the_e4m3_variants_keep_the_bf16_names_and_abi_apart():
     assert [p for p in KvAppendVariant("bf16", 64, "e4m3").params if p not in KvAppendVariant("bf16", 64).params] == [
         ("k_scale", "ptr"), ("v_scale", "ptr"), ("k_scale.stride_h", "i64"), ("v_scale.stride_h", "i64")
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_the_e4m3_kernel_fences_its_ring_reads_before_each_release(head_dim):
+    """The consumer warps read the TMA ring with ld.shared (the generic proxy) and TMA refills a
+    stage (the async proxy) once its empty barrier completes: PTX asks for fence.proxy.async
+    between the reads and the release, or the arrive may overtake reads still in flight (the
+    race bench/NOTES.md, decode v5, tells of). In the PTX, every consumer arrive (not the
+    producer's arrive.expect_tx) follows a fence issued after the last shared-memory load."""
+    import cutlass.cute as cute
+
+    import frostc.kernels  # noqa: F401  (imported above already: it sets the DSL to keep the PTX)
+    from frostc.kernels.sdpa_decode_paged import PagedDecodeVariant
+
+    variant = PagedDecodeVariant("bf16", head_dim, 32, True, True, False, cache="e4m3")
+    ptx = cute.compile(variant.kernel(), *variant.compile_args()).__ptx__
+    releases, unfenced_read = 0, False
+    for line in ptx.splitlines():
+        op = line.strip()
+        if op.startswith("ld.shared"):
+            unfenced_read = True
+        elif op.startswith("fence.proxy.async"):
+            unfenced_read = False
+        elif op.startswith("mbarrier.arrive") and "expect_tx" not in op:
+            assert not unfenced_read, f"a ring stage released after unfenced shared-memory reads: {op}"
+            releases += 1
+    assert releases == 2  # K's and V's
