@@ -54,6 +54,14 @@ class Row:
     causal: bool = False  # bottom-right (speculative tokens see the cache and each other in order)
     cache: str = "bf16"  # or "e4m3", with one float32 scale per kv head
     window: int | None = None  # window_left (causal): each token sees its last window + 1 keys (Mistral)
+    heads_outer: bool = False  # the caches (pages, hkv, page, d) in memory: a head's rows of a page contiguous
+
+    @property
+    def cache_strides(self) -> tuple[int, int, int, int]:
+        """The caches' strides as (pages, page, hkv, d) dims: vLLM's NHD, or HND with heads_outer."""
+        if self.heads_outer:
+            return (HKV * self.page * D, D, self.page * D, 1)
+        return (self.page * HKV * D, HKV * D, D, 1)
 
     @property
     def max_pages(self) -> int:
@@ -67,6 +75,7 @@ class Row:
     def plan(self) -> str:
         name = f"decode-b{self.batch}-ctx{self.mean}-p{self.page}-n{self.s_new}{'-causal' if self.causal else ''}"
         name += "" if self.window is None else f"-w{self.window}"
+        name += "-hnd" if self.heads_outer else ""
         return name + ("" if self.cache == "bf16" else f"-kv_{self.cache}")
 
     @property
@@ -90,6 +99,9 @@ ROWS = [
     Row(32, 8192, 128, causal=True, window=4095),  # Mistral-7B's window: only the last 4096 keys are read
     Row(32, 8192, 128, cache="e4m3"),  # an FP8 cache: half the bytes per token
     Row(8, 32768, 128, cache="e4m3"),
+    # the layout's share: each KV head's rows of a page contiguous (vLLM/FlashInfer's HND)
+    Row(32, 8192, 128, heads_outer=True),
+    Row(32, 8192, 128, cache="e4m3", heads_outer=True),
 ]
 
 
@@ -106,8 +118,8 @@ def build() -> int:
         g.tensor("q", dtype="bf16", dims=(b, HQ, n, D), layout="bshd")
         g.tensor("k_new", dtype="bf16", dims=(b, HKV, n, D), layout="bshd")
         g.tensor("v_new", dtype="bf16", dims=(b, HKV, n, D), layout="bshd")
-        g.tensor("k_cache", dtype=row.cache, dims=(row.pages, row.page, HKV, D))
-        g.tensor("v_cache", dtype=row.cache, dims=(row.pages, row.page, HKV, D))
+        g.tensor("k_cache", dtype=row.cache, dims=(row.pages, row.page, HKV, D), strides=row.cache_strides)
+        g.tensor("v_cache", dtype=row.cache, dims=(row.pages, row.page, HKV, D), strides=row.cache_strides)
         scales = {}
         if row.cache != "bf16":
             scales = {"k_scale": g.tensor("k_scale", dtype="fp32", dims=(HKV,)),
@@ -209,8 +221,8 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
         "q": torch.randn(b, n, HQ, D, device="cuda", dtype=torch.bfloat16),  # physical bshd
         "k_new": torch.randn(b, n, HKV, D, device="cuda", dtype=torch.bfloat16),
         "v_new": torch.randn(b, n, HKV, D, device="cuda", dtype=torch.bfloat16),
-        "k_cache": torch.randn(row.pages, P, HKV, D, device="cuda", dtype=torch.bfloat16),
-        "v_cache": torch.randn(row.pages, P, HKV, D, device="cuda", dtype=torch.bfloat16),
+        "k_cache": _cache(row),
+        "v_cache": _cache(row),
         "page_table": torch.randperm(row.pages, device="cuda").to(torch.int32).view(b, row.max_pages),  # shuffled
         "cache_len": torch.tensor(lens, dtype=torch.int32, device="cuda"),
         "o": torch.empty(b, n, HQ, D, device="cuda", dtype=torch.bfloat16),
@@ -219,14 +231,17 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
         for name in ("k", "v"):
             real = t[f"{name}_cache"]
             t[f"{name}_scale"] = real.float().abs().amax(dim=(0, 1, 3)) / 448.0
-            t[f"{name}_cache"] = (real.float() / t[f"{name}_scale"].view(1, 1, HKV, 1)).to(torch.float8_e4m3fn)
+            quantized = torch.empty_like(real, dtype=torch.float8_e4m3fn)  # the same strides
+            quantized.copy_(real.float() / t[f"{name}_scale"].view(1, 1, HKV, 1))
+            t[f"{name}_cache"] = quantized
             del real
     logical = {name: t[name].transpose(1, 2) for name in ("q", "k_new", "v_new", "o")}  # (b, h, n, d)
     table = t["page_table"].tolist()
     seen = [min(x, row.window + n) if row.window is not None else x for x in lens]  # the keys a step must read
     kv_bytes = sum(seen) * HKV * D * row.element_bytes * 2
     result = {"row": row.plan, "batch": b, "mean": row.mean, "page": P, "s_new": n, "causal": row.causal,
-              "cache": row.cache, "window": row.window, "lengths": lens, "kv_bytes": kv_bytes, "us": {},
+              "cache": row.cache, "heads_outer": row.heads_outer, "window": row.window, "lengths": lens,
+              "kv_bytes": kv_bytes, "us": {},
               "errors": {}}  # fmt: skip
 
     plan = frost_runtime.load(BUILT / f"{row.plan}.frost")
@@ -301,6 +316,15 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
     return result
 
 
+def _cache(row: Row):
+    """A random bf16 cache, (pages, page, hkv, d) with the row's strides."""
+    import torch
+
+    if row.heads_outer:
+        return torch.randn(row.pages, HKV, row.page, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    return torch.randn(row.pages, row.page, HKV, D, device="cuda", dtype=torch.bfloat16)
+
+
 def _repeats_differing(bound, o, repeats: int = REPEATS) -> int:
     """How many of `repeats` more executes give an output not bit for bit the one before (a
     step's appends are idempotent: the same inputs every time; the kernels have no atomics, so
@@ -367,7 +391,7 @@ def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing:
     for r in rows:
         causal = (" causal" if r["causal"] else "") + (f" window {r['window']}" if r.get("window") is not None else "")
         head = f"| {r['batch']} | {r['mean']} | {r['page']} | {r['s_new']}{causal} | "
-        head += f"{r['cache']} | {len(r['launches'])} | "
+        head += f"{r['cache']}{' HND' if r.get('heads_outer') else ''} | {len(r['launches'])} | "
         if r.get("repeats_differing"):
             lines.append(head + f"wrong ({r['repeats_differing']} of {REPEATS} repeats differ) | | | | | | | | |")
         elif r.get("wrong"):
@@ -400,12 +424,17 @@ def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing:
         f"- Every row's plan also ran {REPEATS} more times after the timing, each output bit for bit the one before.",
         "- e4m3 rows: err is against attention on the dequantized cache (the kernel's own error, not the",
         "  quantization's: tests/gpu/test_fp8_cache.py bounds that).",
+        "- HND: the caches hold (pages, hkv, page, d) in memory (described with strides as (pages, page, hkv, d)), so",
+        "  a KV head's rows of a page are one contiguous run; the other rows: (pages, page, hkv, d), vLLM's NHD.",
     ]
     for r in rows:
-        twin = by_plan.get(Row(r["batch"], r["mean"], r["page"], r["s_new"], r["causal"]).plan)
+        twin = by_plan.get(
+            Row(r["batch"], r["mean"], r["page"], r["s_new"], r["causal"], heads_outer=r["heads_outer"]).plan
+        )
         if r["cache"] != "bf16" and not r.get("wrong") and twin and not twin.get("wrong"):
             lines.append(
-                f"- e4m3 cache, batch {r['batch']}, mean context {r['mean']}: {r['us']['frostc']:.1f} µs against the "
+                f"- e4m3 cache{' (HND)' if r['heads_outer'] else ''}, batch {r['batch']}, mean context {r['mean']}: "
+                f"{r['us']['frostc']:.1f} µs against the "
                 f"bf16 cache's {twin['us']['frostc']:.1f} µs: {twin['us']['frostc'] / r['us']['frostc']:.2f}x the "
                 f"tokens per second, {100 * r['of_ceiling']:.0f} % of the read ceiling in bytes."
             )

@@ -72,7 +72,6 @@ THREADS = 160  # one consumer warpgroup and one producer warp
 PRODUCER_WARP = 4
 CONSUMER_WARPS = 4
 ROWS_SCALED = 16  # over a quantized cache: one m16n8k16 tile of rows, shared by the consumer warps
-WARP_KEYS = BLOCK_N // CONSUMER_WARPS  # ... each warp taking this many keys of every block
 MMA_SHAPE = (16, 8, 16)  # the warp-level MMA (mma.sync) the quantized cache's kernel uses
 
 
@@ -831,6 +830,7 @@ class PagedDecodeScaledCache(PagedDecode):
     def __init__(self, variant: PagedDecodeVariant):
         super().__init__(variant)
         self.mma_dtype = dsl_dtype(MMA_DTYPE_OF_SCALED)
+        self.warp_keys = self.tiles.block_n // CONSUMER_WARPS  # each warp's keys of every block
 
     @cute.jit
     def __call__(
@@ -952,17 +952,17 @@ class PagedDecodeScaledCache(PagedDecode):
         softmax.reset()
         v = self.variant
         mask = DecodeMask.of(v.causal, v.window, window_left, s_new, work.kv_len, group, work.row_block * ROWS_SCALED)
-        c_mn = mma_rows_by_cols(mma.get_slice(lane).partition_C(cute.make_identity_tensor((ROWS_SCALED, WARP_KEYS))))
+        keys = self.warp_keys
+        c_mn = mma_rows_by_cols(mma.get_slice(lane).partition_C(cute.make_identity_tensor((ROWS_SCALED, keys))))
         ring = Ring(t.stages)
         for j in range(0, work.blocks, 1):
             stage, phase = ring.at(j)
-            key0 = work.key_first + j * t.block_n + warp * WARP_KEYS
+            key0 = work.key_first + j * t.block_n + warp * keys
             k_pipe.sync_object_full.wait(stage, phase)
             rK = self._k_fragment(ringK[None, None, stage], warp, quad, pair)
-            acc_S = cute.make_rmem_tensor(((2, 2), 1, WARP_KEYS // 8), cutlass.Float32)
+            acc_S = cute.make_rmem_tensor(((2, 2), 1, keys // 8), cutlass.Float32)
             acc_S.fill(0.0)
             cute.gemm(mma, acc_S, rQ, rK, acc_S)
-            self._release_read(k_pipe, stage)
             # V's loads and conversions now, to overlap the MMAs and the softmax (at d 256 its
             # 64 registers more would spill: after the softmax there)
             if cutlass.const_expr(d <= 128):
@@ -971,30 +971,29 @@ class PagedDecodeScaledCache(PagedDecode):
             if cutlass.const_expr(v.softcap):
                 acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
             s_mn = mma_rows_by_cols(acc_S)
-            if mask.needed(key0, key0 + WARP_KEYS):
+            if mask.needed(key0, key0 + keys):
                 mask.apply(c_mn, s_mn, key0)
-            softmax.update(s_mn)
-            # always: skipping it when no reference max moved (as the forward kernel does) gave
-            # wrong outputs in a variant with V loaded after the softmax, not understood yet
-            # (bench/NOTES.md, decode v5); the multiplies cost ~2 % here
-            softmax.rescale(mma_rows_by_cols(acc_O))
-            rP = cute.make_rmem_tensor(((2, 2, 2), 1, 1), self.mma_dtype)
+            if softmax.update(s_mn):  # a reference max moved (rarely: see OnlineSoftmax.update)
+                softmax.rescale(mma_rows_by_cols(acc_O))
+            rP = cute.make_rmem_tensor(((2, 2, 2), 1, keys // 16), self.mma_dtype)
             cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.mma_dtype))
             if cutlass.const_expr(d > 128):
                 v_pipe.sync_object_full.wait(stage, phase)
                 rV = self._v_fragment(ringV[None, None, stage], warp, quad, pair)
             cute.gemm(mma, acc_O, rP, rV, acc_O)
-            self._release_read(v_pipe, stage)
+            self._release_reads(k_pipe, v_pipe, stage)
         self._merge(acc_O, softmax, merge, warp, quad, pair, dequant[0])
         self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
 
-    def _release_read(self, pipe, stage):
-        """This thread has read its rows of a ring stage (ld.shared: the generic proxy); TMA
-        (the async proxy) may refill it. The proxy fence orders the reads before the refill's
-        writes — without it the arrive may overtake reads still in flight (runs differed in
-        their last bits, bench/NOTES.md decode v5)."""
+    def _release_reads(self, k_pipe, v_pipe, stage):
+        """This thread has read its rows of a ring stage's K and V (ld.shared: the generic
+        proxy); TMA (the async proxy) may refill them. The proxy fence orders the reads before
+        the refill's writes — without it an arrive may overtake reads still in flight (runs
+        differed in their last bits, bench/NOTES.md decode v5). One fence for both: it waits
+        for the thread's loads, so releasing K early cost a second wait (5 % at batch 32)."""
         cute.arch.fence_proxy("async.shared", space="cta")
-        pipe.sync_object_empty.arrive(stage, None)
+        k_pipe.sync_object_empty.arrive(stage, None)
+        v_pipe.sync_object_empty.arrive(stage, None)
 
     @cute.jit
     def _q_fragment(self, q, q_strides, work, group, rows, quad, pair, q_scale):
@@ -1033,12 +1032,13 @@ class PagedDecodeScaledCache(PagedDecode):
         `quad` is key warp·16 + 8·nt + quad; its elements d = (d/4)·pair + 4·kk + (0..3)."""
         d = self.head_dim
         span = d // 4
-        wide = cute.make_rmem_tensor(2 * span, self.mma_dtype)
-        for nt in cutlass.range_constexpr(2):
-            row = cute.local_tile(tile, (1, span), (warp * WARP_KEYS + 8 * nt + quad, pair))
+        n_tiles = self.warp_keys // 8
+        wide = cute.make_rmem_tensor(n_tiles * span, self.mma_dtype)
+        for nt in cutlass.range_constexpr(n_tiles):
+            row = cute.local_tile(tile, (1, span), (warp * self.warp_keys + 8 * nt + quad, pair))
             piece = cute.make_tensor(wide.iterator + nt * span, cute.make_layout((1, span)))
             piece.store(row.load().to(self.mma_dtype))
-        return cute.make_tensor(wide.iterator, cute.make_layout(((2, 2), 2, d // 16), stride=((1, 2), span, 4)))
+        return cute.make_tensor(wide.iterator, cute.make_layout(((2, 2), n_tiles, d // 16), stride=((1, 2), span, 4)))
 
     @cute.jit
     def _v_fragment(self, tile, warp, quad, pair):
@@ -1046,18 +1046,20 @@ class PagedDecodeScaledCache(PagedDecode):
         keys 2·pair, 2·pair + 1, 2·pair + 8, 2·pair + 9 (P's columns); n-tile dt's column
         `quad` is d = (d/8)·quad + dt."""
         span = self.head_dim // 8
-        wide = cute.make_rmem_tensor(4 * span, self.mma_dtype)
-        for i in cutlass.range_constexpr(4):
-            key = warp * WARP_KEYS + 2 * pair + i % 2 + 8 * (i // 2)
-            row = cute.local_tile(tile, (1, span), (key, quad))
-            piece = cute.make_tensor(wide.iterator + i * span, cute.make_layout((1, span)))
-            piece.store(row.load().to(self.mma_dtype))
-        # pairs of keys side by side (a register each): B's value order, n-tile by n-tile
-        frag = cute.make_rmem_tensor(4 * span, self.mma_dtype)
-        for dt in cutlass.range_constexpr(span):
+        k_steps = self.warp_keys // 16
+        frag = cute.make_rmem_tensor(4 * span * k_steps, self.mma_dtype)
+        for ks in cutlass.range_constexpr(k_steps):
+            wide = cute.make_rmem_tensor(4 * span, self.mma_dtype)
             for i in cutlass.range_constexpr(4):
-                frag[4 * dt + i] = wide[i * span + dt]
-        return cute.make_tensor(frag.iterator, cute.make_layout(((2, 2), span, 1)))
+                key = warp * self.warp_keys + 16 * ks + 2 * pair + i % 2 + 8 * (i // 2)
+                row = cute.local_tile(tile, (1, span), (key, quad))
+                piece = cute.make_tensor(wide.iterator + i * span, cute.make_layout((1, span)))
+                piece.store(row.load().to(self.mma_dtype))
+            # pairs of keys side by side (a register each): B's value order, n-tile by n-tile
+            for dt in cutlass.range_constexpr(span):
+                for i in cutlass.range_constexpr(4):
+                    frag[4 * span * ks + 4 * dt + i] = wide[i * span + dt]
+        return cute.make_tensor(frag.iterator, cute.make_layout(((2, 2), span, k_steps)))
 
     @cute.jit
     def _merge(self, acc_O, softmax, merge, warp, quad, pair, v_descale):

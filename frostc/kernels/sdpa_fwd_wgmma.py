@@ -844,7 +844,12 @@ class SdpaForwardWgmma:
             self._epilogue(pv_mma, acc_O, softmax, sO[None, None, cw], o_args, lse_args, seq, head, row_tile,
                            cw, wg_tidx)  # fmt: skip
             if cutlass.const_expr(not t.o_buffer):
-                self._release(q_pipe, 0)  # O has left the Q buffer
+                # O has left the Q buffer. Its st/ld.shared are the generic proxy and the next
+                # tile's Q arrives by TMA (the async proxy): PTX orders the two only through a
+                # proxy fence, by every thread, before the release (bench/NOTES.md, decode v5)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.sync_warp()
+                self._release(q_pipe, 0)
         else:
             self._empty_rows(pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx)
         return n_blocks

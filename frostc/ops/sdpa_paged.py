@@ -20,7 +20,7 @@ from frostc.graph import Tensor
 from frostc.kernels.sdpa_common import LOG2_E
 from frostc.kernels.sdpa_decode_combine import INT_PARAMS as COMBINE_INT_PARAMS
 from frostc.kernels.sdpa_decode_combine import DecodeCombineVariant
-from frostc.kernels.sdpa_decode_paged import BLOCK_N, INT_PARAMS, ROWS, PagedDecodeVariant, decode_tiles
+from frostc.kernels.sdpa_decode_paged import INT_PARAMS, DecodeTiles, PagedDecodeVariant, decode_tiles
 from frostc.ops.paged_cache import is_scaled
 from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
 from frostc.resolved import ResolvedLaunch, launch_args
@@ -31,13 +31,13 @@ if TYPE_CHECKING:
 TARGET_SMS = {"sm_90a": 132}  # H100 SXM and H200
 WAVES = 5  # CTAs per resident slot the splits aim for at full capacity: lengths vary, the tail stays short
 UNSPLIT_WAVES = 3  # as many (sequence, KV head) CTAs as this many waves: no split needed
-# keys per split at least, in blocks of BLOCK_N: long chunks (2048 keys), or short ones (512) when
+# keys per split at least: long chunks (2048 keys), or short ones (512) when
 # long ones leave more than half the resident slots idle (a short cache at a small batch:
 # Llama-3-8B at batch 8 and 2k tokens ran 64 CTAs on 132 SMs, 52 % of the read ceiling; 4 splits:
 # 0.71 ms from 0.92). Not otherwise: at batch 32 (256 CTAs) 4 splits took 2.30 ms against 2.16
 # unsplit, and a 128k-token sequence split in 165 short chunks instead of 64 long ones ran 7 %
 # slower (bench/NOTES.md, "decode in a model")
-MIN_CHUNK_BLOCKS, SHORT_CHUNK_BLOCKS = 32, 8
+MIN_CHUNK_KEYS, SHORT_CHUNK_KEYS = 2048, 512
 # (bench/NOTES.md: decode v1 measured 2, 3, 5 and 8 waves on the issue's rows)
 
 
@@ -50,7 +50,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     dtype, cache = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
     cache = cache if is_scaled(cache) else None
     tiles = decode_tiles(node.head_dim, node.page_size, dtype, cache)
-    splits, chunk = split_plan(node, tiles.ctas_per_sm, TARGET_SMS[ctx.graph.target], tiles.rows)
+    splits, chunk = split_plan(node, tiles, TARGET_SMS[ctx.graph.target])
     variant = PagedDecodeVariant(
         dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, cache=cache,
@@ -64,7 +64,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     }
     return (
         _attention_launch(node, variant, splits, chunk, workspace, ctx),
-        _combine_launch(node, splits, chunk, workspace, ctx),
+        _combine_launch(node, splits, chunk, tiles.block_n, workspace, ctx),
     )
 
 
@@ -73,30 +73,30 @@ def _rows(node: Sdpa) -> int:
     return node.seq_q * (node.heads_q // node.heads_kv)
 
 
-def split_plan(node: Sdpa, ctas_per_sm: int, sms: int, rows_per_cta: int = ROWS) -> tuple[int, int]:
+def split_plan(node: Sdpa, tiles: DecodeTiles, sms: int) -> tuple[int, int]:
     """(splits, chunk keys): one split when the (sequence, KV head) CTAs already fill
     UNSPLIT_WAVES waves of the resident slots; else enough splits for WAVES waves at full
-    capacity, each at least MIN_CHUNK_BLOCKS blocks (SHORT_CHUNK_BLOCKS when those would fill less
-    than half the slots). The chunk is a whole number of blocks (an e4m3 cache's chunks too:
-    twice the blocks per chunk was tried, bench/NOTES.md decode v5)."""
-    units = node.batch * node.heads_kv * -(-_rows(node) // rows_per_cta)
-    slots = sms * ctas_per_sm
-    blocks = -(-_keys_seen(node) // BLOCK_N)
+    capacity, each at least MIN_CHUNK_KEYS keys (SHORT_CHUNK_KEYS when those would fill less
+    than half the slots). The chunk is a whole number of the variant's key blocks (an e4m3
+    cache's chunks of twice the keys were tried, bench/NOTES.md decode v5)."""
+    units = node.batch * node.heads_kv * -(-_rows(node) // tiles.rows)
+    slots = sms * tiles.ctas_per_sm
+    blocks = -(-_keys_seen(node, tiles.block_n) // tiles.block_n)
     wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
-    splits = max(1, min(wanted, blocks // MIN_CHUNK_BLOCKS))
+    splits = max(1, min(wanted, blocks // (MIN_CHUNK_KEYS // tiles.block_n)))
     if 2 * units * splits < slots:  # long chunks leave most of the GPU idle: shorter ones
-        splits = max(1, min(wanted, blocks // SHORT_CHUNK_BLOCKS))
+        splits = max(1, min(wanted, blocks // (SHORT_CHUNK_KEYS // tiles.block_n)))
     chunk_blocks = -(-blocks // splits)
-    return -(-blocks // chunk_blocks), chunk_blocks * BLOCK_N
+    return -(-blocks // chunk_blocks), chunk_blocks * tiles.block_n
 
 
-def _keys_seen(node: Sdpa) -> int:
+def _keys_seen(node: Sdpa, block_n: int) -> int:
     """The most keys one sequence's new tokens see: the capacity, or with a window the window
     of the first token through the last one, plus a block of alignment (the splits start at the
     window's first block)."""
     if node.mask.window_left is None:
         return node.seq_kv
-    return min(node.seq_kv, node.mask.window_left + node.seq_q + BLOCK_N)
+    return min(node.seq_kv, node.mask.window_left + node.seq_q + block_n)
 
 
 def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
@@ -213,7 +213,9 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     return ResolvedLaunch(node.name, variant, grid, args, shape)
 
 
-def _combine_launch(node: Sdpa, splits: int, chunk: int, workspace: dict[str, int], ctx) -> ResolvedLaunch:
+def _combine_launch(
+    node: Sdpa, splits: int, chunk: int, block_n: int, workspace: dict[str, int], ctx
+) -> ResolvedLaunch:
     o = ctx.slot(node.o)
     lse = ctx.slot(node.lse) if node.lse else None
     variant = DecodeCombineVariant(o.dtype, node.head_dim, lse is not None)
@@ -226,7 +228,7 @@ def _combine_launch(node: Sdpa, splits: int, chunk: int, workspace: dict[str, in
         "splits": splits,
         "s_new": node.seq_q,
         "window_left": -1 if node.mask.window_left is None else node.mask.window_left,
-        "block_n": BLOCK_N,
+        "block_n": block_n,  # the attention's key blocks: where a window's first split starts
     }
     assert tuple(ints) == COMBINE_INT_PARAMS
     values: dict[str, int] = dict(ints)
