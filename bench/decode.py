@@ -6,7 +6,9 @@ dense cache, with this GPU's measured read ceiling, one run.
     python bench/decode.py run [--json FILE] [--md FILE]   # GPU machine: time everything, print a table
 
 Rows: bf16 q, hq 32, hkv 8, d 128, a bf16 cache or an e4m3 one (one scale per kv head, amax /
-448 of the row's data: the FP8 rows, beside the bf16 row of the same shape), contexts uniform in
+448 of the row's data: the FP8 rows, beside the bf16 row of the same shape), the caches in
+vLLM's NHD layout (pages, page, hkv, d) or, in the HND rows, (pages, hkv, page, d) in memory,
+described with strides as the same dims; contexts uniform in
 [mean/2, 3·mean/2] (seeded; the batch-1 row exactly 131072), pages of each sequence a shuffled
 draw from the pool. The plans' capacity is max_pages = ceil(3·mean/2 / page) per sequence (batch
 1: 131072 / page), the pool batch · max_pages pages. A frostc step is the whole plan,
