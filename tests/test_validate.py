@@ -454,3 +454,15 @@ def test_every_problem_is_reported() -> None:
 def test_one_bad_field_does_not_cascade() -> None:
     # q's dims are unusable, so nothing that compares against q is reported too.
     only(tweak(**{"tensors.q.dims": [2, 8, "x", 64]}), "tensors.q.dims[2]", "expected a positive int")
+
+
+def test_an_e4m3_dense_q_is_refused_with_where_e4m3_is_supported() -> None:
+    desc = GraphBuilder("fp8_dense")
+    for name in ("q", "k", "v"):
+        desc.tensor(name, dtype="e4m3", dims=(1, 4, 64, 128))
+    desc.tensor("o", dtype="bf16", dims=(1, 4, 64, 128))
+    desc.sdpa(q="q", k="k", v="v", o="o")
+    with pytest.raises(DescriptionError) as err:
+        validate(desc.build())
+    found = [p for p in err.value.problems if p.path == "tensors.q.dtype"]
+    assert len(found) == 1 and "paged form's K/V caches only" in found[0].message

@@ -41,6 +41,7 @@ from frostc.ops.paged_cache import (
     SCALE_ROLES,
     cache_dtype_problem,
     check_cache_scales,
+    is_scaled,
     new_tokens_problem,
     page_size_problem,
 )
@@ -356,7 +357,10 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
                 ctx.problems_at(c.at("dtype"), message)
         elif role in ("q", "k", "v", "o"):
             if c.dtype not in DATA_DTYPES:
-                ctx.problems_at(c.at("dtype"), f'sdpa {role} must be {" or ".join(DATA_DTYPES)}, got "{c.dtype}"')
+                message = f'sdpa {role} must be {" or ".join(DATA_DTYPES)}, got "{c.dtype}"'
+                if is_scaled(c.dtype):  # the one place an 8-bit type is read today
+                    message += "; e4m3 is supported for the paged form's K/V caches only (no FP8 dense kernel yet)"
+                ctx.problems_at(c.at("dtype"), message)
             elif q_dtype is not None and c.dtype != q_dtype:
                 message = f"{c.dtype} does not match q's {q_dtype}; q, k, v and o must share one dtype (bf16 or fp16)"
                 ctx.problems_at(c.at("dtype"), message)
