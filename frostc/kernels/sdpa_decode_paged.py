@@ -72,6 +72,7 @@ THREADS = 160  # one consumer warpgroup and one producer warp
 PRODUCER_WARP = 4
 CONSUMER_WARPS = 4
 ROWS_SCALED = 16  # over a quantized cache: one m16n8k16 tile of rows, shared by the consumer warps
+WARP_KEYS = BLOCK_N // CONSUMER_WARPS  # ... each warp taking this many keys of every block
 MMA_SHAPE = (16, 8, 16)  # the warp-level MMA (mma.sync) the quantized cache's kernel uses
 
 
@@ -830,7 +831,6 @@ class PagedDecodeScaledCache(PagedDecode):
     def __init__(self, variant: PagedDecodeVariant):
         super().__init__(variant)
         self.mma_dtype = dsl_dtype(MMA_DTYPE_OF_SCALED)
-        self.warp_keys = self.tiles.block_n // CONSUMER_WARPS  # each warp's keys of every block
 
     @cute.jit
     def __call__(
@@ -952,15 +952,14 @@ class PagedDecodeScaledCache(PagedDecode):
         softmax.reset()
         v = self.variant
         mask = DecodeMask.of(v.causal, v.window, window_left, s_new, work.kv_len, group, work.row_block * ROWS_SCALED)
-        keys = self.warp_keys
-        c_mn = mma_rows_by_cols(mma.get_slice(lane).partition_C(cute.make_identity_tensor((ROWS_SCALED, keys))))
+        c_mn = mma_rows_by_cols(mma.get_slice(lane).partition_C(cute.make_identity_tensor((ROWS_SCALED, WARP_KEYS))))
         ring = Ring(t.stages)
         for j in range(0, work.blocks, 1):
             stage, phase = ring.at(j)
-            key0 = work.key_first + j * t.block_n + warp * keys
+            key0 = work.key_first + j * t.block_n + warp * WARP_KEYS
             k_pipe.sync_object_full.wait(stage, phase)
             rK = self._k_fragment(ringK[None, None, stage], warp, quad, pair)
-            acc_S = cute.make_rmem_tensor(((2, 2), 1, keys // 8), cutlass.Float32)
+            acc_S = cute.make_rmem_tensor(((2, 2), 1, WARP_KEYS // 8), cutlass.Float32)
             acc_S.fill(0.0)
             cute.gemm(mma, acc_S, rQ, rK, acc_S)
             # V's loads and conversions now, to overlap the MMAs and the softmax (at d 256 its
@@ -971,11 +970,11 @@ class PagedDecodeScaledCache(PagedDecode):
             if cutlass.const_expr(v.softcap):
                 acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
             s_mn = mma_rows_by_cols(acc_S)
-            if mask.needed(key0, key0 + keys):
+            if mask.needed(key0, key0 + WARP_KEYS):
                 mask.apply(c_mn, s_mn, key0)
             if softmax.update(s_mn):  # a reference max moved (rarely: see OnlineSoftmax.update)
                 softmax.rescale(mma_rows_by_cols(acc_O))
-            rP = cute.make_rmem_tensor(((2, 2, 2), 1, keys // 16), self.mma_dtype)
+            rP = cute.make_rmem_tensor(((2, 2, 2), 1, 1), self.mma_dtype)
             cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.mma_dtype))
             if cutlass.const_expr(d > 128):
                 v_pipe.sync_object_full.wait(stage, phase)
@@ -1032,13 +1031,12 @@ class PagedDecodeScaledCache(PagedDecode):
         `quad` is key warp·16 + 8·nt + quad; its elements d = (d/4)·pair + 4·kk + (0..3)."""
         d = self.head_dim
         span = d // 4
-        n_tiles = self.warp_keys // 8
-        wide = cute.make_rmem_tensor(n_tiles * span, self.mma_dtype)
-        for nt in cutlass.range_constexpr(n_tiles):
-            row = cute.local_tile(tile, (1, span), (warp * self.warp_keys + 8 * nt + quad, pair))
+        wide = cute.make_rmem_tensor(2 * span, self.mma_dtype)
+        for nt in cutlass.range_constexpr(2):
+            row = cute.local_tile(tile, (1, span), (warp * WARP_KEYS + 8 * nt + quad, pair))
             piece = cute.make_tensor(wide.iterator + nt * span, cute.make_layout((1, span)))
             piece.store(row.load().to(self.mma_dtype))
-        return cute.make_tensor(wide.iterator, cute.make_layout(((2, 2), n_tiles, d // 16), stride=((1, 2), span, 4)))
+        return cute.make_tensor(wide.iterator, cute.make_layout(((2, 2), 2, d // 16), stride=((1, 2), span, 4)))
 
     @cute.jit
     def _v_fragment(self, tile, warp, quad, pair):
@@ -1046,20 +1044,18 @@ class PagedDecodeScaledCache(PagedDecode):
         keys 2·pair, 2·pair + 1, 2·pair + 8, 2·pair + 9 (P's columns); n-tile dt's column
         `quad` is d = (d/8)·quad + dt."""
         span = self.head_dim // 8
-        k_steps = self.warp_keys // 16
-        frag = cute.make_rmem_tensor(4 * span * k_steps, self.mma_dtype)
-        for ks in cutlass.range_constexpr(k_steps):
-            wide = cute.make_rmem_tensor(4 * span, self.mma_dtype)
+        wide = cute.make_rmem_tensor(4 * span, self.mma_dtype)
+        for i in cutlass.range_constexpr(4):
+            key = warp * WARP_KEYS + 2 * pair + i % 2 + 8 * (i // 2)
+            row = cute.local_tile(tile, (1, span), (key, quad))
+            piece = cute.make_tensor(wide.iterator + i * span, cute.make_layout((1, span)))
+            piece.store(row.load().to(self.mma_dtype))
+        # pairs of keys side by side (a register each): B's value order, n-tile by n-tile
+        frag = cute.make_rmem_tensor(4 * span, self.mma_dtype)
+        for dt in cutlass.range_constexpr(span):
             for i in cutlass.range_constexpr(4):
-                key = warp * self.warp_keys + 16 * ks + 2 * pair + i % 2 + 8 * (i // 2)
-                row = cute.local_tile(tile, (1, span), (key, quad))
-                piece = cute.make_tensor(wide.iterator + i * span, cute.make_layout((1, span)))
-                piece.store(row.load().to(self.mma_dtype))
-            # pairs of keys side by side (a register each): B's value order, n-tile by n-tile
-            for dt in cutlass.range_constexpr(span):
-                for i in cutlass.range_constexpr(4):
-                    frag[4 * span * ks + 4 * dt + i] = wide[i * span + dt]
-        return cute.make_tensor(frag.iterator, cute.make_layout(((2, 2), span, k_steps)))
+                frag[4 * dt + i] = wide[i * span + dt]
+        return cute.make_tensor(frag.iterator, cute.make_layout(((2, 2), span, 1)))
 
     @cute.jit
     def _merge(self, acc_O, softmax, merge, warp, quad, pair, v_descale):
