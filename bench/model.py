@@ -16,7 +16,9 @@ bf16 weights (no Hub), prompts of 2048 random tokens. Rows:
   Also frostc with an FP8 (e4m3) cache (a set built with --kv-cache-dtype e4m3): its graph step
   and its own floor (half the KV bytes); and with `--compiled-model` frostc's graph step with the
   model's forward through torch.compile (`DecodeGraph(compile_model=True)`: inductor fuses the
-  model's elementwise work around frostc's ops; its compile time reported).
+  model's elementwise work around frostc's ops; its compile time reported). Last, the model's
+  layers fused in torch eager (`frost_runtime.hf_fuse`, no compile) over a set whose decode plans
+  take q, k, v as views of the fused QKV buffer (`--qkv-layout fused`): the same graph steps.
 - prefill of 8 x 2048 and 1 x 32768 tokens: frostc (packed plans; the K/V written to its pools)
   against HF sdpa (the K/V kept in its default DynamicCache), logits of the last token only.
 - cold start: a fresh process from start to first token with the plan set (read, verify, load
@@ -43,10 +45,11 @@ PROMPT = 2048
 STEPS = 32  # generated tokens per timed generate() (HF) and replays per timing window (frostc)
 DECODE_BATCHES = (8, 32)
 LONG = 32768
-SETS = {  # name -> (batch sizes, max cache length, max prompt tokens, paged cache dtype)
-    "llama3-8b-serve": ((8, 32), PROMPT + 256, 32 * PROMPT, None),
-    "llama3-8b-serve-kv_e4m3": ((8, 32), PROMPT + 256, 32 * PROMPT, "e4m3"),
-    "llama3-8b-long": ((1,), LONG + 256, LONG, None),
+SETS = {  # name -> (batch sizes, max cache length, max prompt tokens, paged cache dtype, decode's qkv layout)
+    "llama3-8b-serve": ((8, 32), PROMPT + 256, 32 * PROMPT, None, "separate"),
+    "llama3-8b-serve-kv_e4m3": ((8, 32), PROMPT + 256, 32 * PROMPT, "e4m3", "separate"),
+    "llama3-8b-serve-qkv_fused": ((8, 32), PROMPT + 256, 32 * PROMPT, None, "fused"),
+    "llama3-8b-long": ((1,), LONG + 256, LONG, None, "separate"),
 }
 
 
@@ -68,10 +71,11 @@ def build() -> int:
 
     BUILT.mkdir(parents=True, exist_ok=True)
     model = read_model(config())
-    for name, (sizes, cache, prompt, kv_cache_dtype) in SETS.items():
+    for name, (sizes, cache, prompt, kv_cache_dtype, qkv_layout) in SETS.items():
         dep = deployment(
-            model, batch_sizes=sizes, max_cache_len=cache, max_prompt_tokens=prompt, kv_cache_dtype=kv_cache_dtype
-        )
+            model, batch_sizes=sizes, max_cache_len=cache, max_prompt_tokens=prompt, kv_cache_dtype=kv_cache_dtype,
+            qkv_layout=qkv_layout,
+        )  # fmt: skip
         start = time.perf_counter()
         result = build_set(model, dep, name=name)
         write_atomic(BUILT / f"{name}.frostset", result.data)
@@ -201,12 +205,18 @@ def prefill_ms(model, backend, ids, mask) -> dict:
         model.set_attn_implementation("sdpa")
         # both keep the prompt's K/V for the decode that follows (HF: its default DynamicCache)
         hf = _cuda_ms(lambda: model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1), 3)
-        model.set_attn_implementation(backend.name)
-        ours = _cuda_ms(
+    return {"hf_sdpa_ms": hf, "frostc_ms": frostc_prefill_ms(model, backend, ids, mask)}
+
+
+def frostc_prefill_ms(model, backend, ids, mask) -> float:
+    import torch
+
+    model.set_attn_implementation(backend.name)
+    with torch.no_grad():
+        return _cuda_ms(
             lambda: model(input_ids=ids, attention_mask=mask, past_key_values=backend.new_cache(), logits_to_keep=1),
             3,
         )
-    return {"hf_sdpa_ms": hf, "frostc_ms": ours}
 
 
 def cold(set_path: str) -> int:
@@ -318,6 +328,9 @@ def run(md: str | None, json_path: str | None, hf_compiled: bool, compiled_model
     ids, mask = _prompts(1, LONG, vocab)
     result["prefill"].append({"shape": "1 x 32768"} | prefill_ms(model, long_backend, ids, mask))
     print(result["prefill"][-1], flush=True)
+    del long_backend
+    torch.cuda.empty_cache()
+    fused_layers(model, result)
     table = markdown(result, torch.cuda.get_device_name(), torch.__version__)
     print(table)
     if md:
@@ -325,9 +338,36 @@ def run(md: str | None, json_path: str | None, hf_compiled: bool, compiled_model
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=1))
     same = [r["graph_tokens_match_eager"] and all(r.get(k, {}).get("graph_tokens_match_eager", True)
-                                                  for k in ("fp8", "compiled_model"))
+                                                  for k in ("fp8", "compiled_model", "fused"))
             for r in result["decode"]]  # fmt: skip
     return 0 if all(same) else 1
+
+
+def fused_layers(model, result: dict) -> None:
+    """The same decode steps and the 8 x 2048 prefill with the model's layers fused
+    (frost_runtime.hf_fuse: one QKV and one gate-up GEMM, norms in one kernel, rotary in place,
+    residual adds in the GEMMs) over the set whose decode plans take q, k, v as views of the QKV
+    buffer (--qkv-layout fused). Fusing is for good: the model's last rows."""
+    import frost_runtime
+    import torch
+    from frost_runtime import hf, hf_fuse
+
+    start = time.perf_counter()
+    hf_fuse.fuse_layers(model)
+    torch.cuda.synchronize()
+    result["fuse_s"] = time.perf_counter() - start
+    plans = frost_runtime.read_set(BUILT / "llama3-8b-serve-qkv_fused.frostset")
+    backend = hf.FrostcAttention(plans, name="frostc-fused")
+    backend.preload()
+    backend.install(model)
+    for row in result["decode"]:
+        ids, mask = _prompts(row["batch"], PROMPT, model.config.vocab_size)
+        row["fused"] = frostc_decode(model, backend, ids, mask)
+        print(row["fused"], flush=True)
+        torch.cuda.empty_cache()
+    ids, mask = _prompts(8, PROMPT, model.config.vocab_size)
+    result["prefill"][0]["frostc_fused_ms"] = frostc_prefill_ms(model, backend, ids, mask)
+    print(result["prefill"][0], flush=True)
 
 
 def _cell(value: float | None, form: str = ".1f") -> str:
@@ -384,14 +424,33 @@ def markdown(r: dict, device: str, torch_version: str) -> str:
         ("frostc graph ms", "× floor", "compile s", "compiles"),
         _compiled_cells,
     )
+    lines += _variant_table(
+        r["decode"], "fused", "fused layers (hf_fuse), --qkv-layout fused",
+        ("frostc graph ms", "tok/s", "× floor", "× HF layers' tok/s", "HF sdpa / frostc"),
+        lambda d, f: (f"{f['graph_ms']:.2f}", f"{d['batch'] / f['graph_ms'] * 1e3:,.0f}",
+                      f"{f['graph_ms'] / d['floor_ms']:.2f}", f"{d['graph_ms'] / f['graph_ms']:.2f}",
+                      f"{d['hf_sdpa_ms'] / f['graph_ms']:.1f}"),
+    )  # fmt: skip
     errors = [f"batch {d['batch']}: {d['compiled_model']['error']}" for d in r["decode"]
               if "error" in d.get("compiled_model", {})]  # fmt: skip
     if errors:
         lines += ["", "Model through torch.compile, refused: " + "; ".join(errors)]
-    lines += ["", "| prefill | HF sdpa ms | frostc ms | HF / frostc |", "|---|---:|---:|---:|"]
+    lines += [
+        "",
+        "| prefill | HF sdpa ms | frostc ms | HF / frostc | frostc, fused layers ms | HF / frostc fused |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for p in r["prefill"]:
-        ratio = p["hf_sdpa_ms"] / p["frostc_ms"]
-        lines.append(f"| {p['shape']} | {p['hf_sdpa_ms']:.1f} | {p['frostc_ms']:.1f} | {ratio:.2f} |")
+        fused = p.get("frostc_fused_ms")
+        cells = (
+            p["shape"],
+            _cell(p["hf_sdpa_ms"]),
+            _cell(p["frostc_ms"]),
+            _cell(p["hf_sdpa_ms"] / p["frostc_ms"], ".2f"),
+            _cell(fused),
+            _cell(None if fused is None else p["hf_sdpa_ms"] / fused, ".2f"),
+        )
+        lines.append("| " + " | ".join(cells) + " |")
     c = r.get("cold")
     lines += ["", f"Plan set load (read, verify, load every plan): {r['plan_set_load_s']:.2f} s."]
     if c:

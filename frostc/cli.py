@@ -236,6 +236,11 @@ def from_config(
     kv_cache_dtype: str | None = typer.Option(
         None, "--kv-cache-dtype", help="The paged cache's: e4m3 (FP8, scaled per KV head) [default: the dtype]."
     ),
+    qkv_layout: str = typer.Option(
+        "separate",
+        "--qkv-layout",
+        help="Decode's q, k, v: separate (rows of their own) or fused (views of one QKV buffer, as hf_fuse makes).",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the plans (validated and resolved); build nothing."),
     as_json: bool = typer.Option(False, "--json", help="The listing as JSON."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Plan set to write (.frostset)."),
@@ -262,6 +267,7 @@ def from_config(
             speculative=speculative,
             tp=tp,
             kv_cache_dtype=kv_cache_dtype,
+            qkv_layout=qkv_layout,
         )
     except FrostcError as exc:
         _fail(f"{config} cannot be planned:\n{exc}")

@@ -33,6 +33,9 @@ CUDA_GRAPHS = "cuda-graphs"
 PAGE_SIZE_STEP, MAX_PAGE_SIZE = 16, 256  # the paged form's rule (README, frostc.ops.paged_cache)
 MAX_SPECULATIVE = 15  # the paged form takes 1 to 16 new tokens per sequence
 PHASES = ("prefill", "decode")
+# how decode's q, k_new and v_new lie: each in rows of its own (b, s, heads, d), or as views of one
+# (b, s, hq + 2 hkv, d) buffer, what a fused QKV projection writes (frost_runtime.hf_fuse)
+QKV_LAYOUTS = ("separate", "fused")
 FORMS = {"prefill": "packed", "decode": "paged"}
 
 
@@ -49,6 +52,7 @@ class Deployment:
     speculative: int  # decode's new tokens per sequence: 1 + speculative
     tp: int
     kv_cache_dtype: str = ""  # the paged pools': the dtype's, or a scaled one (e4m3); "" for dtype
+    qkv_layout: str = "separate"  # one of QKV_LAYOUTS: how decode plans take q, k_new, v_new
 
     @property
     def cache_dtype(self) -> str:
@@ -94,6 +98,7 @@ def deployment(
     speculative: int = 0,
     tp: int = 1,
     kv_cache_dtype: str | None = None,
+    qkv_layout: str = "separate",
 ) -> Deployment:
     """The options, checked against each other and the model; None takes the default: the config's
     dtype, a cache of the model's max positions, prompts up to the cache's length, and a pool of
@@ -135,6 +140,8 @@ def deployment(
         if kv_cache_dtype != dtype:
             bad("--kv-cache-dtype", f"{kv_cache_dtype!r}: an unquantized cache holds the model's {dtype}; "
                                     f"leave the flag out, or pass e4m3 (FP8: half the bytes)")  # fmt: skip
+    if qkv_layout not in QKV_LAYOUTS:
+        bad("--qkv-layout", f"{qkv_layout!r}: decode plans take q, k and v as {quoted(QKV_LAYOUTS)}")
     if problems:
         raise DescriptionError(problems)
     max_pages = -(-max_cache_len // page_size)
@@ -146,8 +153,9 @@ def deployment(
         raise DescriptionError(problems)
     cache = "" if kv_cache_dtype in (None, dtype) else kv_cache_dtype
     return Deployment(
-        dtype, tuple(batch_sizes), max_prompt_tokens, max_cache_len, page_size, pages, speculative, tp, cache
-    )
+        dtype, tuple(batch_sizes), max_prompt_tokens, max_cache_len, page_size, pages, speculative, tp, cache,
+        qkv_layout,
+    )  # fmt: skip
 
 
 def _check_tp(model: ModelAttention, tp: int, bad) -> None:
@@ -260,9 +268,10 @@ def decode_description(name: str, kind: LayerKind, dep: Deployment, batch: int) 
     its new tokens over its whole cache (README "Paged KV cache (decode)")."""
     g = GraphBuilder(name)
     rows = dict(dtype=kind.dtype, layout="bshd")
-    g.tensor("q", dims=[batch, kind.heads, dep.new_tokens, kind.head_dim], **rows)
-    g.tensor("k_new", dims=[batch, kind.kv_heads, dep.new_tokens, kind.head_dim], **rows)
-    g.tensor("v_new", dims=[batch, kind.kv_heads, dep.new_tokens, kind.head_dim], **rows)
+    new = _new_rows(kind, dep)
+    g.tensor("q", dims=[batch, kind.heads, dep.new_tokens, kind.head_dim], **new)
+    g.tensor("k_new", dims=[batch, kind.kv_heads, dep.new_tokens, kind.head_dim], **new)
+    g.tensor("v_new", dims=[batch, kind.kv_heads, dep.new_tokens, kind.head_dim], **new)
     for cache in ("k_cache", "v_cache"):
         g.tensor(cache, dtype=dep.cache_dtype, dims=[dep.pages, dep.page_size, kind.kv_heads, kind.head_dim])
     scales = {}
@@ -280,6 +289,16 @@ def decode_description(name: str, kind: LayerKind, dep: Deployment, batch: int) 
         causal=True, window_left=kind.window_left, softcap=kind.softcap, attn_scale=kind.scale, **scales,
     )  # fmt: skip
     return g.build()
+
+
+def _new_rows(kind: LayerKind, dep: Deployment) -> dict:
+    """The tensor keys of decode's q, k_new and v_new: rows of their own (bshd), or, fused, the
+    strides of one (b, s, hq + 2 hkv, d) buffer that all three are views of (each bound at its
+    own first element: k at head hq, v at head hq + hkv)."""
+    if dep.qkv_layout == "separate":
+        return dict(dtype=kind.dtype, layout="bshd")
+    row = (kind.heads + 2 * kind.kv_heads) * kind.head_dim  # one token's q, k and v
+    return dict(dtype=kind.dtype, strides=[dep.new_tokens * row, kind.head_dim, row, 1])
 
 
 _DESCRIBE = {"prefill": prefill_description, "decode": decode_description}
@@ -368,6 +387,7 @@ def dry_run_summary(model: ModelAttention, dep: Deployment, kinds: tuple[LayerKi
             "pages": dep.pages,
             "speculative": dep.speculative,
             "new_tokens": dep.new_tokens,
+            "qkv_layout": dep.qkv_layout,
             "kv_pool_bytes_per_layer": pool_bytes,  # K and V, one rank
         },
         "kinds": [
@@ -424,7 +444,7 @@ def print_dry_run(s: dict, console, source: str) -> None:
         f"sequence), pool of {d['pages']} pages: {gib:,.1f} GiB of K and V per layer per rank, "
         f"{gib * m['layers']:,.1f} GiB for {m['layers']} layers\n"
         f"  decode: {d['new_tokens']} new {'token' if d['new_tokens'] == 1 else 'tokens'} per sequence per step "
-        f"({d['speculative']} speculative)",
+        f"({d['speculative']} speculative), q, k and v {_QKV_TEXT[d['qkv_layout']]}",
         highlight=False,
     )
     for note in s["notes"]:
@@ -448,6 +468,9 @@ def print_dry_run(s: dict, console, source: str) -> None:
         counts[p["status"]] = counts.get(p["status"], 0) + 1
     tally = "; ".join(f"{n} {escape(text)}" for text, n in counts.items())
     console.print(f"{len(s['plans'])} plans: {tally}", highlight=False)
+
+
+_QKV_TEXT = {"separate": "in rows of their own", "fused": "as views of one fused QKV buffer"}
 
 
 def _sizes_text(sizes: list[int]) -> str:

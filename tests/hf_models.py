@@ -67,17 +67,25 @@ BATCH_SIZES = (1, 2, 4)
 MAX_CACHE_LEN = 256
 
 
-def build_tiny_set(family: str, kv_cache_dtype: str | None = None) -> bytes:
+def tiny_set_name(family: str, kv_cache_dtype: str | None = None, qkv_layout: str = "separate") -> str:
+    suffix = f"-kv_{kv_cache_dtype}" if kv_cache_dtype else ""
+    return f"tiny-{family}{suffix}" + ("-qkv_fused" if qkv_layout == "fused" else "")
+
+
+def build_tiny_set(family: str, kv_cache_dtype: str | None = None, qkv_layout: str = "separate") -> bytes:
     """The family's plan set (frostc, CPU): prefill and decode over batch sizes 1, 2, 4; its
-    paged cache in the model's dtype, or `kv_cache_dtype` (e4m3)."""
+    paged cache in the model's dtype, or `kv_cache_dtype` (e4m3); decode's q, k, v in rows of
+    their own, or as views of one QKV buffer (`qkv_layout` "fused": frost_runtime.hf_fuse)."""
     from frostc.buildset import build_set
     from frostc.models import read_model
     from frostc.serving import deployment
 
     model = read_model(TINY[family])
-    dep = deployment(model, batch_sizes=BATCH_SIZES, max_cache_len=MAX_CACHE_LEN, kv_cache_dtype=kv_cache_dtype)
-    suffix = f"-kv_{kv_cache_dtype}" if kv_cache_dtype else ""
-    return build_set(model, dep, name=f"tiny-{family}{suffix}").data
+    dep = deployment(
+        model, batch_sizes=BATCH_SIZES, max_cache_len=MAX_CACHE_LEN, kv_cache_dtype=kv_cache_dtype,
+        qkv_layout=qkv_layout,
+    )  # fmt: skip
+    return build_set(model, dep, name=tiny_set_name(family, kv_cache_dtype, qkv_layout)).data
 
 
 def hf_model(family: str, *, device: str, dtype=None, seed: int = 0):
@@ -178,19 +186,21 @@ def compare_generations(expected, got, logits_expected, logits_got, logits_exact
     return f"near tie ({same} of {expected.numel()} tokens equal)"
 
 
-def judge(model, reference: str, backend, ids, mask, expected, got) -> str:
+def judge(model, reference: str, backend, ids, mask, expected, got, reference_model=None) -> str:
     """`compare_generations` with the logits it needs: teacher-forced through the reference
     implementation (HF's DynamicCache) and through the backend (a fresh frostc cache), and the
-    fp32 model's. Leaves the model on the backend's attention."""
+    fp32 model's. `reference_model`: the model `expected` came from, when it is not `model` (HF's
+    own layers, against a model with fused layers). Leaves the model on the backend's attention."""
     import torch
     from transformers import DynamicCache
 
     if bool((expected == got).all()):
         return "equal"
+    source = reference_model if reference_model is not None else model
     with torch.no_grad():
-        model.set_attn_implementation(reference)
-        logits_expected = stepwise_logits(model, ids, mask, expected, DynamicCache(config=model.config))
+        source.set_attn_implementation(reference)
+        logits_expected = stepwise_logits(source, ids, mask, expected, DynamicCache(config=source.config))
         model.set_attn_implementation(backend.name)
         logits_got = stepwise_logits(model, ids, mask, expected, backend.new_cache())
-        logits_exact = reference_logits(model, ids, mask, expected)
+        logits_exact = reference_logits(source, ids, mask, expected)
     return compare_generations(expected, got, logits_expected, logits_got, logits_exact)

@@ -341,17 +341,19 @@ class FrostcAttention:
         rows [i * s + first_i, (i + 1) * s + first_(i+1)), its valid tokens then the next row's
         left padding (or its own right padding), which no valid query sees (they come after it,
         and the mask is causal). Needs every span within the plan's longest sequence (2s - 1 <=
-        it) and HF's (b, s, h, d) memory; None otherwise (the packing path runs). Row 0's
-        leading pads belong to no span: zeros; a row that is not one run: NaN."""
+        it); None otherwise (the packing path runs). q, k, v not in (b, s, h, d) memory (views of
+        a fused QKV buffer) are copied into it. Row 0's leading pads belong to no span: zeros; a
+        row that is not one run: NaN."""
         r = torch_ops.registered(key_plan)
         b, hq, s, d = query.shape
         names = [slot.name for slot in r.data.slots]
         contracts = {r.data.slots[c.slot].name: c.longest for c in r.data.lengths}
         if names != ["q", "k", "v", "cu_seqlens", "o"] or 2 * s - 1 > contracts.get("cu_seqlens", 0):
             return None
-        tensors = [x.transpose(1, 2) for x in (query, key, value)]
-        if not all(t.is_contiguous() for t in tensors) or r.plan is None:
+        if r.plan is None:
             return None
+        # HF's own rows are (b, s, h, d) memory already; views of a fused QKV buffer get one copy
+        tensors = [x.transpose(1, 2).contiguous() for x in (query, key, value)]
         offsets = r.data.slots[3].dims[0]
         cu = self._derived(rows, ("spans", s, offsets), lambda: _spans(rows, s, offsets))
         o = torch.empty(b, s, hq, d, dtype=query.dtype, device=query.device)
@@ -399,7 +401,7 @@ class FrostcAttention:
             return self._reference_decode(info, rows, query, pools, why)
         slot = _slots_by_name(key_plan)
         bucket = slot["q"].dims[0]
-        q, k_new, v_new = (_rows_to(x, bucket) for x in (query, key, value))
+        q, k_new, v_new = (_rows_to(x, slot[n]) for x, n in zip((query, key, value), ("q", "k_new", "v_new")))
         cache_len = self._derived(rows, ("cache_len", bucket, s), lambda: _cache_len(rows.count, bucket, s))
         o = torch.empty_strided(slot["o"].dims, slot["o"].strides, dtype=query.dtype, device=query.device)
         pages = self.plans.serving.pages
@@ -612,16 +614,19 @@ def _fill_rows(out: torch.Tensor, valid: torch.Tensor, broken: torch.Tensor) -> 
     return torch.where(valid.view(b, s, 1, 1) & ~broken[:, None, None, None], out, fill)
 
 
-def _rows_to(x: torch.Tensor, bucket: int) -> torch.Tensor:
-    """(b, h, s, d) as the plan's (bucket, h, s, d) with (b, s, h, d) memory: a view when b is
-    the bucket, else a copy into a bucket-sized buffer (rows past b: zeros)."""
-    b, h, s, d = x.shape
-    rows = x.transpose(1, 2)
-    if b == bucket and rows.is_contiguous():
+def _rows_to(x: torch.Tensor, slot) -> torch.Tensor:
+    """(b, h, s, d) as the plan's slot (bucket, h, s, d): x itself when b is the bucket and its
+    strides are the slot's (those of extent-1 dims aside: they address nothing), as HF's own rows
+    are for a set of separate q, k, v, and fused layers' views for a set built with --qkv-layout
+    fused; else a copy in the slot's strides (rows past b: zeros)."""
+    b = x.shape[0]
+    if b == slot.dims[0] and all(n == 1 or a == want for n, a, want in zip(x.shape, x.stride(), slot.strides)):
         return x
-    buffer = torch.zeros(bucket, s, h, d, dtype=x.dtype, device=x.device)
-    buffer[:b] = rows
-    return buffer.transpose(1, 2)
+    buffer = torch.empty_strided(slot.dims, slot.strides, dtype=x.dtype, device=x.device)
+    if b < slot.dims[0]:
+        buffer[b:].zero_()
+    buffer[:b].copy_(x)
+    return buffer
 
 
 def _cache_len(count: torch.Tensor, bucket: int, new_tokens: int) -> torch.Tensor:

@@ -162,7 +162,9 @@ def build_set_of_tiny_llama() -> None:
 
 def build_hf_sets() -> None:
     """tests/gpu/test_hf.py's sets: the four tiny families of tests/hf_models.py."""
-    from tests.hf_models import TINY, build_tiny_set
+    from frost_runtime.hf_fuse import FAMILIES as FUSED_FAMILIES
+
+    from tests.hf_models import TINY, build_tiny_set, tiny_set_name
 
     (BUILT / "hf").mkdir(exist_ok=True)
     for family in TINY:
@@ -172,6 +174,10 @@ def build_hf_sets() -> None:
     for family in ("llama", "gemma2"):  # an FP8 cache: test_hf.py's e4m3 test
         write_atomic(BUILT / "hf" / f"tiny-{family}-kv_e4m3.frostset", build_tiny_set(family, "e4m3"))
         print(f"[hf] tiny-{family}-kv_e4m3.frostset", flush=True)
+    for family in FUSED_FAMILIES:  # decode plans taking views of one QKV buffer: test_hf.py's fused layers
+        name = tiny_set_name(family, qkv_layout="fused")
+        write_atomic(BUILT / "hf" / f"{name}.frostset", build_tiny_set(family, qkv_layout="fused"))
+        print(f"[hf] {name}.frostset", flush=True)
 
 
 def main() -> int:

@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU (these tests run on the H200 through the device tool)", allow_module_level=True)
 
 import frost_runtime  # noqa: E402
-from frost_runtime import hf  # noqa: E402
+from frost_runtime import hf, hf_fuse  # noqa: E402
 
 from tests.hf_models import TINY, greedy, hf_model, judge, left_padded_prompts  # noqa: E402
 
@@ -146,3 +146,55 @@ def test_the_backend_reads_nothing_back_in_a_decode_step_captured_as_a_graph() -
         for _ in range(8):
             replayed.append(graph.step(replayed[-1]))
     assert torch.equal(torch.stack(eager), torch.stack(replayed))
+
+
+@pytest.mark.parametrize("family", hf_fuse.FAMILIES)
+def test_fused_layers_over_a_fused_qkv_set_generate_the_references_tokens(family: str) -> None:
+    """A model with fused layers (frost_runtime.hf_fuse) over a set built with --qkv-layout fused
+    (decode plans read q, k, v where the QKV GEMM wrote them): the unfused model's sdpa tokens, or
+    a near tie by the rule; every call through a plan."""
+    plans = _plans(family, "-qkv_fused")
+    reference = hf_model(family, device="cuda")
+    reference.set_attn_implementation("sdpa")
+    ids, mask = left_padded_prompts(PROMPTS, reference.config.vocab_size, "cuda")
+    with torch.no_grad():
+        expected = greedy(reference, ids, mask, NEW_TOKENS)
+    model = hf_model(family, device="cuda")
+    hf_fuse.fuse_layers(model)
+    layers = model.config.num_hidden_layers
+    backend = _backend(plans, model, f"frostc-test-fused-{family}")
+    with torch.no_grad():
+        got = greedy(model, ids, mask, NEW_TOKENS, cache=backend.new_cache())
+    torch.cuda.synchronize()
+    calls = dict(backend.calls)
+    assert calls == {"prefill": layers, "decode": layers * (NEW_TOKENS - 1)}, calls
+    verdict = judge(model, "sdpa", backend, ids, mask, expected, got, reference_model=reference)
+    print(f"fused {family}: {verdict}; calls {calls}")
+
+
+def test_fused_layers_decode_the_same_through_either_qkv_layout_and_in_a_graph() -> None:
+    """The same fused model over a fused-layout set (views handed over as they are) and over a
+    separate-layout set (the views copied into its rows): the same logits bit for bit, step after
+    step; and a captured step replays as the eager one."""
+    model = hf_model("llama", device="cuda")
+    hf_fuse.fuse_layers(model)
+    ids, mask = left_padded_prompts(PROMPTS, model.config.vocab_size, "cuda")
+    steps = {}
+    for suffix in ("-qkv_fused", ""):
+        backend = _backend(_plans("llama", suffix), model, f"frostc-test-fused-layout{suffix}")
+        with torch.no_grad():
+            graph = hf.DecodeGraph(model, backend, batch=len(PROMPTS))
+            eager = [graph.prefill(ids, mask)]
+            logits = []
+            for _ in range(6):
+                eager.append(graph.step(eager[-1], capture=False))
+                logits.append(graph._forward().clone())  # the same step again: the same logits
+            graph.reset(ids, mask)
+            replayed = [eager[0]]
+            for _ in range(6):
+                replayed.append(graph.step(replayed[-1]))
+        assert torch.equal(torch.stack(eager), torch.stack(replayed)), suffix
+        assert backend.calls["decode"] > 0 and "fallback" not in backend.calls
+        steps[suffix] = (torch.stack(eager), torch.stack(logits))
+    assert torch.equal(steps["-qkv_fused"][0], steps[""][0])
+    assert torch.equal(steps["-qkv_fused"][1], steps[""][1])

@@ -1,0 +1,229 @@
+"""Fused decoder layers for a Hugging Face Llama-family model (Llama / Llama-3, Mistral, Qwen2),
+in torch eager: the non-attention work of a serving step in fewer, larger kernels, no compile.
+
+    backend = frost_runtime.hf.install(plans, model)
+    frost_runtime.hf_fuse.fuse_layers(model)          # once, after loading the weights
+
+Why: at decode, a step's attention is a few kernels per layer (frostc's plans), but HF's eager
+modeling code launches ~35 more per layer: RMSNorm as eight elementwise kernels, rotary as five
+per tensor, the residual adds, SiLU and its product, and three + two separate projections. Each
+costs a launch (~2 µs in a CUDA graph) on a step whose useful work is reading the weights once:
+at batch 8 those launches alone are ~2.5 ms of a Llama-3-8B step whose bandwidth floor is ~4 ms
+(bench/NOTES.md, "Decode in a model"). Fused, per layer:
+- RMSNorm: `F.rms_norm`, one kernel;
+- q, k and v: one GEMM over the concatenated weights (and biases: Qwen2), then rotary on q and k
+  together in four kernels (the same bf16 arithmetic as HF's `apply_rotary_pos_emb`, bit for
+  bit), and one copy each for the three into the row layout the plans take;
+- o_proj and down_proj: `addmm` with the residual as its input (the residual add in the GEMM's
+  epilogue);
+- gate and up: one GEMM over the concatenated weights, SiLU, the product in place.
+
+What changes in the numbers: RMSNorm multiplies by its weight before rounding to bf16 (HF rounds
+first), and the residual adds round once with the GEMM (HF rounds the GEMM, then the sum): a
+step's logits differ from HF's by bf16 rounding, tested on the CPU against HF's own forward.
+The weights are not copied: each projection's weight becomes a view into its concatenation.
+The attention itself is whatever the model's config names (frostc's backend, or sdpa): the
+fused layer calls it through HF's attention interface, as HF's layer does.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def fuse_layers(model) -> int:
+    """Fuse every decoder layer of `model` (and its final norm) in place; returns the layers fused.
+    Refuses (ValueError, naming what differs) a model whose layers are not the Llama family's."""
+    config = model.config
+    if config.model_type not in FAMILIES:
+        raise ValueError(
+            f"fuse_layers: model_type {config.model_type!r}; fused layers are written for {', '.join(FAMILIES)} "
+            "(their decoder layer: RMSNorm, rotary, q/k/v/o projections, SiLU-gated MLP); serve this model unfused"
+        )
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"fuse_layers: hidden_act {config.hidden_act!r}; the fused MLP computes SiLU: serve unfused")
+    inner = model.model
+    rotary = _SignedSine(inner.rotary_emb)
+    for layer in inner.layers:
+        _check_layer(layer)
+        _concatenate(layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv")
+        _concatenate(layer.mlp, ("gate_proj", "up_proj"), "gate_up")
+        layer.forward = types.MethodType(_layer_forward, layer)
+    inner.norm.forward = types.MethodType(_norm_forward, inner.norm)
+    inner.rotary_emb.forward = rotary.forward
+    return len(inner.layers)
+
+
+def _check_layer(layer) -> None:
+    """The modules the fused forward reads, present and of the expected kinds (a model that kept
+    the family's name but changed its layer is refused, not computed wrongly)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    missing = [
+        name
+        for owner, names in (
+            (attn, ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling", "layer_idx")),
+            (mlp, ("gate_proj", "up_proj", "down_proj")),
+            (layer.input_layernorm, ("weight", "variance_epsilon")),
+            (layer.post_attention_layernorm, ("weight", "variance_epsilon")),
+        )
+        for name in names
+        if not hasattr(owner, name)
+    ]
+    if missing:
+        raise ValueError(f"fuse_layers: layer {type(layer).__name__} lacks {', '.join(missing)}: serve it unfused")
+    if attn.o_proj.bias is not None or mlp.down_proj.bias is not None or mlp.gate_proj.bias is not None:
+        raise ValueError("fuse_layers: output or MLP projections with biases are not fused: serve unfused")
+
+
+def _concatenate(owner, names: tuple[str, ...], fused: str) -> None:
+    """One weight (and bias) for the projections `names` of `owner`, the buffer `{fused}_weight`;
+    each projection's own parameters become views into it (no second copy of the weights)."""
+    linears = [getattr(owner, n) for n in names]
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = torch.nn.Parameter(weight[start : start + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = torch.nn.Parameter(bias[start : start + rows], requires_grad=False)
+        start += rows
+    # buffers, not plain attributes: a later .to(dtype or device) converts them with the rest
+    # (non-persistent: a checkpoint keeps only the projections' own weights)
+    owner.register_buffer(f"{fused}_weight", weight, persistent=False)
+    owner.register_buffer(f"{fused}_bias", bias, persistent=False)
+
+
+class _SignedSine:
+    """The model's rotary embedding, remembering each forward's sine with its first half negated,
+    so that rotary's `cat(-x2, x1) * sin` is `roll(x) * signed` (exact: a sign flip rounds
+    nothing), and, for a few tokens (decode), cos and signed sine over every head of q, k and v
+    (v's: 1 and 0), so that rotary runs on the whole QKV buffer contiguously: computed once per
+    forward, shared by every layer."""
+
+    def __init__(self, rotary):
+        self.original = rotary.forward
+
+    def forward(self, x, position_ids):
+        cos, sin = self.original(x, position_ids)
+        _ROTARY.clear()  # the latest forward's only: older sines are gone
+        _ROTARY[id(sin)] = _Rotary(weakref.ref(sin), cos, _negate_first_half(sin))
+        return cos, sin
+
+
+@dataclass
+class _Rotary:
+    sin: weakref.ref
+    cos: torch.Tensor
+    signed: torch.Tensor
+    whole: dict = field(default_factory=dict)  # (hq, hkv) -> cos, signed sine over q, k and v's heads
+
+    def over_heads(self, hq: int, hkv: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if (hq, hkv) not in self.whole:
+            b, s, d = self.cos.shape
+            ones = torch.ones(b, s, hkv, d, dtype=self.cos.dtype, device=self.cos.device)
+            cos = torch.cat((self.cos[:, :, None].expand(b, s, hq + hkv, d), ones), dim=2)
+            signed = torch.cat((self.signed[:, :, None].expand(b, s, hq + hkv, d), torch.zeros_like(ones)), dim=2)
+            self.whole[(hq, hkv)] = (cos, signed)
+        return self.whole[(hq, hkv)]
+
+
+_ROTARY: dict[int, _Rotary] = {}  # id(sin) -> the latest forward's rotary tensors
+WHOLE_BUFFER_TOKENS = 1024  # up to this many tokens a step (decode), rotary runs over all of q, k, v
+
+
+def _negate_first_half(sin: torch.Tensor) -> torch.Tensor:
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def _rotary(cos: torch.Tensor, sin: torch.Tensor) -> _Rotary:
+    held = _ROTARY.get(id(sin))
+    if held is not None and held.sin() is sin:
+        return held
+    return _Rotary(weakref.ref(sin), cos, _negate_first_half(sin))  # a sine from elsewhere: made here
+
+
+def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+
+
+def _norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    return _rms_norm(self, hidden_states)
+
+
+def _plus_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """residual + x @ weightᵀ in one GEMM (the add in its epilogue)."""
+    shape = residual.shape
+    out = torch.addmm(residual.reshape(-1, shape[-1]), x.reshape(-1, x.shape[-1]), weight.t())
+    return out.view(shape)
+
+
+def _layer_forward(
+    self,
+    hidden_states: torch.Tensor,
+    attention_mask=None,
+    position_ids=None,
+    past_key_values=None,
+    use_cache: bool | None = False,
+    position_embeddings=None,
+    **kwargs,
+) -> torch.Tensor:
+    normed = _rms_norm(self.input_layernorm, hidden_states)
+    hidden_states = _attention(self.self_attn, normed, hidden_states, position_embeddings, attention_mask,
+                               past_key_values, **kwargs)  # fmt: skip
+    normed = _rms_norm(self.post_attention_layernorm, hidden_states)
+    mlp = self.mlp
+    gate_up = F.linear(normed, mlp.gate_up_weight)
+    width = gate_up.shape[-1] // 2
+    act = F.silu(gate_up[..., :width]).mul_(gate_up[..., width:])
+    return _plus_linear(hidden_states, act, mlp.down_proj.weight)
+
+
+def _attention(attn, normed, residual, position_embeddings, attention_mask, past_key_values, **kwargs):
+    """The residual plus the attention block's output: one QKV GEMM, rotary on q and k in place in
+    its output, q, k and v handed on as views of it (a plan set built with --qkv-layout fused takes
+    them as they are; another copies them into its rows), the model's attention function, o_proj
+    with the residual in its epilogue."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    eager = sys.modules[type(attn).__module__].eager_attention_forward
+    b, s, _ = normed.shape
+    d = attn.head_dim
+    hq = attn.q_proj.weight.shape[0] // d
+    hkv = attn.k_proj.weight.shape[0] // d
+    qkv = F.linear(normed, attn.qkv_weight, attn.qkv_bias).view(b, s, hq + 2 * hkv, d)
+    rotary = _rotary(*position_embeddings)
+    if b * s <= WHOLE_BUFFER_TOKENS:  # contiguous over the whole buffer: vectorized kernels
+        _rotate(qkv, *rotary.over_heads(hq, hkv))
+    else:  # prefill: q and k only, cos and sine broadcast over the heads
+        _rotate(qkv[:, :, : hq + hkv], rotary.cos[:, :, None], rotary.signed[:, :, None])
+    query = qkv[:, :, :hq].transpose(1, 2)
+    key = qkv[:, :, hq : hq + hkv].transpose(1, 2)
+    value = qkv[:, :, hq + hkv :].transpose(1, 2)
+    if past_key_values is not None:
+        key, value = past_key_values.update(key, value, attn.layer_idx)
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, eager)
+    sliding = getattr(attn, "sliding_window", None)
+    if attn.config.model_type == "mistral":
+        sliding = getattr(attn.config, "sliding_window", None)
+    if sliding is not None:
+        kwargs["sliding_window"] = sliding
+    out, _ = interface(attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
+    return _plus_linear(residual, out.reshape(b, s, hq * d), attn.o_proj.weight)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
+    """HF's rotary, `x * cos + cat(-x2, x1) * sin`, as `x * cos + roll(x, d/2) * signed`, written
+    back into x: four kernels, each op rounding as HF's does (bit for bit its result)."""
+    rolled = torch.roll(x, x.shape[-1] // 2, dims=-1)
+    torch.add(x * cos, rolled.mul_(signed_sin), out=x)
