@@ -17,8 +17,9 @@ bf16 weights (no Hub), prompts of 2048 random tokens. Rows:
   and its own floor (half the KV bytes); and with `--compiled-model` frostc's graph step with the
   model's forward through torch.compile (`DecodeGraph(compile_model=True)`: inductor fuses the
   model's elementwise work around frostc's ops; its compile time reported). Last, the model's
-  layers fused in torch eager (`frost_runtime.hf_fuse`, no compile) over a set whose decode plans
-  take q, k, v as views of the fused QKV buffer (`--qkv-layout fused`): the same graph steps.
+  layers fused (`frost_runtime.hf_fuse`, no compile) over a set whose decode plans take q, k, v
+  as views of the fused QKV buffer and which holds the decode step's norm and activation plans
+  (`--qkv-layout fused --glue`): the same graph steps.
 - prefill of 8 x 2048 and 1 x 32768 tokens: frostc (packed plans; the K/V written to its pools)
   against HF sdpa (the K/V kept in its default DynamicCache), logits of the last token only.
 - cold start: a fresh process from start to first token with the plan set (read, verify, load
@@ -45,11 +46,11 @@ PROMPT = 2048
 STEPS = 32  # generated tokens per timed generate() (HF) and replays per timing window (frostc)
 DECODE_BATCHES = (8, 32)
 LONG = 32768
-SETS = {  # name -> (batch sizes, max cache length, max prompt tokens, paged cache dtype, decode's qkv layout)
-    "llama3-8b-serve": ((8, 32), PROMPT + 256, 32 * PROMPT, None, "separate"),
-    "llama3-8b-serve-kv_e4m3": ((8, 32), PROMPT + 256, 32 * PROMPT, "e4m3", "separate"),
-    "llama3-8b-serve-qkv_fused": ((8, 32), PROMPT + 256, 32 * PROMPT, None, "fused"),
-    "llama3-8b-long": ((1,), LONG + 256, LONG, None, "separate"),
+SETS = {  # name -> (batch sizes, max cache length, max prompt tokens, paged cache dtype, fused layers' set)
+    "llama3-8b-serve": ((8, 32), PROMPT + 256, 32 * PROMPT, None, False),
+    "llama3-8b-serve-kv_e4m3": ((8, 32), PROMPT + 256, 32 * PROMPT, "e4m3", False),
+    "llama3-8b-serve-fused": ((8, 32), PROMPT + 256, 32 * PROMPT, None, True),  # --qkv-layout fused --glue
+    "llama3-8b-long": ((1,), LONG + 256, LONG, None, False),
 }
 
 
@@ -65,16 +66,16 @@ def config() -> dict:
 
 def build() -> int:
     from frostc.buildset import build_set
-    from frostc.models import read_model
+    from frostc.models import read_layers, read_model
     from frostc.planfile import write_atomic
     from frostc.serving import deployment
 
     BUILT.mkdir(parents=True, exist_ok=True)
     model = read_model(config())
-    for name, (sizes, cache, prompt, kv_cache_dtype, qkv_layout) in SETS.items():
+    for name, (sizes, cache, prompt, kv_cache_dtype, fused) in SETS.items():
         dep = deployment(
             model, batch_sizes=sizes, max_cache_len=cache, max_prompt_tokens=prompt, kv_cache_dtype=kv_cache_dtype,
-            qkv_layout=qkv_layout,
+            qkv_layout="fused" if fused else "separate", glue=read_layers(config()) if fused else None,
         )  # fmt: skip
         start = time.perf_counter()
         result = build_set(model, dep, name=name)
@@ -345,18 +346,18 @@ def run(md: str | None, json_path: str | None, hf_compiled: bool, compiled_model
 
 def fused_layers(model, result: dict) -> None:
     """The same decode steps and the 8 x 2048 prefill with the model's layers fused
-    (frost_runtime.hf_fuse: one QKV and one gate-up GEMM, norms in one kernel, rotary in place,
-    residual adds in the GEMMs) over the set whose decode plans take q, k, v as views of the QKV
-    buffer (--qkv-layout fused). Fusing is for good: the model's last rows."""
+    (frost_runtime.hf_fuse: one QKV and one gate-up GEMM, rotary in place, the norms, the residual
+    add before the second norm and the MLP's activation through the set's glue plans at decode)
+    over a set built with --qkv-layout fused --glue. Fusing is for good: the model's last rows."""
     import frost_runtime
     import torch
     from frost_runtime import hf, hf_fuse
 
+    plans = frost_runtime.read_set(BUILT / "llama3-8b-serve-fused.frostset")
     start = time.perf_counter()
-    hf_fuse.fuse_layers(model)
+    hf_fuse.fuse_layers(model, plans)
     torch.cuda.synchronize()
     result["fuse_s"] = time.perf_counter() - start
-    plans = frost_runtime.read_set(BUILT / "llama3-8b-serve-qkv_fused.frostset")
     backend = hf.FrostcAttention(plans, name="frostc-fused")
     backend.preload()
     backend.install(model)
@@ -425,7 +426,7 @@ def markdown(r: dict, device: str, torch_version: str) -> str:
         _compiled_cells,
     )
     lines += _variant_table(
-        r["decode"], "fused", "fused layers (hf_fuse), --qkv-layout fused",
+        r["decode"], "fused", "fused layers (hf_fuse), --qkv-layout fused --glue",
         ("frostc graph ms", "tok/s", "× floor", "× HF layers' tok/s", "HF sdpa / frostc"),
         lambda d, f: (f"{f['graph_ms']:.2f}", f"{d['batch'] / f['graph_ms'] * 1e3:,.0f}",
                       f"{f['graph_ms'] / d['floor_ms']:.2f}", f"{d['graph_ms'] / f['graph_ms']:.2f}",

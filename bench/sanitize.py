@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "runtime"))
 
 from tests.gpu.cases import Case  # noqa: E402
 from tests.gpu.decode_cases import DecodeCase  # noqa: E402
+from tests.gpu.glue_support import GlueCase  # noqa: E402
 
 TOOLS = ("memcheck", "racecheck", "synccheck")
 SANITIZER = "/usr/local/cuda/bin/compute-sanitizer"
@@ -50,6 +51,7 @@ class Target:
     covers: str
     sdpa: Case | None = None
     decode: DecodeCase | None = None
+    glue: GlueCase | None = None
 
     @property
     def plan(self) -> str:
@@ -115,6 +117,10 @@ def targets() -> list[Target]:
                             cache="e4m3")),
         t("kv-append", "kv_append alone", decode=DecodeCase("bf16", 4, 8, 8, 128, 16, 16, 4, False, False, "bhsd",
           "append")),
+        # the decode step's glue (fused layers): a row that leaves threads idle, Llama-3-8B's rows
+        t("glue-rms-norm", "rms_norm, 904-wide rows (most threads hold no piece)", glue=GlueCase("rms_norm", 3, 904)),
+        t("glue-add-rms-norm", "rms_norm after a residual add, 4096-wide rows", glue=GlueCase("add_rms_norm", 5, 4096)),
+        t("glue-silu-mul", "silu_mul, an MLP of 14336", glue=GlueCase("silu_mul", 3, 14336)),
     ]  # fmt: skip
 
 
@@ -125,13 +131,17 @@ def build(plans: Path, only: str) -> int:
     from frostc.build import build as build_plan
     from frostc.planfile import write_atomic
     from tests.gpu.build_plans import decode_description, description
+    from tests.gpu.glue_support import glue_description
 
     plans.mkdir(parents=True, exist_ok=True)
     manifest = []
     start = time.time()
     chosen = [t for t in targets() if only in t.label]
     for i, target in enumerate(chosen):
-        desc = description(target.sdpa) if target.sdpa else decode_description(target.decode)
+        if target.glue is not None:
+            desc = glue_description(target.glue)
+        else:
+            desc = description(target.sdpa) if target.sdpa else decode_description(target.decode)
         data = build_plan(desc)
         write_atomic(plans / target.plan, data)
         kernels = _kernel_names(data)
@@ -163,6 +173,7 @@ def launch(plans: Path, only: str) -> int:
     import torch
 
     from tests.gpu.decode_support import DecodeBuffers, length_mixes
+    from tests.gpu.glue_support import GlueBuffers
     from tests.gpu.support import Buffers, draw_lengths
 
     by_label = {t.label: t for t in targets()}
@@ -175,7 +186,10 @@ def launch(plans: Path, only: str) -> int:
         verdict = "ok"
         try:
             with frost_runtime.load(plans / target.plan) as plan:
-                if target.sdpa is not None:
+                if target.glue is not None:
+                    buffers = GlueBuffers(target.glue, plan, seed)
+                    buffers.execute()
+                elif target.sdpa is not None:
                     case = asdict(target.sdpa)
                     buffers = Buffers(case, plan)
                     if case["form"] != "dense":

@@ -18,7 +18,7 @@ from frostc.build import build
 from frostc.compile import MIN_DRIVER, dsl_version
 from frostc.errors import FrostcError
 from frostc.models import ModelAttention
-from frostc.serving import Deployment, LayerKind, layer_kinds, plan_list
+from frostc.serving import Deployment, LayerKind, glue_list, layer_kinds, plan_list
 
 # ("plan", key) when a plan starts, ("done", key) when it is built; ("compile", variant name) the
 # first time a plan of the set uses a kernel; ("skip", key) for a plan frostc cannot build yet
@@ -52,6 +52,8 @@ def model_text(model: ModelAttention, dep: Deployment) -> str:
         f"{model.head_dim}, scale {model.scale:.6g}{window}{softcap}; served {dep.dtype}, tp {dep.tp}, batch sizes "
         f"{sizes}, prefill {dep.max_prompt_tokens} tokens, {dep.cache_dtype} cache {dep.max_cache_len} tokens in "
         f"pages of {dep.page_size} ({dep.pages} pages), {dep.new_tokens} new {tokens} per decode step"
+        + (f"; q, k, v {dep.qkv_layout}" if dep.qkv_layout != "separate" else "")
+        + (f"; glue: hidden {dep.glue.hidden_size}, MLP {dep.glue.intermediate_size}" if dep.glue else "")
     )[: planset.MAX_MODEL_CHARS]
 
 
@@ -85,6 +87,12 @@ def build_set(
         report("done", e.key)
         digest = hashlib.sha256(data).hexdigest()
         plans.append((planset.SetEntry(e.key, e.key, e.phase, e.batch, kind.name, kind.layers, digest), data))
+    glue = []
+    for g in glue_list(dep) if phases is None or "decode" in phases else ():
+        report("plan", g.key)
+        data = build(g.description, progress=on_kernel)
+        report("done", g.key)
+        glue.append((planset.GlueEntry(g.key, g.key, g.op, g.tokens, hashlib.sha256(data).hexdigest()), data))
     if not plans:
         raise SetBuildError(
             "no plan of the set can be built yet: " + "; ".join(f"{m.key}: {m.reason}" for m in missing)
@@ -98,12 +106,13 @@ def build_set(
         target_arch=target,
         min_driver=MIN_DRIVER,
     )
-    data = planset.encode_set(header, plans, tuple(missing), tuple(kind_info(k) for k in kinds), serving_info(dep))
+    kind_table = tuple(kind_info(k) for k in kinds)
+    data = planset.encode_set(header, plans, tuple(missing), kind_table, serving_info(dep), tuple(glue))
     ps = planset.read_set(data)
     per_plan = sum(len(k.cubin) for key in ps.keys for k in ps.plan_data(key).kernels)
     return SetBuild(
         data=data,
-        plans=len(plans),
+        plans=len(plans) + len(glue),
         skipped=tuple((m.key, m.reason) for m in missing),
         kernels=len({k.name for key in ps.keys for k in ps.plan_data(key).kernels}),
         cubins=len(ps.cubins),

@@ -241,6 +241,9 @@ def from_config(
         "--qkv-layout",
         help="Decode's q, k, v: separate (rows of their own) or fused (views of one QKV buffer, as hf_fuse makes).",
     ),
+    glue: bool = typer.Option(
+        False, "--glue", help="Also the decode step's norm and activation plans, for fused layers (hf_fuse)."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the plans (validated and resolved); build nothing."),
     as_json: bool = typer.Option(False, "--json", help="The listing as JSON."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Plan set to write (.frostset)."),
@@ -251,11 +254,13 @@ def from_config(
     """Plan a model's attention from its config.json: its layer kinds, and a plan per layer kind,
     phase (prefill, decode) and batch bucket; with -o, build them into one plan set. No weights,
     no GPU."""
-    from frostc.models import load_model_config, read_model
+    from frostc.models import load_model_config, read_layers, read_model
     from frostc.serving import PHASES, deployment, dry_run_summary, layer_kinds, parse_batch_sizes, print_dry_run
 
     try:
-        model = read_model(load_model_config(config))
+        raw = load_model_config(config)
+        model = read_model(raw)
+        layers = read_layers(raw) if glue else None
         dep = deployment(
             model,
             dtype=dtype,
@@ -268,6 +273,7 @@ def from_config(
             tp=tp,
             kv_cache_dtype=kv_cache_dtype,
             qkv_layout=qkv_layout,
+            glue=layers,
         )
     except FrostcError as exc:
         _fail(f"{config} cannot be planned:\n{exc}")
@@ -290,12 +296,13 @@ def _build_set(model, dep, output: Path, phase: str | None, name: str | None, qu
 
     from frostc.buildset import build_set, print_set_build
     from frostc.planfile import write_atomic
-    from frostc.serving import layer_kinds, plan_list
+    from frostc.serving import glue_list, layer_kinds, plan_list
 
     phases = None if phase is None else (phase,)
     name = name or f"{model.model_type}-{dep.dtype}-tp{dep.tp}"
     entries = [e for e in plan_list(layer_kinds(model, dep), dep) if phases is None or e.phase in phases]
-    total = sum(1 for e in entries if not e.unsupported)
+    glue = glue_list(dep) if phases is None or "decode" in phases else ()
+    total = sum(1 for e in entries if not e.unsupported) + len(glue)
     try:
         with _SetProgress(quiet, total) as report:
             result = build_set(model, dep, name=name, phases=phases, progress=report)

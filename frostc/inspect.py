@@ -162,16 +162,18 @@ def set_summary(ps) -> dict:
 
     used: dict[str, list[str]] = {sha: [] for sha in ps.cubins}
     variant: dict[str, str] = {}
-    plans = []
-    for e in ps.entries:
-        data = ps.plan_data(e.key)
+
+    def kernels(key: str) -> list[str]:
+        data = ps.plan_data(key)
         for k in data.kernels:
             sha = hashlib.sha256(k.cubin).hexdigest()
             variant.setdefault(sha, k.name)
-            users = used[sha]
-            if e.key not in users:
-                users.append(e.key)
-        plans.append(planset.entry_fields(e) | {"kernels": [k.name for k in data.kernels]})
+            if key not in used[sha]:
+                used[sha].append(key)
+        return [k.name for k in data.kernels]
+
+    plans = [planset.entry_fields(e) | {"kernels": kernels(e.key)} for e in ps.entries]
+    glue = [planset.glue_fields(g) | {"kernels": kernels(g.key)} for g in ps.glue]
     h = ps.header
     return {
         "set": {"format": planset.SET_FORMAT_VERSION} | planset.header_fields(h) | {"sha256": ps.sha256},
@@ -179,6 +181,7 @@ def set_summary(ps) -> dict:
         "kinds": [planset.kind_fields(k) | {"kind": k.kind} for k in ps.kind_info.values()],
         "plans": plans,
         "missing": [planset.missing_fields(m) for m in ps.missing],
+        "glue": glue,
         "cubins": [
             {"sha256": sha, "kernel": variant[sha], "bytes": len(blob), "used_by": used[sha]}
             for sha, blob in ps.cubins.items()
@@ -224,6 +227,10 @@ def print_set(ps, console: Console) -> None:
     ]
     columns = ["key", "phase", "batch", "kind", "layers", "sha256", "kernels"]
     console.print(_table(f"Plans ({len(rows)})", rows, columns))
+    if s["glue"]:
+        rows = [dict(g, sha256=g["sha256"][:16] + "…", kernels=", ".join(g["kernels"])) for g in s["glue"]]
+        title = f"Glue plans ({len(rows)}: the decode step's norms and activation, for fused layers)"
+        console.print(_table(title, rows, ["key", "op", "tokens", "sha256", "kernels"]))
     if s["missing"]:
         rows = [dict(m, layers=compact_layers(tuple(m["layers"]))) for m in s["missing"]]
         console.print(_table(f"Missing ({len(rows)})", rows, ["key", "phase", "batch", "kind", "layers", "reason"]))

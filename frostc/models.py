@@ -266,3 +266,42 @@ _FAMILIES = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "gemma2": _g
 assert set(_FAMILIES) == set(DEFAULTS)
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "ModelAttention", "load_model_config", "read_model"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The decoder layers around the attention: what the decode step's glue plans need (--glue)
+
+GLUE_FAMILIES = ("llama", "mistral", "qwen2")  # RMSNorm (x * weight) and a SiLU-gated MLP
+GLUE_DEFAULTS: dict[str, Any] = {"rms_norm_eps": 1e-6, "hidden_act": "silu"}  # the three config classes'
+
+
+@dataclass(frozen=True)
+class ModelLayers:
+    """A model's decoder-layer shapes outside attention: its norms' width and epsilon, its MLP's
+    width (before tensor parallelism splits it)."""
+
+    hidden_size: int
+    intermediate_size: int
+    eps: float
+
+
+def read_layers(config: dict[str, Any]) -> ModelLayers:
+    """The decoder layers a config.json describes, for the glue plans; a DescriptionError names
+    what frostc's glue kernels do not compute (another family's norm, another activation)."""
+    model_type = config.get("model_type")
+    if model_type not in GLUE_FAMILIES:
+        message = (
+            f"{describe(model_type)}: glue plans compute {quoted(GLUE_FAMILIES)} layers (RMSNorm times its weight, "
+            "a SiLU-gated MLP); build this model's set without --glue"
+        )
+        raise DescriptionError([Problem("model_type", message)])
+    f = _Fields(config, GLUE_DEFAULTS)
+    hidden = f.int("hidden_size", required=True)
+    intermediate = f.int("intermediate_size", required=True)
+    eps = f.float("rms_norm_eps")
+    act = f.raw("hidden_act")
+    if act != "silu":
+        f.problem("hidden_act", f"{describe(act)}: the glue plans' activation is SiLU; build the set without --glue")
+    if f.problems or None in (hidden, intermediate, eps):
+        raise DescriptionError(f.problems)
+    return ModelLayers(hidden, intermediate, eps)

@@ -23,7 +23,7 @@ from frost_runtime.dtypes import DTYPES, KV_CACHE, SCALE_DTYPE
 from frostc.checks import quoted
 from frostc.description import Description, GraphBuilder
 from frostc.errors import DescriptionError, Problem
-from frostc.models import SERVED_DTYPES, ModelAttention
+from frostc.models import SERVED_DTYPES, ModelAttention, ModelLayers
 
 # vLLM's default CUDA-graph capture sizes: 1, 2, 4, then 8..256 step 8, then 272..512 step 16
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, *range(8, 257, 8), *range(272, 513, 16))
@@ -53,6 +53,7 @@ class Deployment:
     tp: int
     kv_cache_dtype: str = ""  # the paged pools': the dtype's, or a scaled one (e4m3); "" for dtype
     qkv_layout: str = "separate"  # one of QKV_LAYOUTS: how decode plans take q, k_new, v_new
+    glue: ModelLayers | None = None  # the decoder layers, when the set holds the decode step's glue plans
 
     @property
     def cache_dtype(self) -> str:
@@ -99,6 +100,7 @@ def deployment(
     tp: int = 1,
     kv_cache_dtype: str | None = None,
     qkv_layout: str = "separate",
+    glue: ModelLayers | None = None,
 ) -> Deployment:
     """The options, checked against each other and the model; None takes the default: the config's
     dtype, a cache of the model's max positions, prompts up to the cache's length, and a pool of
@@ -140,6 +142,8 @@ def deployment(
         if kv_cache_dtype != dtype:
             bad("--kv-cache-dtype", f"{kv_cache_dtype!r}: an unquantized cache holds the model's {dtype}; "
                                     f"leave the flag out, or pass e4m3 (FP8: half the bytes)")  # fmt: skip
+    if glue is not None and glue.intermediate_size % tp:
+        bad("--glue", f"the MLP's intermediate_size {glue.intermediate_size} does not split over --tp {tp} ranks")
     if qkv_layout not in QKV_LAYOUTS:
         bad("--qkv-layout", f"{qkv_layout!r}: decode plans take q, k and v as {quoted(QKV_LAYOUTS)}")
     if problems:
@@ -154,7 +158,7 @@ def deployment(
     cache = "" if kv_cache_dtype in (None, dtype) else kv_cache_dtype
     return Deployment(
         dtype, tuple(batch_sizes), max_prompt_tokens, max_cache_len, page_size, pages, speculative, tp, cache,
-        qkv_layout,
+        qkv_layout, glue,
     )  # fmt: skip
 
 
@@ -301,6 +305,59 @@ def _new_rows(kind: LayerKind, dep: Deployment) -> dict:
     return dict(dtype=kind.dtype, strides=[dep.new_tokens * row, kind.head_dim, row, 1])
 
 
+@dataclass(frozen=True)
+class GluePlan:
+    """One of the decode step's plans around the attention, described but not built: a norm, a
+    norm after the residual add, or the MLP's activation, for a decode bucket's rows."""
+
+    key: str  # "glue-rms_norm-t32": the plan's name, and its key in the set
+    op: str  # frost_runtime.planset.GLUE_OPS
+    tokens: int  # rows: the bucket's sequences x new tokens per step
+    description: Description
+
+
+def glue_list(dep: Deployment) -> tuple[GluePlan, ...]:
+    """With --glue, each glue op for the rows of every decode bucket (frost_runtime.hf_fuse
+    launches them between a fused layer's GEMMs); none otherwise."""
+    if dep.glue is None:
+        return ()
+    rows = sorted({b * dep.new_tokens for b in dep.batch_sizes})
+    return tuple(
+        GluePlan(f"glue-{op}-t{t}", op, t, _GLUE[op](f"glue-{op}-t{t}", dep, dep.glue, t)) for op in _GLUE for t in rows
+    )
+
+
+def _norm_description(name: str, dep: Deployment, layers: ModelLayers, tokens: int, residual: bool) -> Description:
+    g = GraphBuilder(name)
+    rows = dict(dtype=dep.dtype, dims=[tokens, layers.hidden_size])
+    g.tensor("x", **rows)
+    g.tensor("weight", dtype=dep.dtype, dims=[layers.hidden_size])
+    g.tensor("out", **rows)
+    added = {}
+    if residual:
+        g.tensor("residual", **rows)
+        g.tensor("residual_out", **rows)
+        added = dict(residual="residual", residual_out="residual_out")
+    g.node("rms_norm", name="norm", x="x", weight="weight", out="out", eps=layers.eps, **added)
+    return g.build()
+
+
+def _silu_mul_description(name: str, dep: Deployment, layers: ModelLayers, tokens: int) -> Description:
+    g = GraphBuilder(name)
+    width = layers.intermediate_size // dep.tp  # one rank's MLP
+    g.tensor("x", dtype=dep.dtype, dims=[tokens, 2 * width])
+    g.tensor("out", dtype=dep.dtype, dims=[tokens, width])
+    g.node("silu_mul", name="act", x="x", out="out")
+    return g.build()
+
+
+_GLUE = {
+    "rms_norm": lambda name, dep, layers, t: _norm_description(name, dep, layers, t, residual=False),
+    "add_rms_norm": lambda name, dep, layers, t: _norm_description(name, dep, layers, t, residual=True),
+    "silu_mul": _silu_mul_description,
+}
+
+
 _DESCRIBE = {"prefill": prefill_description, "decode": decode_description}
 assert tuple(_DESCRIBE) == PHASES
 
@@ -415,6 +472,7 @@ def dry_run_summary(model: ModelAttention, dep: Deployment, kinds: tuple[LayerKi
             }
             for e in entries
         ],
+        "glue": [{"key": g.key, "op": g.op, "tokens": g.tokens} for g in glue_list(dep)],
         "notes": notes,
     }
 
@@ -468,6 +526,10 @@ def print_dry_run(s: dict, console, source: str) -> None:
         counts[p["status"]] = counts.get(p["status"], 0) + 1
     tally = "; ".join(f"{n} {escape(text)}" for text, n in counts.items())
     console.print(f"{len(s['plans'])} plans: {tally}", highlight=False)
+    if s["glue"]:
+        ops = ", ".join(dict.fromkeys(g["op"] for g in s["glue"]))
+        rows = ", ".join(map(str, dict.fromkeys(g["tokens"] for g in s["glue"])))
+        console.print(f"{len(s['glue'])} glue plans ({ops}) for decode steps of {rows} rows", highlight=False)
 
 
 _QKV_TEXT = {"separate": "in rows of their own", "fused": "as views of one fused QKV buffer"}

@@ -67,25 +67,29 @@ BATCH_SIZES = (1, 2, 4)
 MAX_CACHE_LEN = 256
 
 
-def tiny_set_name(family: str, kv_cache_dtype: str | None = None, qkv_layout: str = "separate") -> str:
+def tiny_set_name(family: str, kv_cache_dtype: str | None = None, qkv_layout: str = "separate",
+                  glue: bool = False) -> str:  # fmt: skip
     suffix = f"-kv_{kv_cache_dtype}" if kv_cache_dtype else ""
-    return f"tiny-{family}{suffix}" + ("-qkv_fused" if qkv_layout == "fused" else "")
+    return f"tiny-{family}{suffix}" + ("-qkv_fused" if qkv_layout == "fused" else "") + ("-glue" if glue else "")
 
 
-def build_tiny_set(family: str, kv_cache_dtype: str | None = None, qkv_layout: str = "separate") -> bytes:
+def build_tiny_set(
+    family: str, kv_cache_dtype: str | None = None, qkv_layout: str = "separate", glue: bool = False
+) -> bytes:
     """The family's plan set (frostc, CPU): prefill and decode over batch sizes 1, 2, 4; its
     paged cache in the model's dtype, or `kv_cache_dtype` (e4m3); decode's q, k, v in rows of
-    their own, or as views of one QKV buffer (`qkv_layout` "fused": frost_runtime.hf_fuse)."""
+    their own, or as views of one QKV buffer (`qkv_layout` "fused": frost_runtime.hf_fuse); with
+    `glue`, the decode steps' norm and activation plans too."""
     from frostc.buildset import build_set
-    from frostc.models import read_model
+    from frostc.models import read_layers, read_model
     from frostc.serving import deployment
 
     model = read_model(TINY[family])
     dep = deployment(
         model, batch_sizes=BATCH_SIZES, max_cache_len=MAX_CACHE_LEN, kv_cache_dtype=kv_cache_dtype,
-        qkv_layout=qkv_layout,
+        qkv_layout=qkv_layout, glue=read_layers(TINY[family]) if glue else None,
     )  # fmt: skip
-    return build_set(model, dep, name=tiny_set_name(family, kv_cache_dtype, qkv_layout)).data
+    return build_set(model, dep, name=tiny_set_name(family, kv_cache_dtype, qkv_layout, glue)).data
 
 
 def hf_model(family: str, *, device: str, dtype=None, seed: int = 0):

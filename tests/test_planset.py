@@ -145,8 +145,8 @@ def _cases(data: bytes) -> dict[str, tuple[bytes, str]]:
         "a-plan": (read_set(data).plan_bytes(read_set(data).keys[0]), "not a frostc plan set"),
     }
     top = _top(data)
-    top["format"] = 4
-    cases["newer"] = (_reseal(top), "plan-set format 4 is newer")
+    top["format"] = 5
+    cases["newer"] = (_reseal(top), "plan-set format 5 is newer")
     top = _top(data)
     top["format"] = 2
     cases["older"] = (_reseal(top), "plan-set format 2 is older")
@@ -196,6 +196,54 @@ def _cases(data: bytes) -> dict[str, tuple[bytes, str]]:
     top["header"]["min_driver"] = 1
     cases["plan-and-set-disagree"] = (_reseal(top), "min_driver 13000 is not the set's 1")
     return cases
+
+
+@pytest.fixture(scope="module")
+def glued():
+    """Llama-3-8B's set with its glue plans (--glue): norms and the activation at 1, 2, 4 rows."""
+    from frostc.models import read_layers
+
+    model = read_model(LLAMA3_8B)
+    dep = deployment(model, batch_sizes=SIZES, glue=read_layers(LLAMA3_8B))
+    return build_set(model, dep, name="llama3-8b-glue").data
+
+
+def test_a_set_holds_its_glue_plans_each_op_and_row_count_once(glued) -> None:
+    ps = read_set(glued)
+    assert {(g.op, g.tokens) for g in ps.glue} == {(op, t) for op in planset.GLUE_OPS for t in SIZES}
+    assert ps.glue_key("add_rms_norm", 2) == "glue-add_rms_norm-t2" and ps.glue_key("silu_mul", 3) is None
+    assert set(ps.keys) == {e.key for e in ps.entries} | {g.key for g in ps.glue}
+    data = ps.plan_data("glue-silu_mul-t4")
+    assert [s.dims for s in data.slots] == [(4, 2 * 14336), (4, 14336)]
+    assert hashlib.sha256(ps.plan_bytes("glue-rms_norm-t1")).hexdigest() == ps.glue[0].sha256
+    with pytest.raises(KeyError, match="glue-rms_norm-t1"):
+        ps.entry("glue-rms_norm-t1")  # an attention plan's lookup
+
+
+def test_bad_glue_entries_are_refused_naming_what(glued) -> None:
+    cases = {}
+    top = _top(glued)
+    top["manifest"]["glue"][1]["tokens"] = top["manifest"]["glue"][0]["tokens"]
+    cases["same-op-and-rows"] = (_reseal(top), "appears twice")
+    top = _top(glued)
+    top["manifest"]["glue"][0]["op"] = "gelu"
+    cases["unknown-op"] = (_reseal(top), "'gelu' is not one of")
+    top = _top(glued)
+    top["manifest"]["glue"][0]["key"] = top["manifest"]["plans"][0]["key"]
+    cases["key-of-a-plan"] = (_reseal(top), "appears twice")
+    top = _top(glued)
+    top["manifest"]["glue"][0]["sha256"] = "0" * 64
+    cases["wrong-sha"] = (_reseal(top), "rebuilt plan's SHA-256 is not the recorded one")
+    top = _top(glued)
+    top["manifest"]["glue"][0]["layers"] = [0]
+    cases["extra-field"] = (_reseal(top), "manifest.glue\\[0\\].layers: not a field")
+    top = _top(glued)
+    del top["manifest"]["glue"]
+    cases["no-glue-list"] = (_reseal(top), "glue")
+    for name, (data, says) in cases.items():
+        with pytest.raises(PlanFormatError, match=says) as info:
+            read_set(data)
+        assert str(info.value), name
 
 
 def test_bad_files_are_refused_naming_what(tiny) -> None:
@@ -248,7 +296,7 @@ def test_inspect_a_set(set_files) -> None:
     whole, _ = set_files
     result = frostc("inspect", whole)
     assert result.exit_code == 0
-    says = ("plan set llama3-8b (format 3)", "l0-decode-b4", "Layer kinds (1)", "Cubins (5,", read_set(whole).sha256)
+    says = ("plan set llama3-8b (format 4)", "l0-decode-b4", "Layer kinds (1)", "Cubins (5,", read_set(whole).sha256)
     for words in (*says, "3 plans", "serving: a bf16 paged cache"):
         assert words in result.stdout
     summary = json.loads(frostc("inspect", whole, "--json").stdout)
@@ -267,7 +315,7 @@ def test_check_a_set(set_files) -> None:
     whole, _ = set_files
     verdict = json.loads(frostc("check", whole, "--json").stdout)
     assert verdict["valid"] and verdict["header"]["kind"] == "set" and verdict["exit_code"] in (0, 1)
-    assert "a valid plan set llama3-8b (format 3" in check.check_lines(verdict)[0]
+    assert "a valid plan set llama3-8b (format 4" in check.check_lines(verdict)[0]
     result = frostc("check", whole, "--sha256", "0" * 64)
     assert result.exit_code == 2 and "not the pinned plan" in result.stderr
     assert frostc("check", whole, "--sha256", read_set(whole).sha256).exit_code in (0, 1)

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from frostc.contexts import NodeContext, ResolveContext
 from frostc.graph import Node
-from frostc.ops import kv_append, sdpa
+from frostc.ops import kv_append, rms_norm, sdpa, silu_mul
 from frostc.resolved import ResolvedLaunch
 
 
@@ -27,4 +27,4 @@ class Op(Protocol):
         """The node's launches, in order; unsupported declarations are problems in ctx."""
 
 
-OPS: dict[str, Op] = {"sdpa": sdpa, "kv_append": kv_append}
+OPS: dict[str, Op] = {"sdpa": sdpa, "kv_append": kv_append, "rms_norm": rms_norm, "silu_mul": silu_mul}

@@ -26,6 +26,9 @@ def row_align_elems(dtype: str) -> int:
     return ROW_PIECE_BYTES // DTYPES[dtype].bytes
 
 
+_INNER_WORDS = {"d": "head dim", "n": "row", "k": "row"}  # the innermost letter of each op's rows
+
+
 def check_row_layout(t: Tensor, letters: str, layouts: str, ctx: ResolveContext) -> None:
     """The head dim (the last of `letters`) innermost, every other stride a whole number of
     16-byte pieces; `layouts` suggests layouts that are, e.g. '"bshd" or "bhsd"'."""
@@ -33,7 +36,8 @@ def check_row_layout(t: Tensor, letters: str, layouts: str, ctx: ResolveContext)
     if t.strides[last] != 1:
         ctx.problem(
             f"{t.path}.strides[{last}]",
-            f"the head dim must be innermost (stride 1), found stride {t.strides[last]}; "
+            f"the {_INNER_WORDS.get(letters[-1], 'last dim')} must be innermost (stride 1), found stride "
+            f"{t.strides[last]}; "
             f"use a layout ending in d, such as {layouts}",
         )
     align = row_align_elems(t.dtype)

@@ -28,20 +28,27 @@ fused layer calls it through HF's attention interface, as HF's layer does.
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from frost_runtime import torch_ops
+
 FAMILIES = ("llama", "mistral", "qwen2")
 
 
-def fuse_layers(model) -> int:
+def fuse_layers(model, plans=None, *, device=None) -> int:
     """Fuse every decoder layer of `model` (and its final norm) in place; returns the layers fused.
-    Refuses (ValueError, naming what differs) a model whose layers are not the Llama family's."""
+    `plans`: a plan set built with --glue, whose norm and activation plans then serve the steps
+    of the rows they were built for (the decode buckets); others run in torch. Refuses
+    (ValueError, naming what differs) a model whose layers are not the Llama family's, or glue
+    plans built for another model."""
     config = model.config
     if config.model_type not in FAMILIES:
         raise ValueError(
@@ -51,12 +58,16 @@ def fuse_layers(model) -> int:
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"fuse_layers: hidden_act {config.hidden_act!r}; the fused MLP computes SiLU: serve unfused")
     inner = model.model
-    rotary = _SignedSine(inner.rotary_emb)
     for layer in inner.layers:
         _check_layer(layer)
+    glue = Glue.load(plans, model, device) if plans is not None else Glue({})
+    rotary = _SignedSine(inner.rotary_emb)
+    for layer in inner.layers:
         _concatenate(layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv")
         _concatenate(layer.mlp, ("gate_proj", "up_proj"), "gate_up")
+        layer.frostc_glue = glue
         layer.forward = types.MethodType(_layer_forward, layer)
+    inner.norm.frostc_glue = glue
     inner.norm.forward = types.MethodType(_norm_forward, inner.norm)
     inner.rotary_emb.forward = rotary.forward
     return len(inner.layers)
@@ -153,19 +164,101 @@ def _rotary(cos: torch.Tensor, sin: torch.Tensor) -> _Rotary:
     return _Rotary(weakref.ref(sin), cos, _negate_first_half(sin))  # a sine from elsewhere: made here
 
 
-def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
-    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+@dataclass
+class Glue:
+    """The glue plans a fused model launches, by (op, rows): registry keys of `frost_runtime.torch_ops`.
+    A call whose rows no plan was built for runs the same arithmetic in torch."""
+
+    keys: dict[tuple[str, int], str]
+    calls: Counter = field(default_factory=Counter)  # per op, the calls a plan served (outside torch.compile)
+
+    @classmethod
+    def load(cls, plans, model, device=None) -> Glue:
+        """Load and register `plans`' glue plans, after checking them against the model's norms
+        (width, epsilon) and MLP (width)."""
+        config = model.config
+        norms = [m for layer in model.model.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+        want = {
+            "hidden": config.hidden_size,
+            "mlp": config.intermediate_size,
+            "eps": {float(m.variance_epsilon) for m in (*norms, model.model.norm)},
+        }
+        keys = {}
+        for g in plans.glue:
+            _check_glue(plans, g, want)
+            key = f"{plans.sha256[:16]}/{g.key}"
+            if key not in torch_ops._registry:
+                with torch.cuda.device(device if device is not None else torch.cuda.current_device()):
+                    torch_ops.register(key, plans.load(g.key))
+            keys[(g.op, g.tokens)] = key
+        return cls(keys)
+
+    def norm(self, module, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm as HF's LlamaRMSNorm rounds (normalized, rounded, times the weight)."""
+        rows = x.reshape(-1, x.shape[-1])
+        key = self.keys.get(("rms_norm", rows.shape[0]))
+        if key is None:
+            normed = F.rms_norm(x, (x.shape[-1],), None, module.variance_epsilon)
+            return module.weight * normed
+        out = torch.empty_like(rows)
+        torch.ops.frostc.execute(key, [rows, module.weight], [out], None)
+        self._count("rms_norm")
+        return out.view(x.shape)
+
+    def add_norm(self, module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual + x, the norm of that sum), rounded as HF's add then norm round."""
+        rows, res = x.reshape(-1, x.shape[-1]), residual.reshape(-1, x.shape[-1])
+        key = self.keys.get(("add_rms_norm", rows.shape[0]))
+        if key is None:
+            summed = residual + x
+            return summed, self.norm(module, summed)
+        out, summed = torch.empty_like(rows), torch.empty_like(rows)
+        torch.ops.frostc.execute(key, [rows, res, module.weight], [out, summed], None)
+        self._count("add_rms_norm")
+        return summed.view(x.shape), out.view(x.shape)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SiLU of the gate half times the up half, rounded as `F.silu(gate) * up` rounds."""
+        width = gate_up.shape[-1] // 2
+        rows = gate_up.reshape(-1, gate_up.shape[-1])
+        key = self.keys.get(("silu_mul", rows.shape[0]))
+        if key is None:
+            return F.silu(gate_up[..., :width]).mul_(gate_up[..., width:])
+        out = rows.new_empty(rows.shape[0], width)
+        torch.ops.frostc.execute(key, [rows], [out], None)
+        self._count("silu_mul")
+        return out.view(*gate_up.shape[:-1], width)
+
+    def _count(self, op: str) -> None:
+        if not torch.compiler.is_compiling():  # a count dynamo would bake in and guard on
+            self.calls[op] += 1
+
+
+def _check_glue(plans, g, want: dict) -> None:
+    """A glue plan of another model would compute the wrong norm: refused, naming the difference."""
+    data = plans.plan_data(g.key)
+    slots = {s.name: s for s in data.slots}
+    problems = []
+    if g.op == "silu_mul":
+        if slots["out"].dims[1] != want["mlp"]:
+            problems.append(f"MLP width {slots['out'].dims[1]}, the model's intermediate_size is {want['mlp']}")
+    else:
+        if slots["x"].dims[1] != want["hidden"]:
+            problems.append(f"norm width {slots['x'].dims[1]}, the model's hidden_size is {want['hidden']}")
+        kernel = data.kernels[data.launches[0].kernel]
+        eps = next(a.value for p, a in zip(kernel.params, data.launches[0].args) if p.name == "eps")
+        if any(not math.isclose(eps, e, rel_tol=1e-6) for e in want["eps"]):
+            problems.append(f"eps {eps:g}, the model's norms use {', '.join(f'{e:g}' for e in sorted(want['eps']))}")
+    if problems:
+        raise ValueError(
+            f"glue plan {g.key} of plan set {plans.header.name!r}: "
+            + "; ".join(problems)
+            + ": build the set from this model's config (frostc from-config --glue)"
+        )
 
 
 def _norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    return _rms_norm(self, hidden_states)
-
-
-def _plus_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """residual + x @ weightᵀ in one GEMM (the add in its epilogue)."""
-    shape = residual.shape
-    out = torch.addmm(residual.reshape(-1, shape[-1]), x.reshape(-1, x.shape[-1]), weight.t())
-    return out.view(shape)
+    return self.frostc_glue.norm(self, hidden_states)
 
 
 def _layer_forward(
@@ -178,22 +271,22 @@ def _layer_forward(
     position_embeddings=None,
     **kwargs,
 ) -> torch.Tensor:
-    normed = _rms_norm(self.input_layernorm, hidden_states)
-    hidden_states = _attention(self.self_attn, normed, hidden_states, position_embeddings, attention_mask,
-                               past_key_values, **kwargs)  # fmt: skip
-    normed = _rms_norm(self.post_attention_layernorm, hidden_states)
-    mlp = self.mlp
-    gate_up = F.linear(normed, mlp.gate_up_weight)
-    width = gate_up.shape[-1] // 2
-    act = F.silu(gate_up[..., :width]).mul_(gate_up[..., width:])
-    return _plus_linear(hidden_states, act, mlp.down_proj.weight)
+    glue: Glue = self.frostc_glue
+    normed = glue.norm(self.input_layernorm, hidden_states)
+    attended = _attention(self.self_attn, normed, position_embeddings, attention_mask, past_key_values, **kwargs)
+    hidden_states, normed = glue.add_norm(self.post_attention_layernorm, attended, hidden_states)
+    act = glue.silu_mul(F.linear(normed, self.mlp.gate_up_weight))
+    # the residual add in the down projection's epilogue (one rounding, not HF's two), in place:
+    # hidden_states is this layer's own sum
+    rows = hidden_states.view(-1, hidden_states.shape[-1])
+    rows.addmm_(act.reshape(-1, act.shape[-1]), self.mlp.down_proj.weight.t())
+    return hidden_states
 
 
-def _attention(attn, normed, residual, position_embeddings, attention_mask, past_key_values, **kwargs):
-    """The residual plus the attention block's output: one QKV GEMM, rotary on q and k in place in
-    its output, q, k and v handed on as views of it (a plan set built with --qkv-layout fused takes
-    them as they are; another copies them into its rows), the model's attention function, o_proj
-    with the residual in its epilogue."""
+def _attention(attn, normed, position_embeddings, attention_mask, past_key_values, **kwargs):
+    """The attention block's output: one QKV GEMM, rotary on q and k in place in its output, q,
+    k and v handed on as views of it (a plan set built with --qkv-layout fused takes them as
+    they are; another copies them into its rows), the model's attention function, o_proj."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     eager = sys.modules[type(attn).__module__].eager_attention_forward
@@ -219,7 +312,7 @@ def _attention(attn, normed, residual, position_embeddings, attention_mask, past
     if sliding is not None:
         kwargs["sliding_window"] = sliding
     out, _ = interface(attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
-    return _plus_linear(residual, out.reshape(b, s, hq * d), attn.o_proj.weight)
+    return F.linear(out.reshape(b, s, hq * d), attn.o_proj.weight)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:

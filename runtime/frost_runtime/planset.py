@@ -39,13 +39,15 @@ from frost_runtime.integrity import Pin, check_sha256
 from frost_runtime.schema import PlanData, PlanFormatError, _Reader, _unpack
 
 SET_MAGIC = "frostc-planset"
-SET_FORMAT_VERSION = 3  # 2: the manifest's `kinds`; 3: the serving map's kv_cache_dtype
+SET_FORMAT_VERSION = 4  # 2: the manifest's `kinds`; 3: the serving map's kv_cache_dtype; 4: `glue`
 REBUILD_SET = "rebuild it with this frostc: frostc from-config CONFIG.json -o SET"
 MAX_SET_BYTES = 1 << 32
 MAX_SET_PLANS = 4096
 MAX_SET_CUBINS = 1024
 MAX_MODEL_CHARS = 2048
 PHASES = ("prefill", "decode")
+# the decode step's plans around the attention, for fused decoder layers (frost_runtime.hf_fuse)
+GLUE_OPS = ("rms_norm", "add_rms_norm", "silu_mul")
 _SHA = re.compile(r"[0-9a-f]{64}")
 _KIND = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -72,6 +74,18 @@ class SetEntry:
     kind: str  # the layer kind, "l0"
     layers: tuple[int, ...]  # the model's layers of that kind
     sha256: str  # the standalone plan file's SHA-256: what `load(..., sha256=)` would pin
+
+
+@dataclass(frozen=True)
+class GlueEntry:
+    """A plan of the decode step's other work (a norm, a norm after a residual add, an MLP's
+    activation) for `tokens` rows: what a model's fused layers launch around the attention."""
+
+    key: str  # "glue-rms_norm-t32"
+    name: str  # the plan's header name
+    op: str  # one of GLUE_OPS
+    tokens: int  # the rows it takes: a decode bucket's sequences x new tokens
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -130,12 +144,15 @@ class PlanSet:
     sha256: str = ""  # the set file's SHA-256, its identity
     _plans: dict[str, bytes] = field(default_factory=dict, repr=False)  # key -> standalone plan bytes
     _data: dict[str, PlanData] = field(default_factory=dict, repr=False)
+    glue: tuple[GlueEntry, ...] = ()
 
     @property
     def keys(self) -> tuple[str, ...]:
-        return tuple(e.key for e in self.entries)
+        """Every plan's key: the attention plans', then the glue plans'."""
+        return tuple(e.key for e in self.entries) + tuple(g.key for g in self.glue)
 
     def entry(self, key: str) -> SetEntry:
+        """The attention plan `key` (KeyError for a glue plan's key, or one the set lacks)."""
         for e in self.entries:
             if e.key == key:
                 return e
@@ -146,10 +163,21 @@ class PlanSet:
 
     def plan_bytes(self, key: str) -> bytes:
         """The plan's standalone file bytes (what `frostc build` writes for its description)."""
-        return self._plans[self.entry(key).key]
+        return self._plans[self._key(key)]
 
     def plan_data(self, key: str) -> PlanData:
-        return self._data[self.entry(key).key]
+        return self._data[self._key(key)]
+
+    def _key(self, key: str) -> str:
+        """`key`, a plan or glue plan of the set (KeyError naming what the set has otherwise)."""
+        if any(g.key == key for g in self.glue):
+            return key
+        return self.entry(key).key
+
+    def glue_key(self, op: str, tokens: int) -> str | None:
+        """The key of the glue plan of `op` for exactly `tokens` rows, or None (the set has none:
+        built without --glue, or no decode bucket makes that many rows)."""
+        return next((g.key for g in self.glue if g.op == op and g.tokens == tokens), None)
 
     def kind_of(self, layer: int) -> str:
         """The layer kind that serves model layer `layer`."""
@@ -219,10 +247,6 @@ def entry_fields(e: SetEntry) -> dict:
     }
 
 
-def _entry_map(e: SetEntry, stripped: bytes) -> dict:
-    return entry_fields(e) | {"plan": stripped}
-
-
 def serving_fields(d: ServingInfo) -> dict:
     """The manifest's `serving` map: the dataclass's fields, in their order."""
     return asdict(d)
@@ -239,6 +263,11 @@ def kind_fields(k: KindInfo) -> dict:
         "window_left": -1 if k.window_left is None else k.window_left,
         "softcap": 0.0 if k.softcap is None else float(k.softcap),
     }
+
+
+def glue_fields(g: GlueEntry) -> dict:
+    """A glue entry's fields, as the manifest holds them (less the plan's bytes)."""
+    return {"key": g.key, "name": g.name, "op": g.op, "tokens": g.tokens, "sha256": g.sha256}
 
 
 def missing_fields(m: MissingEntry) -> dict:
@@ -292,23 +321,27 @@ def encode_set(
     missing: tuple[MissingEntry, ...],
     kinds: tuple[KindInfo, ...],
     serving: ServingInfo,
+    glue: tuple[tuple[GlueEntry, bytes], ...] = (),
 ) -> bytes:
-    """The set file's bytes: `plans` are (entry, standalone plan bytes), in manifest order; each
-    plan is checked with the runtime's reader, and so is the set (what frostc writes, the
-    runtime reads)."""
-    entries, cubins = [], {}
-    for entry, data in plans:
+    """The set file's bytes: `plans` and `glue` are (entry, standalone plan bytes), in manifest
+    order; each plan is checked with the runtime's reader, and so is the set (what frostc
+    writes, the runtime reads)."""
+    cubins: dict[str, bytes] = {}
+
+    def stripped(entry, data: bytes, fields) -> dict:
         schema.decode_plan(data)
         if entry.sha256 != hashlib.sha256(data).hexdigest():
             raise PlanFormatError(f"manifest {entry.key!r}: sha256 is not the plan's")
-        stripped, used = strip_cubins(data)
-        cubins |= used
-        entries.append(_entry_map(entry, stripped))
+        bare, used = strip_cubins(data)
+        cubins.update(used)
+        return fields(entry) | {"plan": bare}
+
     manifest = {
-        "plans": entries,
+        "plans": [stripped(e, data, entry_fields) for e, data in plans],
         "missing": [missing_fields(m) for m in missing],
         "kinds": {k.kind: kind_fields(k) for k in kinds},
         "serving": serving_fields(serving),
+        "glue": [stripped(g, data, glue_fields) for g, data in glue],
     }
     table = dict(sorted(cubins.items()))
     sealed = SetHeader(**(header_fields(header) | {"content_hash": set_content_hash(header, manifest, table)}))
@@ -380,7 +413,7 @@ def read_set(source: str | os.PathLike | bytes, *, sha256: Pin | None = None) ->
 
 def _read_manifest(header: SetHeader, manifest: dict, cubins: dict, digest: str) -> PlanSet:
     m = _Reader(manifest, "manifest")
-    _refuse_extra(manifest, {"plans": 0, "missing": 0, "kinds": 0, "serving": 0}, "manifest")
+    _refuse_extra(manifest, {"plans": 0, "missing": 0, "kinds": 0, "serving": 0, "glue": 0}, "manifest")
     if len(cubins) > MAX_SET_CUBINS:
         raise PlanFormatError(f"cubins: {len(cubins)} entries, at most {MAX_SET_CUBINS} allowed")
     for sha, blob in cubins.items():
@@ -395,16 +428,8 @@ def _read_manifest(header: SetHeader, manifest: dict, cubins: dict, digest: str)
             layers=e.ints("layers", (1, 1 << 16), 0, 1 << 20), sha256=e.str("sha256", 64),
         )  # fmt: skip
         _check_entry(entry, e.path, seen)
-        plan = _rebuild(e.get("plan", bytes), cubins, used, e.path)
-        if hashlib.sha256(plan).hexdigest() != entry.sha256:
-            raise PlanFormatError(f"{e.path}.sha256: the rebuilt plan's SHA-256 is not the recorded one; {REBUILD_SET}")
-        try:
-            data = schema.decode_plan(plan)
-        except PlanFormatError as exc:
-            raise PlanFormatError(f"{e.path} ({entry.key}): {exc}") from None
-        _check_plan_header(data.header, header, entry, e.path)
+        plans[entry.key], decoded[entry.key] = _read_plan(e, entry, header, cubins, used)
         entries.append(entry)
-        plans[entry.key], decoded[entry.key] = plan, data
     for i, raw in enumerate(m.list("missing", MAX_SET_PLANS)):
         e = _Reader(raw, f"manifest.missing[{i}]")
         lack = MissingEntry(
@@ -415,6 +440,7 @@ def _read_manifest(header: SetHeader, manifest: dict, cubins: dict, digest: str)
         missing.append(lack)
     if not entries:
         raise PlanFormatError("manifest.plans: a plan set holds at least one plan")
+    glue = _read_glue(m, header, cubins, used, plans, decoded)
     kind_info = _read_kinds(m, (*entries, *missing))
     serving = _read_serving(m)
     for info in kind_info.values():  # an unquantized cache holds its layers' dtype
@@ -426,7 +452,44 @@ def _read_manifest(header: SetHeader, manifest: dict, cubins: dict, digest: str)
     unused = sorted(set(cubins) - used)
     if unused:
         raise PlanFormatError(f"cubins[{unused[0][:16]!r}]: no plan uses it; {REBUILD_SET}")
-    return PlanSet(header, tuple(entries), tuple(missing), kind_info, serving, dict(cubins), digest, plans, decoded)
+    return PlanSet(
+        header, tuple(entries), tuple(missing), kind_info, serving, dict(cubins), digest, plans, decoded, glue
+    )
+
+
+def _read_plan(e: _Reader, entry, header: SetHeader, cubins: dict, used: set) -> tuple[bytes, PlanData]:
+    """A manifest entry's plan: rebuilt with its cubins, its SHA-256 checked, decoded."""
+    plan = _rebuild(e.get("plan", bytes), cubins, used, e.path)
+    if hashlib.sha256(plan).hexdigest() != entry.sha256:
+        raise PlanFormatError(f"{e.path}.sha256: the rebuilt plan's SHA-256 is not the recorded one; {REBUILD_SET}")
+    try:
+        data = schema.decode_plan(plan)
+    except PlanFormatError as exc:
+        raise PlanFormatError(f"{e.path} ({entry.key}): {exc}") from None
+    _check_plan_header(data.header, header, entry, e.path)
+    return plan, data
+
+
+def _read_glue(m: _Reader, header: SetHeader, cubins: dict, used: set, plans: dict, decoded: dict):
+    """The glue plans: each op and row count once, keys apart from the attention plans'."""
+    glue, seen = [], set()
+    for i, raw in enumerate(m.list("glue", MAX_SET_PLANS)):
+        e = _Reader(raw, f"manifest.glue[{i}]")
+        entry = GlueEntry(
+            key=e.str("key", schema.MAX_PLAN_NAME_CHARS), name=e.str("name", schema.MAX_PLAN_NAME_CHARS),
+            op=e.str("op", 32), tokens=e.int("tokens", 1, 1 << 30), sha256=e.str("sha256", 64),
+        )  # fmt: skip
+        _refuse_extra(raw, glue_fields(entry) | {"plan": 0}, e.path)
+        if entry.op not in GLUE_OPS:
+            raise PlanFormatError(f"{e.path}.op: {entry.op!r} is not one of {list(GLUE_OPS)}")
+        if not _SHA.fullmatch(entry.sha256):
+            raise PlanFormatError(f"{e.path}.sha256: not a SHA-256 in lower-case hex")
+        if entry.key in plans or (entry.op, entry.tokens) in seen:
+            raise PlanFormatError(f"{e.path}: {entry.key!r} (or its op and tokens) appears twice")
+        seen.add((entry.op, entry.tokens))
+        plans[entry.key], decoded[entry.key] = _read_plan(e, entry, header, cubins, used)
+        glue.append(entry)
+    return tuple(glue)
 
 
 def _read_serving(m: _Reader) -> ServingInfo:

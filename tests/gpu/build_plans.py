@@ -149,14 +149,15 @@ def build_decode() -> list[tuple[str, str]]:
 
 
 def build_set_of_tiny_llama() -> None:
-    """tests/gpu/test_planset.py's set: Llama-3-8B, batch sizes 1, 2, 4 (a small cache and pool)."""
+    """tests/gpu/test_planset.py's set: Llama-3-8B, batch sizes 1, 2, 4 (a small cache and pool),
+    with its glue plans (tests/gpu/test_glue.py)."""
     from frostc.buildset import build_set
-    from frostc.models import read_model
+    from frostc.models import read_layers, read_model
     from frostc.serving import deployment
     from tests.model_configs import LLAMA3_8B
 
     model = read_model(LLAMA3_8B)
-    dep = deployment(model, batch_sizes=(1, 2, 4), max_cache_len=1024, pages=256)
+    dep = deployment(model, batch_sizes=(1, 2, 4), max_cache_len=1024, pages=256, glue=read_layers(LLAMA3_8B))
     write_atomic(BUILT / "llama3-8b-tiny.frostset", build_set(model, dep, name="llama3-8b-tiny").data)
 
 
@@ -174,9 +175,9 @@ def build_hf_sets() -> None:
     for family in ("llama", "gemma2"):  # an FP8 cache: test_hf.py's e4m3 test
         write_atomic(BUILT / "hf" / f"tiny-{family}-kv_e4m3.frostset", build_tiny_set(family, "e4m3"))
         print(f"[hf] tiny-{family}-kv_e4m3.frostset", flush=True)
-    for family in FUSED_FAMILIES:  # decode plans taking views of one QKV buffer: test_hf.py's fused layers
-        name = tiny_set_name(family, qkv_layout="fused")
-        write_atomic(BUILT / "hf" / f"{name}.frostset", build_tiny_set(family, qkv_layout="fused"))
+    for family in FUSED_FAMILIES:  # decode plans taking views of one QKV buffer, and glue: fused layers
+        name = tiny_set_name(family, qkv_layout="fused", glue=True)
+        write_atomic(BUILT / "hf" / f"{name}.frostset", build_tiny_set(family, qkv_layout="fused", glue=True))
         print(f"[hf] {name}.frostset", flush=True)
 
 
@@ -187,11 +188,11 @@ def main() -> int:
     BUILT.mkdir(exist_ok=True)
     if args.only in (None, "hf"):
         build_hf_sets()
+        build_set_of_tiny_llama()
     if args.only == "hf":
         return 0
     if args.only != "decode":
         build_sdpa()
-        build_set_of_tiny_llama()
     if args.only == "sdpa":
         return 0
     failed = build_decode()

@@ -149,18 +149,19 @@ def test_the_backend_reads_nothing_back_in_a_decode_step_captured_as_a_graph() -
 
 
 @pytest.mark.parametrize("family", hf_fuse.FAMILIES)
-def test_fused_layers_over_a_fused_qkv_set_generate_the_references_tokens(family: str) -> None:
+def test_fused_layers_over_a_fused_set_generate_the_references_tokens(family: str) -> None:
     """A model with fused layers (frost_runtime.hf_fuse) over a set built with --qkv-layout fused
-    (decode plans read q, k, v where the QKV GEMM wrote them): the unfused model's sdpa tokens, or
-    a near tie by the rule; every call through a plan."""
-    plans = _plans(family, "-qkv_fused")
+    --glue (decode plans read q, k, v where the QKV GEMM wrote them; the decode steps' norms and
+    activations through glue plans): the unfused model's sdpa tokens, or a near tie by the rule;
+    every attention call through a plan, and every decode step's norms and activation too."""
+    plans = _plans(family, "-qkv_fused-glue")
     reference = hf_model(family, device="cuda")
     reference.set_attn_implementation("sdpa")
     ids, mask = left_padded_prompts(PROMPTS, reference.config.vocab_size, "cuda")
     with torch.no_grad():
         expected = greedy(reference, ids, mask, NEW_TOKENS)
     model = hf_model(family, device="cuda")
-    hf_fuse.fuse_layers(model)
+    hf_fuse.fuse_layers(model, plans)
     layers = model.config.num_hidden_layers
     backend = _backend(plans, model, f"frostc-test-fused-{family}")
     with torch.no_grad():
@@ -168,20 +169,24 @@ def test_fused_layers_over_a_fused_qkv_set_generate_the_references_tokens(family
     torch.cuda.synchronize()
     calls = dict(backend.calls)
     assert calls == {"prefill": layers, "decode": layers * (NEW_TOKENS - 1)}, calls
+    steps = NEW_TOKENS - 1  # decode steps: batch 4, one token each: the t4 glue plans
+    glue = dict(model.model.norm.frostc_glue.calls)
+    assert glue == {"rms_norm": (layers + 1) * steps, "add_rms_norm": layers * steps, "silu_mul": layers * steps}, glue
     verdict = judge(model, "sdpa", backend, ids, mask, expected, got, reference_model=reference)
-    print(f"fused {family}: {verdict}; calls {calls}")
+    print(f"fused {family}: {verdict}; calls {calls}; glue {glue}")
 
 
 def test_fused_layers_decode_the_same_through_either_qkv_layout_and_in_a_graph() -> None:
-    """The same fused model over a fused-layout set (views handed over as they are) and over a
-    separate-layout set (the views copied into its rows): the same logits bit for bit, step after
-    step; and a captured step replays as the eager one."""
+    """One fused model (its glue from the fused set) over the fused-layout set (views handed over
+    as they are) and over a separate-layout set (the views copied into its rows): the same logits
+    bit for bit, step after step; and a captured step replays as the eager one."""
     model = hf_model("llama", device="cuda")
-    hf_fuse.fuse_layers(model)
+    fused_set = _plans("llama", "-qkv_fused-glue")
+    hf_fuse.fuse_layers(model, fused_set)
     ids, mask = left_padded_prompts(PROMPTS, model.config.vocab_size, "cuda")
     steps = {}
-    for suffix in ("-qkv_fused", ""):
-        backend = _backend(_plans("llama", suffix), model, f"frostc-test-fused-layout{suffix}")
+    for name, plans in (("fused", fused_set), ("separate", _plans("llama"))):
+        backend = _backend(plans, model, f"frostc-test-fused-layout-{name}")
         with torch.no_grad():
             graph = hf.DecodeGraph(model, backend, batch=len(PROMPTS))
             eager = [graph.prefill(ids, mask)]
@@ -193,8 +198,8 @@ def test_fused_layers_decode_the_same_through_either_qkv_layout_and_in_a_graph()
             replayed = [eager[0]]
             for _ in range(6):
                 replayed.append(graph.step(replayed[-1]))
-        assert torch.equal(torch.stack(eager), torch.stack(replayed)), suffix
+        assert torch.equal(torch.stack(eager), torch.stack(replayed)), name
         assert backend.calls["decode"] > 0 and "fallback" not in backend.calls
-        steps[suffix] = (torch.stack(eager), torch.stack(logits))
-    assert torch.equal(steps["-qkv_fused"][0], steps[""][0])
-    assert torch.equal(steps["-qkv_fused"][1], steps[""][1])
+        steps[name] = (torch.stack(eager), torch.stack(logits))
+    assert torch.equal(steps["fused"][0], steps["separate"][0])
+    assert torch.equal(steps["fused"][1], steps["separate"][1])

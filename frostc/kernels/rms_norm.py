@@ -1,0 +1,174 @@
+"""RMSNorm of rows, optionally after a residual add: a decoder layer's norm in one kernel.
+
+    out[r] = round(round(x[r] * rsqrt(mean(x[r]^2) + eps)) * weight)
+    with a residual:  s[r] = round(x[r] + residual[r]) -> residual_out[r];  out[r] = norm of s[r]
+
+in float32, rounding where Hugging Face's LlamaRMSNorm and its residual add round (to the rows'
+dtype after the sum, after the normalization, after the weight), so that it stands in for them
+value for value, up to the mean's summation order.
+
+One CTA per row; each thread keeps its 16-byte pieces of the row (PIECES a thread, fewer for the
+last threads of a short row) in registers between the sum of squares and the store: the row is
+read once. The sum goes through a warp reduction and shared memory.
+
+Tensors, in elements (row strides multiples of 8: rows move in 16-byte pieces):
+  x, residual, out, residual_out   (m, n)  strides (stride_m, 1)
+  weight                           (n,)    contiguous
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_stream
+
+from frostc.kernels.sdpa_common import dsl_dtype, fake_ptr
+
+THREADS = 256
+WARPS = THREADS // 32
+VECTOR_BYTES = 16
+POINTERS = ("x", "residual", "weight", "out", "residual_out")
+STRIDE_PARAMS = ("x.stride_m", "residual.stride_m", "out.stride_m", "residual_out.stride_m")
+MAX_PIECES = 8  # 16-byte pieces a thread keeps: rows of up to THREADS * MAX_PIECES pieces
+
+
+@dataclass(frozen=True)
+class RmsNormVariant:
+    """Compile key: the dtype, the row length and whether a residual is added first."""
+
+    dtype: str  # "bf16" | "fp16"
+    n: int  # the row's elements (a multiple of a 16-byte piece's)
+    residual: bool
+
+    @property
+    def name(self) -> str:
+        return f"rms_norm.{self.dtype}.n{self.n}" + (".residual" if self.residual else "")
+
+    @property
+    def elems(self) -> int:
+        return VECTOR_BYTES * 8 // cutlass_width(self.dtype)
+
+    @property
+    def pieces(self) -> int:
+        """16-byte pieces per thread (the last threads may hold fewer)."""
+        return -(-self.n // self.elems // THREADS)
+
+    @property
+    def params(self) -> tuple[tuple[str, str], ...]:
+        return tuple((p, "ptr") for p in POINTERS) + tuple((p, "i64") for p in STRIDE_PARAMS) + (("eps", "f32"),)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (THREADS, 1, 1)
+
+    @property
+    def tiles(self) -> dict[str, int]:
+        return {"threads": THREADS, "pieces_per_thread": self.pieces, "vector_bytes": VECTOR_BYTES}
+
+    @property
+    def grid_rule(self) -> str:
+        return "(m, 1, 1): one CTA per row"
+
+    @property
+    def ctas_per_sm(self) -> int:
+        return 0
+
+    def kernel(self) -> "RmsNorm":
+        return RmsNorm(self)
+
+    def compile_args(self) -> tuple:
+        data = dsl_dtype(self.dtype)
+        pointers = [fake_ptr(data, 16) for _ in POINTERS]
+        return (*pointers, tuple(cutlass.Int64(8) for _ in STRIDE_PARAMS), cutlass.Float32(1e-6), make_fake_stream())
+
+
+def cutlass_width(dtype: str) -> int:
+    return dsl_dtype(dtype).width
+
+
+class RmsNorm:
+    def __init__(self, variant: RmsNormVariant):
+        self.v = variant
+        self.dtype = dsl_dtype(variant.dtype)
+        self.elems = variant.elems
+        self.row_pieces = variant.n // self.elems
+        self.smem_bytes = 0
+
+    @cute.jit
+    def __call__(self, x, residual, weight, out, residual_out, strides: tuple, eps, stream):
+        @cute.struct
+        class SharedStorage:
+            reduce: cute.struct.MemRange[cutlass.Float32, WARPS]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+        # the plan's launch gives the grid, (m, 1, 1); only the cubin is kept from here
+        self.kernel(x, residual, weight, out, residual_out, *strides, eps).launch(
+            grid=(1, 1, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        x: cute.Pointer,
+        residual: cute.Pointer,
+        weight: cute.Pointer,
+        out: cute.Pointer,
+        residual_out: cute.Pointer,
+        x_sm: cutlass.Int64,
+        r_sm: cutlass.Int64,
+        o_sm: cutlass.Int64,
+        ro_sm: cutlass.Int64,
+        eps: cutlass.Float32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        scratch = storage.reduce.get_tensor(cute.make_layout(WARPS))
+        r = cutlass.Int64(row)
+        x_row = x + cute.assume(r * x_sm, divby=8)
+        values = []  # this thread's pieces, float32
+        total = cutlass.Float32(0.0)
+        for j in cutlass.range_constexpr(self.v.pieces):
+            piece = tidx + j * THREADS
+            # a thread past the row's end reads the last piece again (a valid address) and adds 0
+            col = cutlass.min(piece, self.row_pieces - 1) * self.elems
+            value = self._load(x_row, col).to(cutlass.Float32)
+            if cutlass.const_expr(self.v.residual):
+                summed = (value + self._load(residual + cute.assume(r * r_sm, divby=8), col).to(cutlass.Float32)).to(
+                    self.dtype
+                )
+                if piece < self.row_pieces:
+                    self._store(residual_out + cute.assume(r * ro_sm, divby=8), col, summed)
+                value = summed.to(cutlass.Float32)
+            values.append(value)
+            squares = (value * value).reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+            total = total + cutlass.select_(piece < self.row_pieces, squares, cutlass.Float32(0.0))
+        total = self._cta_sum(total, scratch, tidx)
+        scale = cute.math.rsqrt(total / cutlass.Float32(self.v.n) + eps)
+        out_row = out + cute.assume(r * o_sm, divby=8)
+        for j in cutlass.range_constexpr(self.v.pieces):
+            piece = tidx + j * THREADS
+            if piece < self.row_pieces:
+                col = piece * self.elems
+                normed = (values[j] * scale).to(self.dtype).to(cutlass.Float32)
+                w = self._load(weight, col).to(cutlass.Float32)
+                self._store(out_row, col, (normed * w).to(self.dtype))
+
+    def _load(self, base, col):
+        return cute.make_tensor(base + cute.assume(col, divby=8), cute.make_layout(self.elems)).load()
+
+    def _store(self, base, col, value) -> None:
+        cute.make_tensor(base + cute.assume(col, divby=8), cute.make_layout(self.elems)).store(value)
+
+    @cute.jit
+    def _cta_sum(self, value, scratch, tidx):
+        """The sum over the CTA's values (one a thread); every thread gets it."""
+        value = cute.arch.warp_reduction(value, lambda a, c: a + c)
+        if tidx % 32 == 0:
+            scratch[tidx // 32] = value
+        cute.arch.sync_threads()
+        result = scratch[0]
+        for w in cutlass.range_constexpr(1, WARPS):
+            result = result + scratch[w]
+        return result

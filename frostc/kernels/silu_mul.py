@@ -1,0 +1,110 @@
+"""SiLU-gated product of a row's halves, a SwiGLU MLP's activation in one kernel:
+
+    out[r, c] = round(round(silu(x[r, c])) * x[r, n + c])        silu(g) = g / (1 + exp(-g))
+
+in float32, rounding where the unfused `F.silu(gate) * up` rounds (after the SiLU, after the
+product), so that it stands in for those two kernels value for value.
+
+Grid (m, pieces of a half row / THREADS): each thread one 16-byte piece of the gate and of the
+up half.
+
+Tensors, in elements (row strides multiples of 8: rows move in 16-byte pieces):
+  x    (m, 2n)  strides (stride_m, 1): the gate in [0, n), the up projection in [n, 2n)
+  out  (m, n)   strides (stride_m, 1)
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_stream
+
+from frostc.kernels.sdpa_common import dsl_dtype, fake_ptr
+
+THREADS = 128
+VECTOR_BYTES = 16
+POINTERS = ("x", "out")
+STRIDE_PARAMS = ("x.stride_m", "out.stride_m")
+
+
+@dataclass(frozen=True)
+class SiluMulVariant:
+    """Compile key: the dtype and the half row's length."""
+
+    dtype: str  # "bf16" | "fp16"
+    n: int  # out's row: half of x's (a multiple of a 16-byte piece's elements)
+
+    @property
+    def name(self) -> str:
+        return f"silu_mul.{self.dtype}.n{self.n}"
+
+    @property
+    def elems(self) -> int:
+        return VECTOR_BYTES * 8 // dsl_dtype(self.dtype).width
+
+    @property
+    def row_ctas(self) -> int:
+        """CTAs along one row."""
+        return -(-self.n // self.elems // THREADS)
+
+    @property
+    def params(self) -> tuple[tuple[str, str], ...]:
+        return tuple((p, "ptr") for p in POINTERS) + tuple((p, "i64") for p in STRIDE_PARAMS)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (THREADS, 1, 1)
+
+    @property
+    def tiles(self) -> dict[str, int]:
+        return {"threads": THREADS, "vector_bytes": VECTOR_BYTES}
+
+    @property
+    def grid_rule(self) -> str:
+        return f"(m, {self.row_ctas}, 1): one CTA per {THREADS} 16-byte pieces of each row"
+
+    @property
+    def ctas_per_sm(self) -> int:
+        return 0
+
+    def kernel(self) -> "SiluMul":
+        return SiluMul(self)
+
+    def compile_args(self) -> tuple:
+        data = dsl_dtype(self.dtype)
+        return (fake_ptr(data, 16), fake_ptr(data, 16), tuple(cutlass.Int64(8) for _ in STRIDE_PARAMS),
+                make_fake_stream())  # fmt: skip
+
+
+class SiluMul:
+    def __init__(self, variant: SiluMulVariant):
+        self.v = variant
+        self.dtype = dsl_dtype(variant.dtype)
+        self.elems = variant.elems
+        self.row_pieces = variant.n // self.elems
+        self.smem_bytes = 0
+
+    @cute.jit
+    def __call__(self, x, out, strides: tuple, stream):
+        # the plan's launch gives the grid, (m, row_ctas, 1); only the cubin is kept from here
+        self.kernel(x, out, *strides).launch(grid=(1, 1, 1), block=[THREADS, 1, 1], smem=0, stream=stream)
+
+    @cute.kernel
+    def kernel(self, x: cute.Pointer, out: cute.Pointer, x_sm: cutlass.Int64, o_sm: cutlass.Int64):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, part, _ = cute.arch.block_idx()
+        piece = part * THREADS + tidx
+        if piece < self.row_pieces:
+            r = cutlass.Int64(row)
+            col = piece * self.elems
+            x_row = x + cute.assume(r * x_sm, divby=8)
+            gate = self._load(x_row, col).to(cutlass.Float32)
+            up = self._load(x_row, col + self.v.n).to(cutlass.Float32)
+            silu = (gate / (cute.math.exp(-gate) + 1.0)).to(self.dtype).to(cutlass.Float32)
+            self._store(out + cute.assume(r * o_sm, divby=8), col, (silu * up).to(self.dtype))
+
+    def _load(self, base, col):
+        return cute.make_tensor(base + cute.assume(col, divby=8), cute.make_layout(self.elems)).load()
+
+    def _store(self, base, col, value) -> None:
+        cute.make_tensor(base + cute.assume(col, divby=8), cute.make_layout(self.elems)).store(value)
