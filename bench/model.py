@@ -427,10 +427,11 @@ def markdown(r: dict, device: str, torch_version: str) -> str:
     )
     lines += _variant_table(
         r["decode"], "fused", "fused layers (hf_fuse), --qkv-layout fused --glue",
-        ("frostc graph ms", "tok/s", "× floor", "× HF layers' tok/s", "HF sdpa / frostc"),
+        ("frostc graph ms", "tok/s", "× floor", "× HF layers' tok/s", "HF sdpa / frostc", "HF compiled / frostc"),
         lambda d, f: (f"{f['graph_ms']:.2f}", f"{d['batch'] / f['graph_ms'] * 1e3:,.0f}",
                       f"{f['graph_ms'] / d['floor_ms']:.2f}", f"{d['graph_ms'] / f['graph_ms']:.2f}",
-                      f"{d['hf_sdpa_ms'] / f['graph_ms']:.1f}"),
+                      f"{d['hf_sdpa_ms'] / f['graph_ms']:.1f}",
+                      _cell(d["hf_compiled_ms"] / f["graph_ms"] if "hf_compiled_ms" in d else None)),
     )  # fmt: skip
     errors = [f"batch {d['batch']}: {d['compiled_model']['error']}" for d in r["decode"]
               if "error" in d.get("compiled_model", {})]  # fmt: skip
