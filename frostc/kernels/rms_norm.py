@@ -22,6 +22,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream
 
+from frostc.kernels.row_pieces import load_piece, store_piece
 from frostc.kernels.sdpa_common import dsl_dtype, fake_ptr
 
 THREADS = 256
@@ -156,10 +157,10 @@ class RmsNorm:
                 self._store(out_row, col, (normed * w).to(self.dtype))
 
     def _load(self, base, col):
-        return cute.make_tensor(base + cute.assume(col, divby=8), cute.make_layout(self.elems)).load()
+        return load_piece(base, col, self.elems)
 
     def _store(self, base, col, value) -> None:
-        cute.make_tensor(base + cute.assume(col, divby=8), cute.make_layout(self.elems)).store(value)
+        store_piece(base, col, value, self.elems)
 
     @cute.jit
     def _cta_sum(self, value, scratch, tidx):

@@ -19,6 +19,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream
 
+from frostc.kernels.row_pieces import load_piece, store_piece
 from frostc.kernels.sdpa_common import dsl_dtype, fake_ptr
 
 THREADS = 128
@@ -104,7 +105,7 @@ class SiluMul:
             self._store(out + cute.assume(r * o_sm, divby=8), col, (silu * up).to(self.dtype))
 
     def _load(self, base, col):
-        return cute.make_tensor(base + cute.assume(col, divby=8), cute.make_layout(self.elems)).load()
+        return load_piece(base, col, self.elems)
 
     def _store(self, base, col, value) -> None:
-        cute.make_tensor(base + cute.assume(col, divby=8), cute.make_layout(self.elems)).store(value)
+        store_piece(base, col, value, self.elems)

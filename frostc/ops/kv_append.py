@@ -34,7 +34,7 @@ from frostc.ops.paged_cache import (
     new_tokens_problem,
     page_size_problem,
 )
-from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout
+from frostc.ops.rows import INT32_MAX, agreeing_sizes, check_head_dim, check_row_layout
 from frostc.resolved import ResolvedLaunch, launch_args
 
 KEYS = ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv", "k_scale", "v_scale")
@@ -136,21 +136,7 @@ def validate(ctx: NodeContext) -> KvAppend | None:
 def _check_shapes(tensors: dict[str, CheckedTensor], ctx: NodeContext) -> dict[str, int] | None:
     """Each named dim's size, from the first role that has it; a problem for each mismatch and
     for what the op does not allow (more than 16 new tokens, a page size not a multiple of 16)."""
-    sizes: dict[str, int] = {}
-    owner: dict[str, str] = {}
-    ok = True
-    for role, names in _DIMS.items():
-        c = tensors.get(role)
-        if c is None or c.dims is None:
-            ok = False
-            continue
-        for i, (name, size) in enumerate(zip(names, c.dims)):
-            if name not in sizes:
-                sizes[name], owner[name] = size, role
-            elif sizes[name] != size:
-                message = f"{_DIM_WORDS[name]} {size} does not match {owner[name]}'s {sizes[name]}; make them equal"
-                ctx.problems_at(c.at(f"dims[{i}]"), message)
-                ok = False
+    sizes, owner, ok = agreeing_sizes(tensors, _DIMS, _DIM_WORDS, ctx)
     s_new = sizes.get("s_new")
     if s_new is not None and (message := new_tokens_problem(s_new)):
         ctx.problems_at(tensors[owner["s_new"]].at("dims[2]"), message)

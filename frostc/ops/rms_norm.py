@@ -22,7 +22,7 @@ from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.kernels.rms_norm import MAX_PIECES, STRIDE_PARAMS, THREADS, RmsNormVariant
-from frostc.ops.rows import check_row_layout, row_align_elems
+from frostc.ops.rows import agreeing_sizes, check_row_layout, row_align_elems
 from frostc.resolved import ResolvedLaunch, launch_args
 
 KEYS = ("x", "weight", "out", "residual", "residual_out", "eps")
@@ -96,21 +96,7 @@ def validate(ctx: NodeContext) -> RmsNorm | None:
 
 
 def _check_shapes(tensors: dict[str, CheckedTensor], ctx: NodeContext) -> dict[str, int] | None:
-    sizes: dict[str, int] = {}
-    owner: dict[str, str] = {}
-    ok = True
-    for role, names in _DIMS.items():
-        c = tensors.get(role)
-        if c is None or c.dims is None:
-            ok = ok and role in _OPTIONAL and not ctx.given(role)
-            continue
-        for i, (name, size) in enumerate(zip(names, c.dims)):
-            if name not in sizes:
-                sizes[name], owner[name] = size, role
-            elif sizes[name] != size:
-                message = f"{_DIM_WORDS[name]} {size} does not match {owner[name]}'s {sizes[name]}; make them equal"
-                ctx.problems_at(c.at(f"dims[{i}]"), message)
-                ok = False
+    sizes, _, ok = agreeing_sizes(tensors, _DIMS, _DIM_WORDS, ctx, optional=_OPTIONAL)
     return sizes if ok else None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from frost_runtime.dtypes import DTYPES
 
-from frostc.contexts import ResolveContext
+from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.graph import Tensor
 
 HEAD_DIMS = (64, 128, 256)
@@ -66,3 +66,31 @@ def tma_stride(extent: int, stride: int, dtype: str) -> int:
     """A dim of extent 1 is never stepped over, so its stride (which a description may leave at
     any value) becomes one TMA accepts (16 bytes)."""
     return stride if extent > 1 else row_align_elems(dtype)
+
+
+def agreeing_sizes(
+    tensors: dict[str, CheckedTensor],
+    dims: dict[str, tuple[str, ...]],
+    words: dict[str, str],
+    ctx: NodeContext,
+    optional: tuple[str, ...] = (),
+) -> tuple[dict[str, int], dict[str, str], bool]:
+    """Each named dim's size (`dims`: role -> its dims' names), the role it was first read from,
+    and whether all is well: a problem, in `words`' terms, for each role that disagrees; not
+    well either when a role is missing or invalid (an optional role the node does not name aside)."""
+    sizes: dict[str, int] = {}
+    owner: dict[str, str] = {}
+    ok = True
+    for role, names in dims.items():
+        c = tensors.get(role)
+        if c is None or c.dims is None:
+            ok = ok and role in optional and not ctx.given(role)
+            continue
+        for i, (name, size) in enumerate(zip(names, c.dims)):
+            if name not in sizes:
+                sizes[name], owner[name] = size, role
+            elif sizes[name] != size:
+                message = f"{words[name]} {size} does not match {owner[name]}'s {sizes[name]}; make them equal"
+                ctx.problems_at(c.at(f"dims[{i}]"), message)
+                ok = False
+    return sizes, owner, ok
