@@ -50,6 +50,7 @@ SETS = {  # name -> (batch sizes, max cache length, max prompt tokens, paged cac
     "llama3-8b-serve": ((8, 32), PROMPT + 256, 32 * PROMPT, None, False),
     "llama3-8b-serve-kv_e4m3": ((8, 32), PROMPT + 256, 32 * PROMPT, "e4m3", False),
     "llama3-8b-serve-fused": ((8, 32), PROMPT + 256, 32 * PROMPT, None, True),  # --qkv-layout fused --glue
+    "llama3-8b-serve-fused-kv_e4m3": ((8, 32), PROMPT + 256, 32 * PROMPT, "e4m3", True),
     "llama3-8b-long": ((1,), LONG + 256, LONG, None, False),
 }
 
@@ -339,7 +340,7 @@ def run(md: str | None, json_path: str | None, hf_compiled: bool, compiled_model
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=1))
     same = [r["graph_tokens_match_eager"] and all(r.get(k, {}).get("graph_tokens_match_eager", True)
-                                                  for k in ("fp8", "compiled_model", "fused"))
+                                                  for k in ("fp8", "compiled_model", "fused", "fused_fp8"))
             for r in result["decode"]]  # fmt: skip
     return 0 if all(same) else 1
 
@@ -369,6 +370,18 @@ def fused_layers(model, result: dict) -> None:
     ids, mask = _prompts(8, PROMPT, model.config.vocab_size)
     result["prefill"][0]["frostc_fused_ms"] = frostc_prefill_ms(model, backend, ids, mask)
     print(result["prefill"][0], flush=True)
+    del backend
+    torch.cuda.empty_cache()
+    fp8 = hf.FrostcAttention(frost_runtime.read_set(BUILT / "llama3-8b-serve-fused-kv_e4m3.frostset"),
+                             name="frostc-fused-fp8")  # fmt: skip
+    fp8.preload()
+    fp8.install(model)  # the glue plans stay the bf16 set's: the same rows, the same kernels
+    for row in result["decode"]:  # the same fused steps over an FP8 cache
+        ids, mask = _prompts(row["batch"], PROMPT, model.config.vocab_size)
+        floor = step_bytes(model, row["batch"], PROMPT + STEPS // 2, kv_element_bytes=1) / result["ceiling_bytes_per_s"]
+        row["fused_fp8"] = {"floor_ms": floor * 1e3} | frostc_decode(model, fp8, ids, mask)
+        print(row["fused_fp8"], flush=True)
+        torch.cuda.empty_cache()
 
 
 def _cell(value: float | None, form: str = ".1f") -> str:
@@ -433,6 +446,19 @@ def markdown(r: dict, device: str, torch_version: str) -> str:
                       f"{d['hf_sdpa_ms'] / f['graph_ms']:.1f}",
                       _cell(d["hf_compiled_ms"] / f["graph_ms"] if "hf_compiled_ms" in d else None)),
     )  # fmt: skip
+    lines += _variant_table(
+        r["decode"],
+        "fused_fp8",
+        "fused layers and an FP8 cache",
+        ("floor ms", "frostc graph ms", "tok/s", "× floor", "× fused bf16 cache's tok/s"),
+        lambda d, f: (
+            f"{f['floor_ms']:.2f}",
+            f"{f['graph_ms']:.2f}",
+            f"{d['batch'] / f['graph_ms'] * 1e3:,.0f}",
+            f"{f['graph_ms'] / f['floor_ms']:.2f}",
+            f"{d['fused']['graph_ms'] / f['graph_ms']:.2f}",
+        ),
+    )
     errors = [f"batch {d['batch']}: {d['compiled_model']['error']}" for d in r["decode"]
               if "error" in d.get("compiled_model", {})]  # fmt: skip
     if errors:

@@ -80,6 +80,8 @@ def test_the_weights_are_shared_not_copied() -> None:
     assert mlp.up_proj.weight.data_ptr() == mlp.gate_up_weight[mlp.gate_proj.weight.shape[0]].data_ptr()
     assert sum(p.numel() for p in model.parameters()) == before
     assert "qkv_weight" not in "".join(model.state_dict())  # checkpoints keep the projections' own
+    with pytest.raises(ValueError, match="fused already"):
+        hf_fuse.fuse_layers(model)
 
 
 def test_other_families_are_refused_naming_the_model_type() -> None:

@@ -58,6 +58,8 @@ def fuse_layers(model, plans=None, *, device=None) -> int:
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"fuse_layers: hidden_act {config.hidden_act!r}; the fused MLP computes SiLU: serve unfused")
     inner = model.model
+    if hasattr(inner.norm, "frostc_glue"):
+        raise ValueError("fuse_layers: this model's layers are fused already (fuse once, after loading the weights)")
     for layer in inner.layers:
         _check_layer(layer)
     glue = Glue.load(plans, model, device) if plans is not None else Glue({})

@@ -179,6 +179,9 @@ def build_hf_sets() -> None:
         name = tiny_set_name(family, qkv_layout="fused", glue=True)
         write_atomic(BUILT / "hf" / f"{name}.frostset", build_tiny_set(family, qkv_layout="fused", glue=True))
         print(f"[hf] {name}.frostset", flush=True)
+    name = tiny_set_name("llama", "e4m3", "fused", glue=True)  # fused layers over an FP8 cache
+    write_atomic(BUILT / "hf" / f"{name}.frostset", build_tiny_set("llama", "e4m3", "fused", glue=True))
+    print(f"[hf] {name}.frostset", flush=True)
 
 
 def main() -> int:

@@ -85,28 +85,33 @@ def test_generate_matches_the_reference(family: str) -> None:
     print(f"{family}: {judge(model, REFERENCE[family], backend, ids, mask, expected, got)}; calls {calls}")
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
-def test_an_fp8_cache_through_the_plans_matches_its_torch_reference(family: str) -> None:
+@pytest.mark.parametrize("family, fused", [("llama", False), ("gemma2", False), ("llama", True)])
+def test_an_fp8_cache_through_the_plans_matches_its_torch_reference(family: str, fused: bool) -> None:
     """A set built with --kv-cache-dtype e4m3: every call through a plan (the decode plans'
     kv_append quantizing, the attention reading e4m3 pages), and the teacher-forced logits equal,
     within the bf16 model's noise, those of the backend's torch reference over the same
     quantized pools (launch=False: the same scales, the same e4m3 bytes, dequantized in fp32)."""
     from tests.hf_models import stepwise_logits
 
-    plans = _plans(family, "-kv_e4m3")
+    plans = _plans(family, "-kv_e4m3" + ("-qkv_fused-glue" if fused else ""))
     model = hf_model(family, device="cuda")
+    if fused:  # fused layers: the quantizing kv_append reads k and v as views of the QKV buffer
+        hf_fuse.fuse_layers(model, plans)
     layers = model.config.num_hidden_layers
     ids, mask = left_padded_prompts(PROMPTS, model.config.vocab_size, "cuda")
-    backend = _backend(plans, model, f"frostc-test-{family}-fp8")
+    backend = _backend(plans, model, f"frostc-test-{family}-fp8{'-fused' if fused else ''}")
     with torch.no_grad():
         tokens = greedy(model, ids, mask, 16, cache=backend.new_cache())
         assert dict(backend.calls) == {"prefill": layers, "decode": layers * 15}, dict(backend.calls)
         assert backend._pools[0][0].dtype == torch.float8_e4m3fn
         got = stepwise_logits(model, ids, mask, tokens, backend.new_cache())
-        reference = hf.install(plans, model, device="cuda", name=f"frostc-test-{family}-fp8-ref", launch=False)
+        reference = hf.install(plans, model, device="cuda", name=f"frostc-test-{family}-fp8-ref{fused}", launch=False)
         want = stepwise_logits(model, ids, mask, tokens, reference.new_cache())
     err = float((got - want).abs().amax())
-    print(f"{family} e4m3 cache: max logit difference, plans against the torch reference, {err:.4f}")
+    print(
+        f"{family}{' fused' if fused else ''} e4m3 cache: max logit difference, plans against the torch "
+        f"reference, {err:.4f}"
+    )
     assert err < 0.1, err
 
 
