@@ -132,3 +132,18 @@ def test_decode_rows_are_handed_over_as_views_when_the_plan_takes_them() -> None
     short = hf._rows_to(k[:3], slots["fused"])
     assert short.stride() == slots["fused"].strides
     assert torch.equal(short[:3], k[:3]) and not short[3].any()
+
+
+def test_glue_plans_of_another_model_are_refused_naming_the_difference() -> None:
+    """Glue plans built for the tiny Llama (hidden 512) on the tiny Qwen2 (hidden 896): refused
+    before anything loads, naming the width and the fix; the model is left unfused."""
+    plans = frost_runtime.read_set(build_tiny_set("llama", qkv_layout="fused", glue=True))
+    model = hf_model("qwen2", device="cpu")
+    with pytest.raises(ValueError, match="norm width 512, the model's hidden_size is 896.*from-config --glue"):
+        hf_fuse.fuse_layers(model, plans)
+    assert not hasattr(model.model.layers[0].self_attn, "qkv_weight")
+    eps = hf_model("llama", device="cpu")
+    for layer in eps.model.layers:
+        layer.input_layernorm.variance_epsilon = 1e-6
+    with pytest.raises(ValueError, match="eps 1e-05, the model's norms use 1e-06, 1e-05"):
+        hf_fuse.fuse_layers(eps, plans)

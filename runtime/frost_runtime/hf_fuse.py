@@ -185,9 +185,10 @@ class Glue:
             "mlp": config.intermediate_size,
             "eps": {float(m.variance_epsilon) for m in (*norms, model.model.norm)},
         }
+        for g in plans.glue:  # every plan checked before any is loaded
+            _check_glue(plans, g, want)
         keys = {}
         for g in plans.glue:
-            _check_glue(plans, g, want)
             key = f"{plans.sha256[:16]}/{g.key}"
             if key not in torch_ops._registry:
                 with torch.cuda.device(device if device is not None else torch.cuda.current_device()):
