@@ -1,29 +1,32 @@
-"""Fused decoder layers for a Hugging Face Llama-family model (Llama / Llama-3, Mistral, Qwen2),
-in torch eager: the non-attention work of a serving step in fewer, larger kernels, no compile.
+"""Fused decoder layers for a Hugging Face Llama-family model (Llama / Llama-3, Mistral, Qwen2):
+the non-attention work of a serving step in fewer, larger kernels, with no compile.
 
+    plans = frost_runtime.read_set("llama.frostset")   # from-config ... --qkv-layout fused --glue
+    frost_runtime.hf_fuse.fuse_layers(model, plans)    # once, after loading the weights
     backend = frost_runtime.hf.install(plans, model)
-    frost_runtime.hf_fuse.fuse_layers(model)          # once, after loading the weights
 
 Why: at decode, a step's attention is a few kernels per layer (frostc's plans), but HF's eager
 modeling code launches ~35 more per layer: RMSNorm as eight elementwise kernels, rotary as five
 per tensor, the residual adds, SiLU and its product, and three + two separate projections. Each
 costs a launch (~2 µs in a CUDA graph) on a step whose useful work is reading the weights once:
 at batch 8 those launches alone are ~2.5 ms of a Llama-3-8B step whose bandwidth floor is ~4 ms
-(bench/NOTES.md, "Decode in a model"). Fused, per layer:
-- RMSNorm: `F.rms_norm`, one kernel;
-- q, k and v: one GEMM over the concatenated weights (and biases: Qwen2), then rotary on q and k
-  together in four kernels (the same bf16 arithmetic as HF's `apply_rotary_pos_emb`, bit for
-  bit), and one copy each for the three into the row layout the plans take;
-- o_proj and down_proj: `addmm` with the residual as its input (the residual add in the GEMM's
-  epilogue);
-- gate and up: one GEMM over the concatenated weights, SiLU, the product in place.
+(bench/NOTES.md, "Fused decoder layers and glue plans"). Fused, per layer:
+- q, k and v: one GEMM over the concatenated weights (and biases: Qwen2); rotary on q and k in
+  place in its output (four kernels, HF's `apply_rotary_pos_emb` arithmetic bit for bit); q, k, v
+  handed to the attention as views of it (a set built with --qkv-layout fused reads them there;
+  another set's plans get them copied into their rows);
+- the norms, the residual add before the second norm, and SiLU(gate) * up: one kernel each,
+  through the set's glue plans (--glue) when a step's rows are a decode bucket's; in torch
+  otherwise, rounding the same way (the plans round where HF's code rounds);
+- gate and up: one GEMM over the concatenated weights; the last residual add in the down
+  projection's epilogue, in place.
 
-What changes in the numbers: RMSNorm multiplies by its weight before rounding to bf16 (HF rounds
-first), and the residual adds round once with the GEMM (HF rounds the GEMM, then the sum): a
-step's logits differ from HF's by bf16 rounding, tested on the CPU against HF's own forward.
-The weights are not copied: each projection's weight becomes a view into its concatenation.
-The attention itself is whatever the model's config names (frostc's backend, or sdpa): the
-fused layer calls it through HF's attention interface, as HF's layer does.
+What changes in the numbers: the last residual add rounds once with its GEMM (HF rounds the GEMM,
+then the sum), and sums run in other orders: a step's logits are as close to an fp32 model's as
+HF's own (tested on the CPU; generation on the GPU gives HF's tokens or a near tie). The weights
+are not copied: each projection's weight becomes a view into its concatenation. The attention
+is whatever the model's config names (frostc's backend, or sdpa), called through HF's attention
+interface as HF's layer calls it.
 """
 
 from __future__ import annotations
