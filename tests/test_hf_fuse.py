@@ -147,3 +147,28 @@ def test_glue_plans_of_another_model_are_refused_naming_the_difference() -> None
         layer.input_layernorm.variance_epsilon = 1e-6
     with pytest.raises(ValueError, match="eps 1e-05, the model's norms use 1e-06, 1e-05"):
         hf_fuse.fuse_layers(eps, plans)
+
+
+def test_fused_layers_compile_once_without_graph_breaks() -> None:
+    """`DecodeGraph(compile_model=True)` over a fused model: one compile serves every step (no
+    graph break: the rotary tensors' per-forward cache is skipped while tracing), and the tokens
+    are the eager steps'."""
+    from torch._dynamo.utils import counters
+
+    model = hf_model("llama", device="cpu")
+    hf_fuse.fuse_layers(model)
+    plans = frost_runtime.read_set(build_tiny_set("llama", qkv_layout="fused"))
+    backend = hf.install(plans, model, device="cpu", name="frostc-cpu-fused-compiled", launch=False)
+    ids, mask = left_padded_prompts([5, 11], model.config.vocab_size, "cpu")
+    runs = []
+    for compile_model in (False, True):
+        graph = hf.DecodeGraph(model, backend, batch=2, compile_model=compile_model)
+        breaks, compiled = sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
+        with torch.no_grad():
+            tokens = [graph.prefill(ids, mask)]
+            for _ in range(4):
+                tokens.append(graph.step(tokens[-1], capture=False))
+        runs.append(torch.stack(tokens))
+    assert sum(counters["graph_break"].values()) == breaks
+    assert counters["stats"]["unique_graphs"] - compiled == 1
+    assert torch.equal(runs[0], runs[1])

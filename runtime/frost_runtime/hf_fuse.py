@@ -131,14 +131,15 @@ class _SignedSine:
 
     def forward(self, x, position_ids):
         cos, sin = self.original(x, position_ids)
-        _ROTARY.clear()  # the latest forward's only: older sines are gone
-        _ROTARY[id(sin)] = _Rotary(weakref.ref(sin), cos, _negate_first_half(sin))
+        if not torch.compiler.is_compiling():  # traced, each layer's are computed in the graph (and fused there)
+            _ROTARY.clear()  # the latest forward's only: older sines are gone
+            _ROTARY[id(sin)] = _Rotary(weakref.ref(sin), cos, _negate_first_half(sin))
         return cos, sin
 
 
 @dataclass
 class _Rotary:
-    sin: weakref.ref
+    sin: weakref.ref | None  # the sine these were made from (None: made for one call)
     cos: torch.Tensor
     signed: torch.Tensor
     whole: dict = field(default_factory=dict)  # (hq, hkv) -> cos, signed sine over q, k and v's heads
@@ -163,10 +164,13 @@ def _negate_first_half(sin: torch.Tensor) -> torch.Tensor:
 
 
 def _rotary(cos: torch.Tensor, sin: torch.Tensor) -> _Rotary:
-    held = _ROTARY.get(id(sin))
-    if held is not None and held.sin() is sin:
-        return held
-    return _Rotary(weakref.ref(sin), cos, _negate_first_half(sin))  # a sine from elsewhere: made here
+    """The forward's rotary tensors, made once per forward by `_SignedSine` (eager); made here
+    under torch.compile (a tensor's id is no guard dynamo can keep) or for a sine from elsewhere."""
+    if not torch.compiler.is_compiling():
+        held = _ROTARY.get(id(sin))
+        if held is not None and held.sin() is sin:
+            return held
+    return _Rotary(None, cos, _negate_first_half(sin))
 
 
 @dataclass
