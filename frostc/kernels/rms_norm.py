@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream
+from frost_runtime.dtypes import DTYPES
 
 from frostc.kernels.row_pieces import load_piece, store_piece
 from frostc.kernels.sdpa_common import dsl_dtype, fake_ptr
@@ -47,7 +48,7 @@ class RmsNormVariant:
 
     @property
     def elems(self) -> int:
-        return VECTOR_BYTES * 8 // cutlass_width(self.dtype)
+        return VECTOR_BYTES // DTYPES[self.dtype].bytes
 
     @property
     def pieces(self) -> int:
@@ -81,10 +82,6 @@ class RmsNormVariant:
         data = dsl_dtype(self.dtype)
         pointers = [fake_ptr(data, 16) for _ in POINTERS]
         return (*pointers, tuple(cutlass.Int64(8) for _ in STRIDE_PARAMS), cutlass.Float32(1e-6), make_fake_stream())
-
-
-def cutlass_width(dtype: str) -> int:
-    return dsl_dtype(dtype).width
 
 
 class RmsNorm:

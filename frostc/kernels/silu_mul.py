@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream
+from frost_runtime.dtypes import DTYPES
 
 from frostc.kernels.row_pieces import load_piece, store_piece
 from frostc.kernels.sdpa_common import dsl_dtype, fake_ptr
@@ -41,7 +42,7 @@ class SiluMulVariant:
 
     @property
     def elems(self) -> int:
-        return VECTOR_BYTES * 8 // dsl_dtype(self.dtype).width
+        return VECTOR_BYTES // DTYPES[self.dtype].bytes
 
     @property
     def row_ctas(self) -> int:

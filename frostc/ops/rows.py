@@ -38,7 +38,7 @@ def check_row_layout(t: Tensor, letters: str, layouts: str, ctx: ResolveContext)
             f"{t.path}.strides[{last}]",
             f"the {_INNER_WORDS.get(letters[-1], 'last dim')} must be innermost (stride 1), found stride "
             f"{t.strides[last]}; "
-            f"use a layout ending in d, such as {layouts}",
+            f"use a layout ending in {letters[-1]}, such as {layouts}",
         )
     align = row_align_elems(t.dtype)
     for i, letter in enumerate(letters[:-1]):
