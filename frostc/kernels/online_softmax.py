@@ -1,12 +1,12 @@
 """The online softmax of one consumer's rows over key blocks (running max and sum, rescales
 of O, the natural-log LSE), shared by the forward and decode kernels."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import cutlass
 import cutlass.cute as cute
 
-from frostc.kernels.sdpa_common import LN_2, quad_max, quad_sum
+from frostc.kernels.sdpa_common import LN_2, exp2_on_fma, quad_max, quad_sum
 
 # the online softmax keeps a row's reference max until a block raises it by more than this
 # (log2 units; probabilities stay <= 2**8 = 256, exact in bf16/fp16 range and fp32 sums)
@@ -16,6 +16,27 @@ RESCALE_LOG2 = 8.0
 # (`OnlineSoftmax.update_fast`) are kept when each thread's sum of them stays at most this, so
 # no probability exceeds it (fp16's P and fp32 sums stay far from overflow)
 FAST_SUM_LIMIT = 4096.0
+
+
+def _tree_sum(values: list):
+    """Pairwise sum: independent adds, not a chain (plain Python: the DSL traces it unrolled)."""
+    while len(values) > 1:
+        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+    return values[0]
+
+
+@dataclass(frozen=True)
+class ProbabilityLimits:
+    """How large the unnormalized probabilities may grow, as the P operand's dtype allows:
+    `rescale_log2` and `fast_sum_limit` as above, and `p_scale_log2`: every probability (and so
+    every row sum) is scaled by 2**p_scale_log2, for free inside the exponential, so that an
+    8-bit P uses its range (the normalization cancels it; the LSE takes it out)."""
+
+    rescale_log2: float = RESCALE_LOG2
+    fast_sum_limit: float = FAST_SUM_LIMIT
+    p_scale_log2: float = 0.0
+    # k > 0: every k-th column's exponential on the FMA pipe (`exp2_on_fma`), the others on MUFU
+    exp2_on_fma_every: int = 0
 
 
 @dataclass(frozen=True)
@@ -28,11 +49,40 @@ class OnlineSoftmax:
     row_sum: cute.Tensor
     correction: cute.Tensor
     block_sum: cute.Tensor  # `update_fast`'s sums, added by `accept_fast`
+    limits: ProbabilityLimits = field(default_factory=ProbabilityLimits)
 
     @staticmethod
-    def create(rows: int, scale_log2) -> "OnlineSoftmax":
+    def create(rows: int, scale_log2, limits: ProbabilityLimits | None = None) -> "OnlineSoftmax":
         make = lambda: cute.make_rmem_tensor(rows, cutlass.Float32)  # noqa: E731
-        return OnlineSoftmax(scale_log2, make(), make(), make(), make())
+        return OnlineSoftmax(scale_log2, make(), make(), make(), make(), limits or ProbabilityLimits())
+
+    def with_scale(self, scale_log2) -> "OnlineSoftmax":
+        """The same state under another scale (a tile's own: e4m3 inputs' descales)."""
+        return replace(self, scale_log2=scale_log2)
+
+    @cute.jit
+    def _probabilities(self, s_mn, r, shift):
+        """exp2(row r · scale - shift) in place; returns the row's sum. With `exp2_on_fma_every`,
+        element by element (some on the FMA pipe) and summed as a tree; else one vector op."""
+        if cutlass.const_expr(self.limits.exp2_on_fma_every == 0):
+            row = s_mn[r, None].load()
+            probs = cute.math.exp2(row * self.scale_log2 - shift, fastmath=True)
+            s_mn[r, None] = probs
+            return probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+        every = self.limits.exp2_on_fma_every
+        values = []
+        for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
+            x = s_mn[r, c] * self.scale_log2 - shift
+            p = exp2_on_fma(x) if c % every == every - 1 else cute.math.exp2(x, fastmath=True)
+            s_mn[r, c] = p
+            values.append(p)
+        return _tree_sum(values)
+
+    def _shifted(self, shift):
+        """The exponent's offset: the reference max's, less the probabilities' scale."""
+        if cutlass.const_expr(self.limits.p_scale_log2 != 0.0):
+            return shift - self.limits.p_scale_log2
+        return shift
 
     def reset(self):
         self.row_max.fill(-cutlass.Float32.inf)
@@ -52,7 +102,7 @@ class OnlineSoftmax:
         for r in cutlass.range_constexpr(rows):
             block_max[r] = quad_max(s_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
             # a row that saw no key has max -inf: any finite score grows it (inf > threshold)
-            grow = grow | ((block_max[r] - self.row_max[r]) * self.scale_log2 > RESCALE_LOG2)
+            grow = grow | ((block_max[r] - self.row_max[r]) * self.scale_log2 > self.limits.rescale_log2)
         moved = cute.arch.vote_any_sync(grow)
         for r in cutlass.range_constexpr(rows):
             row = s_mn[r, None].load()
@@ -61,12 +111,20 @@ class OnlineSoftmax:
             # a row that has seen no key yet keeps max -inf: exponentiate against 0 instead
             safe_max = 0.0 if new_max == -cutlass.Float32.inf else new_max
             shift = safe_max * self.scale_log2
-            probs = cute.math.exp2(row * self.scale_log2 - shift, fastmath=True)
-            factor = cute.math.exp2(prev_max * self.scale_log2 - shift, fastmath=True)
-            self.row_sum[r] = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0) + self.row_sum[r] * factor
-            self.correction[r] = factor
-            self.row_max[r] = new_max
-            s_mn[r, None] = probs
+            if cutlass.const_expr(self.limits.exp2_on_fma_every == 0):
+                probs = cute.math.exp2(row * self.scale_log2 - self._shifted(shift), fastmath=True)
+                factor = cute.math.exp2(prev_max * self.scale_log2 - shift, fastmath=True)
+                total = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+                self.row_sum[r] = total + self.row_sum[r] * factor
+                self.correction[r] = factor
+                self.row_max[r] = new_max
+                s_mn[r, None] = probs
+            else:
+                total = self._probabilities(s_mn, r, self._shifted(shift))
+                factor = cute.math.exp2(prev_max * self.scale_log2 - shift, fastmath=True)
+                self.row_sum[r] = total + self.row_sum[r] * factor
+                self.correction[r] = factor
+                self.row_max[r] = new_max
         return moved
 
     @cute.jit
@@ -82,11 +140,9 @@ class OnlineSoftmax:
             reference = self.row_max[r]
             unset = reference == -cutlass.Float32.inf
             shift = cutlass.select_(unset, cutlass.Float32(0.0), reference * self.scale_log2)
-            probs = cute.math.exp2(s_mn[r, None].load() * self.scale_log2 - shift, fastmath=True)
-            total = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-            retry = retry | unset | (total > FAST_SUM_LIMIT) | (total != total)
+            total = self._probabilities(s_mn, r, self._shifted(shift))
+            retry = retry | unset | (total > self.limits.fast_sum_limit) | (total != total)
             self.block_sum[r] = total
-            s_mn[r, None] = probs
         return retry
 
     @cute.jit
@@ -101,14 +157,20 @@ class OnlineSoftmax:
             o_mn[r, None] = o_mn[r, None].load() * self.correction[r]
 
     @cute.jit
-    def normalize(self, o_mn):
-        """O /= row sum (0 for a row that saw no key); row_sum becomes the quad's total."""
+    def normalize(self, o_mn, out_scale=None):
+        """O /= row sum (0 for a row that saw no key), times `out_scale` unless None; row_sum
+        becomes the quad's total."""
         for r in cutlass.range_constexpr(cute.size(self.row_sum)):
             total = quad_sum(self.row_sum[r])
             self.row_sum[r] = total
             inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
+            if cutlass.const_expr(out_scale is not None):
+                inv = inv * out_scale
             o_mn[r, None] = o_mn[r, None].load() * inv
 
     def lse(self, r):
         """Natural-log log-sum-exp of row r (after `normalize`); -inf for a row that saw no key."""
-        return (self.row_max[r] * self.scale_log2 + cute.math.log2(self.row_sum[r])) * LN_2
+        log2_sum = cute.math.log2(self.row_sum[r])
+        if cutlass.const_expr(self.limits.p_scale_log2 != 0.0):
+            log2_sum = log2_sum - self.limits.p_scale_log2
+        return (self.row_max[r] * self.scale_log2 + log2_sum) * LN_2

@@ -61,9 +61,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
+from frost_runtime.dtypes import DTYPES, E4M3_MAX
 
 from frostc.kernels.barriers import Barrier
-from frostc.kernels.online_softmax import OnlineSoftmax
+from frostc.kernels.online_softmax import OnlineSoftmax, ProbabilityLimits
 from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
 from frostc.kernels.ring import Ring
 from frostc.kernels.sdpa_common import (
@@ -72,6 +73,7 @@ from frostc.kernels.sdpa_common import (
     TmaVariant,
     any_at_barrier,
     dsl_dtype,
+    e4m3_quad_word,
     fake_ptr,
 )
 from frostc.kernels.sequences import Sequence, Sequences, Shape
@@ -117,9 +119,11 @@ class WgmmaTiles:
         }
 
 
-def tiles_for_head_dim(head_dim: int, window_left: bool) -> WgmmaTiles:
+def tiles_for_head_dim(head_dim: int, window_left: bool, fp8: bool = False) -> WgmmaTiles:
     """Shared memory decides (227 KiB): Q and O buffers are 128·d, a ring stage 2·block_n·d
     two-byte elements. bench/NOTES.md has the measurements behind each choice."""
+    if fp8:
+        return _fp8_tiles(head_dim, window_left)
     if head_dim == 256:
         # 64 KiB Q + 2 stages of 2·32 KiB: O must go through Q's buffer
         return WgmmaTiles(block_m=128, block_n=64, consumers=2, stages=2, o_buffer=False)
@@ -136,6 +140,19 @@ def tiles_for_head_dim(head_dim: int, window_left: bool) -> WgmmaTiles:
     return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=4, o_buffer=True)
 
 
+def _fp8_tiles(head_dim: int, window_left: bool) -> WgmmaTiles:
+    """e4m3 Q, K, V (one byte) and a 16-bit O: O always has its own buffer (it is twice Q's
+    bytes). The consumers as at 16 bits: three at d=64 (its GEMMs are short), else two."""
+    if head_dim == 256:
+        # 32 KiB Q + 64 KiB O + 3 stages of 2·16 KiB = 192 KiB
+        return WgmmaTiles(block_m=128, block_n=64, consumers=2, stages=3, o_buffer=True)
+    if head_dim == 64 and not window_left:
+        # 12 KiB Q + 24 KiB O + 4 stages of 2·8 KiB = 100 KiB
+        return WgmmaTiles(block_m=192, block_n=128, consumers=3, stages=4, o_buffer=True)
+    # d=128: 16 KiB Q + 32 KiB O + 4 stages of 2·16 KiB = 176 KiB; d=64: half of each
+    return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=4, o_buffer=True)
+
+
 # ------------------------------------------------------------------------------ the variant
 
 LOADED = ("q", "k", "v")  # read through TMA tensor maps
@@ -148,16 +165,25 @@ INT_PARAMS = (
 # workspace regions: the scheduling kernel's table, list and count (variable lengths); the
 # dynamic walk's counter (`TicketWalk`)
 WORKSPACE_POINTERS = ("sequences", "tiles", "tile_count", "tile_counter")
+# e4m3 P: packed (converted and swapped in the quad) before the wait for the previous P V, so
+# that only register moves follow it on the consumer's critical path (bench/NOTES.md, FP8 v1)
+FP8_PACK_EARLY = True
+# e4m3: every k-th column's exponential on the FMA pipe instead of MUFU (0: none; NOTES FP8 v1)
+FP8_EXP2_ON_FMA_EVERY = 0
+# e4m3 variants: Q, K and V's float32 dequantization factors, each per tensor (its stride 0) or
+# per head (stride 1)
+DESCALES = ("q_descale", "k_descale", "v_descale")
 
 
 @dataclass(frozen=True)
 class SdpaFwdVariant(TmaVariant):
     """The compile key of one attention kernel: declaration facts only (shapes are arguments)."""
 
-    dtype: str
+    dtype: str  # Q, K and V's
     head_dim: int
     mask: MaskFlags
     has_lse: bool
+    out_dtype: str = ""  # O's, when it differs from `dtype` (e4m3 Q, K, V: bf16 or fp16 O)
     varlen: bool = False  # lengths from the scheduling kernel's table, ragged tensor maps
     # one CTA per tile, the hardware handing each freed SM the next (longest first within L2
     # sections of heads): long causal tiles, where a static persistent order loses more to
@@ -175,15 +201,25 @@ class SdpaFwdVariant(TmaVariant):
 
     @property
     def name(self) -> str:
-        name = f"sdpa_fwd_wgmma.{self.dtype}.d{self.head_dim}.{self.mask.label}"
+        name = f"sdpa_fwd_wgmma.{self.dtype}" + (f".o_{self.out_dtype}" if self.out_dtype else "")
+        name += f".d{self.head_dim}.{self.mask.label}"
         name += (".varlen" if self.varlen else "") + (".per_tile" if self.per_tile else "")
         name += (".paired" if self.paired else "") + (".dynamic" if self.dynamic else "")
         name += ".visits" if self.count_visits else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
+    def fp8(self) -> bool:
+        """One-byte Q, K and V: both GEMMs in e4m3, V read with its keys innermost."""
+        return DTYPES[self.dtype].bytes == 1
+
+    @property
+    def o_dtype(self) -> str:
+        return self.out_dtype or self.dtype
+
+    @property
     def tile_shape(self) -> WgmmaTiles:
-        tiles = tiles_for_head_dim(self.head_dim, self.mask.left)
+        tiles = tiles_for_head_dim(self.head_dim, self.mask.left, self.fp8)
         if self.per_tile:
             return replace(tiles, ctas_per_sm=0, l2_sections=True)
         return replace(tiles, l2_sections=True) if self.dynamic else tiles
@@ -229,16 +265,21 @@ class SdpaFwdVariant(TmaVariant):
         for name in ("o", "lse"):
             params += [(f"{name}.{s}", "i64") for s in STRIDE_NAMES]
         params += [("scale_log2", "f32"), ("score_scale", "f32")]
+        if self.fp8:
+            params += [(name, "ptr") for name in DESCALES] + [(f"{name}.stride", "i32") for name in DESCALES]
         return tuple(params)
 
     def kernel(self) -> "SdpaForwardWgmma":
-        return SdpaForwardWgmma(self)
+        return SdpaForwardWgmmaFp8(self) if self.fp8 else SdpaForwardWgmma(self)
 
     def compile_args(self) -> tuple:
         dtype = dsl_dtype(self.dtype)
-        pointers = [fake_ptr(dtype, 16) for _ in range(4)] + [fake_ptr(cutlass.Float32, 4)]
-        pointers += [fake_ptr(cutlass.Int32, 4) for _ in WORKSPACE_POINTERS]
-        return (*pointers, *_fake_scalars(), make_fake_stream())
+        pointers = [fake_ptr(dtype, 16) for _ in range(3)] + [fake_ptr(dsl_dtype(self.o_dtype), 16)]
+        pointers += [fake_ptr(cutlass.Float32, 4)] + [fake_ptr(cutlass.Int32, 4) for _ in WORKSPACE_POINTERS]
+        if not self.fp8:
+            return (*pointers, *_fake_scalars(), make_fake_stream())
+        descales = (*(fake_ptr(cutlass.Float32, 4) for _ in DESCALES), *(cutlass.Int32(0) for _ in DESCALES))
+        return (*pointers, *_fake_scalars(), descales, make_fake_stream())
 
     # tensor maps (TmaVariant): the build encodes them on the CPU with the same code the kernel uses
     TMA_SLOTS = LOADED
@@ -249,7 +290,7 @@ class SdpaFwdVariant(TmaVariant):
 
     def tensor_map_args(self, shape, addresses: list[int], out: int) -> tuple:
         """`shape`: (ints, strides) as resolved for the launch (INT_PARAMS order; (b, h, s) of
-        q, k, v, o, lse)."""
+        q, k, v, o, lse; an e4m3 variant's V: (b, h, d), its keys being innermost)."""
         ints, strides = shape
         dtype = dsl_dtype(self.dtype)
         pointers = [make_ptr(dtype, a, AddressSpace.gmem, assumed_align=16) for a in addresses]
@@ -327,6 +368,27 @@ class ConsumerMask:
                     s_mn[r, c] = -cutlass.Float32.inf
 
 
+@dataclass(frozen=True)
+class Descales:
+    """An e4m3 variant's float32 dequantization factors of Q, K and V: one per tensor (stride 0)
+    or one per head (stride 1; K's and V's per KV head)."""
+
+    q: cute.Pointer
+    k: cute.Pointer
+    v: cute.Pointer
+    q_stride: cutlass.Int32
+    k_stride: cutlass.Int32
+    v_stride: cutlass.Int32
+
+    def of_head(self, head, head_kv):
+        """(descale_q · descale_k, descale_v) of query head `head`."""
+        one = cute.make_layout(1)
+        dq = cute.make_tensor(self.q + head * self.q_stride, one)[0]
+        dk = cute.make_tensor(self.k + head_kv * self.k_stride, one)[0]
+        dv = cute.make_tensor(self.v + head_kv * self.v_stride, one)[0]
+        return dq * dk, dv
+
+
 # ------------------------------------------------------------------------------ the kernel
 
 
@@ -336,6 +398,8 @@ class SdpaForwardWgmma:
     def __init__(self, variant: SdpaFwdVariant, tiles: WgmmaTiles | None = None):
         self.variant = variant
         self.dtype = dsl_dtype(variant.dtype)
+        self.out_dtype = dsl_dtype(variant.o_dtype)
+        self.fp8 = variant.fp8
         self.head_dim = variant.head_dim
         self.mask_flags = variant.mask
         self.has_lse = variant.has_lse
@@ -347,6 +411,12 @@ class SdpaForwardWgmma:
     @cute.jit
     def __call__(self, q, k, v, o, lse, sequences, units, tile_count, tile_counter, ints: tuple, strides: tuple,
                  floats: tuple, stream):  # fmt: skip
+        self._launch((q, k, v, o, lse, sequences, units, tile_count, tile_counter), ints, strides, floats, (), stream)
+
+    @cute.jit
+    def _launch(self, pointers: tuple, ints: tuple, strides: tuple, floats: tuple, descales: tuple, stream):
+        """`descales`: an e4m3 variant's (q, k, v descale pointers, their three strides), else ()."""
+        q, k, v, o, lse, sequences, units, tile_count, tile_counter = pointers
         self.shared_storage = self._shared_storage()
         self.smem_bytes = self.shared_storage.size_in_bytes()
         (q_tma, mQ), (k_tma, mK), (v_tma, mV) = self.tma_loads(q, k, v, ints, strides)
@@ -354,10 +424,14 @@ class SdpaForwardWgmma:
         # the plan's grid is what runs (the runtime caps it at the device's SMs); this one is
         # the DSL's own launcher's, which frostc never uses
         grid = (cute.ceil_div(seq_q, self.tiles.block_m) * heads_q * batch, 1, 1)
-        pointers = (o, lse, sequences, units, tile_count, tile_counter)
-        self.kernel(q_tma, mQ, k_tma, mK, v_tma, mV, *pointers, *ints, *strides[9:], *floats).launch(
-            grid=grid, block=[self.tiles.num_threads, 1, 1], smem=self.smem_bytes, stream=stream, min_blocks_per_mp=1
-        )
+        launch = dict(grid=grid, block=[self.tiles.num_threads, 1, 1], smem=self.smem_bytes, stream=stream,
+                      min_blocks_per_mp=1)  # fmt: skip
+        args = (q_tma, mQ, k_tma, mK, v_tma, mV, o, lse, sequences, units, tile_count, tile_counter, *ints,
+                *strides[9:], *floats)  # fmt: skip
+        if cutlass.const_expr(self.fp8):
+            self.kernel_fp8(*args, *descales).launch(**launch)
+        else:
+            self.kernel(*args).launch(**launch)
 
     @cute.jit
     def tma_loads(self, q, k, v, ints: tuple, strides: tuple):
@@ -386,7 +460,10 @@ class SdpaForwardWgmma:
         else:
             gQ = cute.make_tensor(q, cute.make_layout((seq_q, d, heads_q, batch), stride=(q_ss, 1, q_sh, q_sb)))
             gK = cute.make_tensor(k, cute.make_layout((seq_kv, d, heads_kv, batch), stride=(k_ss, 1, k_sh, k_sb)))
-            gV = cute.make_tensor(v, cute.make_layout((d, seq_kv, heads_kv, batch), stride=(1, v_ss, v_sh, v_sb)))
+            if cutlass.const_expr(self.fp8):  # keys innermost (8-bit WGMMA operands are K-major); v_ss: d's stride
+                gV = cute.make_tensor(v, cute.make_layout((d, seq_kv, heads_kv, batch), stride=(v_ss, 1, v_sh, v_sb)))
+            else:
+                gV = cute.make_tensor(v, cute.make_layout((d, seq_kv, heads_kv, batch), stride=(1, v_ss, v_sh, v_sb)))
         sQ, sK, sV = self._smem_layouts()
         op = cpasync.CopyBulkTensorTileG2SOp()
         q_info = cpasync.make_tiled_tma_atom(op, gQ, cute.select(sQ, mode=[0, 1]), (wg_m, d))
@@ -406,7 +483,8 @@ class SdpaForwardWgmma:
         t = self.tiles
         dtype = self.dtype
         q_elems, k_elems, v_elems = (cute.cosize(x) for x in self._smem_layouts())
-        o_elems = q_elems if t.o_buffer else 8  # unused placeholder when O goes through Q
+        o_elems = cute.cosize(self._smem_layout_o()) if t.o_buffer else 8  # unused placeholder when O goes through Q
+        out_dtype = self.out_dtype
         stages = t.stages
         dynamic = self.variant.dynamic
 
@@ -418,7 +496,7 @@ class SdpaForwardWgmma:
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dtype, k_elems], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, v_elems], 1024]
-            sO: cute.struct.Align[cute.struct.MemRange[dtype, o_elems], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[out_dtype, o_elems], 1024]
             if dynamic:
                 ticket: cute.struct.MemRange[cutlass.Int32, 4]  # the tile the producer took
 
@@ -437,7 +515,7 @@ class SdpaForwardWgmma:
             self.dtype,
             self.dtype,
             k_major,
-            mn_major,
+            k_major if self.fp8 else mn_major,
             cutlass.Float32,
             (1, 1, 1),
             (wg_m, self.head_dim),
@@ -446,13 +524,22 @@ class SdpaForwardWgmma:
         return qk, pv
 
     def _smem_layouts(self):
-        """Q (rows, d, consumer), K (keys, d, stage), V (d, keys, stage), in WGMMA's swizzles."""
+        """Q (rows, d, consumer), K (keys, d, stage), V (d, keys, stage), in WGMMA's swizzles; V's
+        d innermost (MN-major), or its keys (K-major: e4m3, as 8-bit operands must be)."""
         t = self.tiles
         wg_m = t.block_m // t.consumers
         sQ = sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (wg_m, t.block_n, self.head_dim), self.dtype, t.consumers)
         sK = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (wg_m, t.block_n, self.head_dim), self.dtype, t.stages)
-        sV = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, (wg_m, self.head_dim, t.block_n), self.dtype, t.stages)
+        v_major = LayoutEnum.ROW_MAJOR if self.fp8 else LayoutEnum.COL_MAJOR
+        sV = sm90.make_smem_layout_b(v_major, (wg_m, self.head_dim, t.block_n), self.dtype, t.stages)
         return sQ, sK, sV
+
+    def _smem_layout_o(self):
+        """O's staging buffer (rows, d, consumer) in O's dtype: Q's layout when they share it."""
+        t = self.tiles
+        wg_m = t.block_m // t.consumers
+        shape = (wg_m, t.block_n, self.head_dim)
+        return sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, shape, self.out_dtype, t.consumers)
 
     def _pipelines(self, storage):
         """Q: one stage; K and V: `stages` each. "full" is armed by the producer thread with the
@@ -514,6 +601,75 @@ class SdpaForwardWgmma:
         scale_log2: cutlass.Float32,
         score_scale: cutlass.Float32,
     ):
+        self._run(
+            (q_tma, mQ, k_tma, mK, v_tma, mV),
+            (o, lse, sequences, units, tile_count, tile_counter),
+            (batch, heads_q, seq_q, seq_kv, group, window_left, window_right, q_rows, k_rows, v_rows),
+            (o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss),
+            scale_log2,
+            score_scale,
+            None,
+        )
+
+    @cute.kernel
+    def kernel_fp8(
+        self,
+        q_tma: cute.CopyAtom,
+        mQ: cute.Tensor,
+        k_tma: cute.CopyAtom,
+        mK: cute.Tensor,
+        v_tma: cute.CopyAtom,
+        mV: cute.Tensor,
+        o: cute.Pointer,
+        lse: cute.Pointer,
+        sequences: cute.Pointer,
+        units: cute.Pointer,
+        tile_count: cute.Pointer,
+        tile_counter: cute.Pointer,
+        batch: cutlass.Int32,
+        heads_q: cutlass.Int32,
+        seq_q: cutlass.Int32,
+        seq_kv: cutlass.Int32,
+        group: cutlass.Int32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
+        q_rows: cutlass.Int32,
+        k_rows: cutlass.Int32,
+        v_rows: cutlass.Int32,
+        o_sb: cutlass.Int64,
+        o_sh: cutlass.Int64,
+        o_ss: cutlass.Int64,
+        lse_sb: cutlass.Int64,
+        lse_sh: cutlass.Int64,
+        lse_ss: cutlass.Int64,
+        scale_log2: cutlass.Float32,
+        score_scale: cutlass.Float32,
+        q_descale: cute.Pointer,
+        k_descale: cute.Pointer,
+        v_descale: cute.Pointer,
+        q_descale_stride: cutlass.Int32,
+        k_descale_stride: cutlass.Int32,
+        v_descale_stride: cutlass.Int32,
+    ):
+        """The e4m3 variants' entry: the bf16 one's parameters and the descales (`DESCALES`)."""
+        descales = Descales(q_descale, k_descale, v_descale, q_descale_stride, k_descale_stride, v_descale_stride)
+        self._run(
+            (q_tma, mQ, k_tma, mK, v_tma, mV),
+            (o, lse, sequences, units, tile_count, tile_counter),
+            (batch, heads_q, seq_q, seq_kv, group, window_left, window_right, q_rows, k_rows, v_rows),
+            (o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss),
+            scale_log2,
+            score_scale,
+            descales,
+        )
+
+    @cute.jit
+    def _run(self, loads: tuple, pointers: tuple, ints: tuple, out_strides: tuple, scale_log2, score_scale, descales):
+        """Both entries' body (`descales`: None for 16-bit variants)."""
+        q_tma, mQ, k_tma, mK, v_tma, mV = loads
+        o, lse, sequences, units, tile_count, tile_counter = pointers
+        batch, heads_q, seq_q, seq_kv, group, window_left, window_right, q_rows, k_rows, v_rows = ints
+        o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss = out_strides
         tidx, _, _ = cute.arch.thread_idx()
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_tidx = tidx % 128
@@ -526,7 +682,8 @@ class SdpaForwardWgmma:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = sQ
         if cutlass.const_expr(self.tiles.o_buffer):
-            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sO_layout = self._smem_layout_o()
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -536,8 +693,8 @@ class SdpaForwardWgmma:
         else:
             section = cutlass.Int32(0)
             if cutlass.const_expr(self.tiles.l2_sections):
-                # K and V bytes per query head: seq_kv · d · 2 B · 2, shared by the group
-                pair_bytes = cutlass.Int64(seq_kv) * (4 * self.head_dim) // group
+                # K and V bytes per query head: seq_kv · d · 2 (K and V) · element bytes, shared by the group
+                pair_bytes = cutlass.Int64(seq_kv) * (2 * (self.dtype.width // 8) * self.head_dim) // group
                 fit = cutlass.Int32(cutlass.max(cutlass.Int64(L2_SECTION_BYTES) // cutlass.max(pair_bytes, 1), 1))
                 section = cutlass.min(fit, heads_q * batch)
             grid, _, _ = cute.arch.grid_dim()
@@ -564,7 +721,7 @@ class SdpaForwardWgmma:
             self._consume(
                 q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, tiles, seqs, shape, window,
                 (o, o_sh, o_ss), (lse, lse_sh, lse_ss),
-                wg - 1, wg_tidx, scale_log2, score_scale, ticket,
+                wg - 1, wg_tidx, scale_log2, score_scale, ticket, descales,
             )  # fmt: skip
 
     def _schedule(self, tiles):
@@ -694,15 +851,15 @@ class SdpaForwardWgmma:
     # ---------------------------------------------------------------- consumers
     def _row_copy(self):
         """16-byte pieces along d, 128 threads spread over rows (the O store)."""
-        elems = 128 // self.dtype.width
+        elems = 128 // self.out_dtype.width
         per_row = self.head_dim // elems
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype, num_bits_per_copy=128)
         layout = cute.make_layout((128 // per_row, per_row), stride=(per_row, 1))
         return cute.make_tiled_copy_tv(atom, layout, cute.make_layout((1, elems)))
 
     @cute.jit
     def _consume(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, tiles, seqs, shape, window, o_args, lse_args, cw,
-                 wg_tidx, scale_log2, score_scale, ticket):  # fmt: skip
+                 wg_tidx, scale_log2, score_scale, ticket, descales):  # fmt: skip
         t = self.tiles
         wg_m = t.block_m // t.consumers
         qk_mma, pv_mma = self._mmas()
@@ -713,9 +870,12 @@ class SdpaForwardWgmma:
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N, K, stage)
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
         acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((wg_m, self.head_dim)))
-        softmax = OnlineSoftmax.create(wgmma_rows(acc_O.layout), scale_log2)
+        softmax = OnlineSoftmax.create(wgmma_rows(acc_O.layout), scale_log2, self._probability_limits())
         s_shape = qk_thr.partition_shape_C((wg_m, t.block_n))
-        rP = cute.make_rmem_tensor(c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
+        if cutlass.const_expr(self.fp8):
+            rP = pv_thr.make_fragment_A(pv_thr.partition_shape_A((wg_m, t.block_n)))
+        else:
+            rP = cute.make_rmem_tensor(c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
 
         # ping-pong: consumer c issues its GEMMs after consumer c-1 issued its own, in a ring.
         # Every turn hands over to the next consumer; the last hand-over (to consumer 0) is
@@ -732,7 +892,7 @@ class SdpaForwardWgmma:
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
         q_loads = cutlass.Int32(0)  # Q buffer uses so far: its phase
         args = (operands, (q_pipe, k_pipe, v_pipe), turns, softmax, sO, o_args, lse_args, window, wg_tidx,
-                score_scale)  # fmt: skip
+                score_scale, (descales, shape.group))  # fmt: skip
         if cutlass.const_expr(self.variant.dynamic):
             # the producer publishes each tile (`TicketWalk`); past the end: stop
             tile = ticket.read()
@@ -775,7 +935,7 @@ class SdpaForwardWgmma:
         t = self.tiles
         wg_m = t.block_m // t.consumers
         ring = Ring(t.stages)
-        operands, pipes, turns, softmax, sO, o_args, lse_args, window, wg_tidx, score_scale = args
+        operands, pipes, turns, softmax, sO, o_args, lse_args, window, wg_tidx, score_scale, (descales, group) = args
         qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, cw = operands
         q_pipe, k_pipe, v_pipe = pipes
         my_turn, their_turn = turns
@@ -785,8 +945,17 @@ class SdpaForwardWgmma:
         mask = ConsumerMask.of(keys, seq, row_tile, wg_m, t.block_n)
         n_blocks = cutlass.max(n_end - n_first, 0)
         if n_blocks > 0:
+            # the tile's own names (a value reassigned in a branch would be carried out of it)
+            tile_softmax, tile_score_scale, out_scale = softmax, score_scale, None
+            if cutlass.const_expr(self.fp8):
+                # the descales join the scores' scale (softcap: the tanh's argument) and O's
+                qk_descale, out_scale = descales.of_head(head, head // group)
+                if cutlass.const_expr(self.mask_flags.softcap):
+                    tile_score_scale = score_scale * qk_descale
+                else:
+                    tile_softmax = softmax.with_scale(softmax.scale_log2 * qk_descale)
             acc_O.fill(0.0)
-            softmax.reset()
+            tile_softmax.reset()
             q_pipe.sync_object_full.wait(0, q_loads % 2)
 
             # blocks at the top that none of this consumer's rows see are only handed through
@@ -813,23 +982,23 @@ class SdpaForwardWgmma:
                     self._release(q_pipe, 0)  # the tile's last read of Q
             n_block = top - 1
             if n_block < mask.full_first or n_block >= mask.full_end:
-                self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale, True)
+                self._scores(qk_thr, acc_S, tile_softmax, mask, n_block, tile_score_scale, True)
             else:
-                self._scores(qk_thr, acc_S, softmax, mask, n_block, score_scale, False)
-            cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+                self._scores(qk_thr, acc_S, tile_softmax, mask, n_block, tile_score_scale, False)
+            self._store_p(acc_S, rP)
 
             # the steps in three loops, so each loop's body is straight-line code: blocks
             # this consumer's rows see in part on the right (e.g. the causal diagonal), blocks
             # they see whole, blocks they see in part on the left (a window)
             right_end = cutlass.max(cutlass.min(top - mask.full_end, count), 1)
             whole_end = cutlass.max(cutlass.min(top - mask.full_first, count), right_end)
-            tile_steps = TileSteps(ring, start, top, count, mask, score_scale)
+            tile_steps = TileSteps(ring, start, top, count, mask, tile_score_scale)
             for step in range(1, right_end, 1):
-                self._step(operands, pipes, turns, softmax, tile_steps, step, True)
+                self._step(operands, pipes, turns, tile_softmax, tile_steps, step, True)
             for step in range(right_end, whole_end, 1):
-                self._step(operands, pipes, turns, softmax, tile_steps, step, False)
+                self._step(operands, pipes, turns, tile_softmax, tile_steps, step, False)
             for step in range(whole_end, count, 1):
-                self._step(operands, pipes, turns, softmax, tile_steps, step, True)
+                self._step(operands, pipes, turns, tile_softmax, tile_steps, step, True)
 
             last_stage, last_phase = ring.at(consumed + n_blocks - 1)
             v_pipe.sync_object_full.wait(last_stage, last_phase)
@@ -841,8 +1010,8 @@ class SdpaForwardWgmma:
             warpgroup.wait_group(0)
             self._release(v_pipe, last_stage)
 
-            self._epilogue(pv_mma, acc_O, softmax, sO[None, None, cw], o_args, lse_args, seq, head, row_tile,
-                           cw, wg_tidx)  # fmt: skip
+            self._epilogue(pv_mma, acc_O, tile_softmax, sO[None, None, cw], o_args, lse_args, seq, head, row_tile,
+                           cw, wg_tidx, out_scale)  # fmt: skip
             if cutlass.const_expr(not t.o_buffer):
                 # O has left the Q buffer. Its st/ld.shared are the generic proxy and the next
                 # tile's Q arrives by TMA (the async proxy): PTX orders the two only through a
@@ -958,11 +1127,51 @@ class SdpaForwardWgmma:
         else:
             self._release_reads(pipes, stage, step, tile)
             moved = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked)
+        packed = None
+        if cutlass.const_expr(self.fp8 and FP8_PACK_EARLY):
+            packed = self._pack_p(acc_S)  # while P_{j-1} V_{j-1} still runs
         warpgroup.wait_group(0)  # O and P_{j-1} are free again
         self._release(v_pipe, prev_stage)
         if moved:
             softmax.rescale(wgmma_rows_by_cols(acc_O))
-        cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+        if cutlass.const_expr(packed is not None):
+            self._write_p(packed, rP)
+        else:
+            self._store_p(acc_S, rP)
+
+    @cute.jit
+    def _store_p(self, acc_S, rP):
+        """The probabilities S_j (fp32, accumulator layout) into P, the next P V's A operand.
+        16-bit P: the layouts agree, a conversion. e4m3 P: a 32-key k-slice of the A operand
+        holds keys 4c..4c+3 (+16) of lane c of a quad where the accumulator holds 2c, 2c+1,
+        2c+8, 2c+9 (+16): each 16 keys of a row are packed to a word and the quad swaps them
+        (`e4m3_quad_word`)."""
+        if cutlass.const_expr(not self.fp8):
+            cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+        else:
+            self._write_p(self._pack_p(acc_S), rP)
+
+    @cute.jit
+    def _pack_p(self, acc_S) -> list:
+        """e4m3 P's A-operand words, in order (word v1 + 2·g: row half v1, keys 16g..16g+15)."""
+        lane = cute.arch.lane_idx()
+        c = lane % 4
+        src_lo, src_hi = lane - c + (2 * c) % 4, lane - c + (2 * c + 1) % 4
+        select = cutlass.select_(c < 2, cutlass.Int32(0x5410), cutlass.Int32(0x7632))
+        words = []
+        for g in cutlass.range_constexpr(cute.size(acc_S) // 8):
+            for half in cutlass.range_constexpr(2):
+                at = 8 * g + 2 * half  # accumulator (col pair, row half, n8 block 2g and 2g+1)
+                words.append(
+                    e4m3_quad_word(acc_S[at], acc_S[at + 1], acc_S[at + 4], acc_S[at + 5], src_lo, src_hi, select)
+                )
+        return words
+
+    @cute.jit
+    def _write_p(self, words: list, rP):
+        view = cute.recast_tensor(rP, cutlass.Int32)
+        for i in cutlass.range_constexpr(len(words)):
+            view[i] = words[i]
 
     @cute.jit
     def _release_reads(self, pipes, stage, step, tile: "TileSteps"):
@@ -972,6 +1181,19 @@ class SdpaForwardWgmma:
         if cutlass.const_expr(self.tiles.o_buffer):
             if step == tile.n_blocks - 1:
                 self._release(q_pipe, 0)  # the tile's last read of Q
+
+    def _probability_limits(self) -> ProbabilityLimits:
+        """16-bit P: the online softmax's defaults. e4m3 P (at most 448): the reference max
+        moves with any growth, so an exact step's probabilities are at most 1, scaled by 2**8
+        (the full range below 448 is used: fewer small probabilities flush to zero); with the
+        fast steps a thread's sum of one row's 32 scaled probabilities must stay at most 448,
+        so the scale is 2**3 (32 probabilities of 1 pass)."""
+        if not self.fp8:
+            return ProbabilityLimits()
+        fma = FP8_EXP2_ON_FMA_EVERY
+        if self._fast_softmax():
+            return ProbabilityLimits(0.0, E4M3_MAX, p_scale_log2=3.0, exp2_on_fma_every=fma)
+        return ProbabilityLimits(0.0, E4M3_MAX, p_scale_log2=8.0, exp2_on_fma_every=fma)
 
     def _fast_softmax(self) -> bool:
         """Whether the steps after a tile's first take probabilities against the reference max
@@ -1002,16 +1224,17 @@ class SdpaForwardWgmma:
         return cute.make_tensor(base, cute.make_layout((seq.q_len, self.head_dim), stride=(o_ss, 1)))
 
     @cute.jit
-    def _epilogue(self, pv_mma, acc_O, softmax, sO, o_args, lse_args, seq, head, row_tile, cw, wg_tidx):
-        """Normalize O, stage it through shared memory (its own buffer, or this warpgroup's Q
-        buffer, whose last S = Q Kᵀ is done) and store whole 16-byte row pieces; write the LSE."""
+    def _epilogue(self, pv_mma, acc_O, softmax, sO, o_args, lse_args, seq, head, row_tile, cw, wg_tidx, out_scale):
+        """Normalize O (times `out_scale`, V's descale, unless None), stage it through shared
+        memory (its own buffer, or this warpgroup's Q buffer, whose last S = Q Kᵀ is done) and
+        store whole 16-byte row pieces; write the LSE."""
         t = self.tiles
         wg_m = t.block_m // t.consumers
         d = self.head_dim
-        softmax.normalize(wgmma_rows_by_cols(acc_O))
-        rO = cute.make_fragment_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), pv_mma)
+        softmax.normalize(wgmma_rows_by_cols(acc_O), out_scale)
+        rO = cute.make_fragment_like(acc_O, self.out_dtype)
+        rO.store(acc_O.load().to(self.out_dtype))
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype), pv_mma)
         r2s_thr = r2s.get_slice(wg_tidx)
         cute.copy(r2s, r2s_thr.retile(rO), r2s_thr.partition_D(sO))
         pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE + cw, num_threads=128).arrive_and_wait()
@@ -1021,7 +1244,7 @@ class SdpaForwardWgmma:
         gO = cute.local_tile(mO, (wg_m, d), (row_tile, 0))
         cO = cute.local_tile(cute.make_identity_tensor((seq.q_len, d)), (wg_m, d), (row_tile, 0))
         tOsO, tOgO, tOcO = s2g.partition_S(sO), s2g.partition_D(gO), s2g.partition_D(cO)
-        tOrO = cute.make_fragment_like(tOgO, self.dtype)
+        tOrO = cute.make_fragment_like(tOgO, self.out_dtype)
         cute.copy(s2g, tOsO, tOrO)
         for m in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
             if tOcO[0, m, 0][0] < seq.q_len:
@@ -1046,7 +1269,7 @@ class SdpaForwardWgmma:
         gO = cute.local_tile(mO, (wg_m, d), (row_tile, 0))
         cO = cute.local_tile(cute.make_identity_tensor((seq.q_len, d)), (wg_m, d), (row_tile, 0))
         tOgO, tOcO = s2g.partition_D(gO), s2g.partition_D(cO)
-        tOrO = cute.make_fragment_like(tOgO, self.dtype)
+        tOrO = cute.make_fragment_like(tOgO, self.out_dtype)
         tOrO.fill(0.0)
         for m in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
             if tOcO[0, m, 0][0] < seq.q_len:
@@ -1063,3 +1286,13 @@ class SdpaForwardWgmma:
         lse, lse_sh, lse_ss = lse_args
         base = lse + (seq.lse_offset + cutlass.Int64(head) * lse_sh)
         return cute.make_tensor(base, cute.make_layout(seq.q_len, stride=lse_ss))
+
+
+class SdpaForwardWgmmaFp8(SdpaForwardWgmma):
+    """The e4m3 variants' host entry: the 16-bit one's arguments and the descales."""
+
+    @cute.jit
+    def __call__(self, q, k, v, o, lse, sequences, units, tile_count, tile_counter, ints: tuple, strides: tuple,
+                 floats: tuple, descales: tuple, stream):  # fmt: skip
+        pointers = (q, k, v, o, lse, sequences, units, tile_count, tile_counter)
+        self._launch(pointers, ints, strides, floats, descales, stream)

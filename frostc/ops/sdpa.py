@@ -15,6 +15,11 @@ support, and how a node becomes launches. Three forms of sequence lengths:
           page page_table[b, p // page_size]; resolved by `frostc.ops.sdpa_paged` (split-KV);
           the caches may be e4m3 with k_scale and v_scale (float32, (hkv,) or (1,))
 
+FP8 (dense form): q, k and v e4m3 with q_descale, k_descale and v_descale (float32, (1,) or
+one per head: (hq,), (hkv,), (hkv,)), o bf16 or fp16. V is read with its keys innermost (8-bit
+WGMMA operands are K-major): its s stride is 1, e.g. layout "bhds" (the step that quantizes V
+writes it so).
+
 Variable lengths stay on the device: the plan fixes capacities (batch, tokens or rows,
 max_seqlen_*), a scheduling kernel of the same plan turns the lengths into a tile list in the
 caller's workspace, and the attention kernel walks it. Masks: causal (diagonal aligned top-left
@@ -45,14 +50,22 @@ from frostc.ops.paged_cache import (
     new_tokens_problem,
     page_size_problem,
 )
-from frostc.ops.rows import HEAD_DIMS, INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
+from frostc.ops.rows import (
+    HEAD_DIMS,
+    INT32_MAX,
+    check_head_dim,
+    check_row_layout,
+    check_tma_strides,
+    row_align_elems,
+    tma_stride,
+)
 from frostc.resolved import ResolvedLaunch, launch_args
 
 KEYS = (
     "q", "k", "v", "o", "lse",
     "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "max_seqlen_q", "max_seqlen_kv",
     "attn_scale", "causal", "diagonal_alignment", "window_left", "window_right", "softcap", "inference",
-    "page_table", "k_scale", "v_scale", "debug_tile_visits",
+    "page_table", "k_scale", "v_scale", "q_descale", "k_descale", "v_descale", "debug_tile_visits",
 )  # fmt: skip
 
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -61,6 +74,9 @@ LSE_DTYPE = "fp32"
 LENGTH_DTYPE = "int32"
 PACKED_KEYS = ("cu_seqlens_q", "cu_seqlens_kv")
 PADDED_KEYS = ("seq_len_q", "seq_len_kv")
+DESCALE_ROLES = {"q_descale": "hq", "k_descale": "hkv", "v_descale": "hkv"}  # role: the heads it may have
+DESCALE_EXAMPLE = "amax(|x|) / 448 of the unquantized tensor"
+OUT_DTYPES_FP8 = ATTENTION  # o of e4m3 q, k, v
 
 # The named dims of each role, by form; shared names must agree across roles.
 _DENSE_DIMS = {
@@ -154,6 +170,9 @@ class Sdpa:
     pages: int = 0
     k_scale: str | None = None  # paged, e4m3 caches: their scales
     v_scale: str | None = None
+    q_descale: str | None = None  # dense e4m3 q, k, v: x = stored · descale
+    k_descale: str | None = None
+    v_descale: str | None = None
     # a debug build: the dynamic tile walk counts each tile's visits into the workspace
     debug_tile_visits: bool = False
 
@@ -169,7 +188,8 @@ class Sdpa:
             return tuple(roles) + tuple((r, n) for r, n in (("k_scale", self.k_scale), ("v_scale", self.v_scale)) if n)
         length_keys = PACKED_KEYS if self.form == "packed" else PADDED_KEYS
         roles += [(key, name) for key, name in zip(length_keys, (self.q_lengths, self.kv_lengths)) if name]
-        return tuple(roles)
+        descales = (("q_descale", self.q_descale), ("k_descale", self.k_descale), ("v_descale", self.v_descale))
+        return tuple(roles) + tuple((role, name) for role, name in descales if name)
 
     @property
     def outputs(self) -> tuple[tuple[str, str], ...]:
@@ -200,7 +220,8 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         if c is not None:
             tensors[role] = c
     sizes = _check_shapes(tensors, dims_of, ctx)
-    _check_dtypes(tensors, ctx, form)
+    fp8 = _check_dtypes(tensors, ctx, form)
+    _check_descales(ctx, fp8, sizes, form)
     if form == "paged":
         check_cache_scales(ctx, (tensors.get("k"), tensors.get("v")), (sizes or {}).get("hkv"))
     else:
@@ -261,6 +282,9 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         pages=sizes["pages"] if paged else 0,
         k_scale=ctx.value("k_scale") if paged else None,
         v_scale=ctx.value("v_scale") if paged else None,
+        q_descale=ctx.value("q_descale") if fp8 else None,
+        k_descale=ctx.value("k_descale") if fp8 else None,
+        v_descale=ctx.value("v_descale") if fp8 else None,
         debug_tile_visits=bool(debug_tile_visits),
     )
 
@@ -346,8 +370,12 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
     return sizes if ok and all(n in sizes for n in ("hq", "hkv", "d")) else None
 
 
-def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> None:
+def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> bool:
+    """Problems for dtypes the roles may not have; returns whether the node is FP8 (e4m3 q)."""
     q = tensors.get("q")
+    if form != "paged" and q is not None and is_scaled(q.dtype):
+        _check_fp8_dtypes(tensors, ctx, form)
+        return True
     q_dtype = q.dtype if q is not None and q.dtype in DATA_DTYPES else None
     for role, c in tensors.items():
         if c.dtype is None:
@@ -355,11 +383,19 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
         if form == "paged" and role in ("k", "v"):
             if message := cache_dtype_problem(f"the paged form's {role} (a cache)", c.dtype, q_dtype, "q"):
                 ctx.problems_at(c.at("dtype"), message)
+        elif role in ("k", "v") and is_scaled(c.dtype) and q_dtype is not None and form != "paged":
+            message = (
+                f"{c.dtype} {role} with {q_dtype} q: the FP8 kernel takes e4m3 q, k and v (with q_descale, "
+                f"k_descale, v_descale); quantize q too, or give {role} as {q_dtype}"
+            )
+            ctx.problems_at(c.at("dtype"), message)
         elif role in ("q", "k", "v", "o"):
             if c.dtype not in DATA_DTYPES:
                 message = f'sdpa {role} must be {" or ".join(DATA_DTYPES)}, got "{c.dtype}"'
-                if is_scaled(c.dtype):  # the one place an 8-bit type is read today
-                    message += "; e4m3 is supported for the paged form's K/V caches only (no FP8 dense kernel yet)"
+                if is_scaled(c.dtype) and role == "o":
+                    message += "; an FP8 node's o is bf16 or fp16"
+                elif is_scaled(c.dtype) and role == "q":
+                    message += "; e4m3 q is read by the dense form's FP8 kernel and the paged form's FP8 decode"
                 ctx.problems_at(c.at("dtype"), message)
             elif q_dtype is not None and c.dtype != q_dtype:
                 message = f"{c.dtype} does not match q's {q_dtype}; q, k, v and o must share one dtype (bf16 or fp16)"
@@ -370,6 +406,64 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
             ctx.problems_at(c.at("dtype"), f'page_table holds page ids: it must be {LENGTH_DTYPE}, got "{c.dtype}"')
         elif role not in ("q", "k", "v", "o", "lse", "page_table") and c.dtype != LENGTH_DTYPE:
             ctx.problems_at(c.at("dtype"), f'{role} holds sequence lengths: it must be {LENGTH_DTYPE}, got "{c.dtype}"')
+
+
+def _check_fp8_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> None:
+    """e4m3 q: k and v e4m3 too, o bf16 or fp16, the dense form."""
+    q = tensors["q"]
+    if form != "dense":
+        ctx.problems_at(
+            q.at("dtype"),
+            f"e4m3 q, k and v are read by the dense form's FP8 kernel; the {form} form's kernel reads bf16 or "
+            f"fp16 (its ragged loads of V need d innermost): use bf16 / fp16 here, or dense tensors",
+        )
+    for role in ("k", "v"):
+        c = tensors.get(role)
+        if c is not None and c.dtype is not None and c.dtype != q.dtype:
+            ctx.problems_at(
+                c.at("dtype"),
+                f'{c.dtype} does not match q\'s {q.dtype}; the FP8 kernel takes e4m3 q, k and v: dtype = "{q.dtype}"',
+            )
+    o = tensors.get("o")
+    if o is not None and o.dtype is not None and o.dtype not in OUT_DTYPES_FP8:
+        ctx.problems_at(
+            o.at("dtype"),
+            f'an FP8 node writes o as {" or ".join(OUT_DTYPES_FP8)}, got "{o.dtype}": dtype = "{OUT_DTYPES_FP8[0]}"',
+        )
+    for role, c in tensors.items():
+        if role == "lse" and c.dtype is not None and c.dtype != LSE_DTYPE:
+            ctx.problems_at(c.at("dtype"), f'lse must be {LSE_DTYPE}, got "{c.dtype}"')
+        elif role in (*PADDED_KEYS, *PACKED_KEYS) and c.dtype is not None and c.dtype != LENGTH_DTYPE:
+            ctx.problems_at(c.at("dtype"), f'{role} holds sequence lengths: it must be {LENGTH_DTYPE}, got "{c.dtype}"')
+
+
+def _check_descales(ctx: NodeContext, fp8: bool, sizes: dict[str, int] | None, form: str) -> None:
+    """e4m3 q, k, v need their descales (float32, (1,) or one per head); other nodes refuse them."""
+    for role, heads in DESCALE_ROLES.items():
+        if not fp8 or form == "paged":
+            if ctx.given(role):
+                ctx.tensor(role, letters="h", dims=f"({heads},)")  # a use: the tensor is not reported as unused
+                ctx.problem(role, f"dequantizes e4m3 q, k and v of the dense form, and q is not e4m3: remove {role}")
+            continue
+        if not ctx.given(role):
+            ctx.problem(
+                role,
+                f"missing: e4m3 {role[0]} holds x / descale, so the node needs it; name a {LSE_DTYPE} tensor "
+                f'({heads},) or (1,) ({DESCALE_EXAMPLE}), e.g. {role} = "{role}"',
+            )
+            continue
+        c = ctx.tensor(role, letters="h", dims=f"({heads},)")
+        if c is None:
+            continue
+        if c.dtype is not None and c.dtype != LSE_DTYPE:
+            ctx.problems_at(c.at("dtype"), f'{role} holds a scale factor: it must be {LSE_DTYPE}, got "{c.dtype}"')
+        count = (sizes or {}).get(heads)
+        if c.dims is not None and count is not None and (len(c.dims) != 1 or c.dims[0] not in (1, count)):
+            ctx.problems_at(
+                c.at("dims"),
+                f"{role} holds one factor per {'q' if heads == 'hq' else 'kv'} head ({count}) or one for all (1), "
+                f"got dims {list(c.dims)}; write dims = [{count}] or [1]",
+            )
 
 
 def _check_mask(ctx: NodeContext, form: str) -> Mask | None:
@@ -520,7 +614,8 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
     between take their tiles from a counter (`dynamic`: longest first within L2 sections,
     balanced at run time; NOTES v20), which needs a zeroed word of workspace."""
     flags = node.mask.flags
-    tiles = tiles_for_head_dim(node.head_dim, flags.left)
+    fp8 = node.q_descale is not None
+    tiles = tiles_for_head_dim(node.head_dim, flags.left, fp8)
     causal_dense = node.form == "dense" and flags.right and not flags.left
     per_tile = causal_dense and node.seq_kv >= PER_TILE_MIN_KEY_BLOCKS * tiles.block_n
     paired = causal_dense and not per_tile and -(-node.seq_q // tiles.block_m) <= PAIRED_MAX_QUERY_BLOCKS
@@ -538,6 +633,7 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
         node.head_dim,
         flags,
         node.lse is not None,
+        out_dtype=ctx.slot(node.o).dtype if fp8 else "",
         varlen=node.form != "dense",
         per_tile=per_tile,
         paired=paired,
@@ -567,10 +663,18 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx)
     letters = _letters(node.form)
     layouts = '"thd"' if node.form == "packed" else '"bshd" or "bhsd"'
-    for name in (node.q, node.k, node.v, node.o):
+    fp8 = node.q_descale is not None
+    for name in (node.q, node.k, node.o) if fp8 else (node.q, node.k, node.v, node.o):
         check_row_layout(ctx.tensor(name), letters, layouts, ctx)
-    for name in (node.q, node.k, node.v):
+    for name in (node.q, node.k) if fp8 else (node.q, node.k, node.v):
         check_tma_strides(ctx.tensor(name), letters, tuple(range(len(letters) - 1)), ctx)
+    if fp8:
+        _check_keys_innermost(ctx.tensor(node.v), ctx)
+    for role in DESCALE_ROLES:
+        name = getattr(node, role)
+        if name is not None and ctx.tensor(name).dims[0] > 1 and ctx.tensor(name).strides[0] != 1:
+            t = ctx.tensor(name)
+            ctx.problem(f"{t.path}.strides[0]", f"stride {t.strides[0]}: {role} must be contiguous (stride 1)")
     for name in (node.q_lengths, node.kv_lengths):
         if name is not None:
             t = ctx.tensor(name)
@@ -604,6 +708,25 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
                 f"{count} tiles of {tiles.block_m} query rows per head: a launch holds at most {MAX_GRID[0]}; "
                 "split the work into several plans",
             )
+
+
+def _check_keys_innermost(v, ctx: ResolveContext) -> None:
+    """e4m3 V (b, h, s, d) is read as Vᵀ tiles, its keys innermost: s stride 1, and its b, h and
+    d strides whole 16-byte pieces under TMA's stride limit."""
+    if v.dims[2] > 1 and v.strides[2] != 1:
+        ctx.problem(
+            f"{v.path}.strides[2]",
+            f"e4m3 V is read with its keys innermost (8-bit WGMMA operands are K-major): its s stride must be "
+            f'1, found {v.strides[2]}; use layout = "bhds" (the step that quantizes V writes Vᵀ)',
+        )
+    for i, letter in ((0, "b"), (1, "h"), (3, "d")):
+        if v.dims[i] > 1 and v.strides[i] % row_align_elems(v.dtype):
+            ctx.problem(
+                f"{v.path}.strides[{i}]",
+                f"stride {v.strides[i]} of dim {letter} must be a multiple of {row_align_elems(v.dtype)} elements "
+                "(16 bytes: TMA's rule for the strides of a tensor map)",
+            )
+    check_tma_strides(v, "bhsd", (0, 1, 3), ctx)
 
 
 def _letters(form: str) -> str:
@@ -652,6 +775,9 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
     }
     values: dict[str, int | float | tuple[int, ...]] = dict(ints)
     values |= {"scale_log2": scale_log2, "score_scale": score_scale}
+    for role in DESCALE_ROLES:  # e4m3: per tensor (stride 0) or per head (1)
+        if role in slots:
+            values[f"{role}.stride"] = 1 if slots[role].dims[0] > 1 else 0
     for role in ("o", "lse"):
         b_stride = 0 if node.form == "packed" else strides[role][0]
         values |= {
@@ -663,9 +789,11 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
         values[f"{role}.extents"] = heads if varlen else (rows, heads, node.batch)
     values["v.extents"] = values["k.extents"]
     args = launch_args(variant, slots, workspace or {}, values)
-    tile_strides = tuple(_tma_strides(slots[role], strides[role]) for role in ("q", "k", "v")) + (
-        strides["o"], strides["lse"],
-    )  # fmt: skip
+    tma_strides = {role: _tma_strides(slots[role], strides[role]) for role in ("q", "k", "v")}
+    if variant.fp8:  # V's keys are innermost: its tensor map steps over (b, h, d)
+        v = slots["v"]
+        tma_strides["v"] = (*tma_strides["v"][:2], tma_stride(v.dims[3], v.strides[3], v.dtype))
+    tile_strides = (*tma_strides.values(), strides["o"], strides["lse"])
     shape = (tuple(ints[p] for p in INT_PARAMS), tile_strides)
     grid = (_tile_capacity(node, variant.tile_shape.block_m), 1, 1)
     return ResolvedLaunch(node.name, variant, grid, args, shape)

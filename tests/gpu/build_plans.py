@@ -148,6 +148,21 @@ def build_decode() -> list[tuple[str, str]]:
     return failed
 
 
+def build_fp8() -> None:
+    """tests/gpu/test_fp8_dense.py's plans, into .built/fp8 with their manifest."""
+    from tests.gpu import fp8_cases
+
+    out = BUILT / "fp8"
+    out.mkdir(exist_ok=True)
+    manifest, start = [], time.time()
+    all_cases = fp8_cases.cases()
+    for i, case in enumerate(all_cases):
+        write_atomic(out / f"{case.id}.frost", build(fp8_cases.description(case)))
+        manifest.append(asdict(case) | {"plan": f"{case.id}.frost"})
+        print(f"[fp8 {i + 1}/{len(all_cases)}] {case.id}  ({time.time() - start:.0f} s)", flush=True)
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=1).encode())
+
+
 def build_set_of_tiny_llama() -> None:
     """tests/gpu/test_planset.py's set: Llama-3-8B, batch sizes 1, 2, 4 (a small cache and pool),
     with its glue plans (tests/gpu/test_glue.py)."""
@@ -186,9 +201,13 @@ def build_hf_sets() -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="Build the GPU tests' plans into tests/.built.")
-    parser.add_argument("--only", choices=["sdpa", "decode", "hf"], help="build one group only (default: all)")
+    parser.add_argument("--only", choices=["sdpa", "decode", "hf", "fp8"], help="build one group only (default: all)")
     args = parser.parse_args()
     BUILT.mkdir(exist_ok=True)
+    if args.only in (None, "fp8"):
+        build_fp8()
+    if args.only == "fp8":
+        return 0
     if args.only in (None, "hf"):
         build_hf_sets()
         build_set_of_tiny_llama()

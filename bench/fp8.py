@@ -1,0 +1,204 @@
+"""FP8 (e4m3) SDPA forward throughput: frostc's e4m3 plans beside its bf16 plans of the same
+shapes, torch's e4m3 GEMM (the FP8 tensor-core ceiling, measured in the same run) and, where
+installed, cuDNN's FP8 SDPA (nvidia-cudnn-frontend).
+
+    python bench/fp8.py build            # CPU machine: compile the plans into bench/.built/fp8
+    python bench/fp8.py run [--md FILE]  # GPU machine: time everything, print a table
+
+Each row: one (batch, heads, seq, head dim) shape, causal or not. frostc e4m3 takes Q and K
+"bhsd", V transposed (keys innermost, as its kernel reads it), one descale per tensor and O in
+bf16; frostc bf16 is the same shape's bf16 plan ("bhsd"). Both run their serving path
+(`plan.bind` once, `bound.execute()`). Times and rounds as in bench/sdpa.py (`time_ms`,
+`_alternating`); TFLOP/s counts 4*b*h*s*s*d matmul FLOPs (half of that when causal). The e4m3
+output is checked against bf16 attention on the dequantized inputs before its time is reported.
+"""
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sdpa import ROUNDS, SETTLE_S, WINDOW_S, _alternating, time_ms  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILT = ROOT / "bench" / ".built" / "fp8"
+SHAPES = [
+    (4, 16, 2048, 128),
+    (2, 16, 4096, 128),
+    (1, 16, 8192, 128),
+    (1, 16, 16384, 128),
+    (2, 16, 4096, 64),
+    (2, 16, 4096, 256),
+]
+GEMM = 8192  # the FP8 ceiling: an e4m3 GEMM of this size (torch._scaled_mm), bf16 out
+MAX_REL_ERR = 0.05  # e4m3 P: about 2.5 % against attention on the dequantized inputs
+
+
+def plan_name(shape, causal: bool, dtype: str) -> str:
+    b, h, s, d = shape
+    return f"{dtype}-b{b}-h{h}-s{s}-d{d}-{'causal' if causal else 'full'}"
+
+
+def build() -> int:
+    sys.path.insert(0, str(ROOT))
+    from frostc import GraphBuilder
+    from frostc.build import build as build_plan
+    from frostc.planfile import write_atomic
+
+    BUILT.mkdir(parents=True, exist_ok=True)
+    for shape in SHAPES:
+        for causal in (False, True):
+            for dtype in ("e4m3", "bf16"):
+                g = GraphBuilder(plan_name(shape, causal, dtype))
+                g.tensor("q", dtype=dtype, dims=shape, layout="bhsd")
+                g.tensor("k", dtype=dtype, dims=shape, layout="bhsd")
+                g.tensor("v", dtype=dtype, dims=shape, layout="bhds" if dtype == "e4m3" else "bhsd")
+                g.tensor("o", dtype="bf16", dims=shape, layout="bhsd")
+                descales = {}
+                if dtype == "e4m3":
+                    for role in ("q", "k", "v"):
+                        g.tensor(f"{role}_descale", dtype="fp32", dims=(1,))
+                        descales[f"{role}_descale"] = f"{role}_descale"
+                g.sdpa(q="q", k="k", v="v", o="o", causal=causal, **descales)
+                write_atomic(BUILT / f"{plan_name(shape, causal, dtype)}.frost", build_plan(g.build()))
+                print("built", plan_name(shape, causal, dtype), flush=True)
+    return 0
+
+
+def run(md_path: str | None) -> int:
+    import torch
+
+    sys.path.insert(0, str(ROOT / "runtime"))
+    import frost_runtime
+
+    ceiling = _gemm_tflops(time_ms)
+    print(f"e4m3 GEMM {GEMM}^3: {ceiling:.0f} TFLOP/s", flush=True)
+    rows = []
+    for shape in SHAPES:
+        for causal in (False, True):
+            plans = {dtype: frost_runtime.load(BUILT / f"{plan_name(shape, causal, dtype)}.frost")
+                     for dtype in ("e4m3", "bf16")}  # fmt: skip
+            rows.append(_measure(plans, shape, causal))
+            print(_row(rows[-1], ceiling), flush=True)
+    table = _markdown(rows, ceiling, torch.cuda.get_device_name(), torch.__version__)
+    print(table)
+    if md_path:
+        Path(md_path).write_text(table)
+        Path(md_path).with_suffix(".json").write_text(json.dumps({"gemm_tflops": ceiling, "rows": rows}, indent=1))
+    return 0
+
+
+def _gemm_tflops(time_ms) -> float:
+    import torch
+
+    a = torch.randn(GEMM, GEMM, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(GEMM, GEMM, device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
+    one = torch.ones((), device="cuda")
+    ms = statistics.median(
+        time_ms(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), calls=5)
+        for _ in range(ROUNDS)
+    )
+    return 2 * GEMM**3 / (ms * 1e-3) / 1e12
+
+
+def _quantize(x):
+    """(x / descale in e4m3, descale): one descale for the tensor, amax / 448."""
+    import torch
+
+    descale = (x.abs().amax() / 448.0).float().reshape(1)
+    return (x / descale).to(torch.float8_e4m3fn), descale
+
+
+def _bind(plan, **buffers):
+    return plan.bind(*(buffers[name] for name in plan.slots), workspace=plan.allocate_workspace())
+
+
+def _measure(plans: dict, shape, causal: bool) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = shape
+    real = [torch.randn(b, h, s, d, device="cuda") for _ in range(3)]
+    (q8, dq), (k8, dk), (v8, dv) = (_quantize(x) for x in real)
+    v8_t = v8.transpose(2, 3).contiguous().transpose(2, 3)  # keys innermost
+    qd, kd, vd = ((x.float() * sc).to(torch.bfloat16) for x, sc in ((q8, dq), (k8, dk), (v8, dv)))
+    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ref = F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal).float()
+
+    o8 = torch.full((b, h, s, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fp8 = _bind(plans["e4m3"], q=q8, k=k8, v=v8_t, q_descale=dq, k_descale=dk, v_descale=dv, o=o8)
+    fp8.execute()
+    torch.cuda.synchronize()
+    err = ((o8.float() - ref).norm() / ref.norm()).item()
+    if not err < MAX_REL_ERR:
+        raise SystemExit(f"{plan_name(shape, causal, 'e4m3')}: relative error {err:.2e} against bf16 attention")
+    o16 = torch.empty_like(o8)
+    bf16 = _bind(plans["bf16"], q=qd, k=kd, v=vd, o=o16)
+    contestants = {"frostc e4m3": fp8.execute, "frostc bf16": bf16.execute}
+    cudnn_fp8 = _cudnn_fp8(q8, k8, v8, dq, dk, dv, causal)
+    if cudnn_fp8 is not None:
+        contestants["cuDNN e4m3"] = cudnn_fp8
+    times = _alternating(contestants)
+    tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in times.items()}
+    return {"shape": shape, "causal": causal, "rel_err": err, "ms": times, "tflops": tflops}
+
+
+def _cudnn_fp8(q8, k8, v8, dq, dk, dv, causal: bool):
+    """cuDNN's FP8 SDPA through nvidia-cudnn-frontend, where installed; else None."""
+    try:
+        import cudnn  # noqa: F401
+    except ImportError:
+        return None
+    return None  # not wired yet: bench/RESULTS.md says why
+
+
+def _row(r, ceiling: float) -> str:
+    t = r["tflops"]
+    cells = "  ".join(f"{name} {value:6.1f}" for name, value in t.items())
+    return (
+        f"{str(r['shape']):22} {'causal' if r['causal'] else 'full':6} {cells}  "
+        f"e4m3/bf16 {t['frostc e4m3'] / t['frostc bf16']:.2f}  e4m3/GEMM {t['frostc e4m3'] / ceiling:.2f}"
+    )
+
+
+def _markdown(rows, ceiling: float, device: str, torch_version: str) -> str:
+    today = datetime.date.today().isoformat()
+    cudnn = all("cuDNN e4m3" in r["tflops"] for r in rows)
+    lines = [
+        f"SDPA forward, e4m3 — {device}, torch {torch_version}, {today}. TFLOP/s from CUDA-graph replays "
+        f"({SETTLE_S:g} s settling, then a {WINDOW_S:g} s timed window), each contestant's median of {ROUNDS} "
+        f"measurements in rotated order. e4m3 GEMM ceiling ({GEMM}³, torch._scaled_mm, same run): "
+        f"{ceiling:.0f} TFLOP/s.",
+        "",
+        "| b, h, s, d | causal | frostc e4m3 | frostc bf16 | e4m3 / bf16 | e4m3 / GEMM ceiling |"
+        + (" cuDNN e4m3 | frostc / cuDNN |" if cudnn else "")
+        + " rel. err |",
+        "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if cudnn else "") + "---:|",
+    ]
+    for r in rows:
+        t = r["tflops"]
+        extra = f" {t['cuDNN e4m3']:.1f} | {t['frostc e4m3'] / t['cuDNN e4m3']:.2f} |" if cudnn else ""
+        lines.append(
+            f"| {', '.join(map(str, r['shape']))} | {'yes' if r['causal'] else 'no'} | {t['frostc e4m3']:.1f} | "
+            f"{t['frostc bf16']:.1f} | {t['frostc e4m3'] / t['frostc bf16']:.2f} | "
+            f"{t['frostc e4m3'] / ceiling:.2f} |{extra} {r['rel_err']:.1e} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["build", "run"])
+    parser.add_argument("--md", help="also write the table (markdown) and raw numbers (json) here")
+    args = parser.parse_args()
+    return build() if args.mode == "build" else run(args.md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

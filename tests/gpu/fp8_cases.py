@@ -1,0 +1,87 @@
+"""The FP8 (e4m3) dense-attention plans the GPU tests run: every head dim, mask shape, tile walk,
+O dtype and descale form at least once, at sizes that are not multiples of the tiles; and a
+bf16 twin of the accuracy case, the yardstick for its error. Built on the CPU machine into
+tests/.built/fp8 (`python -m tests.gpu.build_plans --only fp8`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fp8Case:
+    id: str
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seq_q: int
+    seq_kv: int
+    head_dim: int
+    causal: bool = False
+    alignment: str = "top_left"
+    window_left: int | None = None
+    window_right: int | None = None
+    softcap: float | None = None
+    lse: bool = True
+    out: str = "bf16"  # O's dtype
+    descales: str = "head"  # q and k per head, v per tensor; "tensor": all three per tensor
+    dtype: str = "e4m3"  # "bf16": the accuracy case's twin (no descales)
+
+
+def cases() -> list[Fp8Case]:
+    return [
+        # non-causal, GQA, odd lengths; the accuracy case and its bf16 twin
+        Fp8Case("fp8-d128-full", 2, 8, 2, 333, 1555, 128),
+        Fp8Case("bf16-d128-full", 2, 8, 2, 333, 1555, 128, dtype="bf16", descales="none"),
+        Fp8Case("fp8-d128-full-fp16-tensor", 1, 4, 4, 257, 129, 128, out="fp16", descales="tensor", lse=False),
+        # causal through each walk: pairs (few query blocks), the counter, one CTA per tile
+        Fp8Case("fp8-d128-causal-paired", 2, 4, 1, 1000, 1000, 128, causal=True),
+        Fp8Case("fp8-d128-causal-dynamic", 1, 6, 2, 2500, 2500, 128, causal=True),
+        Fp8Case("fp8-d128-causal-per_tile", 1, 2, 1, 8300, 8300, 128, causal=True),
+        Fp8Case("fp8-d128-causal-bottom_right", 2, 4, 2, 200, 701, 128, causal=True, alignment="bottom_right"),
+        # windows and softcap (Gemma 2's local layers)
+        Fp8Case("fp8-d128-local-softcap", 1, 4, 2, 900, 900, 128, causal=True, window_left=255, softcap=50.0),
+        Fp8Case("fp8-d128-window-both", 1, 2, 2, 611, 611, 128, window_left=100, window_right=37),
+        # the other head dims
+        Fp8Case("fp8-d64-full", 2, 4, 2, 300, 777, 64),
+        Fp8Case("fp8-d64-causal", 1, 4, 4, 1025, 1025, 64, causal=True),
+        Fp8Case("fp8-d256-full", 1, 4, 2, 190, 651, 256),
+        Fp8Case("fp8-d256-causal", 1, 2, 1, 700, 700, 256, causal=True, descales="tensor"),
+    ]
+
+
+def v_pitch(seq_kv: int) -> int:
+    """Elements between Vᵀ's rows (a TMA stride is a multiple of 16 bytes)."""
+    return -(-seq_kv // 16) * 16
+
+
+def description(case: Fp8Case):
+    """Q and K "bshd", V transposed (keys innermost, as the FP8 kernel reads it), O "bshd"."""
+    from frostc import GraphBuilder  # the build machine's (the GPU machine has no CuTe DSL)
+
+    g = GraphBuilder(case.id)
+    b, hq, hkv, d = case.batch, case.heads_q, case.heads_kv, case.head_dim
+    g.tensor("q", dtype=case.dtype, dims=(b, hq, case.seq_q, d), layout="bshd")
+    g.tensor("k", dtype=case.dtype, dims=(b, hkv, case.seq_kv, d), layout="bshd")
+    if case.dtype == "e4m3":  # Vᵀ rows of whole 16-byte pieces: keys padded to v_pitch
+        pitch = v_pitch(case.seq_kv)
+        g.tensor("v", dtype="e4m3", dims=(b, hkv, case.seq_kv, d), strides=(hkv * d * pitch, d * pitch, 1, pitch))
+    else:
+        g.tensor("v", dtype=case.dtype, dims=(b, hkv, case.seq_kv, d), layout="bshd")
+    g.tensor("o", dtype=case.out if case.dtype == "e4m3" else case.dtype, dims=(b, hq, case.seq_q, d), layout="bshd")
+    if case.lse:
+        g.tensor("lse", dtype="fp32", dims=(b, hq, case.seq_q))
+    descales = {}
+    if case.dtype == "e4m3":
+        per_head = case.descales == "head"
+        for role, heads in (("q", hq), ("k", hkv), ("v", 1)):
+            g.tensor(f"{role}_descale", dtype="fp32", dims=(heads if per_head else 1,))
+            descales[f"{role}_descale"] = f"{role}_descale"
+    g.sdpa(
+        q="q", k="k", v="v", o="o", lse="lse" if case.lse else None,
+        causal=case.causal or None,
+        diagonal_alignment=None if case.alignment == "top_left" else case.alignment,
+        window_left=case.window_left, window_right=case.window_right, softcap=case.softcap,
+        **descales,
+    )  # fmt: skip
+    return g.build()
