@@ -83,7 +83,7 @@ def test_scales_are_refused_for_an_unquantized_cache():
     assert all("quantized (e4m3)" in p.message and "bf16" in p.message for p in found)
 
 
-def test_e4m3_outside_a_paged_cache_is_refused():
+def test_e4m3_k_and_v_with_a_bf16_q_are_refused():
     dense = {"dtype": "e4m3", "dims": [1, 2, 64, 128]}
     d = {
         "format": 1, "name": "dense",
@@ -93,7 +93,7 @@ def test_e4m3_outside_a_paged_cache_is_refused():
     }  # fmt: skip
     found = problems(d)
     paths = {p.path: p.message for p in found}
-    assert "bf16 or fp16" in paths["tensors.k.dtype"]
+    assert "e4m3 q, k and v" in paths["tensors.k.dtype"] and "quantize q too" in paths["tensors.k.dtype"]
     assert "paged KV cache" in paths["nodes[0].k_scale"] and "remove k_scale" in paths["nodes[0].k_scale"]
 
 

@@ -456,7 +456,7 @@ def test_one_bad_field_does_not_cascade() -> None:
     only(tweak(**{"tensors.q.dims": [2, 8, "x", 64]}), "tensors.q.dims[2]", "expected a positive int")
 
 
-def test_an_e4m3_dense_q_is_refused_with_where_e4m3_is_supported() -> None:
+def test_an_e4m3_dense_q_without_descales_names_each_missing_one() -> None:
     desc = GraphBuilder("fp8_dense")
     for name in ("q", "k", "v"):
         desc.tensor(name, dtype="e4m3", dims=(1, 4, 64, 128))
@@ -464,5 +464,6 @@ def test_an_e4m3_dense_q_is_refused_with_where_e4m3_is_supported() -> None:
     desc.sdpa(q="q", k="k", v="v", o="o")
     with pytest.raises(DescriptionError) as err:
         validate(desc.build())
-    found = [p for p in err.value.problems if p.path == "tensors.q.dtype"]
-    assert len(found) == 1 and "paged form's K/V caches only" in found[0].message
+    paths = [p.path for p in err.value.problems]
+    assert paths == ["nodes[0].q_descale", "nodes[0].k_descale", "nodes[0].v_descale"]
+    assert all("missing" in p.message and "(1,)" in p.message for p in err.value.problems)

@@ -229,8 +229,8 @@ def validate(ctx: NodeContext) -> Sdpa | None:
             if ctx.given(role):
                 ctx.problem(
                     role,
-                    f"scales a quantized (e4m3) paged KV cache; the {form} form reads bf16 or fp16 k and v: remove "
-                    f"{role}",
+                    f"scales a quantized (e4m3) paged KV cache; the {form} form has no cache (e4m3 q, k and v of "
+                    f"the dense form take q_descale, k_descale and v_descale): remove {role}",
                 )
     mask = _check_mask(ctx, form)
     scale = ctx.positive_float("attn_scale", "omit it for the default 1/sqrt(head dim)")

@@ -1,0 +1,161 @@
+"""FP8 (e4m3) dense attention on the build machine: the description's checks (e4m3 q, k and v
+together, their descales, O's dtype, the dense form only, V's keys innermost), the variant and
+arguments it resolves into, real offline compiles and the ABI, and what inspect shows. Numerics
+are tests/gpu/test_fp8_dense.py's business."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from frost_runtime.schema import decode_plan
+
+from frostc.build import build
+from frostc.description import parse_description
+from frostc.inspect import plan_summary
+from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
+from frostc.kernels.sdpa_fwd_wgmma import SdpaFwdVariant, tiles_for_head_dim
+from frostc.resolve import resolve
+from tests.descriptions import check, edited, problems
+
+B, HQ, HKV, S, D = 2, 8, 2, 200, 128
+PITCH = 208  # Vᵀ's rows: S padded to 16 bytes
+
+
+def fp8_node(descale_heads: tuple[int, int, int] = (HQ, HKV, 1)) -> dict[str, Any]:
+    """e4m3 q and k "bshd", Vᵀ (keys innermost, rows of PITCH), bf16 O, descales."""
+
+    def rows(heads, dtype="e4m3"):
+        return {"dtype": dtype, "dims": [B, heads, S, D], "layout": "bshd"}
+
+    v = {"dtype": "e4m3", "dims": [B, HKV, S, D], "strides": [HKV * D * PITCH, D * PITCH, 1, PITCH]}
+    descales = {f"{r}_descale": {"dtype": "fp32", "dims": [n]} for r, n in zip("qkv", descale_heads)}
+    return {
+        "format": 1,
+        "name": "fp8-dense",
+        "tensors": {"q": rows(HQ), "k": rows(HKV), "v": v, "o": rows(HQ, "bf16"), **descales,
+                    "lse": {"dtype": "fp32", "dims": [B, HQ, S]}},
+        "nodes": [{"op": "sdpa", "q": "q", "k": "k", "v": "v", "o": "o", "lse": "lse", "causal": True,
+                   "q_descale": "q_descale", "k_descale": "k_descale", "v_descale": "v_descale"}],
+    }  # fmt: skip
+
+
+def test_an_fp8_node_validates_with_its_descales():
+    (node,) = check(fp8_node()).nodes
+    assert (node.q_descale, node.k_descale, node.v_descale) == ("q_descale", "k_descale", "v_descale")
+    assert [role for role, _ in node.inputs] == ["q", "k", "v", "q_descale", "k_descale", "v_descale"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "words"),
+    [
+        ({"nodes.0.k_descale": None}, "nodes[0].k_descale", ("missing", "(hkv,) or (1,)", 'k_descale = "k_descale"')),
+        ({"tensors.q_descale.dtype": "bf16"}, "tensors.q_descale.dtype", ("scale factor", "fp32")),
+        ({"tensors.q_descale.dims": [3]}, "tensors.q_descale.dims", ("per q head (8)", "[8] or [1]")),
+        ({"tensors.v_descale.dims": [HQ]}, "tensors.v_descale.dims", ("per kv head (2)",)),
+        ({"tensors.k.dtype": "bf16"}, "tensors.k.dtype", ("does not match q's e4m3", 'dtype = "e4m3"')),
+        ({"tensors.o.dtype": "e4m3"}, "tensors.o.dtype", ("bf16 or fp16",)),
+        ({"tensors.lse.dtype": "bf16"}, "tensors.lse.dtype", ("fp32",)),
+    ],
+)  # fmt: skip
+def test_bad_fp8_declarations_name_the_field_and_the_fix(changes, path, words):
+    found = problems(edited(fp8_node(), **changes))
+    assert path in [p.path for p in found], found
+    message = next(p.message for p in found if p.path == path)
+    for word in words:
+        assert word in message, message
+
+
+def test_descales_are_refused_without_e4m3_inputs():
+    d = fp8_node()
+    for name in ("q", "k", "v"):
+        d = edited(d, **{f"tensors.{name}.dtype": "bf16"})
+    d = edited(d, **{"tensors.v.strides": None, "tensors.v.layout": "bshd"})
+    found = problems(d)
+    assert sorted(p.path for p in found) == [f"nodes[0].{r}_descale" for r in "kqv"]
+    assert all("remove" in p.message and "not e4m3" in p.message for p in found)
+
+
+def test_the_packed_form_refuses_e4m3():
+    tokens = {"dtype": "e4m3", "dims": [300, HKV, D]}
+    d = {
+        "format": 1, "name": "packed-fp8",
+        "tensors": {"q": {"dtype": "e4m3", "dims": [300, HQ, D]}, "k": dict(tokens), "v": dict(tokens),
+                    "o": {"dtype": "bf16", "dims": [300, HQ, D]}, "cu": {"dtype": "int32", "dims": [3]},
+                    **{f"{r}_descale": {"dtype": "fp32", "dims": [1]} for r in "qkv"}},
+        "nodes": [{"op": "sdpa", "q": "q", "k": "k", "v": "v", "o": "o", "cu_seqlens_q": "cu", "cu_seqlens_kv": "cu",
+                   "max_seqlen_q": 200, "max_seqlen_kv": 200,
+                   "q_descale": "q_descale", "k_descale": "k_descale", "v_descale": "v_descale"}],
+    }  # fmt: skip
+    found = {p.path: p.message for p in problems(d)}
+    assert "dense form's FP8 kernel" in found["tensors.q.dtype"] and "packed" in found["tensors.q.dtype"]
+
+
+@pytest.mark.parametrize(
+    ("v_changes", "path", "words"),
+    [
+        ({"tensors.v.strides": None, "tensors.v.layout": "bshd"}, "tensors.v.strides[2]",
+         ("keys innermost", '"bhds"')),
+        ({"tensors.v.strides": [HKV * D * 200, D * 200, 1, 200]}, "tensors.v.strides[3]",
+         ("multiple of 16 elements",)),
+    ],
+)  # fmt: skip
+def test_v_must_have_its_keys_innermost_in_whole_16_byte_rows(v_changes, path, words):
+    with pytest.raises(Exception) as e:
+        resolve(check(edited(fp8_node(), **v_changes)))
+    found = {p.path: p.message for p in e.value.problems}
+    assert path in found, found
+    for word in words:
+        assert word in found[path], found[path]
+
+
+def _values(plan) -> dict:
+    (launch,) = plan.launches
+    names = [param.name for param in plan.kernels[launch.kernel].params]
+    return {p: a.value if a.slot < 0 else ("slot", plan.slots[a.slot].name) for p, a in zip(names, launch.args)}
+
+
+@pytest.mark.parametrize("heads", [(HQ, HKV, 1), (1, 1, 1)], ids=["per-head", "per-tensor"])
+def test_the_plan_reads_the_descales_and_steps_over_v_by_d(heads):
+    plan = decode_plan(build(parse_description(json.dumps(fp8_node(heads)), fmt="json")))
+    (kernel,) = plan.kernels
+    assert kernel.name.startswith("sdpa_fwd_wgmma.e4m3.o_bf16.d128.causal")
+    values = _values(plan)
+    assert values["scale_log2"] == pytest.approx(LOG2_E / math.sqrt(D))  # the descales join on the device
+    strides = [1 if n > 1 else 0 for n in heads]
+    assert [values[f"{r}_descale.stride"] for r in "qkv"] == strides
+    assert [values[f"{r}_descale"] for r in "qkv"] == [("slot", f"{r}_descale") for r in "qkv"]
+    slots = {s.name: s.dtype for s in plan.slots}
+    assert (slots["q"], slots["v"], slots["o"], slots["q_descale"]) == ("e4m3", "e4m3", "bf16", "fp32")
+    text = json.dumps(plan_summary(plan))
+    for word in ("e4m3", "q_descale", "v_descale.stride"):
+        assert word in text, word
+
+
+def test_fp16_output_is_its_own_variant():
+    plan = decode_plan(
+        build(parse_description(json.dumps(edited(fp8_node(), **{"tensors.o.dtype": "fp16"})), fmt="json"))
+    )
+    assert ".e4m3.o_fp16.d128." in plan.kernels[0].name
+
+
+def test_the_fp8_variants_add_the_descales_to_the_bf16_abi():
+    plain = SdpaFwdVariant("bf16", 128, MaskFlags(), True)
+    fp8 = SdpaFwdVariant("e4m3", 128, MaskFlags(), True, out_dtype="bf16")
+    assert plain.name != fp8.name and fp8.fp8 and not plain.fp8
+    assert fp8.params[: len(plain.params)] == plain.params
+    assert fp8.params[len(plain.params) :] == (
+        ("q_descale", "ptr"), ("k_descale", "ptr"), ("v_descale", "ptr"),
+        ("q_descale.stride", "i32"), ("k_descale.stride", "i32"), ("v_descale.stride", "i32"),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_the_fp8_tiles_fit_shared_memory_with_a_16_bit_o_buffer(head_dim):
+    tiles = tiles_for_head_dim(head_dim, False, fp8=True)
+    q = tiles.block_m * head_dim  # one byte each
+    o = 2 * tiles.block_m * head_dim
+    ring = tiles.stages * 2 * tiles.block_n * head_dim
+    assert tiles.o_buffer and q + o + ring <= 227 * 1024
