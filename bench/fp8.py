@@ -141,20 +141,70 @@ def _measure(plans: dict, shape, causal: bool) -> dict:
     bf16 = _bind(plans["bf16"], q=qd, k=kd, v=vd, o=o16)
     contestants = {"frostc e4m3": fp8.execute, "frostc bf16": bf16.execute}
     cudnn_fp8 = _cudnn_fp8(q8, k8, v8, dq, dk, dv, causal)
+    cudnn_err = None
     if cudnn_fp8 is not None:
-        contestants["cuDNN e4m3"] = cudnn_fp8
+        call, out = cudnn_fp8
+        call()
+        torch.cuda.synchronize()
+        cudnn_err = ((out.float() - ref).norm() / ref.norm()).item()
+        contestants["cuDNN e4m3"] = call
     times = _alternating(contestants)
     tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in times.items()}
-    return {"shape": shape, "causal": causal, "rel_err": err, "ms": times, "tflops": tflops}
+    return {"shape": shape, "causal": causal, "rel_err": err, "cudnn_rel_err": cudnn_err, "ms": times,
+            "tflops": tflops}  # fmt: skip
 
 
 def _cudnn_fp8(q8, k8, v8, dq, dk, dv, causal: bool):
-    """cuDNN's FP8 SDPA through nvidia-cudnn-frontend, where installed; else None."""
+    """(call, its O) of cuDNN's FP8 SDPA (nvidia-cudnn-frontend's graph API), where it is installed
+    and supports the shape; else None (the reason printed). Its O is e4m3 (Hopper's FP8 SDPA writes FP8 O), with
+    scale_s = 448 for P as FA3 and cuDNN's samples use."""
+    import torch
+
     try:
-        import cudnn  # noqa: F401
-    except ImportError:
+        import cudnn
+    except Exception as exc:  # ImportError, or the library failing to load
+        print(f"cuDNN FP8: not available ({type(exc).__name__}: {exc})", flush=True)
         return None
-    return None  # not wired yet: bench/RESULTS.md says why
+    b, h, s, d = q8.shape
+    e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    handle = cudnn.create_handle()
+    graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+    v_bhsd = v8.contiguous()  # cuDNN reads V as (b, h, s, d)
+    tq, tk, tv = (graph.tensor(name=n, dim=list(x.shape), stride=list(x.stride()), data_type=e4m3)
+                  for n, x in (("q", q8), ("k", k8), ("v", v_bhsd)))  # fmt: skip
+    scalars = {n: graph.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
+               for n in ("dq", "dk", "dv", "ds", "ss", "so")}  # fmt: skip
+    o, _, amax_s, amax_o = graph.sdpa_fp8(
+        q=tq, k=tk, v=tv, descale_q=scalars["dq"], descale_k=scalars["dk"], descale_v=scalars["dv"],
+        descale_s=scalars["ds"], scale_s=scalars["ss"], scale_o=scalars["so"], is_inference=True,
+        attn_scale=1.0 / d**0.5, use_causal_mask=causal, name="sdpa_fp8",
+    )  # fmt: skip
+    out = torch.empty(b, h, s, d, device="cuda", dtype=torch.float8_e4m3fn)
+    o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride())).set_data_type(e4m3)
+    amaxes = [torch.empty(1, 1, 1, 1, device="cuda") for _ in range(2)]
+    for tensor in (amax_s, amax_o):
+        tensor.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
+    try:
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.check_support()
+        graph.build_plans()
+    except Exception as exc:
+        print(f"cuDNN FP8: {q8.shape} causal={causal} not supported ({exc})", flush=True)
+        return None
+    one = torch.ones(1, 1, 1, 1, device="cuda")
+    values = {"dq": dq.view(1, 1, 1, 1), "dk": dk.view(1, 1, 1, 1), "dv": dv.view(1, 1, 1, 1),
+              "ds": one / 448.0, "ss": one * 448.0, "so": one}  # fmt: skip
+    pack = {tq: q8, tk: k8, tv: v_bhsd, o: out, amax_s: amaxes[0], amax_o: amaxes[1]}
+    pack |= {scalars[n]: values[n] for n in scalars}
+    workspace = torch.empty(graph.get_workspace_size(), device="cuda", dtype=torch.uint8)
+
+    def call():  # on the current stream (a graph capture's own)
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+        graph.execute(pack, workspace, handle=handle)
+
+    return call, out
 
 
 def _row(r, ceiling: float) -> str:

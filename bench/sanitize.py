@@ -7,10 +7,11 @@ Run it after every kernel change (README's development notes). The plans cover e
 (static persistent, per tile, paired, dynamic), every mask kind (causal top-left and
 bottom-right, left and two-sided windows, softcap), each head dim, the dense, padded and packed
 forms (with the scheduling kernel), paged decode split and unsplit (with the combine kernel),
-and kv_append alone. Sizes are small, odd where it matters, and large enough that each walk
-is the one its rule picks. Inputs come from the GPU tests' buffers (tests/gpu/support.py):
-fresh random values, lengths drawn within each plan's contracts, outputs poisoned; each
-plan's result is also checked against float64 under the tool.
+kv_append alone, the glue kernels and the FP8 dense kernel's variants. Sizes are small, odd
+where it matters, and large enough that each walk is the one its rule picks. Inputs come from
+the GPU tests' buffers (tests/gpu/support.py, fp8_support.py): fresh random values, lengths
+drawn within each plan's contracts, outputs poisoned; each plan's result is also checked
+against float64 under the tool.
 
 `run` starts one process per tool (`launch`), which runs every plan in turn and prints a marker
 line before and after each; the sanitizer's reports between two markers belong to that plan.
@@ -36,6 +37,7 @@ sys.path.insert(0, str(ROOT / "runtime"))
 
 from tests.gpu.cases import Case  # noqa: E402
 from tests.gpu.decode_cases import DecodeCase  # noqa: E402
+from tests.gpu.fp8_cases import Fp8Case  # noqa: E402
 from tests.gpu.glue_support import GlueCase  # noqa: E402
 
 TOOLS = ("memcheck", "racecheck", "synccheck")
@@ -52,6 +54,7 @@ class Target:
     sdpa: Case | None = None
     decode: DecodeCase | None = None
     glue: GlueCase | None = None
+    fp8: Fp8Case | None = None
 
     @property
     def plan(self) -> str:
@@ -121,6 +124,19 @@ def targets() -> list[Target]:
         t("glue-rms-norm", "rms_norm, 904-wide rows (most threads hold no piece)", glue=GlueCase("rms_norm", 3, 904)),
         t("glue-add-rms-norm", "rms_norm after a residual add, 4096-wide rows", glue=GlueCase("add_rms_norm", 5, 4096)),
         t("glue-silu-mul", "silu_mul, an MLP of 14336", glue=GlueCase("silu_mul", 3, 14336)),
+        # FP8 dense (e4m3 Q, K, Vᵀ; P packed and swapped in the quad): each head dim's tiles and walk
+        t("fp8-d128-full", "e4m3, static walk, head descales", fp8=Fp8Case("s", 1, 4, 2, 333, 555, 128)),
+        t("fp8-d128-paired", "e4m3, causal, paired walk", fp8=Fp8Case("s", 2, 4, 1, 700, 700, 128, causal=True)),
+        t("fp8-d128-dynamic", "e4m3, causal, dynamic walk",
+          fp8=Fp8Case("s", 1, 4, 2, 2000, 2000, 128, causal=True, descales="tensor")),
+        t("fp8-d256-per-tile", "e4m3, causal, one CTA per tile, d=256",
+          fp8=Fp8Case("s", 1, 1, 1, 4100, 4100, 256, causal=True, lse=False)),
+        t("fp8-d64-full", "e4m3, 3 consumers", fp8=Fp8Case("s", 2, 4, 1, 300, 333, 64, out="fp16")),
+        t("fp8-d64-window", "e4m3, sliding window (2 consumers)",
+          fp8=Fp8Case("s", 2, 4, 4, 777, 777, 64, causal=True, window_left=100)),
+        t("fp8-d128-window-softcap-br", "e4m3, window + softcap, bottom-right, fp16 O",
+          fp8=Fp8Case("s", 1, 4, 2, 300, 900, 128, causal=True, alignment="bottom_right", window_left=200,
+                      softcap=50.0, out="fp16", descales="tensor")),
     ]  # fmt: skip
 
 
@@ -130,6 +146,7 @@ def targets() -> list[Target]:
 def build(plans: Path, only: str) -> int:
     from frostc.build import build as build_plan
     from frostc.planfile import write_atomic
+    from tests.gpu import fp8_cases
     from tests.gpu.build_plans import decode_description, description
     from tests.gpu.glue_support import glue_description
 
@@ -140,6 +157,8 @@ def build(plans: Path, only: str) -> int:
     for i, target in enumerate(chosen):
         if target.glue is not None:
             desc = glue_description(target.glue)
+        elif target.fp8 is not None:
+            desc = fp8_cases.description(target.fp8)
         else:
             desc = description(target.sdpa) if target.sdpa else decode_description(target.decode)
         data = build_plan(desc)
@@ -173,6 +192,7 @@ def launch(plans: Path, only: str) -> int:
     import torch
 
     from tests.gpu.decode_support import DecodeBuffers, length_mixes
+    from tests.gpu.fp8_support import Fp8Run, real_inputs
     from tests.gpu.glue_support import GlueBuffers
     from tests.gpu.support import Buffers, draw_lengths
 
@@ -188,6 +208,11 @@ def launch(plans: Path, only: str) -> int:
             with frost_runtime.load(plans / target.plan) as plan:
                 if target.glue is not None:
                     buffers = GlueBuffers(target.glue, plan, seed)
+                    buffers.execute()
+                elif target.fp8 is not None:
+                    case = asdict(target.fp8)
+                    gen = torch.Generator(device="cuda").manual_seed(seed)
+                    buffers = Fp8Run(case, plan, real_inputs(case, gen, outliers=False))
                     buffers.execute()
                 elif target.sdpa is not None:
                     case = asdict(target.sdpa)
