@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 import cutlass
 import cutlass.cute as cute
 
-from frostc.kernels.sdpa_common import LN_2, exp2_on_fma, quad_max, quad_sum
+from frostc.kernels.sdpa_common import LN_2, quad_max, quad_sum
 
 # the online softmax keeps a row's reference max until a block raises it by more than this
 # (log2 units; probabilities stay <= 2**8 = 256, exact in bf16/fp16 range and fp32 sums)
@@ -16,13 +16,6 @@ RESCALE_LOG2 = 8.0
 # (`OnlineSoftmax.update_fast`) are kept when each thread's sum of them stays at most this, so
 # no probability exceeds it (fp16's P and fp32 sums stay far from overflow)
 FAST_SUM_LIMIT = 4096.0
-
-
-def _tree_sum(values: list):
-    """Pairwise sum: independent adds, not a chain (plain Python: the DSL traces it unrolled)."""
-    while len(values) > 1:
-        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
-    return values[0]
 
 
 @dataclass(frozen=True)
@@ -35,8 +28,8 @@ class ProbabilityLimits:
     rescale_log2: float = RESCALE_LOG2
     fast_sum_limit: float = FAST_SUM_LIMIT
     p_scale_log2: float = 0.0
-    # k > 0: every k-th column's exponential on the FMA pipe (`exp2_on_fma`), the others on MUFU
-    exp2_on_fma_every: int = 0
+    # `update_fast` also needs the exact step when a (scaled) probability exceeds this; None: no check
+    fast_max_limit: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,24 +52,6 @@ class OnlineSoftmax:
     def with_scale(self, scale_log2) -> "OnlineSoftmax":
         """The same state under another scale (a tile's own: e4m3 inputs' descales)."""
         return replace(self, scale_log2=scale_log2)
-
-    @cute.jit
-    def _probabilities(self, s_mn, r, shift):
-        """exp2(row r · scale - shift) in place; returns the row's sum. With `exp2_on_fma_every`,
-        element by element (some on the FMA pipe) and summed as a tree; else one vector op."""
-        if cutlass.const_expr(self.limits.exp2_on_fma_every == 0):
-            row = s_mn[r, None].load()
-            probs = cute.math.exp2(row * self.scale_log2 - shift, fastmath=True)
-            s_mn[r, None] = probs
-            return probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-        every = self.limits.exp2_on_fma_every
-        values = []
-        for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
-            x = s_mn[r, c] * self.scale_log2 - shift
-            p = exp2_on_fma(x) if c % every == every - 1 else cute.math.exp2(x, fastmath=True)
-            s_mn[r, c] = p
-            values.append(p)
-        return _tree_sum(values)
 
     def _shifted(self, shift):
         """The exponent's offset: the reference max's, less the probabilities' scale."""
@@ -111,20 +86,12 @@ class OnlineSoftmax:
             # a row that has seen no key yet keeps max -inf: exponentiate against 0 instead
             safe_max = 0.0 if new_max == -cutlass.Float32.inf else new_max
             shift = safe_max * self.scale_log2
-            if cutlass.const_expr(self.limits.exp2_on_fma_every == 0):
-                probs = cute.math.exp2(row * self.scale_log2 - self._shifted(shift), fastmath=True)
-                factor = cute.math.exp2(prev_max * self.scale_log2 - shift, fastmath=True)
-                total = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-                self.row_sum[r] = total + self.row_sum[r] * factor
-                self.correction[r] = factor
-                self.row_max[r] = new_max
-                s_mn[r, None] = probs
-            else:
-                total = self._probabilities(s_mn, r, self._shifted(shift))
-                factor = cute.math.exp2(prev_max * self.scale_log2 - shift, fastmath=True)
-                self.row_sum[r] = total + self.row_sum[r] * factor
-                self.correction[r] = factor
-                self.row_max[r] = new_max
+            probs = cute.math.exp2(row * self.scale_log2 - self._shifted(shift), fastmath=True)
+            factor = cute.math.exp2(prev_max * self.scale_log2 - shift, fastmath=True)
+            self.row_sum[r] = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0) + self.row_sum[r] * factor
+            self.correction[r] = factor
+            self.row_max[r] = new_max
+            s_mn[r, None] = probs
         return moved
 
     @cute.jit
@@ -140,9 +107,14 @@ class OnlineSoftmax:
             reference = self.row_max[r]
             unset = reference == -cutlass.Float32.inf
             shift = cutlass.select_(unset, cutlass.Float32(0.0), reference * self.scale_log2)
-            total = self._probabilities(s_mn, r, self._shifted(shift))
+            probs = cute.math.exp2(s_mn[r, None].load() * self.scale_log2 - self._shifted(shift), fastmath=True)
+            total = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             retry = retry | unset | (total > self.limits.fast_sum_limit) | (total != total)
+            if cutlass.const_expr(self.limits.fast_max_limit is not None):
+                largest = probs.reduce(cute.ReductionOp.MAX, cutlass.Float32.zero, 0)
+                retry = retry | (largest > self.limits.fast_max_limit)
             self.block_sum[r] = total
+            s_mn[r, None] = probs
         return retry
 
     @cute.jit

@@ -6,7 +6,6 @@ of a tile sees and to mask the blocks some rows see only in part) and by the sch
 (to order tiles by the key blocks they visit).
 """
 
-import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -181,46 +180,6 @@ def e4m3_quad_word(x0, x1, x2, x3, src_lo, src_hi, select, *, loc=None, ip=None)
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
     return cutlass.Int32(word)
-
-
-# 2**f on [0, 1) as 1 + f·(c1 + f·(c2 + f·c3)): relative error under 2e-4 (a least-squares fit;
-# an e4m3 P rounds to 2**-4 anyway, and the row sums add the same values)
-EXP2_POLY = (0.69503617, 0.22830825, 0.07632546)
-
-
-def _f32_hex(x: float) -> str:
-    return "0f" + struct.pack(">f", x).hex().upper()
-
-
-@dsl_user_op
-def exp2_on_fma(x, *, loc=None, ip=None):
-    """2**x without the MUFU unit (whose exponentials bound an FP8 consumer's softmax): the
-    integer part from a rounding add of 1.5·2**23, the fraction through a cubic, the two joined in
-    the exponent bits. x below -126 gives 2**-126 (a probability e4m3 flushes to zero)."""
-    c1, c2, c3 = (_f32_hex(c) for c in EXP2_POLY)
-    magic = _f32_hex(12582912.0)
-    result = llvm.inline_asm(
-        T.f32(),
-        [cutlass.Float32(x).ir_value(loc=loc, ip=ip)],
-        "{\n.reg .f32 xc, t, j, f, p;\n.reg .b32 ti, pi;\n"
-        "max.f32 xc, $1, 0fC2FC0000;\n"
-        f"add.rm.f32 t, xc, {magic};\n"
-        f"sub.f32 j, t, {magic};\n"
-        "sub.f32 f, xc, j;\n"
-        f"fma.rn.f32 p, f, {c3}, {c2};\n"
-        f"fma.rn.f32 p, p, f, {c1};\n"
-        "fma.rn.f32 p, p, f, 0f3F800000;\n"
-        "mov.b32 ti, t;\n"
-        "shl.b32 ti, ti, 23;\n"
-        "mov.b32 pi, p;\n"
-        "add.s32 pi, pi, ti;\n"
-        "mov.b32 $0, pi;\n}",
-        "=f,f",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return cutlass.Float32(result)
 
 
 def key_origin(kv_len, s_new, window_left, block_n: int):

@@ -61,7 +61,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
-from frost_runtime.dtypes import DTYPES, E4M3_MAX
+from frost_runtime.dtypes import DTYPES
 
 from frostc.kernels.barriers import Barrier
 from frostc.kernels.online_softmax import OnlineSoftmax, ProbabilityLimits
@@ -165,11 +165,7 @@ INT_PARAMS = (
 # workspace regions: the scheduling kernel's table, list and count (variable lengths); the
 # dynamic walk's counter (`TicketWalk`)
 WORKSPACE_POINTERS = ("sequences", "tiles", "tile_count", "tile_counter")
-# e4m3 P: packed (converted and swapped in the quad) before the wait for the previous P V, so
-# that only register moves follow it on the consumer's critical path (bench/NOTES.md, FP8 v1)
-FP8_PACK_EARLY = True
-# e4m3: every k-th column's exponential on the FMA pipe instead of MUFU (0: none; NOTES FP8 v1)
-FP8_EXP2_ON_FMA_EVERY = 0
+F32_LARGE = 3.0e38  # a sum limit that never binds (e4m3's fast steps bound the largest probability instead)
 # e4m3 variants: Q, K and V's float32 dequantization factors, each per tensor (its stride 0) or
 # per head (stride 1)
 DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -1127,17 +1123,11 @@ class SdpaForwardWgmma:
         else:
             self._release_reads(pipes, stage, step, tile)
             moved = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked)
-        packed = None
-        if cutlass.const_expr(self.fp8 and FP8_PACK_EARLY):
-            packed = self._pack_p(acc_S)  # while P_{j-1} V_{j-1} still runs
         warpgroup.wait_group(0)  # O and P_{j-1} are free again
         self._release(v_pipe, prev_stage)
         if moved:
             softmax.rescale(wgmma_rows_by_cols(acc_O))
-        if cutlass.const_expr(packed is not None):
-            self._write_p(packed, rP)
-        else:
-            self._store_p(acc_S, rP)
+        self._store_p(acc_S, rP)
 
     @cute.jit
     def _store_p(self, acc_S, rP):
@@ -1149,29 +1139,17 @@ class SdpaForwardWgmma:
         if cutlass.const_expr(not self.fp8):
             cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
         else:
-            self._write_p(self._pack_p(acc_S), rP)
-
-    @cute.jit
-    def _pack_p(self, acc_S) -> list:
-        """e4m3 P's A-operand words, in order (word v1 + 2·g: row half v1, keys 16g..16g+15)."""
-        lane = cute.arch.lane_idx()
-        c = lane % 4
-        src_lo, src_hi = lane - c + (2 * c) % 4, lane - c + (2 * c + 1) % 4
-        select = cutlass.select_(c < 2, cutlass.Int32(0x5410), cutlass.Int32(0x7632))
-        words = []
-        for g in cutlass.range_constexpr(cute.size(acc_S) // 8):
-            for half in cutlass.range_constexpr(2):
-                at = 8 * g + 2 * half  # accumulator (col pair, row half, n8 block 2g and 2g+1)
-                words.append(
-                    e4m3_quad_word(acc_S[at], acc_S[at + 1], acc_S[at + 4], acc_S[at + 5], src_lo, src_hi, select)
-                )
-        return words
-
-    @cute.jit
-    def _write_p(self, words: list, rP):
-        view = cute.recast_tensor(rP, cutlass.Int32)
-        for i in cutlass.range_constexpr(len(words)):
-            view[i] = words[i]
+            words = cute.recast_tensor(rP, cutlass.Int32)  # word v1 + 2·g: row half v1, keys 16g..16g+15
+            lane = cute.arch.lane_idx()
+            c = lane % 4
+            src_lo, src_hi = lane - c + (2 * c) % 4, lane - c + (2 * c + 1) % 4
+            select = cutlass.select_(c < 2, cutlass.Int32(0x5410), cutlass.Int32(0x7632))
+            for g in cutlass.range_constexpr(cute.size(acc_S) // 8):
+                for half in cutlass.range_constexpr(2):
+                    at = 8 * g + 2 * half  # accumulator (col pair, row half, n8 block 2g and 2g+1)
+                    words[half + 2 * g] = e4m3_quad_word(
+                        acc_S[at], acc_S[at + 1], acc_S[at + 4], acc_S[at + 5], src_lo, src_hi, select
+                    )
 
     @cute.jit
     def _release_reads(self, pipes, stage, step, tile: "TileSteps"):
@@ -1184,16 +1162,14 @@ class SdpaForwardWgmma:
 
     def _probability_limits(self) -> ProbabilityLimits:
         """16-bit P: the online softmax's defaults. e4m3 P (at most 448): the reference max
-        moves with any growth, so an exact step's probabilities are at most 1, scaled by 2**8
-        (the full range below 448 is used: fewer small probabilities flush to zero); with the
-        fast steps a thread's sum of one row's 32 scaled probabilities must stay at most 448,
-        so the scale is 2**3 (32 probabilities of 1 pass)."""
+        moves with any growth, and a fast step whose probabilities exceed 1 is redone exactly, so
+        every probability is at most 1 and a row's largest is exactly 1 where it was found. That
+        matters: the row sums add the unrounded probabilities, so a dominant key whose P were
+        rounded (up to 2**-4) would scale the whole row's O by that error. Scaled by 2**8 the
+        probabilities use e4m3's range below 448 (fewer small ones flush to zero)."""
         if not self.fp8:
             return ProbabilityLimits()
-        fma = FP8_EXP2_ON_FMA_EVERY
-        if self._fast_softmax():
-            return ProbabilityLimits(0.0, E4M3_MAX, p_scale_log2=3.0, exp2_on_fma_every=fma)
-        return ProbabilityLimits(0.0, E4M3_MAX, p_scale_log2=8.0, exp2_on_fma_every=fma)
+        return ProbabilityLimits(0.0, F32_LARGE, p_scale_log2=8.0, fast_max_limit=2.0**8)
 
     def _fast_softmax(self) -> bool:
         """Whether the steps after a tile's first take probabilities against the reference max

@@ -73,8 +73,10 @@ class Fp8Run:
                 storage = torch.zeros(b, x.shape[1], d, v_pitch(skv), device="cuda", dtype=dtype)
                 storage[..., :skv] = stored.transpose(2, 3)
                 self.tensors[name] = storage[..., :skv].transpose(2, 3)
-            else:  # "bshd"
-                self.tensors[name] = stored.transpose(1, 2).contiguous().transpose(1, 2)
+            else:  # "bshd" storage (a head dim of 1 keeps the layout's strides, as the plan has them)
+                b_, h_, s_, d_ = stored.shape
+                self.tensors[name] = torch.empty(b_, s_, h_, d_, device="cuda", dtype=dtype).transpose(1, 2)
+                self.tensors[name].copy_(stored)
         self.storage["o"], self.tensors["o"] = _guarded((b, sq, hq, d), (0, 2, 1, 3), out_dtype)
         if case["lse"]:
             self.storage["lse"], self.tensors["lse"] = _guarded((b, hq, sq), (0, 1, 2), torch.float32)
