@@ -28,8 +28,6 @@ class ProbabilityLimits:
     rescale_log2: float = RESCALE_LOG2
     fast_sum_limit: float = FAST_SUM_LIMIT
     p_scale_log2: float = 0.0
-    # `update_fast` also needs the exact step when a (scaled) probability exceeds this; None: no check
-    fast_max_limit: float | None = None
 
 
 @dataclass(frozen=True)
@@ -110,9 +108,6 @@ class OnlineSoftmax:
             probs = cute.math.exp2(s_mn[r, None].load() * self.scale_log2 - self._shifted(shift), fastmath=True)
             total = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             retry = retry | unset | (total > self.limits.fast_sum_limit) | (total != total)
-            if cutlass.const_expr(self.limits.fast_max_limit is not None):
-                largest = probs.reduce(cute.ReductionOp.MAX, cutlass.Float32.zero, 0)
-                retry = retry | (largest > self.limits.fast_max_limit)
             self.block_sum[r] = total
             s_mn[r, None] = probs
         return retry

@@ -61,7 +61,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
-from frost_runtime.dtypes import DTYPES
+from frost_runtime.dtypes import DTYPES, E4M3_MAX
 
 from frostc.kernels.barriers import Barrier
 from frostc.kernels.online_softmax import OnlineSoftmax, ProbabilityLimits
@@ -165,7 +165,6 @@ INT_PARAMS = (
 # workspace regions: the scheduling kernel's table, list and count (variable lengths); the
 # dynamic walk's counter (`TicketWalk`)
 WORKSPACE_POINTERS = ("sequences", "tiles", "tile_count", "tile_counter")
-F32_LARGE = 3.0e38  # a sum limit that never binds (e4m3's fast steps bound the largest probability instead)
 # e4m3 variants: Q, K and V's float32 dequantization factors, each per tensor (its stride 0) or
 # per head (stride 1)
 DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -1162,14 +1161,18 @@ class SdpaForwardWgmma:
 
     def _probability_limits(self) -> ProbabilityLimits:
         """16-bit P: the online softmax's defaults. e4m3 P (at most 448): the reference max
-        moves with any growth, and a fast step whose probabilities exceed 1 is redone exactly, so
-        every probability is at most 1 and a row's largest is exactly 1 where it was found. That
-        matters: the row sums add the unrounded probabilities, so a dominant key whose P were
-        rounded (up to 2**-4) would scale the whole row's O by that error. Scaled by 2**8 the
-        probabilities use e4m3's range below 448 (fewer small ones flush to zero)."""
+        moves with any growth, so an exact step's probabilities are at most 1 (a row's largest
+        exactly 1), scaled by 2**8: e4m3's range below 448, so fewer small probabilities flush
+        to zero. With the fast steps (d=128) a thread's sum of one row's 32 scaled
+        probabilities must stay at most 448, so there the scale is 2**3 (32 probabilities of 1
+        pass). A fast step keeps probabilities up to 56 (a block whose max grew a little): its
+        rounding is then the same 2**-4 at most. Bounding them by 1 instead (a retry whenever
+        any row's max grows) measured 0.6x (bench/NOTES.md, FP8 v1)."""
         if not self.fp8:
             return ProbabilityLimits()
-        return ProbabilityLimits(0.0, F32_LARGE, p_scale_log2=8.0, fast_max_limit=2.0**8)
+        if self._fast_softmax():
+            return ProbabilityLimits(rescale_log2=0.0, fast_sum_limit=E4M3_MAX, p_scale_log2=3.0)
+        return ProbabilityLimits(rescale_log2=0.0, fast_sum_limit=E4M3_MAX, p_scale_log2=8.0)
 
     def _fast_softmax(self) -> bool:
         """Whether the steps after a tile's first take probabilities against the reference max

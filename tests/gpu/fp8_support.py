@@ -11,7 +11,7 @@ from tests.gpu.support import GUARD, SENTINEL, reference_sequence
 
 E4M3_MAX = 448.0
 # relative L2 of O against float64 on the dequantized inputs, by data (tests/gpu/test_fp8_dense.py)
-BOUND = {"normal": 0.04, "outliers": 0.01}
+BOUND = {"normal": 0.04, "outliers": 0.03}
 LSE_TOLERANCE = 2e-3  # max abs error of the natural-log LSE
 OUTLIER_CHANNELS = (3, 40, 77, 121)
 OUTLIER_GAIN = 50.0
