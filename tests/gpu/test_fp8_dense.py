@@ -8,11 +8,11 @@ x / descale in e4m3. O is poisoned with NaN inside sentinel guards before each r
 The bounds: the kernel rounds P to e4m3 for the P V GEMM (3 mantissa bits, a relative error of
 at most 2^-4 per probability), which reaches O about unchanged: a relative L2 error near 2.5 %
 for N(0, 1) data (a CPU model of the same rounding on the same shapes: 0.023-0.025; bf16's P:
-0.003), bound 4 %. With outlier channels the scores spread to hundreds, attention is nearly one
-key per row, and what moves O is the scores' own error: FP8 WGMMA accumulates with fewer bits
-than fp32 (about 14 mantissa bits on Hopper, as DeepSeek-V3's report measured), which at raw
-sums near 1e5 is a tenth of a logit; measured 1.5 % (the P-rounding model alone: 0.2 %), bound
-3 %. The LSE sees no rounding of P (the row sums are fp32).
+0.003), bound 4 %. With outlier channels the scores spread to hundreds and attention is nearly
+one key per row: measured 1.5 %, though the P-rounding model alone says 0.2 %; the likely rest
+is the scores' own error (FP8 WGMMA accumulates with fewer bits than fp32, which at raw sums
+near 1e5 is a tenth of a logit). cuDNN's FP8 SDPA on such data: 3.2 % (bench/NOTES.md, FP8 v1).
+Bound 3 %. The LSE sees no rounding of P (the row sums are fp32).
 """
 
 from __future__ import annotations
