@@ -49,6 +49,13 @@ kernel sees them (element strides; the innermost head-dim stride is 1, checked a
 
 Constraints: fp16 / bf16; head dim 64, 128 or 256 (static); rows of Q, K, V, O 16-byte
 aligned; any lengths (0 included for variable lengths).
+
+e4m3 (the `fp8` variants, fixed shapes): Q, K and V in float8_e4m3fn with float32 descales (per
+tensor or per head: `Descales`), O in bf16 or fp16. 8-bit WGMMA reads both operands K-major, so
+V arrives transposed (keys innermost: its tensor map is (d, s_kv, h_kv, b) with the keys'
+stride 1, and its Vᵀ tile is the P V GEMM's K-major B). P leaves the accumulator as e4m3 words
+swapped within each quad (`_store_p`: the A operand's key order differs from the
+accumulator's); descale_q · descale_k joins the scores' scale and descale_v the normalization.
 """
 
 from dataclasses import dataclass, replace
@@ -149,7 +156,8 @@ def _fp8_tiles(head_dim: int, window_left: bool) -> WgmmaTiles:
     if head_dim == 64 and not window_left:
         # 12 KiB Q + 24 KiB O + 4 stages of 2·8 KiB = 100 KiB
         return WgmmaTiles(block_m=192, block_n=128, consumers=3, stages=4, o_buffer=True)
-    # d=128: 16 KiB Q + 32 KiB O + 4 stages of 2·16 KiB = 176 KiB; d=64: half of each
+    # d=128: 16 KiB Q + 32 KiB O + 4 stages of 2·16 KiB = 176 KiB; d=64 with a left window (its
+    # masks spill with three consumers, as at 16 bits): half of each
     return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=4, o_buffer=True)
 
 
