@@ -23,7 +23,7 @@ import zlib
 import pytest
 
 from tests.gpu.fp8_support import BOUND, LSE_TOLERANCE, Fp8Run, real_inputs
-from tests.gpu.support import BUILT
+from tests.gpu.support import BUILT, reference_sequence
 
 torch = pytest.importorskip("torch")
 
@@ -109,3 +109,52 @@ def test_fp8_plan_is_the_same_bits_every_run():
         run.tensors["o"].fill_(float("nan"))
         run.execute()
         assert torch.equal(first, run.tensors["o"])
+
+
+def test_fp8_inputs_quantize_on_the_device_inside_a_cuda_graph():
+    """frost_runtime.fp8.Fp8Inputs: bf16 q, k, v quantized into the plan's buffers (Vᵀ) and the
+    attention launched, both captured in one CUDA graph; a replay on new inputs gives their
+    attention (nothing was read back at capture), within the bound against the dequantized values."""
+    import frost_runtime
+    from frost_runtime.fp8 import Fp8Inputs
+
+    case = _case("fp8-d128-full")
+    plan = frost_runtime.load(FP8_BUILT / case["plan"])
+    inputs = Fp8Inputs(plan)
+    b, hq, hkv, d, sq, skv = (case[k] for k in ("batch", "heads_q", "heads_kv", "head_dim", "seq_q", "seq_kv"))
+    source = {
+        "q": torch.empty(b, hq, sq, d, device="cuda", dtype=torch.bfloat16),
+        "k": torch.empty(b, hkv, skv, d, device="cuda", dtype=torch.bfloat16),
+        "v": torch.empty(b, hkv, skv, d, device="cuda", dtype=torch.bfloat16),
+    }
+    outputs = {"o": torch.empty(b, sq, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2),
+               "lse": torch.empty(b, hq, sq, device="cuda")}  # fmt: skip
+    buffers = inputs.buffers | outputs
+    bound = plan.bind(*(buffers[name] for name in plan.slots), workspace=plan.allocate_workspace())
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for x in source.values():
+        x.copy_(torch.randn(x.shape, device="cuda", generator=gen))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (torch's allocator), then capture
+        inputs.quantize(source["q"], source["k"], source["v"])
+        bound.execute()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        inputs.quantize(source["q"], source["k"], source["v"])
+        bound.execute()
+    for x in source.values():  # new values after capture: the replay must see them
+        x.copy_(torch.randn(x.shape, device="cuda", generator=gen) * 3)
+    outputs["o"].fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    err_sq = ref_sq = 0.0
+    for i in range(b):
+        q, k, v = (inputs.dequantized(role)[i].double() for role in ("q", "k", "v"))
+        ref, _ = reference_sequence(case, q, k, v)
+        err_sq += float(((outputs["o"][i].double() - ref) ** 2).sum())
+        ref_sq += float((ref**2).sum())
+        # the buffers hold the new inputs' quantization, not the captured ones'
+        assert torch.allclose(inputs.dequantized("q")[i], source["q"][i].float(), rtol=2**-4, atol=0.05)
+    assert (err_sq / ref_sq) ** 0.5 < BOUND["normal"]

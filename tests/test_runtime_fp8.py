@@ -1,0 +1,87 @@
+"""frost_runtime.fp8.Fp8Inputs on the CPU (torch's e4m3 conversions run there): it finds an FP8
+plan's q, k, v and descale slots from the attention launch, allocates them in the plan's layouts
+(Vᵀ, keys innermost), and quantizes into them as the GPU tests do by hand; bad inputs and plans
+without (or with several) FP8 launches are refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from frost_runtime.plan import BindError
+from frost_runtime.schema import decode_plan
+
+from frostc.build import build
+from frostc.description import parse_description
+from tests.descriptions import edited
+from tests.test_fp8_dense import HKV, HQ, fp8_node
+
+torch = pytest.importorskip("torch")
+from frost_runtime.fp8 import Fp8Inputs  # noqa: E402  (imports torch)
+
+
+def _plan(d=None):
+    return decode_plan(build(parse_description(json.dumps(d or fp8_node()), fmt="json")))
+
+
+@pytest.mark.parametrize("heads", [(HQ, HKV, 1), (1, 1, 1)], ids=["per-head", "per-tensor"])
+def test_the_buffers_take_the_plans_layouts_and_hold_the_quantized_values(heads):
+    data = _plan(fp8_node(heads))
+    inputs = Fp8Inputs(data, device="cpu")
+    slots = {s.name: s for s in data.slots}
+    assert set(inputs.buffers) == {"q", "k", "v", "q_descale", "k_descale", "v_descale"}
+    for name, buf in inputs.buffers.items():
+        assert tuple(buf.shape) == slots[name].dims and tuple(buf.stride()) == slots[name].strides, name
+    assert inputs.buffers["v"].stride(2) == 1  # keys innermost
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(slots[n].dims, generator=gen).to(torch.bfloat16) * (1 + i) for i, n in enumerate("qkv"))
+    inputs.quantize(q, k, v)
+    for role, x, n in zip("qkv", (q, k, v), heads):
+        descale = inputs.buffers[f"{role}_descale"]
+        amax = x.float().abs().amax(dim=(0, 2, 3)) if n > 1 else x.float().abs().amax().reshape(1)
+        assert torch.allclose(descale, amax / 448.0)
+        back = inputs.dequantized(role)
+        big = x.float().abs() > 0.05 * amax.max()  # normal e4m3 values: relative error <= 2**-4
+        assert ((back - x.float()).abs() <= x.float().abs() * 2**-4 + 1e-6)[big].all(), role
+        assert inputs.buffers[role].float().abs().max() <= 448.0
+
+
+def test_a_zero_tensor_gets_a_finite_descale():
+    data = _plan()
+    inputs = Fp8Inputs(data, device="cpu")
+    dims = {s.name: s.dims for s in data.slots}
+    inputs.quantize(torch.zeros(dims["q"]), torch.randn(dims["k"]), torch.randn(dims["v"]))
+    assert torch.isfinite(inputs.buffers["q_descale"]).all() and (inputs.buffers["q"].float() == 0).all()
+
+
+def test_bad_inputs_are_refused_by_role():
+    data = _plan()
+    inputs = Fp8Inputs(data, device="cpu")
+    dims = {s.name: s.dims for s in data.slots}
+    good = [torch.randn(dims[n]) for n in "qkv"]
+    with pytest.raises(BindError, match="k must be a tensor of shape"):
+        inputs.quantize(good[0], torch.randn(3, 3), good[2])
+    with pytest.raises(BindError, match="give the unquantized values"):
+        inputs.quantize(good[0], good[1], good[2].to(torch.float8_e4m3fn))
+
+
+def test_a_plan_without_an_fp8_launch_is_refused():
+    d = fp8_node()
+    for name in ("q", "k", "v"):
+        d = edited(d, **{f"tensors.{name}.dtype": "bf16"})
+    d = edited(d, **{"tensors.v.strides": None, "tensors.v.layout": "bshd"})
+    for role in "qkv":
+        d = edited(d, **{f"nodes.0.{role}_descale": None, f"tensors.{role}_descale": None})
+    with pytest.raises(BindError, match="one e4m3 attention launch in the plan, found none"):
+        Fp8Inputs(_plan(d), device="cpu")
+
+
+def test_two_fp8_nodes_need_a_node_name():
+    d = fp8_node()
+    second = dict(d["nodes"][0], name="second", o="o2", lse="lse2")
+    d["tensors"]["o2"], d["tensors"]["lse2"] = dict(d["tensors"]["o"]), dict(d["tensors"]["lse"])
+    d["nodes"] = [dict(d["nodes"][0], name="first"), second]
+    data = _plan(d)
+    with pytest.raises(BindError, match="pass node="):
+        Fp8Inputs(data, device="cpu")
+    assert Fp8Inputs(data, node="second", device="cpu").slots.node == "second"
