@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from frost_runtime.dtypes import ATTENTION
+from frost_runtime.dtypes import ATTENTION, SCALE_DTYPE
 from frost_runtime.schema import F32_MAX, MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
@@ -448,15 +448,15 @@ def _check_descales(ctx: NodeContext, fp8: bool, sizes: dict[str, int] | None, f
         if not ctx.given(role):
             ctx.problem(
                 role,
-                f"missing: e4m3 {role[0]} holds x / descale, so the node needs it; name a {LSE_DTYPE} tensor "
+                f"missing: e4m3 {role[0]} holds x / descale, so the node needs it; name a {SCALE_DTYPE} tensor "
                 f'({heads},) or (1,) ({DESCALE_EXAMPLE}), e.g. {role} = "{role}"',
             )
             continue
         c = ctx.tensor(role, letters="h", dims=f"({heads},)")
         if c is None:
             continue
-        if c.dtype is not None and c.dtype != LSE_DTYPE:
-            ctx.problems_at(c.at("dtype"), f'{role} holds a scale factor: it must be {LSE_DTYPE}, got "{c.dtype}"')
+        if c.dtype is not None and c.dtype != SCALE_DTYPE:
+            ctx.problems_at(c.at("dtype"), f'{role} holds a scale factor: it must be {SCALE_DTYPE}, got "{c.dtype}"')
         count = (sizes or {}).get(heads)
         if c.dims is not None and count is not None and (len(c.dims) != 1 or c.dims[0] not in (1, count)):
             ctx.problems_at(
