@@ -21,14 +21,12 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream
-from frost_runtime.dtypes import DTYPES
 
-from frostc.kernels.row_pieces import load_piece, store_piece
+from frostc.kernels.row_pieces import VECTOR_BYTES, load_piece, piece_elems, store_piece
 from frostc.kernels.sdpa_common import dsl_dtype, fake_ptr
 
 THREADS = 256
 WARPS = THREADS // 32
-VECTOR_BYTES = 16
 POINTERS = ("x", "residual", "weight", "out", "residual_out")
 STRIDE_PARAMS = ("x.stride_m", "residual.stride_m", "out.stride_m", "residual_out.stride_m")
 MAX_PIECES = 8  # 16-byte pieces a thread keeps: rows of up to THREADS * MAX_PIECES pieces
@@ -48,7 +46,7 @@ class RmsNormVariant:
 
     @property
     def elems(self) -> int:
-        return VECTOR_BYTES // DTYPES[self.dtype].bytes
+        return piece_elems(self.dtype)
 
     @property
     def pieces(self) -> int:

@@ -463,10 +463,9 @@ class SdpaForwardWgmma:
         else:
             gQ = cute.make_tensor(q, cute.make_layout((seq_q, d, heads_q, batch), stride=(q_ss, 1, q_sh, q_sb)))
             gK = cute.make_tensor(k, cute.make_layout((seq_kv, d, heads_kv, batch), stride=(k_ss, 1, k_sh, k_sb)))
-            if cutlass.const_expr(self.fp8):  # keys innermost (8-bit WGMMA operands are K-major); v_ss: d's stride
-                gV = cute.make_tensor(v, cute.make_layout((d, seq_kv, heads_kv, batch), stride=(v_ss, 1, v_sh, v_sb)))
-            else:
-                gV = cute.make_tensor(v, cute.make_layout((d, seq_kv, heads_kv, batch), stride=(1, v_ss, v_sh, v_sb)))
+            # e4m3: keys innermost (8-bit WGMMA operands are K-major), and v_ss is d's stride
+            v_sd, v_skey = (v_ss, 1) if self.fp8 else (1, v_ss)
+            gV = cute.make_tensor(v, cute.make_layout((d, seq_kv, heads_kv, batch), stride=(v_sd, v_skey, v_sh, v_sb)))
         sQ, sK, sV = self._smem_layouts()
         op = cpasync.CopyBulkTensorTileG2SOp()
         q_info = cpasync.make_tiled_tma_atom(op, gQ, cute.select(sQ, mode=[0, 1]), (wg_m, d))
@@ -1178,9 +1177,8 @@ class SdpaForwardWgmma:
         any row's max grows) measured 0.6x (bench/NOTES.md, FP8 v1)."""
         if not self.fp8:
             return ProbabilityLimits()
-        if self._fast_softmax():
-            return ProbabilityLimits(rescale_log2=0.0, fast_sum_limit=E4M3_MAX, p_scale_log2=3.0)
-        return ProbabilityLimits(rescale_log2=0.0, fast_sum_limit=E4M3_MAX, p_scale_log2=8.0)
+        p_scale_log2 = 3.0 if self._fast_softmax() else 8.0
+        return ProbabilityLimits(rescale_log2=0.0, fast_sum_limit=E4M3_MAX, p_scale_log2=p_scale_log2)
 
     def _fast_softmax(self) -> bool:
         """Whether the steps after a tile's first take probabilities against the reference max

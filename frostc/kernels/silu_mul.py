@@ -18,13 +18,11 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream
-from frost_runtime.dtypes import DTYPES
 
-from frostc.kernels.row_pieces import load_piece, store_piece
+from frostc.kernels.row_pieces import VECTOR_BYTES, load_piece, piece_elems, store_piece
 from frostc.kernels.sdpa_common import dsl_dtype, fake_ptr
 
 THREADS = 128
-VECTOR_BYTES = 16
 POINTERS = ("x", "out")
 STRIDE_PARAMS = ("x.stride_m", "out.stride_m")
 
@@ -42,7 +40,7 @@ class SiluMulVariant:
 
     @property
     def elems(self) -> int:
-        return VECTOR_BYTES // DTYPES[self.dtype].bytes
+        return piece_elems(self.dtype)
 
     @property
     def row_ctas(self) -> int:

@@ -40,13 +40,18 @@ def check_row_layout(t: Tensor, letters: str, layouts: str, ctx: ResolveContext)
             f"{t.strides[last]}; "
             f"use a layout ending in {letters[-1]}, such as {layouts}",
         )
+    outer = tuple(range(len(letters) - 1))
+    check_whole_pieces(t, letters, outer, "(16 bytes) so rows can be moved in 16-byte pieces", ctx)
+
+
+def check_whole_pieces(t: Tensor, letters: str, dims: tuple[int, ...], why: str, ctx: ResolveContext) -> None:
+    """Strides of `dims` (those stepped over: extent > 1) whole 16-byte pieces; `why` ends the message."""
     align = row_align_elems(t.dtype)
-    for i, letter in enumerate(letters[:-1]):
+    for i in dims:
         if t.dims[i] > 1 and t.strides[i] % align:
             ctx.problem(
                 f"{t.path}.strides[{i}]",
-                f"stride {t.strides[i]} of dim {letter} must be a multiple of {align} elements "
-                "(16 bytes) so rows can be moved in 16-byte pieces",
+                f"stride {t.strides[i]} of dim {letters[i]} must be a multiple of {align} elements {why}",
             )
 
 

@@ -56,7 +56,7 @@ from frostc.ops.rows import (
     check_head_dim,
     check_row_layout,
     check_tma_strides,
-    row_align_elems,
+    check_whole_pieces,
     tma_stride,
 )
 from frostc.resolved import ResolvedLaunch, launch_args
@@ -179,6 +179,11 @@ class Sdpa:
     @property
     def causal(self) -> bool:
         return self.mask.causal
+
+    @property
+    def fp8(self) -> bool:
+        """e4m3 q, k and v (validation admits them only with their descales)."""
+        return self.q_descale is not None
 
     @property
     def inputs(self) -> tuple[tuple[str, str], ...]:
@@ -373,12 +378,12 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
 def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> bool:
     """Problems for dtypes the roles may not have; returns whether the node is FP8 (e4m3 q)."""
     q = tensors.get("q")
-    if form != "paged" and q is not None and is_scaled(q.dtype):
+    fp8 = form != "paged" and q is not None and is_scaled(q.dtype)
+    if fp8:
         _check_fp8_dtypes(tensors, ctx, form)
-        return True
     q_dtype = q.dtype if q is not None and q.dtype in DATA_DTYPES else None
     for role, c in tensors.items():
-        if c.dtype is None:
+        if c.dtype is None or (fp8 and role in ("q", "k", "v", "o")):
             continue
         if form == "paged" and role in ("k", "v"):
             if message := cache_dtype_problem(f"the paged form's {role} (a cache)", c.dtype, q_dtype, "q"):
@@ -406,10 +411,11 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
             ctx.problems_at(c.at("dtype"), f'page_table holds page ids: it must be {LENGTH_DTYPE}, got "{c.dtype}"')
         elif role not in ("q", "k", "v", "o", "lse", "page_table") and c.dtype != LENGTH_DTYPE:
             ctx.problems_at(c.at("dtype"), f'{role} holds sequence lengths: it must be {LENGTH_DTYPE}, got "{c.dtype}"')
+    return fp8
 
 
 def _check_fp8_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> None:
-    """e4m3 q: k and v e4m3 too, o bf16 or fp16, the dense form."""
+    """e4m3 q: k and v e4m3 too, o bf16 or fp16, the dense form (the other roles: `_check_dtypes`)."""
     q = tensors["q"]
     if form != "dense":
         ctx.problems_at(
@@ -430,11 +436,6 @@ def _check_fp8_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form:
             o.at("dtype"),
             f'an FP8 node writes o as {" or ".join(OUT_DTYPES_FP8)}, got "{o.dtype}": dtype = "{OUT_DTYPES_FP8[0]}"',
         )
-    for role, c in tensors.items():
-        if role == "lse" and c.dtype is not None and c.dtype != LSE_DTYPE:
-            ctx.problems_at(c.at("dtype"), f'lse must be {LSE_DTYPE}, got "{c.dtype}"')
-        elif role in (*PADDED_KEYS, *PACKED_KEYS) and c.dtype is not None and c.dtype != LENGTH_DTYPE:
-            ctx.problems_at(c.at("dtype"), f'{role} holds sequence lengths: it must be {LENGTH_DTYPE}, got "{c.dtype}"')
 
 
 def _check_descales(ctx: NodeContext, fp8: bool, sizes: dict[str, int] | None, form: str) -> None:
@@ -614,8 +615,7 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
     between take their tiles from a counter (`dynamic`: longest first within L2 sections,
     balanced at run time; NOTES v20), which needs a zeroed word of workspace."""
     flags = node.mask.flags
-    fp8 = node.q_descale is not None
-    tiles = tiles_for_head_dim(node.head_dim, flags.left, fp8)
+    tiles = tiles_for_head_dim(node.head_dim, flags.left, node.fp8)
     causal_dense = node.form == "dense" and flags.right and not flags.left
     per_tile = causal_dense and node.seq_kv >= PER_TILE_MIN_KEY_BLOCKS * tiles.block_n
     paired = causal_dense and not per_tile and -(-node.seq_q // tiles.block_m) <= PAIRED_MAX_QUERY_BLOCKS
@@ -633,7 +633,7 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
         node.head_dim,
         flags,
         node.lse is not None,
-        out_dtype=ctx.slot(node.o).dtype if fp8 else "",
+        out_dtype=ctx.slot(node.o).dtype if node.fp8 else "",
         varlen=node.form != "dense",
         per_tile=per_tile,
         paired=paired,
@@ -663,17 +663,15 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx)
     letters = _letters(node.form)
     layouts = '"thd"' if node.form == "packed" else '"bshd" or "bhsd"'
-    fp8 = node.q_descale is not None
-    for name in (node.q, node.k, node.o) if fp8 else (node.q, node.k, node.v, node.o):
+    for name in (node.q, node.k, node.o) if node.fp8 else (node.q, node.k, node.v, node.o):
         check_row_layout(ctx.tensor(name), letters, layouts, ctx)
-    for name in (node.q, node.k) if fp8 else (node.q, node.k, node.v):
+    for name in (node.q, node.k) if node.fp8 else (node.q, node.k, node.v):
         check_tma_strides(ctx.tensor(name), letters, tuple(range(len(letters) - 1)), ctx)
-    if fp8:
+    if node.fp8:
         _check_keys_innermost(ctx.tensor(node.v), ctx)
     for role in DESCALE_ROLES:
-        name = getattr(node, role)
-        if name is not None and ctx.tensor(name).dims[0] > 1 and ctx.tensor(name).strides[0] != 1:
-            t = ctx.tensor(name)
+        t = ctx.tensor(name) if (name := getattr(node, role)) is not None else None
+        if t is not None and t.dims[0] > 1 and t.strides[0] != 1:
             ctx.problem(f"{t.path}.strides[0]", f"stride {t.strides[0]}: {role} must be contiguous (stride 1)")
     for name in (node.q_lengths, node.kv_lengths):
         if name is not None:
@@ -719,13 +717,7 @@ def _check_keys_innermost(v, ctx: ResolveContext) -> None:
             f"e4m3 V is read with its keys innermost (8-bit WGMMA operands are K-major): its s stride must be "
             f'1, found {v.strides[2]}; use layout = "bhds" (the step that quantizes V writes Vᵀ)',
         )
-    for i, letter in ((0, "b"), (1, "h"), (3, "d")):
-        if v.dims[i] > 1 and v.strides[i] % row_align_elems(v.dtype):
-            ctx.problem(
-                f"{v.path}.strides[{i}]",
-                f"stride {v.strides[i]} of dim {letter} must be a multiple of {row_align_elems(v.dtype)} elements "
-                "(16 bytes: TMA's rule for the strides of a tensor map)",
-            )
+    check_whole_pieces(v, "bhsd", (0, 1, 3), "(16 bytes: TMA's rule for the strides of a tensor map)", ctx)
     check_tma_strides(v, "bhsd", (0, 1, 3), ctx)
 
 
