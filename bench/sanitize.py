@@ -7,7 +7,7 @@ Run it after every kernel change (README's development notes). The plans cover e
 (static persistent, per tile, paired, dynamic), every mask kind (causal top-left and
 bottom-right, left and two-sided windows, softcap), each head dim, the dense, padded and packed
 forms (with the scheduling kernel), paged decode split and unsplit (with the combine kernel),
-kv_append alone, the glue kernels and the FP8 dense kernel's variants. Sizes are small, odd
+kv_append alone, the glue kernels and the FP8 kernel's variants (dense, padded and packed). Sizes are small, odd
 where it matters, and large enough that each walk is the one its rule picks. Inputs come from
 the GPU tests' buffers (tests/gpu/support.py, fp8_support.py): fresh random values, lengths
 drawn within each plan's contracts, outputs poisoned; each plan's result is also checked
@@ -137,6 +137,14 @@ def targets() -> list[Target]:
         t("fp8-d128-window-softcap-br", "e4m3, window + softcap, bottom-right, fp16 O",
           fp8=Fp8Case("s", 1, 4, 2, 300, 900, 128, causal=True, alignment="bottom_right", window_left=200,
                       softcap=50.0, out="fp16", descales="tensor")),
+        # FP8 variable lengths: the scheduling kernel writes each sequence's Vᵀ map, V loads through it
+        t("fp8-d128-packed", "e4m3, packed, causal, per-sequence Vᵀ maps",
+          fp8=Fp8Case("s", 5, 4, 2, 300, 400, 128, causal=True, form="packed", tokens_q=901, tokens_kv=1111)),
+        t("fp8-d64-padded", "e4m3, padded, window, 3 consumers",
+          fp8=Fp8Case("s", 3, 4, 1, 333, 500, 64, window_left=70, form="padded")),
+        t("fp8-d256-padded", "e4m3, padded, causal bottom-right, d=256",
+          fp8=Fp8Case("s", 3, 2, 2, 200, 450, 256, causal=True, alignment="bottom_right", form="padded",
+                      lengths="kv")),
     ]  # fmt: skip
 
 
@@ -192,7 +200,7 @@ def launch(plans: Path, only: str) -> int:
     import torch
 
     from tests.gpu.decode_support import DecodeBuffers, length_mixes
-    from tests.gpu.fp8_support import Fp8Run, real_inputs
+    from tests.gpu.fp8_support import Fp8Run, Fp8VarlenRun, real_inputs
     from tests.gpu.glue_support import GlueBuffers
     from tests.gpu.support import Buffers, draw_lengths
 
@@ -210,9 +218,12 @@ def launch(plans: Path, only: str) -> int:
                     buffers = GlueBuffers(target.glue, plan, seed)
                     buffers.execute()
                 elif target.fp8 is not None:
-                    case = asdict(target.fp8)
+                    case = asdict(target.fp8) | {"id": target.label}
                     gen = torch.Generator(device="cuda").manual_seed(seed)
-                    buffers = Fp8Run(case, plan, real_inputs(case, gen, outliers=False))
+                    if case["form"] == "dense":
+                        buffers = Fp8Run(case, plan, real_inputs(case, gen, outliers=False))
+                    else:
+                        buffers = Fp8VarlenRun(case, plan, gen, draw_lengths(case, rng))
                     buffers.execute()
                 elif target.sdpa is not None:
                     case = asdict(target.sdpa)

@@ -83,6 +83,7 @@ from frostc.kernels.sdpa_common import (
     e4m3_quad_word,
     fake_ptr,
 )
+from frostc.kernels.sequence_maps import sequence_map
 from frostc.kernels.sequences import Sequence, Sequences, Shape
 from frostc.kernels.tile_walks import L2_SECTION_BYTES, DenseTiles, ListedTiles, TicketWalk
 from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows, wgmma_rows_by_cols
@@ -270,6 +271,7 @@ class SdpaFwdVariant(TmaVariant):
         params += [("scale_log2", "f32"), ("score_scale", "f32")]
         if self.fp8:
             params += [(name, "ptr") for name in DESCALES] + [(f"{name}.stride", "i32") for name in DESCALES]
+            params += [("v_maps", "ptr")]  # variable lengths: each sequence's Vᵀ map (sequence_maps.py)
         return tuple(params)
 
     def kernel(self) -> "SdpaForwardWgmma":
@@ -282,7 +284,8 @@ class SdpaFwdVariant(TmaVariant):
         if not self.fp8:
             return (*pointers, *_fake_scalars(), make_fake_stream())
         descales = (*(fake_ptr(cutlass.Float32, 4) for _ in DESCALES), *(cutlass.Int32(0) for _ in DESCALES))
-        return (*pointers, *_fake_scalars(), descales, make_fake_stream())
+        fp8_args = (*descales, fake_ptr(cutlass.Int32, 128))
+        return (*pointers, *_fake_scalars(), fp8_args, make_fake_stream())
 
     # tensor maps (TmaVariant): the build encodes them on the CPU with the same code the kernel uses
     TMA_SLOTS = LOADED
@@ -417,8 +420,9 @@ class SdpaForwardWgmma:
         self._launch((q, k, v, o, lse, sequences, units, tile_count, tile_counter), ints, strides, floats, (), stream)
 
     @cute.jit
-    def _launch(self, pointers: tuple, ints: tuple, strides: tuple, floats: tuple, descales: tuple, stream):
-        """`descales`: an e4m3 variant's (q, k, v descale pointers, their three strides), else ()."""
+    def _launch(self, pointers: tuple, ints: tuple, strides: tuple, floats: tuple, fp8_args: tuple, stream):
+        """`fp8_args`: an e4m3 variant's q, k, v descale pointers, their three strides and the
+        sequences' Vᵀ maps (variable lengths), else ()."""
         q, k, v, o, lse, sequences, units, tile_count, tile_counter = pointers
         self.shared_storage = self._shared_storage()
         self.smem_bytes = self.shared_storage.size_in_bytes()
@@ -432,7 +436,7 @@ class SdpaForwardWgmma:
         args = (q_tma, mQ, k_tma, mK, v_tma, mV, o, lse, sequences, units, tile_count, tile_counter, *ints,
                 *strides[9:], *floats)  # fmt: skip
         if cutlass.const_expr(self.fp8):
-            self.kernel_fp8(*args, *descales).launch(**launch)
+            self.kernel_fp8(*args, *fp8_args).launch(**launch)
         else:
             self.kernel(*args).launch(**launch)
 
@@ -460,6 +464,10 @@ class SdpaForwardWgmma:
             gV = cute.make_tensor(
                 v, cute.make_layout((d, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
             )
+            if cutlass.const_expr(self.fp8):
+                # keys innermost cannot be ragged: each sequence has its own map, whose key
+                # extent ends it (sequence_maps.py); rows here are the plan's, v_ss d's stride
+                gV = cute.make_tensor(v, cute.make_layout((d, wrap, heads_kv), stride=(v_ss, 1, v_sh)))
         else:
             gQ = cute.make_tensor(q, cute.make_layout((seq_q, d, heads_q, batch), stride=(q_ss, 1, q_sh, q_sb)))
             gK = cute.make_tensor(k, cute.make_layout((seq_kv, d, heads_kv, batch), stride=(k_ss, 1, k_sh, k_sb)))
@@ -611,6 +619,7 @@ class SdpaForwardWgmma:
             scale_log2,
             score_scale,
             None,
+            None,
         )
 
     @cute.kernel
@@ -652,8 +661,10 @@ class SdpaForwardWgmma:
         q_descale_stride: cutlass.Int32,
         k_descale_stride: cutlass.Int32,
         v_descale_stride: cutlass.Int32,
+        v_maps: cute.Pointer,
     ):
-        """The e4m3 variants' entry: the bf16 one's parameters and the descales (`DESCALES`)."""
+        """The e4m3 variants' entry: the bf16 one's parameters, the descales (`DESCALES`) and,
+        for variable lengths, the sequences' Vᵀ maps."""
         descales = Descales(q_descale, k_descale, v_descale, q_descale_stride, k_descale_stride, v_descale_stride)
         self._run(
             (q_tma, mQ, k_tma, mK, v_tma, mV),
@@ -663,11 +674,13 @@ class SdpaForwardWgmma:
             scale_log2,
             score_scale,
             descales,
+            v_maps,
         )
 
     @cute.jit
-    def _run(self, loads: tuple, pointers: tuple, ints: tuple, out_strides: tuple, scale_log2, score_scale, descales):
-        """Both entries' body (`descales`: None for 16-bit variants)."""
+    def _run(self, loads: tuple, pointers: tuple, ints: tuple, out_strides: tuple, scale_log2, score_scale, descales,
+             v_maps):  # fmt: skip
+        """Both entries' body (`descales`, `v_maps`: None for 16-bit variants)."""
         q_tma, mQ, k_tma, mK, v_tma, mV = loads
         o, lse, sequences, units, tile_count, tile_counter = pointers
         batch, heads_q, seq_q, seq_kv, group, window_left, window_right, q_rows, k_rows, v_rows = ints
@@ -717,7 +730,7 @@ class SdpaForwardWgmma:
             producers = 32 if cutlass.const_expr(self.variant.dynamic) else 1
             if wg_tidx < producers:
                 self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
-                              (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket)  # fmt: skip
+                              (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket, v_maps)  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self._consume(
@@ -773,8 +786,8 @@ class SdpaForwardWgmma:
     # ---------------------------------------------------------------- producer
     @cute.jit
     def _produce(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window, q_load, k_load, v_load,
-                 ticket):  # fmt: skip
-        loads = (q_pipe, k_pipe, v_pipe, sQ, sK, sV, q_load, k_load, v_load)
+                 ticket, v_maps):  # fmt: skip
+        loads = (q_pipe, k_pipe, v_pipe, sQ, sK, sV, q_load, k_load, v_load, v_maps)
         first, num_tiles, grid = self._schedule(tiles)
         loaded = cutlass.Int32(0)  # K/V blocks issued so far: the ring position
         q_loads = cutlass.Int32(0)  # Q buffer uses so far: its phase
@@ -811,7 +824,7 @@ class SdpaForwardWgmma:
         d = self.head_dim
         wg_m = t.block_m // t.consumers
         ring = Ring(t.stages)
-        q_pipe, k_pipe, v_pipe, sQ, sK, sV, (q_tma, mQ), (k_tma, mK), (v_tma, mV) = loads
+        q_pipe, k_pipe, v_pipe, sQ, sK, sV, (q_tma, mQ), (k_tma, mK), (v_tma, mV), v_maps = loads
         one = cute.make_layout(1)
         seq = seqs.get(batch)
         keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
@@ -820,7 +833,13 @@ class SdpaForwardWgmma:
             head_kv = head // shape.group
             mQ_seq = self._ragged_view(mQ, head, seq.q_start, seq.q_len, batch, 0)
             mK_seq = self._ragged_view(mK, head_kv, seq.k_start, seq.kv_len, batch, 0)
-            mV_seq = self._ragged_view(mV, head_kv, seq.v_start, seq.kv_len, batch, 1)
+            v_desc = None
+            if cutlass.const_expr(self.fp8 and self.varlen):
+                # Vᵀ through the sequence's own map, whose key extent ends at the sequence's end
+                mV_seq = cute.domain_offset((0, seq.v_start), mV[None, None, head_kv])
+                v_desc = sequence_map(v_maps, batch)
+            else:
+                mV_seq = self._ragged_view(mV, head_kv, seq.v_start, seq.kv_len, batch, 1)
             # rows past the end of a sequence arrive as zeros (TMA's out-of-bounds fill)
             gK = cute.local_tile(mK_seq, (t.block_n, d), (None, 0))  # (n, d, blocks)
             gV = cute.local_tile(mV_seq, (d, t.block_n), (0, None))  # (d, n, blocks)
@@ -839,16 +858,17 @@ class SdpaForwardWgmma:
             for n_block in range(n_end - 1, n_first - 1, -1):
                 stage, phase = ring.at(loaded + (n_end - 1 - n_block))
                 self._load_stage(k_pipe, k_tma, tKgK[None, n_block], tKsK[None, stage], stage, phase)
-                self._load_stage(v_pipe, v_tma, tVgV[None, n_block], tVsV[None, stage], stage, phase)
+                self._load_stage(v_pipe, v_tma, tVgV[None, n_block], tVsV[None, stage], stage, phase, v_desc)
         return cutlass.max(n_end - n_first, 0)
 
     @staticmethod
-    def _load_stage(pipe, tma, src, dst, stage, phase):
+    def _load_stage(pipe, tma, src, dst, stage, phase, desc=None):
         """One TMA load into ring stage `stage`: wait until every consumer released it, arm its
-        "full" barrier with the byte count, issue the copy that completes it."""
+        "full" barrier with the byte count, issue the copy that completes it (through the tensor
+        map at `desc` when given, else the atom's own)."""
         pipe.sync_object_empty.wait(stage, phase ^ 1)
         pipe.sync_object_full.arrive(stage, None)
-        cute.copy(tma, src, dst, tma_bar_ptr=pipe.sync_object_full.get_barrier(stage))
+        cute.copy(tma, src, dst, tma_bar_ptr=pipe.sync_object_full.get_barrier(stage), tma_desc_ptr=desc)
 
     # ---------------------------------------------------------------- consumers
     def _row_copy(self):
@@ -1278,6 +1298,6 @@ class SdpaForwardWgmmaFp8(SdpaForwardWgmma):
 
     @cute.jit
     def __call__(self, q, k, v, o, lse, sequences, units, tile_count, tile_counter, ints: tuple, strides: tuple,
-                 floats: tuple, descales: tuple, stream):  # fmt: skip
+                 floats: tuple, fp8_args: tuple, stream):  # fmt: skip
         pointers = (q, k, v, o, lse, sequences, units, tile_count, tile_counter)
-        self._launch(pointers, ints, strides, floats, descales, stream)
+        self._launch(pointers, ints, strides, floats, fp8_args, stream)

@@ -7,6 +7,8 @@ kernel walks, in the plan's workspace:
              wrote), token offsets for the packed form (0 for the padded one)
   units      (sequence, query block) pairs, int32, the longest work first
   tile_count units * heads_q, int32: how many tiles the attention kernel's CTAs walk
+  v_maps     e4m3 plans: one Vᵀ tensor map per sequence, its keys ending where the sequence
+             ends (sequence_maps.py: keys innermost cannot be ragged)
 
 "Longest" is the number of key blocks a unit visits under the plan's mask (plus one for its
 prologue and epilogue): a counting sort over those costs, with shared-memory atomics. The
@@ -15,13 +17,17 @@ it. Nothing is read back to the host and nothing needs zeroing beforehand.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 
-from frostc.kernels.sdpa_common import KeyRange, MaskFlags
+from frostc.kernels.sdpa_common import KeyRange, MaskFlags, TmaVariant
+from frostc.kernels.sdpa_fwd_wgmma import SdpaFwdVariant
+from frostc.kernels.sequence_maps import MAP_BYTES, release_sequence_maps, write_sequence_map
 
 THREADS = 1024
 BUCKETS = THREADS  # costs of 0 .. BUCKETS - 1 key blocks (more share the last bucket)
@@ -33,10 +39,12 @@ INT_PARAMS = (
 
 
 @dataclass(frozen=True)
-class ScheduleVariant:
+class ScheduleVariant(TmaVariant):
     """Compile key of the scheduling kernel. `packed`: lengths from cu_seqlens (batch + 1 prefix
     sums, capacities in tokens); else padded: per-sequence lengths, capacities in rows, where
-    either side may have none (then every sequence has the capacity's length)."""
+    either side may have none (then every sequence has the capacity's length). `v_maps_of`:
+    the e4m3 attention variant whose sequences' Vᵀ maps this kernel writes (its V tensor map
+    is this kernel's template), else None."""
 
     packed: bool
     q_lengths: bool
@@ -44,6 +52,9 @@ class ScheduleVariant:
     mask: MaskFlags
     block_m: int
     block_n: int
+    v_maps_of: SdpaFwdVariant | None = None
+
+    TMA_SLOTS: ClassVar[tuple[str, ...]] = ("v",)
 
     @property
     def name(self) -> str:
@@ -52,12 +63,16 @@ class ScheduleVariant:
         else:
             form = "padded." + "+".join(x for x, given in (("q", self.q_lengths), ("kv", self.kv_lengths)) if given)
         mask = self.mask.label.split(".")[0]  # softcap does not change which keys are visited
-        return f"sdpa_schedule.{form}.m{self.block_m}n{self.block_n}.{mask}"
+        maps = ".v_maps" if self.v_maps_of else ""
+        return f"sdpa_schedule.{form}.m{self.block_m}n{self.block_n}.{mask}{maps}"
 
     @property
     def params(self) -> tuple[tuple[str, str], ...]:
         pointers = ("q_lengths", "kv_lengths", "sequences", "units", "tile_count")
-        return tuple((p, "ptr") for p in pointers) + tuple((p, "i32") for p in INT_PARAMS)
+        params = tuple((p, "ptr") for p in pointers) + tuple((p, "i32") for p in INT_PARAMS)
+        if self.v_maps_of:
+            params += (("v.tmap", "tmap"), ("v_maps", "ptr"), ("v.rows_per_batch", "i32"))
+        return params
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -76,11 +91,34 @@ class ScheduleVariant:
         return 0
 
     def kernel(self) -> "SdpaSchedule":
-        return SdpaSchedule(self)
+        return SdpaScheduleVMaps(self) if self.v_maps_of else SdpaSchedule(self)
 
     def compile_args(self) -> tuple:
         pointers = [make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=4) for _ in range(5)]
-        return (*pointers, tuple(cutlass.Int32(1) for _ in INT_PARAMS), make_fake_stream())
+        ints = tuple(cutlass.Int32(1) for _ in INT_PARAMS)
+        if not self.v_maps_of:
+            return (*pointers, ints, make_fake_stream())
+        v = self.tensor_map_compile_args()[0]
+        maps = make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=MAP_BYTES)
+        v_maps = (v, maps, *self.v_maps_of.fake_scalars()[:2], cutlass.Int32(0))
+        return (*pointers, ints, v_maps, make_fake_stream())
+
+    # the Vᵀ template (TmaVariant): the attention variant's own V tensor map, encoded by its code
+    @property
+    def dtype(self) -> str:
+        return self.v_maps_of.dtype if self.v_maps_of else "int32"
+
+    @property
+    def tensor_map_params(self) -> tuple[str, ...]:
+        return super().tensor_map_params if self.v_maps_of else ()
+
+    def fake_scalars(self) -> tuple:
+        return self.v_maps_of.fake_scalars()
+
+    def tensor_map_args(self, shape, addresses: list[int], out: int) -> tuple:
+        """The attention launch's `shape`; V's map is the third of the attention kernel's."""
+        *pointers, out_ptr, ints, strides = self.v_maps_of.tensor_map_args(shape, addresses * 3, out)
+        return pointers[2], out_ptr, ints, strides
 
 
 class SdpaSchedule:
@@ -90,6 +128,13 @@ class SdpaSchedule:
 
     @cute.jit
     def __call__(self, q_lengths, kv_lengths, sequences, units, tile_count, ints: tuple, stream):
+        self._launch((q_lengths, kv_lengths, sequences, units, tile_count), ints, (), stream)
+
+    @cute.jit
+    def _launch(self, pointers: tuple, ints: tuple, v_maps: tuple, stream):
+        """`v_maps`: (V, the maps' region, the attention launch's ints and strides, V's rows per
+        padded sequence) when the kernel writes the sequences' Vᵀ maps, else ()."""
+
         @cute.struct
         class SharedStorage:
             counts: cute.struct.MemRange[cutlass.Int32, BUCKETS]
@@ -97,9 +142,23 @@ class SdpaSchedule:
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
-        self.kernel(q_lengths, kv_lengths, sequences, units, tile_count, *ints).launch(
-            grid=(1, 1, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream
-        )
+        launch = dict(grid=(1, 1, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream)
+        if cutlass.const_expr(self.v.v_maps_of is not None):
+            v, maps, attention_ints, attention_strides, v_rows = v_maps
+            v_tma = self._v_template(v, attention_ints, attention_strides)
+            self.kernel_v_maps(*pointers, *ints, v_tma, maps, v_rows).launch(**launch)
+        else:
+            self.kernel(*pointers, *ints).launch(**launch)
+
+    def _v_template(self, v, ints: tuple, strides: tuple) -> cute.CopyAtom:
+        """The attention kernel's V tensor map (the plan holds its bytes; this is its type)."""
+        _, _, (v_tma, _) = self.v.v_maps_of.kernel().tma_loads(v, v, v, ints, strides)
+        return v_tma
+
+    @cute.jit
+    def encode_tensor_maps(self, v, out, ints: tuple, strides: tuple):
+        """Host only, at build time: the template, exactly the attention launch's V map."""
+        cpasync.copy_tensormap(self._v_template(v, ints, strides), out)
 
     @cute.kernel
     def kernel(
@@ -119,6 +178,41 @@ class SdpaSchedule:
         window_left: cutlass.Int32,
         window_right: cutlass.Int32,
     ):
+        ints = (batch, q_capacity, kv_capacity, max_seqlen_q, max_seqlen_kv, unit_capacity, heads_q, window_left,
+                window_right)  # fmt: skip
+        self._schedule(q_lengths, kv_lengths, sequences, units, tile_count, ints, None)
+
+    @cute.kernel
+    def kernel_v_maps(
+        self,
+        q_lengths: cute.Pointer,
+        kv_lengths: cute.Pointer,
+        sequences: cute.Pointer,
+        units: cute.Pointer,
+        tile_count: cute.Pointer,
+        batch: cutlass.Int32,
+        q_capacity: cutlass.Int32,
+        kv_capacity: cutlass.Int32,
+        max_seqlen_q: cutlass.Int32,
+        max_seqlen_kv: cutlass.Int32,
+        unit_capacity: cutlass.Int32,
+        heads_q: cutlass.Int32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
+        v_tma: cute.CopyAtom,
+        v_maps: cute.Pointer,
+        v_rows: cutlass.Int32,
+    ):
+        """The e4m3 plans' entry: the schedule, and each sequence's Vᵀ map."""
+        ints = (batch, q_capacity, kv_capacity, max_seqlen_q, max_seqlen_kv, unit_capacity, heads_q, window_left,
+                window_right)  # fmt: skip
+        self._schedule(q_lengths, kv_lengths, sequences, units, tile_count, ints, (v_tma, v_maps, v_rows))
+
+    @cute.jit
+    def _schedule(self, q_lengths, kv_lengths, sequences, units, tile_count, ints: tuple, v_maps):
+        """Both entries' body; `v_maps`: (template, region, V's rows per padded sequence) or None."""
+        batch, q_capacity, kv_capacity, max_seqlen_q, max_seqlen_kv, unit_capacity, heads_q = ints[:7]
+        window_left, window_right = ints[7], ints[8]
         tidx, _, _ = cute.arch.thread_idx()
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         counts = storage.counts.get_tensor(cute.make_layout(BUCKETS))
@@ -136,6 +230,9 @@ class SdpaSchedule:
             row[1] = q_len
             row[2] = kv_token
             row[3] = kv_len
+            if cutlass.const_expr(v_maps is not None):
+                v_tma, maps, v_rows = v_maps
+                write_sequence_map(v_tma, maps, b, b * v_rows + kv_token + kv_len)
             keys = KeyRange.of(self.v.mask, window_left, window_right, q_len, kv_len)
             m_blocks = (q_len + self.v.block_m - 1) // self.v.block_m
             # runs of query blocks of equal cost (a whole sequence without a diagonal) take one
@@ -149,6 +246,8 @@ class SdpaSchedule:
                 run_bucket = bucket
             if m_blocks > 0:
                 cute.arch.atomic_add(counts.iterator + run_bucket, m_blocks - run_start, scope="cta")
+        if cutlass.const_expr(v_maps is not None):
+            release_sequence_maps()
         cute.arch.sync_threads()
 
         # 2. bucket starts: an exclusive scan over the buckets, most work first
@@ -217,3 +316,11 @@ class SdpaSchedule:
         first, end = keys.blocks(first_row, last_row, self.v.block_n)
         cost = cutlass.min(cutlass.max(end - first, 0) + 1, BUCKETS - 1)
         return BUCKETS - 1 - cost
+
+
+class SdpaScheduleVMaps(SdpaSchedule):
+    """The e4m3 plans' host entry: the 16-bit one's arguments and what the Vᵀ maps need."""
+
+    @cute.jit
+    def __call__(self, q_lengths, kv_lengths, sequences, units, tile_count, ints: tuple, v_maps: tuple, stream):
+        self._launch((q_lengths, kv_lengths, sequences, units, tile_count), ints, v_maps, stream)

@@ -15,10 +15,12 @@ support, and how a node becomes launches. Three forms of sequence lengths:
           page page_table[b, p // page_size]; resolved by `frostc.ops.sdpa_paged` (split-KV);
           the caches may be e4m3 with k_scale and v_scale (float32, (hkv,) or (1,))
 
-FP8 (dense form): q, k and v e4m3 with q_descale, k_descale and v_descale (float32, (1,) or
-one per head: (hq,), (hkv,), (hkv,)), o bf16 or fp16. V is read with its keys innermost (8-bit
-WGMMA operands are K-major): its s stride is 1, e.g. layout "bhds" (the step that quantizes V
-writes it so).
+FP8 (dense, padded and packed forms): q, k and v e4m3 with q_descale, k_descale and v_descale
+(float32, (1,) or one per head: (hq,), (hkv,), (hkv,)), o bf16 or fp16. V is read with its keys
+innermost (8-bit WGMMA operands are K-major): its s (or t) stride is 1, e.g. layout "bhds" ("hdt"
+packed; the step that quantizes V writes it so). With variable lengths the scheduling kernel
+also writes each sequence's Vᵀ tensor map into the workspace (keys innermost cannot be ragged:
+`frostc.kernels.sequence_maps`).
 
 Variable lengths stay on the device: the plan fixes capacities (batch, tokens or rows,
 max_seqlen_*), a scheduling kernel of the same plan turns the lengths into a tile list in the
@@ -41,6 +43,7 @@ from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
 from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant, tiles_for_head_dim
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
+from frostc.kernels.sequence_maps import MAP_BYTES
 from frostc.ops import sdpa_paged
 from frostc.ops.paged_cache import (
     SCALE_ROLES,
@@ -400,7 +403,7 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
                 if is_scaled(c.dtype) and role == "o":
                     message += "; an FP8 node's o is bf16 or fp16"
                 elif is_scaled(c.dtype) and role == "q":
-                    message += "; e4m3 q is read by the dense form's FP8 kernel and the paged form's FP8 decode"
+                    message += "; e4m3 q is read by the FP8 prefill kernel and the paged form's FP8 decode"
                 ctx.problems_at(c.at("dtype"), message)
             elif q_dtype is not None and c.dtype != q_dtype:
                 message = f"{c.dtype} does not match q's {q_dtype}; q, k, v and o must share one dtype (bf16 or fp16)"
@@ -415,14 +418,8 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
 
 
 def _check_fp8_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> None:
-    """e4m3 q: k and v e4m3 too, o bf16 or fp16, the dense form (the other roles: `_check_dtypes`)."""
+    """e4m3 q: k and v e4m3 too, o bf16 or fp16 (the other roles: `_check_dtypes`)."""
     q = tensors["q"]
-    if form != "dense":
-        ctx.problems_at(
-            q.at("dtype"),
-            f"e4m3 q, k and v are read by the dense form's FP8 kernel; the {form} form's kernel reads bf16 or "
-            f"fp16 (its ragged loads of V need d innermost): use bf16 / fp16 here, or dense tensors",
-        )
     for role in ("k", "v"):
         c = tensors.get(role)
         if c is not None and c.dtype is not None and c.dtype != q.dtype:
@@ -444,7 +441,7 @@ def _check_descales(ctx: NodeContext, fp8: bool, sizes: dict[str, int] | None, f
         if not fp8 or form == "paged":
             if ctx.given(role):
                 ctx.tensor(role, letters="h", dims=f"({heads},)")  # a use: the tensor is not reported as unused
-                ctx.problem(role, f"dequantizes e4m3 q, k and v of the dense form, and q is not e4m3: remove {role}")
+                ctx.problem(role, f"dequantizes e4m3 q, k and v, and q is not e4m3: remove {role}")
             continue
         if not ctx.given(role):
             ctx.problem(
@@ -592,7 +589,10 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         "tiles": ctx.workspace(f"{node.name}.tiles", 8 * units),
         "tile_count": ctx.workspace(f"{node.name}.tile_count", 4),
     }
-    return (_schedule_launch(node, tiles, units, workspace, ctx), _attention_launch(node, variant, ctx, workspace))
+    if node.fp8:  # each sequence's Vᵀ tensor map, written by the scheduling kernel
+        workspace["v_maps"] = ctx.workspace(f"{node.name}.v_maps", MAP_BYTES * node.batch)
+    attention = _attention_launch(node, variant, ctx, workspace)
+    return (_schedule_launch(node, variant, units, workspace, attention, ctx), attention)
 
 
 def _record_length_contracts(node: Sdpa, ctx: ResolveContext) -> None:
@@ -668,7 +668,7 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     for name in (node.q, node.k) if node.fp8 else (node.q, node.k, node.v):
         check_tma_strides(ctx.tensor(name), letters, tuple(range(len(letters) - 1)), ctx)
     if node.fp8:
-        _check_keys_innermost(ctx.tensor(node.v), ctx)
+        _check_keys_innermost(ctx.tensor(node.v), letters, ctx)
     for role in DESCALE_ROLES:
         t = ctx.tensor(name) if (name := getattr(node, role)) is not None else None
         if t is not None and t.dims[0] > 1 and t.strides[0] != 1:
@@ -708,17 +708,21 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
             )
 
 
-def _check_keys_innermost(v, ctx: ResolveContext) -> None:
-    """e4m3 V (b, h, s, d) is read as Vᵀ tiles, its keys innermost: s stride 1, and its b, h and
-    d strides whole 16-byte pieces under TMA's stride limit."""
-    if v.dims[2] > 1 and v.strides[2] != 1:
+def _check_keys_innermost(v, letters: str, ctx: ResolveContext) -> None:
+    """e4m3 V ((b, h, s, d), or (t, h, d) packed) is read as Vᵀ tiles, its keys innermost: s (t)
+    stride 1, and its other strides whole 16-byte pieces under TMA's stride limit."""
+    keys = letters.index("s" if "s" in letters else "t")
+    others = tuple(i for i in range(len(letters)) if i != keys)
+    if v.dims[keys] > 1 and v.strides[keys] != 1:
+        layout = "hdt" if letters == "thd" else "bhds"
         ctx.problem(
-            f"{v.path}.strides[2]",
-            f"e4m3 V is read with its keys innermost (8-bit WGMMA operands are K-major): its s stride must be "
-            f'1, found {v.strides[2]}; use layout = "bhds" (the step that quantizes V writes Vᵀ)',
+            f"{v.path}.strides[{keys}]",
+            f"e4m3 V is read with its keys innermost (8-bit WGMMA operands are K-major): its {letters[keys]} "
+            f'stride must be 1, found {v.strides[keys]}; use layout = "{layout}" (the step that quantizes V '
+            "writes Vᵀ)",
         )
-    check_whole_pieces(v, "bhsd", (0, 1, 3), "(16 bytes: TMA's rule for the strides of a tensor map)", ctx)
-    check_tma_strides(v, "bhsd", (0, 1, 3), ctx)
+    check_whole_pieces(v, letters, others, "(16 bytes: TMA's rule for the strides of a tensor map)", ctx)
+    check_tma_strides(v, letters, others, ctx)
 
 
 def _letters(form: str) -> str:
@@ -784,14 +788,20 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
     tma_strides = {role: _tma_strides(slots[role], strides[role]) for role in ("q", "k", "v")}
     if variant.fp8:  # V's keys are innermost: its tensor map steps over (b, h, d)
         v = slots["v"]
-        tma_strides["v"] = (*tma_strides["v"][:2], tma_stride(v.dims[3], v.strides[3], v.dtype))
+        tma_strides["v"] = (*tma_strides["v"][:2], tma_stride(v.dims[-1], v.strides[-1], v.dtype))
     tile_strides = (*tma_strides.values(), strides["o"], strides["lse"])
     shape = (tuple(ints[p] for p in INT_PARAMS), tile_strides)
     grid = (_tile_capacity(node, variant.tile_shape.block_m), 1, 1)
     return ResolvedLaunch(node.name, variant, grid, args, shape)
 
 
-def _schedule_launch(node: Sdpa, tiles, units: int, workspace: dict[str, int], ctx: ResolveContext) -> ResolvedLaunch:
+def _schedule_launch(
+    node: Sdpa, attention_variant: SdpaFwdVariant, units: int, workspace: dict[str, int], attention: ResolvedLaunch,
+    ctx: ResolveContext,
+) -> ResolvedLaunch:  # fmt: skip
+    """The scheduling kernel's launch; an e4m3 node's also writes the sequences' Vᵀ maps, from
+    the attention launch's V map (the same tensor-map shape, so the same bytes)."""
+    tiles = attention_variant.tile_shape
     variant = ScheduleVariant(
         packed=node.form == "packed",
         q_lengths=node.q_lengths is not None,
@@ -799,6 +809,7 @@ def _schedule_launch(node: Sdpa, tiles, units: int, workspace: dict[str, int], c
         mask=MaskFlags(node.mask.flags.right, node.mask.flags.left, node.mask.flags.bottom_right),
         block_m=tiles.block_m,
         block_n=tiles.block_n,
+        v_maps_of=attention_variant if node.fp8 else None,
     )
     packed = node.form == "packed"
     values = {
@@ -820,7 +831,14 @@ def _schedule_launch(node: Sdpa, tiles, units: int, workspace: dict[str, int], c
         "units": workspace["tiles"],
         "tile_count": workspace["tile_count"],
     }
-    return ResolvedLaunch(node.name, variant, (1, 1, 1), launch_args(variant, slots, workspace_params, values))
+    shape = None
+    if node.fp8:
+        slots["v"] = ctx.slot(node.v)
+        workspace_params["v_maps"] = workspace["v_maps"]
+        values["v.rows_per_batch"] = next(a.value for a in attention.args if a.param == "v.rows_per_batch")
+        shape = attention.tensor_map_shape
+    args = launch_args(variant, slots, workspace_params, values)
+    return ResolvedLaunch(node.name, variant, (1, 1, 1), args, shape)
 
 
 def _bhs_strides(slot, form: str) -> tuple[int, int, int]:

@@ -65,7 +65,9 @@ def _run(case: dict, real: dict) -> Fp8Run:
     return run
 
 
-@pytest.mark.parametrize("case_id", [c["id"] for c in _manifest() if c["dtype"] == "e4m3"])
+@pytest.mark.parametrize(
+    "case_id", [c["id"] for c in _manifest() if c["dtype"] == "e4m3" and c.get("form", "dense") == "dense"]
+)
 def test_fp8_plan_matches_float64(case_id, record_property):
     case = _case(case_id)
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(case_id.encode()))

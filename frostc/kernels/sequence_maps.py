@@ -1,0 +1,82 @@
+"""One Vᵀ tensor map per sequence: how an e4m3 variable-length plan reads V.
+
+e4m3 V is read transposed (keys innermost: 8-bit WGMMA operands are K-major). The ragged tensor
+maps of the 16-bit plans (ragged.py) bound a sequence with two extra modes whose strides are
+multiples of a row; Vᵀ's rows (keys) are its innermost mode, one byte apart, and TMA wants
+every stride but the innermost a multiple of 16 bytes, so that trick cannot end a Vᵀ sequence.
+Without an end, the keys past it would be read: the next sequence's, or whatever lies past the
+last one, and 0 · NaN in P V is NaN.
+
+So the scheduling kernel writes one tensor map per sequence into the workspace: the plan's Vᵀ
+map (its address patched by the runtime per call, as for every tensor map) with the key extent
+set to the row where the sequence ends. The attention kernel's producer loads each sequence's
+V blocks through its map, and the TMA unit zero-fills the keys past the end as it does past a
+dense tensor's. The writes are the generic proxy and the loads the tensor-map proxy: the writer
+fences with a release (`release_sequence_maps`), the reader with an acquire on the map's
+address before its first load (`sequence_map`)."""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.typing import AddressSpace
+from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.tensor_utils import TensorMapManager, TensorMapUpdateMode
+
+MAP_BYTES = 128
+MAP_WORDS = MAP_BYTES // 4
+TEMPLATE_WORDS = 16  # what `copy_tensormap` writes: the maps' fields all lie in the first 64 bytes
+# a tensor map's dims run innermost first: Vᵀ's keys, whose stride is 1
+KEY_DIM = 0
+# word 2, bit 21 of a tensor map: its out-of-bounds fetch window. A map whose extent is replaced
+# on the device takes the always-safe mode (the DSL's own tensormap_replace does the same)
+OOB_WINDOW_WORD = 2
+OOB_WINDOW_CLEAR = ~(1 << 21) & 0xFFFFFFFF
+
+_MAPS = TensorMapManager(TensorMapUpdateMode.GMEM, MAP_BYTES)
+
+
+def _map_ptr(maps: cute.Pointer, index) -> cute.Pointer:
+    """Map `index` of the workspace region `maps` (an int32 pointer, 128-byte aligned)."""
+    return _MAPS.get_tensormap_ptr(maps + index * MAP_WORDS)
+
+
+@dsl_user_op
+def _replace_key_extent(desc: cute.Pointer, extent, *, loc=None, ip=None):
+    """tensormap.replace of the key dim's extent (the DSL's wrapper is experimental)."""
+    llvm.inline_asm(
+        None,
+        [desc.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), cutlass.Int32(extent).ir_value(loc=loc, ip=ip)],
+        f"tensormap.replace.tile.global_dim.global.b1024.b32 [$0], {KEY_DIM}, $1;",
+        "l,r,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@cute.jit
+def write_sequence_map(template: cute.CopyAtom, maps: cute.Pointer, index, key_end):
+    """Map `index` := `template` with keys [0, key_end): one thread writes it."""
+    desc = _map_ptr(maps, index)
+    words = cute.make_tensor(maps + index * MAP_WORDS, cute.make_layout(MAP_WORDS))
+    cpasync.copy_tensormap(template, desc)  # the DSL copies the 64 bytes its maps use
+    for i in cutlass.range_constexpr(TEMPLATE_WORDS, MAP_WORDS):
+        words[i] = 0  # as in the plan's maps: the rest of the 128 bytes are zero
+    _replace_key_extent(desc, key_end)
+    words[OOB_WINDOW_WORD] = words[OOB_WINDOW_WORD] & cutlass.Int32(OOB_WINDOW_CLEAR - (1 << 32))
+
+
+def release_sequence_maps():
+    """After a thread's last map write: makes the maps visible to later tensor-map reads."""
+    cpasync.fence_tma_desc_release()
+
+
+@cute.jit
+def sequence_map(maps: cute.Pointer, index) -> cute.Pointer:
+    """Map `index`, acquired for the TMA loads that follow (by the thread that issues them)."""
+    desc = _map_ptr(maps, index)
+    cpasync.fence_tma_desc_acquire(desc)
+    return _MAPS.get_tensormap_ptr(desc, AddressSpace.generic)  # the form TMA copies take
