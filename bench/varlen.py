@@ -12,6 +12,12 @@ scheduling kernel and the attention kernel). frostc's output is checked against 
 every mix before its time is reported. Also: all-equal lengths through the varlen path against
 the dense plan of the same shape, and a sliding window of 4096 on one 16k sequence against the
 dense causal kernel (TFLOP/s over the key blocks the window leaves).
+
+FP8 rows: the same mix through an e4m3 plan of the padded form (the packed form is bf16/fp16
+only: README), every sequence in a row of the longest's length, lengths on the device (Q, K and
+Vᵀ quantized on the device, one descale per tensor; V "bhds", its keys innermost), beside the
+bf16 packed plan on the same real inputs; its output is checked against float32 attention on
+the dequantized inputs (relative L2 under 4 %, the GPU tests' bound: e4m3's P rounding).
 """
 
 import argparse
@@ -41,6 +47,15 @@ class Mix:
     @property
     def plan(self) -> str:
         return f"varlen-{self.name}-{'causal' if self.causal else 'full'}"
+
+    @property
+    def fp8_plan(self) -> str:
+        return f"{self.plan}-e4m3"
+
+
+def v_pitch(keys: int) -> int:
+    """Vᵀ's row pitch in keys: a TMA stride is a multiple of 16 bytes."""
+    return -(-keys // 16) * 16
 
 
 def _mixes() -> list[Mix]:
@@ -86,6 +101,8 @@ def build() -> int:
                max_seqlen_kv=max(mix.lengths), causal=mix.causal, window_left=mix.window_left)  # fmt: skip
         write_atomic(BUILT / f"{mix.plan}.frost", build_plan(g.build()))
         print("built", mix.plan, flush=True)
+        write_atomic(BUILT / f"{mix.fp8_plan}.frost", build_plan(_fp8_description(mix)))
+        print("built", mix.fp8_plan, flush=True)
         if len(set(mix.lengths)) == 1:
             dense[dense_plan(mix)] = (b, mix.lengths[0], mix.causal)
     for name, (b, s, causal) in dense.items():
@@ -96,6 +113,26 @@ def build() -> int:
         write_atomic(BUILT / f"{name}.frost", build_plan(g.build()))
         print("built", name, flush=True)
     return 0
+
+
+def _fp8_description(mix: Mix):
+    from frostc import GraphBuilder
+
+    b, s = len(mix.lengths), max(mix.lengths)
+    g = GraphBuilder(mix.fp8_plan)
+    g.tensor("q", dtype="e4m3", dims=(b, HQ, s, D), layout="bshd")
+    g.tensor("k", dtype="e4m3", dims=(b, HKV, s, D), layout="bshd")
+    pitch = v_pitch(s)
+    g.tensor("v", dtype="e4m3", dims=(b, HKV, s, D), strides=(HKV * D * pitch, D * pitch, 1, pitch))
+    g.tensor("o", dtype="bf16", dims=(b, HQ, s, D), layout="bshd")
+    g.tensor("len_q", dtype="int32", dims=(b,))
+    g.tensor("len_kv", dtype="int32", dims=(b,))
+    for role in ("q", "k", "v"):
+        g.tensor(f"{role}_descale", dtype="fp32", dims=(1,))
+    g.sdpa(q="q", k="k", v="v", o="o", seq_len_q="len_q", seq_len_kv="len_kv", causal=mix.causal,
+           window_left=mix.window_left, q_descale="q_descale", k_descale="k_descale",
+           v_descale="v_descale")  # fmt: skip
+    return g.build()
 
 
 def useful_flops(mix: Mix) -> float:
@@ -209,6 +246,7 @@ def _measure(frost_runtime, mix: Mix, fa4) -> dict:
     err = (err_sq / ref_sq) ** 0.5
     if not err < 2e-2:
         raise SystemExit(f"{mix.plan}: frostc differs from torch (relative error {err:.2e})")
+    times["frostc_e4m3"], fp8_err = _measure_fp8(frost_runtime, mix, (q, k, v), cu_list)
 
     if fa4 is not None:
         window = (mix.window_left, 0) if mix.window_left is not None else (None, None)
@@ -239,7 +277,52 @@ def _measure(frost_runtime, mix: Mix, fa4) -> dict:
     if mix.window_left is not None:
         tflops["frostc_blocks"] = block_flops(mix) / (times["frostc"] * 1e-3) / 1e12
     return {"mix": mix.name, "plan": mix.plan, "causal": mix.causal, "sequences": b, "tokens": tokens,
-            "rel_err": err, "ms": times, "tflops": tflops, "torch_backend": backend.name}  # fmt: skip
+            "rel_err": err, "fp8_err": fp8_err, "ms": times, "tflops": tflops,
+            "torch_backend": backend.name}  # fmt: skip
+
+
+def _measure_fp8(frost_runtime, mix: Mix, qkv: tuple, cu_list: list[int]) -> tuple[float, float]:
+    """(ms, relative L2 against float32 attention on the dequantized inputs) of the padded e4m3
+    plan on the real inputs (the packed tokens copied into rows of the longest's length)."""
+    import torch
+    import torch.nn.functional as F
+
+    b, s = len(mix.lengths), max(mix.lengths)
+    e4m3 = torch.float8_e4m3fn
+    buffers = {}
+    for role, x in zip("qkv", qkv):
+        descale = (x.float().abs().amax() / 448.0).reshape(1)
+        stored = (x.float() / descale).to(e4m3)  # (t, h, d)
+        if role == "v":  # (b, h, d, pitch) storage, keys innermost
+            rows = torch.zeros(b, HKV, D, v_pitch(s), device="cuda", dtype=e4m3)[..., :s].transpose(2, 3)
+        else:  # "bshd"
+            rows = torch.zeros(b, s, x.shape[1], D, device="cuda", dtype=e4m3).transpose(1, 2)
+        for i, (start, n) in enumerate(zip(cu_list, mix.lengths)):
+            rows[i, :, :n] = stored[start : start + n].transpose(0, 1)
+        buffers[role], buffers[f"{role}_descale"] = rows, descale
+    lengths = torch.tensor(mix.lengths, dtype=torch.int32, device="cuda")
+    o = torch.full((b, s, HQ, D), float("nan"), device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    buffers |= {"o": o, "len_q": lengths, "len_kv": lengths}
+    plan = frost_runtime.load(BUILT / f"{mix.fp8_plan}.frost")
+    bound = plan.bind(*(buffers[name] for name in plan.slots), workspace=plan.allocate_workspace())
+    ms = time_ms(bound.execute)
+    o.fill_(float("nan"))
+    bound.execute()
+    torch.cuda.synchronize()
+    err_sq = ref_sq = 0.0
+    group = HQ // HKV
+    for i, n in enumerate(mix.lengths):
+        qd, kd, vd = (buffers[r][i, :, :n].float() * buffers[f"{r}_descale"] for r in "qkv")
+        kd, vd = (x.repeat_interleave(group, 0) for x in (kd, vd))
+        window = _window_mask(n, mix.window_left) if mix.window_left is not None else None
+        causal = mix.causal and window is None
+        want = F.scaled_dot_product_attention(qd[None], kd[None], vd[None], attn_mask=window, is_causal=causal)[0]
+        err_sq += float(((o[i, :, :n].float() - want) ** 2).sum())
+        ref_sq += float((want**2).sum())
+    err = (err_sq / ref_sq) ** 0.5
+    if not err < 4e-2:
+        raise SystemExit(f"{mix.fp8_plan}: e4m3 differs from attention on its dequantized inputs ({err:.2e})")
+    return ms, err
 
 
 def _row(r) -> str:
@@ -255,8 +338,12 @@ def _markdown(rows, device: str, torch_version: str, have_fa4: bool) -> str:
         "Useful TFLOP/s (real lengths only) from CUDA-graph replays; frostc = scheduling + attention kernels;",
         "torch padded = SDPA on every sequence padded to the longest (cuDNN; the window row: a mask, mem-efficient).",
         "",
-        "| mix | causal | seqs | tokens | frostc | FA4 varlen | torch padded | frostc / FA4 | frostc / torch | err |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "frostc e4m3 = the padded e4m3 plan on the same inputs (err e4m3: relative L2 against float32 attention on",
+        "its dequantized inputs).",
+        "",
+        "| mix | causal | seqs | tokens | frostc | FA4 varlen | torch padded | frostc / FA4 | frostc / torch | err "
+        "| frostc e4m3 | e4m3 / bf16 | err e4m3 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         t = r["tflops"]
@@ -265,7 +352,8 @@ def _markdown(rows, device: str, torch_version: str, have_fa4: bool) -> str:
         lines.append(
             f"| {r['mix']} | {'yes' if r['causal'] else 'no'} | {r['sequences']} | {r['tokens']} | {t['frostc']:.1f} | "
             f"{f'{fa4:.1f}' if fa4 else '—'} | {t['torch_padded']:.1f} | {vs_fa4} | "
-            f"{t['frostc'] / t['torch_padded']:.2f} | {r['rel_err']:.1e} |"
+            f"{t['frostc'] / t['torch_padded']:.2f} | {r['rel_err']:.1e} | {t['frostc_e4m3']:.1f} | "
+            f"{t['frostc_e4m3'] / t['frostc']:.2f} | {r['fp8_err']:.1e} |"
         )
     lines.append("")
     for r in rows:

@@ -1,6 +1,6 @@
 """FP8 (e4m3) attention on the build machine: the description's checks (e4m3 q, k and v
-together, their descales, O's dtype, V's keys innermost in every form), the variant and
-arguments it resolves into (with variable lengths, the scheduling kernel's per-sequence Vᵀ maps),
+together, their descales, O's dtype, the dense and padded forms, V's keys innermost), the variant
+and arguments it resolves into (padded: the scheduling kernel's per-sequence Vᵀ maps),
 real offline compiles and the ABI, and what inspect shows. Numerics are
 tests/gpu/test_fp8_dense.py's and test_fp8_varlen.py's business."""
 
@@ -79,28 +79,19 @@ def test_descales_are_refused_without_e4m3_inputs():
     assert all("remove" in p.message and "not e4m3" in p.message for p in found)
 
 
-TOKENS = 304  # the packed buffers' tokens (Vᵀ's rows: whole 16-byte pieces)
-
-
-def packed_fp8_node(v_layout: str = "hdt") -> dict[str, Any]:
-    """Three packed sequences, e4m3 q and k (t, h, d), Vᵀ (h, d, t), bf16 O, per-tensor descales."""
-    return {
+def test_the_packed_form_refuses_e4m3():
+    tokens = {"dtype": "e4m3", "dims": [304, HKV, D]}
+    d = {
         "format": 1, "name": "packed-fp8",
-        "tensors": {"q": {"dtype": "e4m3", "dims": [TOKENS, HQ, D]}, "k": {"dtype": "e4m3", "dims": [TOKENS, HKV, D]},
-                    "v": {"dtype": "e4m3", "dims": [TOKENS, HKV, D], "layout": v_layout},
-                    "o": {"dtype": "bf16", "dims": [TOKENS, HQ, D]}, "cu": {"dtype": "int32", "dims": [4]},
+        "tensors": {"q": {"dtype": "e4m3", "dims": [304, HQ, D]}, "k": dict(tokens), "v": dict(tokens, layout="hdt"),
+                    "o": {"dtype": "bf16", "dims": [304, HQ, D]}, "cu": {"dtype": "int32", "dims": [3]},
                     **{f"{r}_descale": {"dtype": "fp32", "dims": [1]} for r in "qkv"}},
         "nodes": [{"op": "sdpa", "q": "q", "k": "k", "v": "v", "o": "o", "cu_seqlens_q": "cu", "cu_seqlens_kv": "cu",
-                   "max_seqlen_q": 200, "max_seqlen_kv": 200, "causal": True,
+                   "max_seqlen_q": 200, "max_seqlen_kv": 200,
                    "q_descale": "q_descale", "k_descale": "k_descale", "v_descale": "v_descale"}],
     }  # fmt: skip
-
-
-def test_the_packed_form_wants_v_with_its_tokens_innermost():
-    with pytest.raises(Exception) as e:
-        resolve(check(packed_fp8_node(v_layout="thd")))
-    found = {p.path: p.message for p in e.value.problems}
-    assert "keys innermost" in found["tensors.v.strides[0]"] and '"hdt"' in found["tensors.v.strides[0]"]
+    message = {p.path: p.message for p in problems(d)}["tensors.q.dtype"]
+    assert "packed" in message and "16-token boundaries" in message and "padded form" in message
 
 
 def _launch_values(plan, index: int) -> dict:
@@ -109,13 +100,18 @@ def _launch_values(plan, index: int) -> dict:
     return {p.name: a for p, a in zip(params, launch.args)}
 
 
-def test_a_packed_fp8_plan_writes_each_sequence_v_map_before_the_attention():
+def _padded_fp8_node() -> dict[str, Any]:
+    return edited(fp8_node(), **{"tensors.seq_len_kv": {"dtype": "int32", "dims": [B]},
+                                 "nodes.0.seq_len_kv": "seq_len_kv"})  # fmt: skip
+
+
+def test_a_padded_fp8_plan_writes_each_sequence_v_map_before_the_attention():
     """The scheduling kernel takes the attention launch's own Vᵀ map (the same 128 bytes, its
     address patched per call from V's slot) and a workspace region of one map per sequence,
     which the attention kernel reads through `v_maps`."""
-    plan = decode_plan(build(parse_description(json.dumps(packed_fp8_node()), fmt="json")))
+    plan = decode_plan(build(parse_description(json.dumps(_padded_fp8_node()), fmt="json")))
     schedule, attention = (plan.kernels[launch.kernel] for launch in plan.launches)
-    assert schedule.name.startswith("sdpa_schedule.packed.") and schedule.name.endswith(".v_maps")
+    assert schedule.name.startswith("sdpa_schedule.padded.kv.") and schedule.name.endswith(".v_maps")
     assert attention.name.startswith("sdpa_fwd_wgmma.e4m3.o_bf16.d128.causal.varlen")
     sched, attn = _launch_values(plan, 0), _launch_values(plan, 1)
     v_slot = next(i for i, s in enumerate(plan.slots) if s.name == "v")
@@ -123,16 +119,14 @@ def test_a_packed_fp8_plan_writes_each_sequence_v_map_before_the_attention():
     assert sched["v.tmap"].tmap == attn["v.tmap"].tmap
     assert sched["v_maps"].workspace == attn["v_maps"].workspace >= 0
     region = next(r for r in plan.workspace if r.name.endswith(".v_maps"))
-    assert (region.offset, region.bytes) == (attn["v_maps"].workspace, 128 * 3)
+    assert (region.offset, region.bytes) == (attn["v_maps"].workspace, 128 * B)
     assert region.offset % 128 == 0 and not region.zeroed  # rewritten at every execute
-    assert sched["v.rows_per_batch"].value == 0  # packed: sequences start at their cu_seqlens
 
 
 def test_a_padded_fp8_plan_starts_each_sequence_v_map_at_its_batch_row():
-    """Padded Vᵀ (b, h, d, pitch): sequence b's keys start b * (batch stride) elements in."""
-    d = edited(fp8_node(), **{"tensors.seq_len_kv": {"dtype": "int32", "dims": [B]},
-                              "nodes.0.seq_len_kv": "seq_len_kv"})  # fmt: skip
-    plan = decode_plan(build(parse_description(json.dumps(d), fmt="json")))
+    """Padded Vᵀ (b, h, d, pitch): sequence b's keys start b * (batch stride) elements in, a
+    whole number of 16-byte pieces (TMA's innermost coordinates must be)."""
+    plan = decode_plan(build(parse_description(json.dumps(_padded_fp8_node()), fmt="json")))
     assert [plan.kernels[launch.kernel].name.split(".")[0] for launch in plan.launches] == [
         "sdpa_schedule", "sdpa_fwd_wgmma"
     ]  # fmt: skip

@@ -50,12 +50,14 @@ kernel sees them (element strides; the innermost head-dim stride is 1, checked a
 Constraints: fp16 / bf16; head dim 64, 128 or 256 (static); rows of Q, K, V, O 16-byte
 aligned; any lengths (0 included for variable lengths).
 
-e4m3 (the `fp8` variants, fixed shapes): Q, K and V in float8_e4m3fn with float32 descales (per
+e4m3 (the `fp8` variants, fixed shapes and padded variable lengths): Q, K and V in float8_e4m3fn with float32 descales (per
 tensor or per head: `Descales`), O in bf16 or fp16. 8-bit WGMMA reads both operands K-major, so
 V arrives transposed (keys innermost: its tensor map is (d, s_kv, h_kv, b) with the keys'
 stride 1, and its Vᵀ tile is the P V GEMM's K-major B). P leaves the accumulator as e4m3 words
 swapped within each quad (`_store_p`: the A operand's key order differs from the
 accumulator's); descale_q · descale_k joins the scores' scale and descale_v the normalization.
+With variable lengths V is loaded through its sequence's own tensor map (`v_maps`, written by
+the scheduling kernel: sequence_maps.py), whose key extent ends the sequence.
 """
 
 from dataclasses import dataclass, replace
@@ -465,8 +467,8 @@ class SdpaForwardWgmma:
                 v, cute.make_layout((d, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
             )
             if cutlass.const_expr(self.fp8):
-                # keys innermost cannot be ragged: each sequence has its own map, whose key
-                # extent ends it (sequence_maps.py); rows here are the plan's, v_ss d's stride
+                # keys innermost cannot be ragged: each (padded) sequence has its own map, whose
+                # key extent ends it (sequence_maps.py); rows here are the plan's, v_ss d's stride
                 gV = cute.make_tensor(v, cute.make_layout((d, wrap, heads_kv), stride=(v_ss, 1, v_sh)))
         else:
             gQ = cute.make_tensor(q, cute.make_layout((seq_q, d, heads_q, batch), stride=(q_ss, 1, q_sh, q_sb)))

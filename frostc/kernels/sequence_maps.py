@@ -4,8 +4,8 @@ e4m3 V is read transposed (keys innermost: 8-bit WGMMA operands are K-major). Th
 maps of the 16-bit plans (ragged.py) bound a sequence with two extra modes whose strides are
 multiples of a row; Vᵀ's rows (keys) are its innermost mode, one byte apart, and TMA wants
 every stride but the innermost a multiple of 16 bytes, so that trick cannot end a Vᵀ sequence.
-Without an end, the keys past it would be read: the next sequence's, or whatever lies past the
-last one, and 0 · NaN in P V is NaN.
+Without an end, the keys past a sequence's length would be read (a padded row's tail), and
+0 · NaN in P V is NaN.
 
 So the scheduling kernel writes one tensor map per sequence into the workspace: the plan's Vᵀ
 map (its address patched by the runtime per call, as for every tensor map) with the key extent
@@ -13,7 +13,12 @@ set to the row where the sequence ends. The attention kernel's producer loads ea
 V blocks through its map, and the TMA unit zero-fills the keys past the end as it does past a
 dense tensor's. The writes are the generic proxy and the loads the tensor-map proxy: the writer
 fences with a release (`release_sequence_maps`), the reader with an acquire on the map's
-address before its first load (`sequence_map`)."""
+address before its first load (`sequence_map`).
+
+A map bounds a sequence's end only: its start is a coordinate, and TMA takes an innermost
+coordinate only on a 16-byte boundary (else the load is an illegal instruction). A padded
+sequence starts at b · (batch stride), whole 16-byte pieces by the build's checks; a packed one
+could start at any token, which is why the packed form is not offered in e4m3."""
 
 import cutlass
 import cutlass.cute as cute

@@ -15,12 +15,13 @@ support, and how a node becomes launches. Three forms of sequence lengths:
           page page_table[b, p // page_size]; resolved by `frostc.ops.sdpa_paged` (split-KV);
           the caches may be e4m3 with k_scale and v_scale (float32, (hkv,) or (1,))
 
-FP8 (dense, padded and packed forms): q, k and v e4m3 with q_descale, k_descale and v_descale
-(float32, (1,) or one per head: (hq,), (hkv,), (hkv,)), o bf16 or fp16. V is read with its keys
-innermost (8-bit WGMMA operands are K-major): its s (or t) stride is 1, e.g. layout "bhds" ("hdt"
-packed; the step that quantizes V writes it so). With variable lengths the scheduling kernel
-also writes each sequence's Vᵀ tensor map into the workspace (keys innermost cannot be ragged:
-`frostc.kernels.sequence_maps`).
+FP8 (dense and padded forms): q, k and v e4m3 with q_descale, k_descale and v_descale (float32,
+(1,) or one per head: (hq,), (hkv,), (hkv,)), o bf16 or fp16. V is read with its keys innermost
+(8-bit WGMMA operands are K-major): its s stride is 1, e.g. layout "bhds" (the step that
+quantizes V writes it so). With variable lengths the scheduling kernel also writes each
+sequence's Vᵀ tensor map into the workspace (keys innermost cannot be ragged:
+`frostc.kernels.sequence_maps`). The packed form is refused: TMA loads a tile only from an
+innermost coordinate on a 16-byte boundary, and packed sequences start at any token.
 
 Variable lengths stay on the device: the plan fixes capacities (batch, tokens or rows,
 max_seqlen_*), a scheduling kernel of the same plan turns the lengths into a tile list in the
@@ -418,8 +419,17 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
 
 
 def _check_fp8_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> None:
-    """e4m3 q: k and v e4m3 too, o bf16 or fp16 (the other roles: `_check_dtypes`)."""
+    """e4m3 q: k and v e4m3 too, o bf16 or fp16, the dense or padded form (the other roles:
+    `_check_dtypes`)."""
     q = tensors["q"]
+    if form == "packed":
+        ctx.problems_at(
+            q.at("dtype"),
+            "e4m3 q, k and v are read by the dense and padded forms' FP8 kernel; the packed form's sequences "
+            "start at any token, and V, read with its tokens innermost, can only be loaded from 16-token "
+            "boundaries (TMA's rule for the innermost coordinate): use the padded form (seq_len_q / seq_len_kv "
+            "over (b, h, s, d) tensors), or bf16 / fp16 here",
+        )
     for role in ("k", "v"):
         c = tensors.get(role)
         if c is not None and c.dtype is not None and c.dtype != q.dtype:
@@ -709,20 +719,17 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
 
 
 def _check_keys_innermost(v, letters: str, ctx: ResolveContext) -> None:
-    """e4m3 V ((b, h, s, d), or (t, h, d) packed) is read as Vᵀ tiles, its keys innermost: s (t)
-    stride 1, and its other strides whole 16-byte pieces under TMA's stride limit."""
-    keys = letters.index("s" if "s" in letters else "t")
-    others = tuple(i for i in range(len(letters)) if i != keys)
-    if v.dims[keys] > 1 and v.strides[keys] != 1:
-        layout = "hdt" if letters == "thd" else "bhds"
+    """e4m3 V (b, h, s, d) is read as Vᵀ tiles, its keys innermost: s stride 1, and its b, h and
+    d strides whole 16-byte pieces under TMA's stride limit (so every sequence of a padded V
+    starts on a 16-byte boundary, as TMA's innermost coordinate must)."""
+    if v.dims[2] > 1 and v.strides[2] != 1:
         ctx.problem(
-            f"{v.path}.strides[{keys}]",
-            f"e4m3 V is read with its keys innermost (8-bit WGMMA operands are K-major): its {letters[keys]} "
-            f'stride must be 1, found {v.strides[keys]}; use layout = "{layout}" (the step that quantizes V '
-            "writes Vᵀ)",
+            f"{v.path}.strides[2]",
+            f"e4m3 V is read with its keys innermost (8-bit WGMMA operands are K-major): its s stride must be "
+            f'1, found {v.strides[2]}; use layout = "bhds" (the step that quantizes V writes Vᵀ)',
         )
-    check_whole_pieces(v, letters, others, "(16 bytes: TMA's rule for the strides of a tensor map)", ctx)
-    check_tma_strides(v, letters, others, ctx)
+    check_whole_pieces(v, letters, (0, 1, 3), "(16 bytes: TMA's rule for the strides of a tensor map)", ctx)
+    check_tma_strides(v, letters, (0, 1, 3), ctx)
 
 
 def _letters(form: str) -> str:
