@@ -7,7 +7,7 @@ Run it after every kernel change (README's development notes). The plans cover e
 (static persistent, per tile, paired, dynamic), every mask kind (causal top-left and
 bottom-right, left and two-sided windows, softcap), each head dim, the dense, padded and packed
 forms (with the scheduling kernel), paged decode split and unsplit (with the combine kernel),
-kv_append alone, the glue kernels and the FP8 kernel's variants (dense and padded). Sizes are small, odd
+kv_append alone, the glue kernels and the FP8 kernel's variants (dense, padded and packed). Sizes are small, odd
 where it matters, and large enough that each walk is the one its rule picks. Inputs come from
 the GPU tests' buffers (tests/gpu/support.py, fp8_support.py): fresh random values, lengths
 drawn within each plan's contracts, outputs poisoned; each plan's result is also checked
@@ -140,6 +140,8 @@ def targets() -> list[Target]:
         # FP8 variable lengths: the scheduling kernel writes each sequence's Vᵀ map, V loads through it
         t("fp8-d128-padded", "e4m3, padded, causal, per-sequence Vᵀ maps",
           fp8=Fp8Case("s", 5, 4, 2, 300, 401, 128, causal=True, form="padded")),
+        t("fp8-d128-packed", "e4m3, packed: V re-laid (vt_pack), per-sequence Vᵀ maps",
+          fp8=Fp8Case("s", 5, 4, 2, 300, 400, 128, causal=True, form="packed", tokens_q=901, tokens_kv=1111)),
         t("fp8-d64-padded", "e4m3, padded, window, 3 consumers",
           fp8=Fp8Case("s", 3, 4, 1, 333, 500, 64, window_left=70, form="padded")),
         t("fp8-d256-padded", "e4m3, padded, causal bottom-right, d=256",

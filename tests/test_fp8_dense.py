@@ -79,19 +79,47 @@ def test_descales_are_refused_without_e4m3_inputs():
     assert all("remove" in p.message and "not e4m3" in p.message for p in found)
 
 
-def test_the_packed_form_refuses_e4m3():
-    tokens = {"dtype": "e4m3", "dims": [304, HKV, D]}
-    d = {
+def packed_fp8_node() -> dict[str, Any]:
+    """Three packed sequences of e4m3 q, k and v (t, h, d) (V as a projection writes it: the plan
+    re-lays it), bf16 O, per-tensor descales."""
+    t = 300
+    return {
         "format": 1, "name": "packed-fp8",
-        "tensors": {"q": {"dtype": "e4m3", "dims": [304, HQ, D]}, "k": dict(tokens), "v": dict(tokens, layout="hdt"),
-                    "o": {"dtype": "bf16", "dims": [304, HQ, D]}, "cu": {"dtype": "int32", "dims": [3]},
+        "tensors": {"q": {"dtype": "e4m3", "dims": [t, HQ, D]}, "k": {"dtype": "e4m3", "dims": [t, HKV, D]},
+                    "v": {"dtype": "e4m3", "dims": [t, HKV, D]}, "o": {"dtype": "bf16", "dims": [t, HQ, D]},
+                    "cu": {"dtype": "int32", "dims": [4]},
                     **{f"{r}_descale": {"dtype": "fp32", "dims": [1]} for r in "qkv"}},
         "nodes": [{"op": "sdpa", "q": "q", "k": "k", "v": "v", "o": "o", "cu_seqlens_q": "cu", "cu_seqlens_kv": "cu",
-                   "max_seqlen_q": 200, "max_seqlen_kv": 200,
+                   "max_seqlen_q": 200, "max_seqlen_kv": 200, "causal": True,
                    "q_descale": "q_descale", "k_descale": "k_descale", "v_descale": "v_descale"}],
     }  # fmt: skip
-    message = {p.path: p.message for p in problems(d)}["tensors.q.dtype"]
-    assert "packed" in message and "16-token boundaries" in message and "padded form" in message
+
+
+def test_a_packed_fp8_plan_re_lays_v_before_the_attention():
+    """Three launches: the scheduling kernel (the sequences' Vᵀ maps, over the workspace's
+    re-laid Vᵀ), vt_pack (V transposed into the workspace, each sequence from a 16-key boundary)
+    and the attention kernel, whose V map steps over that region's rows."""
+    plan = decode_plan(build(parse_description(json.dumps(packed_fp8_node()), fmt="json")))
+    names = [plan.kernels[launch.kernel].name for launch in plan.launches]
+    assert names[0].startswith("sdpa_schedule.packed.") and names[0].endswith(".v_maps")
+    assert names[1] == "vt_pack.e4m3.d128"
+    assert names[2].startswith("sdpa_fwd_wgmma.e4m3.o_bf16.d128.causal.varlen") and ".vpack" in names[2]
+    sched, pack, attn = (_launch_values(plan, i) for i in range(3))
+    regions = {r.name.split(".")[-1]: r for r in plan.workspace}
+    pitch = -(-(300 + 15 * 3 + 15) // 16) * 16  # every sequence ends by then
+    assert pack["pitch"].value == pitch and regions["v_packed"].bytes == HKV * D * pitch
+    assert sched["v_packed"].workspace == pack["v_packed"].workspace == regions["v_packed"].offset
+    assert pack["sequences"].workspace == regions["sequences"].offset  # the schedule's table
+    assert (pack["v.stride_t"].value, pack["v.stride_h"].value) == (HKV * D, D)
+    assert plan.launches[1].grid == (-(-300 // 32), HKV * D // 16 // 4, 1)
+    assert sched["v.tmap"].tmap == attn["v.tmap"].tmap
+
+
+def test_packed_fp8_v_needs_whole_16_byte_rows():
+    d = edited(packed_fp8_node(), **{"tensors.v.strides": [HKV * D + 8, D + 8, 1]})
+    with pytest.raises(Exception) as e:
+        resolve(check(d))
+    assert any(p.path.startswith("tensors.v.strides") for p in e.value.problems)
 
 
 def _launch_values(plan, index: int) -> dict:

@@ -85,3 +85,24 @@ def test_two_fp8_nodes_need_a_node_name():
     with pytest.raises(BindError, match="pass node="):
         Fp8Inputs(data, device="cpu")
     assert Fp8Inputs(data, node="second", device="cpu").slots.node == "second"
+
+
+def test_a_packed_plan_quantizes_its_token_rows_per_head():
+    from tests.test_fp8_dense import packed_fp8_node
+
+    d = packed_fp8_node()
+    for role, heads in (("q", HQ), ("k", HKV)):
+        d["tensors"][f"{role}_descale"]["dims"] = [heads]
+    data = _plan(d)
+    inputs = Fp8Inputs(data, device="cpu")
+    slots = {s.name: s for s in data.slots}
+    assert inputs.buffers["v"].stride() == (HKV * 128, 128, 1)  # packed V as given: (t, h, d)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(slots[n].dims, generator=gen) * (1 + i) for i, n in enumerate("qkv"))
+    inputs.quantize(q, k, v)
+    assert torch.allclose(inputs.buffers["q_descale"], q.abs().amax(dim=(0, 2)) / 448.0)
+    assert torch.allclose(inputs.buffers["v_descale"], v.abs().amax().reshape(1) / 448.0)
+    for role, x in zip("qkv", (q, k, v)):
+        back = inputs.dequantized(role)
+        big = x.abs() > 0.05 * x.abs().max()
+        assert ((back - x).abs() <= x.abs() * 2**-4 + 1e-6)[big].all(), role

@@ -50,14 +50,16 @@ kernel sees them (element strides; the innermost head-dim stride is 1, checked a
 Constraints: fp16 / bf16; head dim 64, 128 or 256 (static); rows of Q, K, V, O 16-byte
 aligned; any lengths (0 included for variable lengths).
 
-e4m3 (the `fp8` variants, fixed shapes and padded variable lengths): Q, K and V in float8_e4m3fn with float32 descales (per
+e4m3 (the `fp8` variants): Q, K and V in float8_e4m3fn with float32 descales (per
 tensor or per head: `Descales`), O in bf16 or fp16. 8-bit WGMMA reads both operands K-major, so
 V arrives transposed (keys innermost: its tensor map is (d, s_kv, h_kv, b) with the keys'
 stride 1, and its Vᵀ tile is the P V GEMM's K-major B). P leaves the accumulator as e4m3 words
 swapped within each quad (`_store_p`: the A operand's key order differs from the
 accumulator's); descale_q · descale_k joins the scores' scale and descale_v the normalization.
 With variable lengths V is loaded through its sequence's own tensor map (`v_maps`, written by
-the scheduling kernel: sequence_maps.py), whose key extent ends the sequence.
+the scheduling kernel: sequence_maps.py), whose key extent ends the sequence; the packed form's
+V is first re-laid into the workspace by vt_pack.py (`v_repacked`), each sequence from a
+16-key boundary, and its maps point there.
 """
 
 from dataclasses import dataclass, replace
@@ -85,7 +87,7 @@ from frostc.kernels.sdpa_common import (
     e4m3_quad_word,
     fake_ptr,
 )
-from frostc.kernels.sequence_maps import sequence_map
+from frostc.kernels.sequence_maps import aligned_start, sequence_map
 from frostc.kernels.sequences import Sequence, Sequences, Shape
 from frostc.kernels.tile_walks import L2_SECTION_BYTES, DenseTiles, ListedTiles, TicketWalk
 from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows, wgmma_rows_by_cols
@@ -204,6 +206,8 @@ class SdpaFwdVariant(TmaVariant):
     # debug builds of the dynamic walk: each consumer counts its visits of each tile into the
     # workspace (the stress test: every tile exactly once per launch)
     count_visits: bool = False
+    # e4m3 packed: V was re-laid by vt_pack.py, sequence b's keys from `aligned_start`
+    v_repacked: bool = False
 
     @property
     def name(self) -> str:
@@ -212,6 +216,7 @@ class SdpaFwdVariant(TmaVariant):
         name += (".varlen" if self.varlen else "") + (".per_tile" if self.per_tile else "")
         name += (".paired" if self.paired else "") + (".dynamic" if self.dynamic else "")
         name += ".visits" if self.count_visits else ""
+        name += ".vpack" if self.v_repacked else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
@@ -838,7 +843,10 @@ class SdpaForwardWgmma:
             v_desc = None
             if cutlass.const_expr(self.fp8 and self.varlen):
                 # Vᵀ through the sequence's own map, whose key extent ends at the sequence's end
-                mV_seq = cute.domain_offset((0, seq.v_start), mV[None, None, head_kv])
+                v_start = seq.v_start
+                if cutlass.const_expr(self.variant.v_repacked):
+                    v_start = aligned_start(seq.v_start, batch)  # packed: v_start is the first token
+                mV_seq = cute.domain_offset((0, v_start), mV[None, None, head_kv])
                 v_desc = sequence_map(v_maps, batch)
             else:
                 mV_seq = self._ragged_view(mV, head_kv, seq.v_start, seq.kv_len, batch, 1)

@@ -8,7 +8,8 @@ kernel walks, in the plan's workspace:
   units      (sequence, query block) pairs, int32, the longest work first
   tile_count units * heads_q, int32: how many tiles the attention kernel's CTAs walk
   v_maps     e4m3 plans: one Vᵀ tensor map per sequence, its keys ending where the sequence
-             ends (sequence_maps.py: keys innermost cannot be ragged)
+             ends (sequence_maps.py: keys innermost cannot be ragged); packed, over the Vᵀ that
+             vt_pack.py re-lays into the workspace
 
 "Longest" is the number of key blocks a unit visits under the plan's mask (plus one for its
 prologue and epilogue): a counting sort over those costs, with shared-memory atomics. The
@@ -27,7 +28,7 @@ from cutlass.cute.typing import AddressSpace
 
 from frostc.kernels.sdpa_common import KeyRange, MaskFlags, TmaVariant
 from frostc.kernels.sdpa_fwd_wgmma import SdpaFwdVariant
-from frostc.kernels.sequence_maps import MAP_BYTES, release_sequence_maps, write_sequence_map
+from frostc.kernels.sequence_maps import MAP_BYTES, aligned_start, release_sequence_maps, write_sequence_map
 
 THREADS = 1024
 BUCKETS = THREADS  # costs of 0 .. BUCKETS - 1 key blocks (more share the last bucket)
@@ -71,7 +72,7 @@ class ScheduleVariant(TmaVariant):
         pointers = ("q_lengths", "kv_lengths", "sequences", "units", "tile_count")
         params = tuple((p, "ptr") for p in pointers) + tuple((p, "i32") for p in INT_PARAMS)
         if self.v_maps_of:
-            params += (("v.tmap", "tmap"), ("v_maps", "ptr"), ("v.rows_per_batch", "i32"))
+            params += (("v.tmap", "tmap"), ("v_maps", "ptr"), ("v.rows_per_batch", "i32"), ("v_packed", "ptr"))
         return params
 
     @property
@@ -100,7 +101,8 @@ class ScheduleVariant(TmaVariant):
             return (*pointers, ints, make_fake_stream())
         v = self.tensor_map_compile_args()[0]
         maps = make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=MAP_BYTES)
-        v_maps = (v, maps, *self.v_maps_of.fake_scalars()[:2], cutlass.Int32(0))
+        packed = make_ptr(cutlass.Uint8, 0x10000, AddressSpace.gmem, assumed_align=16)
+        v_maps = (v, maps, *self.v_maps_of.fake_scalars()[:2], cutlass.Int32(0), packed)
         return (*pointers, ints, v_maps, make_fake_stream())
 
     # the Vᵀ template (TmaVariant): the attention variant's own V tensor map, encoded by its code
@@ -133,7 +135,8 @@ class SdpaSchedule:
     @cute.jit
     def _launch(self, pointers: tuple, ints: tuple, v_maps: tuple, stream):
         """`v_maps`: (V, the maps' region, the attention launch's ints and strides, V's rows per
-        padded sequence) when the kernel writes the sequences' Vᵀ maps, else ()."""
+        padded sequence, the re-laid packed Vᵀ) when the kernel writes the sequences' Vᵀ maps,
+        else ()."""
 
         @cute.struct
         class SharedStorage:
@@ -144,9 +147,9 @@ class SdpaSchedule:
         self.smem_bytes = SharedStorage.size_in_bytes()
         launch = dict(grid=(1, 1, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream)
         if cutlass.const_expr(self.v.v_maps_of is not None):
-            v, maps, attention_ints, attention_strides, v_rows = v_maps
+            v, maps, attention_ints, attention_strides, v_rows, v_packed = v_maps
             v_tma = self._v_template(v, attention_ints, attention_strides)
-            self.kernel_v_maps(*pointers, *ints, v_tma, maps, v_rows).launch(**launch)
+            self.kernel_v_maps(*pointers, *ints, v_tma, maps, v_rows, v_packed).launch(**launch)
         else:
             self.kernel(*pointers, *ints).launch(**launch)
 
@@ -202,15 +205,19 @@ class SdpaSchedule:
         v_tma: cute.CopyAtom,
         v_maps: cute.Pointer,
         v_rows: cutlass.Int32,
+        v_packed: cute.Pointer,
     ):
-        """The e4m3 plans' entry: the schedule, and each sequence's Vᵀ map."""
+        """The e4m3 plans' entry: the schedule, and each sequence's Vᵀ map (over V, or the packed
+        form's re-laid Vᵀ in the workspace)."""
         ints = (batch, q_capacity, kv_capacity, max_seqlen_q, max_seqlen_kv, unit_capacity, heads_q, window_left,
                 window_right)  # fmt: skip
-        self._schedule(q_lengths, kv_lengths, sequences, units, tile_count, ints, (v_tma, v_maps, v_rows))
+        maps = (v_tma, v_maps, v_rows, v_packed)
+        self._schedule(q_lengths, kv_lengths, sequences, units, tile_count, ints, maps)
 
     @cute.jit
     def _schedule(self, q_lengths, kv_lengths, sequences, units, tile_count, ints: tuple, v_maps):
-        """Both entries' body; `v_maps`: (template, region, V's rows per padded sequence) or None."""
+        """Both entries' body; `v_maps`: (template, region, V's rows per padded sequence, the
+        re-laid packed Vᵀ) or None."""
         batch, q_capacity, kv_capacity, max_seqlen_q, max_seqlen_kv, unit_capacity, heads_q = ints[:7]
         window_left, window_right = ints[7], ints[8]
         tidx, _, _ = cute.arch.thread_idx()
@@ -231,8 +238,11 @@ class SdpaSchedule:
             row[2] = kv_token
             row[3] = kv_len
             if cutlass.const_expr(v_maps is not None):
-                v_tma, maps, v_rows = v_maps
-                write_sequence_map(v_tma, maps, b, b * v_rows + kv_token + kv_len)
+                v_tma, maps, v_rows, v_packed = v_maps
+                if cutlass.const_expr(self.v.packed):  # V re-laid by vt_pack.py: its own address
+                    write_sequence_map(v_tma, maps, b, aligned_start(kv_token, b) + kv_len, v_packed)
+                else:
+                    write_sequence_map(v_tma, maps, b, b * v_rows + kv_token + kv_len)
             keys = KeyRange.of(self.v.mask, window_left, window_right, q_len, kv_len)
             m_blocks = (q_len + self.v.block_m - 1) // self.v.block_m
             # runs of query blocks of equal cost (a whole sequence without a diagonal) take one

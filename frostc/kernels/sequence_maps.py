@@ -17,8 +17,9 @@ address before its first load (`sequence_map`).
 
 A map bounds a sequence's end only: its start is a coordinate, and TMA takes an innermost
 coordinate only on a 16-byte boundary (else the load is an illegal instruction). A padded
-sequence starts at b · (batch stride), whole 16-byte pieces by the build's checks; a packed one
-could start at any token, which is why the packed form is not offered in e4m3."""
+sequence starts at b · (batch stride), whole 16-byte pieces by the build's checks. A packed one
+may start at any token, so the packed form's V is first copied into the workspace by
+vt_pack.py, sequence b's keys from `aligned_start`, and its maps point there."""
 
 import cutlass
 import cutlass.cute as cute
@@ -39,6 +40,18 @@ OOB_WINDOW_WORD = 2
 OOB_WINDOW_CLEAR = ~(1 << 21) & 0xFFFFFFFF
 
 _MAPS = TensorMapManager(TensorMapUpdateMode.GMEM, MAP_BYTES)
+
+
+def aligned_start(kv_token, b):
+    """Where packed sequence b's keys start in the re-laid Vᵀ: its first token rounded up to 16
+    after 15 keys per earlier sequence, so that it starts past the previous one's end (whose
+    own start moved by at most 15 · b + 15) and on a 16-byte boundary."""
+    return (kv_token + 15 * b + 15) // 16 * 16
+
+
+def packed_pitch(tokens: int, batch: int) -> int:
+    """Keys per row of the re-laid Vᵀ: every aligned sequence ends by then."""
+    return -(-(tokens + 15 * batch + 15) // 16) * 16
 
 
 def _map_ptr(maps: cute.Pointer, index) -> cute.Pointer:
@@ -62,15 +75,34 @@ def _replace_key_extent(desc: cute.Pointer, extent, *, loc=None, ip=None):
     )
 
 
+@dsl_user_op
+def _replace_address(desc: cute.Pointer, base: cute.Pointer, *, loc=None, ip=None):
+    """tensormap.replace of the global address."""
+    llvm.inline_asm(
+        None,
+        [desc.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), base.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+        "tensormap.replace.tile.global_address.global.b1024.b64 [$0], $1;",
+        "l,l,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
 @cute.jit
-def write_sequence_map(template: cute.CopyAtom, maps: cute.Pointer, index, key_end):
-    """Map `index` := `template` with keys [0, key_end): one thread writes it."""
+def write_sequence_map(template: cute.CopyAtom, maps: cute.Pointer, index, key_end, base=None):
+    """Map `index` := `template` with keys [0, key_end) (and, given `base`, that address): one
+    thread writes it."""
     desc = _map_ptr(maps, index)
     words = cute.make_tensor(maps + index * MAP_WORDS, cute.make_layout(MAP_WORDS))
     cpasync.copy_tensormap(template, desc)  # the DSL copies the 64 bytes its maps use
     for i in cutlass.range_constexpr(TEMPLATE_WORDS, MAP_WORDS):
         words[i] = 0  # as in the plan's maps: the rest of the 128 bytes are zero
     _replace_key_extent(desc, key_end)
+    if cutlass.const_expr(base is not None):
+        _replace_address(desc, base)
     words[OOB_WINDOW_WORD] = words[OOB_WINDOW_WORD] & cutlass.Int32(OOB_WINDOW_CLEAR - (1 << 32))
 
 

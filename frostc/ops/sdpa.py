@@ -15,13 +15,14 @@ support, and how a node becomes launches. Three forms of sequence lengths:
           page page_table[b, p // page_size]; resolved by `frostc.ops.sdpa_paged` (split-KV);
           the caches may be e4m3 with k_scale and v_scale (float32, (hkv,) or (1,))
 
-FP8 (dense and padded forms): q, k and v e4m3 with q_descale, k_descale and v_descale (float32,
-(1,) or one per head: (hq,), (hkv,), (hkv,)), o bf16 or fp16. V is read with its keys innermost
-(8-bit WGMMA operands are K-major): its s stride is 1, e.g. layout "bhds" (the step that
-quantizes V writes it so). With variable lengths the scheduling kernel also writes each
-sequence's Vᵀ tensor map into the workspace (keys innermost cannot be ragged:
-`frostc.kernels.sequence_maps`). The packed form is refused: TMA loads a tile only from an
-innermost coordinate on a 16-byte boundary, and packed sequences start at any token.
+FP8: q, k and v e4m3 with q_descale, k_descale and v_descale (float32, (1,) or one per head:
+(hq,), (hkv,), (hkv,)), o bf16 or fp16. The kernel reads V with its keys innermost (8-bit WGMMA
+operands are K-major): dense and padded V is given so, its s stride 1, e.g. layout "bhds" (the
+step that quantizes V writes it so); packed V is given (t, h, d) like q and k, and a kernel of
+the plan re-lays it transposed into the workspace, each sequence from a 16-key boundary (TMA
+loads a tile only from an innermost coordinate on a 16-byte boundary: `frostc.kernels.vt_pack`).
+With variable lengths the scheduling kernel also writes each sequence's Vᵀ tensor map into the
+workspace (keys innermost cannot be ragged: `frostc.kernels.sequence_maps`).
 
 Variable lengths stay on the device: the plan fixes capacities (batch, tokens or rows,
 max_seqlen_*), a scheduling kernel of the same plan turns the lengths into a tile list in the
@@ -44,7 +45,8 @@ from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
 from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant, tiles_for_head_dim
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
-from frostc.kernels.sequence_maps import MAP_BYTES
+from frostc.kernels.sequence_maps import MAP_BYTES, packed_pitch
+from frostc.kernels.vt_pack import VtPackVariant
 from frostc.ops import sdpa_paged
 from frostc.ops.paged_cache import (
     SCALE_ROLES,
@@ -419,17 +421,8 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
 
 
 def _check_fp8_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> None:
-    """e4m3 q: k and v e4m3 too, o bf16 or fp16, the dense or padded form (the other roles:
-    `_check_dtypes`)."""
+    """e4m3 q: k and v e4m3 too, o bf16 or fp16 (the other roles: `_check_dtypes`)."""
     q = tensors["q"]
-    if form == "packed":
-        ctx.problems_at(
-            q.at("dtype"),
-            "e4m3 q, k and v are read by the dense and padded forms' FP8 kernel; the packed form's sequences "
-            "start at any token, and V, read with its tokens innermost, can only be loaded from 16-token "
-            "boundaries (TMA's rule for the innermost coordinate): use the padded form (seq_len_q / seq_len_kv "
-            "over (b, h, s, d) tensors), or bf16 / fp16 here",
-        )
     for role in ("k", "v"):
         c = tensors.get(role)
         if c is not None and c.dtype is not None and c.dtype != q.dtype:
@@ -601,8 +594,14 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     }
     if node.fp8:  # each sequence's Vᵀ tensor map, written by the scheduling kernel
         workspace["v_maps"] = ctx.workspace(f"{node.name}.v_maps", MAP_BYTES * node.batch)
+    if variant.v_repacked:  # packed V, transposed from 16-key boundaries (vt_pack)
+        rows = node.heads_kv * node.head_dim
+        workspace["v_packed"] = ctx.workspace(f"{node.name}.v_packed", rows * packed_pitch(node.tokens_kv, node.batch))
     attention = _attention_launch(node, variant, ctx, workspace)
-    return (_schedule_launch(node, variant, units, workspace, attention, ctx), attention)
+    schedule = _schedule_launch(node, variant, units, workspace, attention, ctx)
+    if variant.v_repacked:
+        return (schedule, _pack_launch(node, workspace, ctx), attention)
+    return (schedule, attention)
 
 
 def _record_length_contracts(node: Sdpa, ctx: ResolveContext) -> None:
@@ -649,6 +648,7 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
         paired=paired,
         dynamic=dynamic,
         count_visits=dynamic and node.debug_tile_visits,
+        v_repacked=node.fp8 and node.form == "packed",
     )
 
 
@@ -673,11 +673,12 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx)
     letters = _letters(node.form)
     layouts = '"thd"' if node.form == "packed" else '"bshd" or "bhsd"'
-    for name in (node.q, node.k, node.o) if node.fp8 else (node.q, node.k, node.v, node.o):
+    v_transposed = node.fp8 and node.form != "packed"  # packed e4m3 V is re-laid by the plan (vt_pack)
+    for name in (node.q, node.k, node.o) if v_transposed else (node.q, node.k, node.v, node.o):
         check_row_layout(ctx.tensor(name), letters, layouts, ctx)
-    for name in (node.q, node.k) if node.fp8 else (node.q, node.k, node.v):
+    for name in (node.q, node.k) if v_transposed else (node.q, node.k, node.v):
         check_tma_strides(ctx.tensor(name), letters, tuple(range(len(letters) - 1)), ctx)
-    if node.fp8:
+    if v_transposed:
         _check_keys_innermost(ctx.tensor(node.v), letters, ctx)
     for role in DESCALE_ROLES:
         t = ctx.tensor(name) if (name := getattr(node, role)) is not None else None
@@ -705,6 +706,13 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
                 ctx.problem(
                     f"{t.path}.dims[0]", f"{t.dims[0]} tokens do not fit the kernel's int32; at most {INT32_MAX}"
                 )
+        if node.fp8 and packed_pitch(node.tokens_kv, node.batch) > INT32_MAX:
+            k = ctx.tensor(node.k)
+            ctx.problem(
+                f"{k.path}.dims[0]",
+                f"{node.tokens_kv} tokens of {node.batch} sequences, re-laid from 16-key boundaries, do not fit the "
+                f"kernel's int32 key index; at most {INT32_MAX - 16 * node.batch - 16} tokens",
+            )
     if node.form == "padded":
         _check_padded_rows(node, ctx)
     if node.head_dim in HEAD_DIMS:
@@ -793,7 +801,10 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
     values["v.extents"] = values["k.extents"]
     args = launch_args(variant, slots, workspace or {}, values)
     tma_strides = {role: _tma_strides(slots[role], strides[role]) for role in ("q", "k", "v")}
-    if variant.fp8:  # V's keys are innermost: its tensor map steps over (b, h, d)
+    if variant.v_repacked:  # the re-laid Vᵀ (h, d, pitch) in the workspace: (b, h, d) strides
+        pitch = packed_pitch(node.tokens_kv, node.batch)
+        tma_strides["v"] = (0, node.head_dim * pitch, pitch)
+    elif variant.fp8:  # V's keys are innermost: its tensor map steps over (b, h, d)
         v = slots["v"]
         tma_strides["v"] = (*tma_strides["v"][:2], tma_stride(v.dims[-1], v.strides[-1], v.dtype))
     tile_strides = (*tma_strides.values(), strides["o"], strides["lse"])
@@ -841,11 +852,28 @@ def _schedule_launch(
     shape = None
     if node.fp8:
         slots["v"] = ctx.slot(node.v)
-        workspace_params["v_maps"] = workspace["v_maps"]
+        workspace_params |= {name: workspace[name] for name in ("v_maps", "v_packed") if name in workspace}
         values["v.rows_per_batch"] = next(a.value for a in attention.args if a.param == "v.rows_per_batch")
         shape = attention.tensor_map_shape
     args = launch_args(variant, slots, workspace_params, values)
     return ResolvedLaunch(node.name, variant, (1, 1, 1), args, shape)
+
+
+def _pack_launch(node: Sdpa, workspace: dict[str, int], ctx: ResolveContext) -> ResolvedLaunch:
+    """e4m3 packed: V (t, h, d) transposed into the workspace, sequence b's keys from a 16-key
+    boundary (after the scheduling kernel, whose table it reads)."""
+    variant = VtPackVariant(node.head_dim)
+    v = ctx.slot(node.v)
+    values = {
+        "batch": node.batch,
+        "tokens": node.tokens_kv,
+        "v.stride_t": v.strides[0],
+        "v.stride_h": v.strides[1],
+        "pitch": packed_pitch(node.tokens_kv, node.batch),
+    }
+    spaces = {"sequences": workspace["sequences"], "v_packed": workspace["v_packed"]}
+    args = launch_args(variant, {"v": v}, spaces, values)
+    return ResolvedLaunch(node.name, variant, variant.grid(node.tokens_kv, node.heads_kv), args)
 
 
 def _bhs_strides(slot, form: str) -> tuple[int, int, int]:

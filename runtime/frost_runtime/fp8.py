@@ -1,15 +1,17 @@
 """An FP8 plan's inputs, made on the device: bf16 / fp16 / fp32 q, k and v quantized into e4m3
-buffers laid out as the plan's slots (V transposed, its keys innermost, as the FP8 kernel reads
-it), with their descales, amax / 448, one per head or one per tensor as the descale slots' dims
-say. Nothing is read back to the host and nothing synchronizes, so a serving step can quantize
-and attend inside one CUDA graph.
+buffers laid out as the plan's slots (dense and padded V transposed, its keys innermost, as the
+FP8 kernel reads it; packed V as given, the plan re-lays it), with their descales, amax / 448,
+one per head or one per tensor as the descale slots' dims say. Nothing is read back to the host
+and nothing synchronizes, so a serving step can quantize and attend inside one CUDA graph.
 
     inputs = Fp8Inputs(plan)                  # the e4m3 attention's buffers, allocated once
-    inputs.quantize(q, k, v)                  # (b, h, s, d) each, any layout; in place
+    inputs.quantize(q, k, v)                  # (b, h, s, d), or (t, h, d) packed; in place
     bound = plan.bind(*(inputs.buffers.get(name) or mine[name] for name in plan.slots), ...)
 
 Which slots are the node's q, k, v and descales is read from the plan's e4m3 attention launch
-(its tensor maps and descale pointers), so any slot names work.
+(its tensor maps and descale pointers), so any slot names work. The amax is taken over the whole
+tensor (or head) as given: with variable lengths, rows outside the sequences count too, so they
+should hold finite values (zeros, or an earlier step's).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from frost_runtime.schema import PlanData, TensorSlot
 
 ROLES = ("q", "k", "v")
 FP8_KERNEL = "sdpa_fwd_wgmma.e4m3."  # the FP8 dense attention kernels' names begin so
+HEAD_DIM = 1  # (b, h, s, d) and the packed (t, h, d) alike
 SMALLEST_AMAX = 1e-12  # an all-zero tensor gets descale SMALLEST_AMAX / 448 (not 0: x / 0 is NaN)
 
 
@@ -68,9 +71,10 @@ class Fp8Inputs:
             self.buffers[slot.name] = _empty(slot, device)
 
     def quantize(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Quantize (b, h, s, d) q, k and v into the buffers: descale = amax / 448 over each head
-        (a descale slot of h entries) or the whole tensor (one entry), stored x / descale rounded
-        to nearest and saturated at ±448. Returns the buffers, by slot name."""
+        """Quantize q, k and v ((b, h, s, d), or (t, h, d) packed: the slots' dims) into the
+        buffers: descale = amax / 448 over each head (a descale slot of h entries) or the whole
+        tensor (one entry), stored x / descale rounded to nearest and saturated at ±448. Returns
+        the buffers, by slot name."""
         for role, x in zip(ROLES, (q, k, v)):
             slot, descale_slot = self._data_slots[role], self._descale_slots[role]
             if not isinstance(x, torch.Tensor) or tuple(x.shape) != slot.dims:
@@ -82,16 +86,23 @@ class Fp8Inputs:
                                 "or fp32)")  # fmt: skip
             descale = self.buffers[descale_slot.name]
             per_head = descale_slot.dims[0] > 1
-            amax = x.abs().amax(dim=(0, 2, 3)) if per_head else x.abs().amax().reshape(1)
+            others = tuple(i for i in range(x.dim()) if i != HEAD_DIM)
+            amax = x.abs().amax(dim=others) if per_head else x.abs().amax().reshape(1)
             torch.div(amax.float().clamp_min(SMALLEST_AMAX), dtypes.E4M3_MAX, out=descale)
-            scaled = x.float() / descale.view(1, -1, 1, 1)
+            scaled = x.float() / descale.view(_per_head_view(x.dim()))
             self.buffers[slot.name].copy_(scaled.clamp(-dtypes.E4M3_MAX, dtypes.E4M3_MAX))
         return self.buffers
 
     def dequantized(self, role: str) -> torch.Tensor:
-        """q, k or v as the kernel sees it, in float32 (b, h, s, d): stored value x descale."""
+        """q, k or v as the kernel sees it, in float32 (the slot's dims): stored value x descale."""
         slot, descale_slot = self._data_slots[role], self._descale_slots[role]
-        return self.buffers[slot.name].float() * self.buffers[descale_slot.name].view(1, -1, 1, 1)
+        stored = self.buffers[slot.name]
+        return stored.float() * self.buffers[descale_slot.name].view(_per_head_view(stored.dim()))
+
+
+def _per_head_view(rank: int) -> tuple[int, ...]:
+    """A descale's shape against a tensor of `rank` dims: one value per head (dim 1), or one."""
+    return tuple(-1 if i == HEAD_DIM else 1 for i in range(rank))
 
 
 def _empty(slot: TensorSlot, device) -> torch.Tensor:

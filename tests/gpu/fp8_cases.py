@@ -1,6 +1,7 @@
 """The FP8 (e4m3) attention plans the GPU tests run: every head dim, mask shape, tile walk, O
 dtype and descale form at least once, at sizes that are not multiples of the tiles; the padded
-form (each sequence's Vᵀ through its own tensor map) at every head dim; and a bf16
+and packed forms (each sequence's Vᵀ through its own tensor map; packed V re-laid by the plan)
+at every head dim; and a bf16
 twin of the accuracy case, the yardstick for its error. Built on the CPU machine into
 tests/.built/fp8 (`python -m tests.gpu.build_plans --only fp8`)."""
 
@@ -27,7 +28,10 @@ class Fp8Case:
     out: str = "bf16"  # O's dtype
     descales: str = "head"  # q and k per head, v per tensor; "tensor": all three per tensor
     dtype: str = "e4m3"  # "bf16": the accuracy case's twin (no descales)
-    form: str = "dense"  # or "padded": seq_q / seq_kv are the rows, lengths on the device
+    # variable lengths: "padded" (seq_q / seq_kv are the rows) or "packed" (they are max_seqlen_*)
+    form: str = "dense"
+    tokens_q: int = 0  # packed: the buffers' tokens
+    tokens_kv: int = 0
     lengths: str = "qkv"  # padded: which sides have per-sequence lengths ("q", "kv", "qkv")
 
 
@@ -50,7 +54,15 @@ def cases() -> list[Fp8Case]:
         Fp8Case("fp8-d64-causal", 1, 4, 4, 1025, 1025, 64, causal=True),
         Fp8Case("fp8-d256-full", 1, 4, 2, 190, 651, 256),
         Fp8Case("fp8-d256-causal", 1, 2, 1, 700, 700, 256, causal=True, descales="tensor"),
-        # padded variable lengths (tests/gpu/test_fp8_varlen.py): each head dim, masks across them
+        # variable lengths (tests/gpu/test_fp8_varlen.py): each form at each head dim, masks across them
+        Fp8Case("fp8-d128-packed-causal", 6, 8, 2, 700, 800, 128, causal=True, form="packed",
+                tokens_q=2001, tokens_kv=2300),
+        Fp8Case("fp8-d128-packed-local-softcap", 4, 4, 2, 900, 900, 128, causal=True, window_left=255,
+                softcap=50.0, form="packed", tokens_q=2500, tokens_kv=2500, descales="tensor"),
+        Fp8Case("fp8-d64-packed-window", 5, 4, 1, 600, 700, 64, window_left=100, window_right=37, form="packed",
+                tokens_q=1500, tokens_kv=1999, lse=False),
+        Fp8Case("fp8-d256-packed-full", 3, 2, 1, 500, 650, 256, form="packed", tokens_q=1111, tokens_kv=1500,
+                out="fp16"),
         Fp8Case("fp8-d128-padded-causal", 6, 8, 2, 700, 801, 128, causal=True, form="padded"),
         Fp8Case("fp8-d128-padded-full", 3, 4, 4, 333, 1000, 128, out="fp16", descales="tensor", form="padded"),
         Fp8Case("fp8-d128-padded-local-softcap", 4, 4, 2, 900, 900, 128, causal=True, window_left=255,
@@ -70,9 +82,12 @@ def v_pitch(seq_kv: int) -> int:
 
 
 def description(case: Fp8Case):
-    """Q and K "bshd", V transposed (keys innermost, as the FP8 kernel reads it), O "bshd"."""
+    """Q and K "bshd", V transposed (keys innermost, as the FP8 kernel reads it), O "bshd"; or
+    the packed form's (t, h, d) tensors (V as given: the plan re-lays it)."""
     from frostc import GraphBuilder  # the build machine's (the GPU machine has no CuTe DSL)
 
+    if case.form == "packed":
+        return _packed_description(case, GraphBuilder(case.id))
     g = GraphBuilder(case.id)
     b, hq, hkv, d = case.batch, case.heads_q, case.heads_kv, case.head_dim
     g.tensor("q", dtype=case.dtype, dims=(b, hq, case.seq_q, d), layout="bshd")
@@ -90,6 +105,20 @@ def description(case: Fp8Case):
         for side in {"qkv": ("q", "kv"), "q": ("q",), "kv": ("kv",)}[case.lengths]:
             g.tensor(f"{side}_lengths", dtype="int32", dims=(b,))
             lengths[f"seq_len_{side}"] = f"{side}_lengths"
+    return _node(case, g, lengths)
+
+
+def _packed_description(case: Fp8Case, g):
+    hq, hkv, d, tq, tkv = case.heads_q, case.heads_kv, case.head_dim, case.tokens_q, case.tokens_kv
+    for name, dims in (("q", (tq, hq, d)), ("k", (tkv, hkv, d)), ("v", (tkv, hkv, d))):
+        g.tensor(name, dtype="e4m3", dims=dims)
+    g.tensor("o", dtype=case.out, dims=(tq, hq, d))
+    if case.lse:
+        g.tensor("lse", dtype="fp32", dims=(tq, hq), layout="ht")
+    for side in ("q", "kv"):
+        g.tensor(f"{side}_lengths", dtype="int32", dims=(case.batch + 1,))
+    lengths = dict(cu_seqlens_q="q_lengths", cu_seqlens_kv="kv_lengths", max_seqlen_q=case.seq_q,
+                   max_seqlen_kv=case.seq_kv)  # fmt: skip
     return _node(case, g, lengths)
 
 

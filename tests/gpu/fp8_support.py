@@ -1,7 +1,7 @@
 """What the FP8 tests and the sanitizer's FP8 plans share: real-valued inputs, their
 quantization as a serving engine does it (descale = amax / 448, per head or per tensor),
 `Fp8Run`: one dense plan's buffers in its layouts (V transposed), O poisoned inside sentinel
-guards, and `Fp8VarlenRun`: a padded plan's, with lengths and NaN padding."""
+guards, and `Fp8VarlenRun`: a padded or packed plan's, with lengths and NaN padding."""
 
 from __future__ import annotations
 
@@ -133,33 +133,45 @@ def _e4m3_nan(t) -> None:
 
 
 class Fp8VarlenRun:
-    """A padded FP8 plan's buffers: real N(0, 1) values quantized as in `Fp8Run` (descales over
-    the whole buffers), lengths drawn as the 16-bit tests draw them (`draw_lengths`), every
-    input row past a sequence's length NaN (V's too, in its Vᵀ storage with the pitch's
-    columns), O and LSE poisoned with NaN inside sentinel guards."""
+    """A padded or packed FP8 plan's buffers: real N(0, 1) values quantized as in `Fp8Run`
+    (descales over the whole buffers), lengths drawn as the 16-bit tests draw them
+    (`draw_lengths`), every input row outside the sequences NaN (padded V's in its Vᵀ storage,
+    the pitch's columns too), O and LSE poisoned with NaN inside sentinel guards."""
 
     def __init__(self, case: dict, plan, gen, lengths: tuple):
         import torch
 
         self.case, self.plan = case, plan
         b, hq, hkv, d = case["batch"], case["heads_q"], case["heads_kv"], case["head_dim"]
-        sq, skv = case["seq_q"], case["seq_kv"]
-        self.shapes = {"q": (b, hq, sq, d), "k": (b, hkv, skv, d), "v": (b, hkv, skv, d)}
+        self.packed = case["form"] == "packed"
         self.tensors, self.storage, self.dequantized = {}, {}, {}
         e4m3 = torch.float8_e4m3fn
-        for name in ("q", "k"):  # "bshd"
-            self.tensors[name] = torch.empty(b, self.shapes[name][2], self.shapes[name][1], d, device="cuda",
-                                             dtype=e4m3).transpose(1, 2)  # fmt: skip
-        self.v_storage = torch.zeros(b, hkv, d, v_pitch(skv), device="cuda", dtype=e4m3)  # keys innermost
-        self.tensors["v"] = self.v_storage[..., :skv].transpose(2, 3)
+        out = {"bf16": torch.bfloat16, "fp16": torch.float16}[case["out"]]
+        if self.packed:  # (t, h, d) each, V too (the plan re-lays it)
+            tq, tkv = case["tokens_q"], case["tokens_kv"]
+            self.shapes = {"q": (tq, hq, d), "k": (tkv, hkv, d), "v": (tkv, hkv, d)}
+            for name, shape in self.shapes.items():
+                self.tensors[name] = torch.empty(shape, device="cuda", dtype=e4m3)
+            self.storage["o"], self.tensors["o"] = _guarded((tq, hq, d), (0, 1, 2), out)
+            if case["lse"]:
+                self.storage["lse"], self.tensors["lse"] = _guarded((hq, tq), (1, 0), torch.float32)
+            sides = ("q", "kv")
+        else:
+            sq, skv = case["seq_q"], case["seq_kv"]
+            self.shapes = {"q": (b, hq, sq, d), "k": (b, hkv, skv, d), "v": (b, hkv, skv, d)}
+            for name in ("q", "k"):  # "bshd"
+                h, s_ = self.shapes[name][1], self.shapes[name][2]
+                self.tensors[name] = torch.empty(b, s_, h, d, device="cuda", dtype=e4m3).transpose(1, 2)
+            self.v_storage = torch.zeros(b, hkv, d, v_pitch(skv), device="cuda", dtype=e4m3)  # keys innermost
+            self.tensors["v"] = self.v_storage[..., :skv].transpose(2, 3)
+            self.storage["o"], self.tensors["o"] = _guarded((b, sq, hq, d), (0, 2, 1, 3), out)
+            if case["lse"]:
+                self.storage["lse"], self.tensors["lse"] = _guarded((b, hq, sq), (0, 1, 2), torch.float32)
+            sides = {"qkv": ("q", "kv"), "q": ("q",), "kv": ("kv",)}[case["lengths"]]
         for name, shape in self.shapes.items():
             self.tensors[f"{name}_descale"] = torch.empty(shape[1] if self._per_head(name) else 1, device="cuda")
-        out = {"bf16": torch.bfloat16, "fp16": torch.float16}[case["out"]]
-        self.storage["o"], self.tensors["o"] = _guarded((b, sq, hq, d), (0, 2, 1, 3), out)
-        if case["lse"]:
-            self.storage["lse"], self.tensors["lse"] = _guarded((b, hq, sq), (0, 1, 2), torch.float32)
-        for side in {"qkv": ("q", "kv"), "q": ("q",), "kv": ("kv",)}[case["lengths"]]:
-            self.tensors[f"{side}_lengths"] = torch.zeros(b, dtype=torch.int32, device="cuda")
+        for side in sides:
+            self.tensors[f"{side}_lengths"] = torch.zeros(b + self.packed, dtype=torch.int32, device="cuda")
         self.workspace = plan.allocate_workspace()
         self.fill(gen, lengths)
 
@@ -168,30 +180,42 @@ class Fp8VarlenRun:
 
     def fill(self, gen, lengths: tuple) -> None:
         """Fresh values quantized into the same buffers, the lengths written into the same
-        length tensors, rows past the lengths NaN, outputs poisoned again."""
+        length tensors, rows outside the sequences NaN, outputs poisoned again."""
         import torch
 
-        self.q_lens, self.kv_lens, _ = lengths
+        self.q_lens, self.kv_lens, self.start = lengths
+        view = (1, -1, 1) if self.packed else (1, -1, 1, 1)  # per head: dim 1
         for name, shape in self.shapes.items():
             x = torch.randn(shape, device="cuda", generator=gen)
-            amax = x.abs().amax(dim=(0, 2, 3)) if self._per_head(name) else x.abs().amax().reshape(1)
+            others = tuple(i for i in range(x.dim()) if i != 1)
+            amax = x.abs().amax(dim=others) if self._per_head(name) else x.abs().amax().reshape(1)
             descale = (amax / E4M3_MAX).float()
-            stored = (x / descale.view(1, -1, 1, 1)).to(torch.float8_e4m3fn)
+            stored = (x / descale.view(view)).to(torch.float8_e4m3fn)
             self.tensors[f"{name}_descale"].copy_(descale)
-            self.dequantized[name] = stored.double() * descale.double().view(1, -1, 1, 1)
+            self.dequantized[name] = stored.double() * descale.double().view(view)
             self.tensors[name].copy_(stored)
         for side, lens in (("q", self.q_lens), ("kv", self.kv_lens)):
             if f"{side}_lengths" in self.tensors:
-                self.tensors[f"{side}_lengths"].copy_(torch.tensor(lens, dtype=torch.int32))
-        for b, (lq, lkv) in enumerate(zip(self.q_lens, self.kv_lens)):
-            # NaN in every row the plan must not read: one load of any, even multiplied by a
-            # zero probability, makes O NaN
-            _e4m3_nan(self.tensors["q"][b, :, lq:])
-            _e4m3_nan(self.tensors["k"][b, :, lkv:])
-            _e4m3_nan(self.v_storage[b, :, :, lkv:])  # the pitch's columns too
+                values = [self.start + sum(lens[:i]) for i in range(len(lens) + 1)] if self.packed else list(lens)
+                self.tensors[f"{side}_lengths"].copy_(torch.tensor(values, dtype=torch.int32))
+        self._poison()
         for name, storage in self.storage.items():
             storage.fill_(SENTINEL)
             self.tensors[name].fill_(float("nan"))
+
+    def _poison(self) -> None:
+        """NaN in every input row the plan must not read: one load of any, even multiplied by a
+        zero probability, makes O NaN."""
+        t = self.tensors
+        if self.packed:
+            for name, lens in (("q", self.q_lens), ("k", self.kv_lens), ("v", self.kv_lens)):
+                _e4m3_nan(t[name][: self.start])
+                _e4m3_nan(t[name][self.start + sum(lens) :])
+            return
+        for b, (lq, lkv) in enumerate(zip(self.q_lens, self.kv_lens)):
+            _e4m3_nan(t["q"][b, :, lq:])
+            _e4m3_nan(t["k"][b, :, lkv:])
+            _e4m3_nan(self.v_storage[b, :, :, lkv:])  # the pitch's columns too
 
     def execute(self) -> None:
         import torch
@@ -199,29 +223,54 @@ class Fp8VarlenRun:
         self.plan.execute(*(self.tensors[name] for name in self.plan.slots), workspace=self.workspace)
         torch.cuda.synchronize()
 
+    def _sequences(self):
+        """Per sequence: dequantized q, k, v (h, s, d), O rows (h, s, d), LSE rows (h, s) or None."""
+        deq, t = self.dequantized, self.tensors
+        q_at = kv_at = self.start
+        for b, (lq, lkv) in enumerate(zip(self.q_lens, self.kv_lens)):
+            if self.packed:
+                rq, rkv = slice(q_at, q_at + lq), slice(kv_at, kv_at + lkv)
+                q_at, kv_at = q_at + lq, kv_at + lkv
+                lse = t["lse"][rq].transpose(0, 1) if "lse" in t else None
+                yield (deq["q"][rq].transpose(0, 1), deq["k"][rkv].transpose(0, 1), deq["v"][rkv].transpose(0, 1),
+                       t["o"][rq].transpose(0, 1), lse)  # fmt: skip
+            else:
+                lse = t["lse"][b, :, :lq] if "lse" in t else None
+                yield deq["q"][b, :, :lq], deq["k"][b, :, :lkv], deq["v"][b, :, :lkv], t["o"][b, :, :lq], lse
+
+    def _untouched(self):
+        """Output rows past each padded sequence, or outside the packed sequences."""
+        t = self.tensors
+        names = ["o"] + (["lse"] if "lse" in t else [])
+        if self.packed:
+            end = self.start + sum(self.q_lens)
+            for name in names:
+                yield t[name][: self.start]
+                yield t[name][end:]
+            return
+        for b, lq in enumerate(self.q_lens):
+            for name in names:
+                yield t[name][b, :, lq:]
+
     def errors(self) -> tuple[float, float]:
         """(relative L2 of O over all sequences, max abs LSE error), checking that every row of
         a sequence was written, rows seeing no key have LSE -inf, and nothing else was."""
         import torch
 
-        deq, t = self.dequantized, self.tensors
         err_sq = ref_sq = lse_err = 0.0
-        for b, (lq, lkv) in enumerate(zip(self.q_lens, self.kv_lens)):
-            q, k, v = deq["q"][b, :, :lq], deq["k"][b, :, :lkv], deq["v"][b, :, :lkv]
+        for q, k, v, o, lse in self._sequences():
             ref, ref_lse = reference_sequence(self.case, q, k, v)
-            o = t["o"][b, :, :lq]
-            assert not torch.isnan(o).any(), f"{self.case['id']}: O rows of sequence {b} were never written"
+            assert not torch.isnan(o).any(), f"{self.case['id']}: O rows of a sequence were never written"
             diff = o.double() - ref
             err_sq += float((diff * diff).sum())
             ref_sq += float((ref * ref).sum())
-            assert bool(torch.isnan(t["o"][b, :, lq:]).all()), f"{self.case['id']}: O written past a length"
-            if "lse" in t:
-                lse = t["lse"][b, :, :lq]
+            if lse is not None and lse.numel():
                 finite = torch.isfinite(ref_lse)
                 assert torch.equal(torch.isfinite(lse), finite), "LSE: -inf rows differ"
                 if finite.any():
                     lse_err = max(lse_err, float((lse.double()[finite] - ref_lse[finite]).abs().max()))
-                assert bool(torch.isnan(t["lse"][b, :, lq:]).all()), f"{self.case['id']}: LSE written past a length"
+        for rows in self._untouched():
+            assert bool(torch.isnan(rows).all()), f"{self.case['id']}: wrote rows outside the sequences"
         for name, storage in self.storage.items():
             for side in (storage[:GUARD], storage[-GUARD:]):
                 assert bool((side == SENTINEL).all()), f"{self.case['id']}: a write outside {name}"

@@ -1,14 +1,16 @@
-"""FP8 (e4m3) attention with variable lengths on the GPU: the padded plans of
+"""FP8 (e4m3) attention with variable lengths on the GPU: the padded and packed plans of
 tests/gpu/fp8_cases.py against float64 attention on the dequantized inputs.
 
 Each plan runs on several draws of lengths (the 16-bit tests' mix: 0, tile edges, the
-capacity, random), with every input row past a sequence's length NaN: Q's and K's padding rows
-and, in V's transposed storage, the keys past each sequence and the pitch's columns. The kernel
-reads V through one tensor map per sequence whose key extent ends the sequence (the scheduling
-kernel writes them), so a key past the end arrives as zero; one read of a NaN would turn its
-rows of O into NaN, even multiplied by a zero probability. O and the LSE are poisoned inside
-sentinel guards: rows past the lengths must stay NaN. The error bound is the dense FP8 tests'
-(tests/gpu/test_fp8_dense.py says why).
+capacity, random; packed sequences may start past token 0), with every input row outside the
+sequences NaN: padding rows, tokens outside the packed sequences and, in a padded V's
+transposed storage, the keys past each sequence and the pitch's columns. The kernel reads V
+through one tensor map per sequence whose key extent ends the sequence (the scheduling kernel
+writes them; packed V is first re-laid into the workspace from 16-key boundaries), so a key past
+the end arrives as zero; one read of a NaN would turn its rows of O into NaN, even multiplied by
+a zero probability. O and the LSE are poisoned inside sentinel guards: rows outside the
+sequences must stay NaN. The error bound is the dense FP8 tests' (tests/gpu/test_fp8_dense.py
+says why).
 """
 
 from __future__ import annotations
@@ -48,9 +50,19 @@ def _varlen_cases() -> list[dict]:
 
 
 def _full_lengths(case: dict) -> tuple[list[int], list[int], int]:
-    """Every sequence at its capacity."""
+    """Every sequence at its longest (packed: as many as the tokens hold)."""
     b = case["batch"]
-    return [case["seq_q"]] * b, [case["seq_kv"]] * b, 0
+    if case["form"] == "padded":
+        return [case["seq_q"]] * b, [case["seq_kv"]] * b, 0
+
+    def side(longest: int, tokens: int) -> list[int]:
+        out, room = [], tokens
+        for _ in range(b):
+            out.append(min(longest, room))
+            room -= out[-1]
+        return out
+
+    return side(case["seq_q"], case["tokens_q"]), side(case["seq_kv"], case["tokens_kv"]), 0
 
 
 def _load(case: dict):
@@ -71,7 +83,7 @@ def test_fp8_varlen_plan_matches_float64(case, record_property):
             run.fill(gen, draw_lengths(case, rng))
         run.execute()
         o_err, lse_err = run.errors()
-        lens = f"q {run.q_lens}, kv {run.kv_lens}"
+        lens = f"q {run.q_lens}, kv {run.kv_lens}, start {run.start}"
         assert o_err < BOUND["normal"], f"draw {draw} ({lens}): relative L2 error {o_err:.3e}"
         assert lse_err < LSE_TOLERANCE, f"draw {draw} ({lens}): LSE error {lse_err:.3e}"
         worst = (max(worst[0], o_err), max(worst[1], lse_err))
@@ -83,7 +95,7 @@ def test_fp8_varlen_plan_in_a_cuda_graph_follows_new_lengths():
     """Bound and captured once; new lengths (and values) written into the same buffers after the
     capture: each replay's scheduling kernel writes that replay's Vᵀ maps, so the replay ends
     every sequence where its new length says (NaN past it would show otherwise)."""
-    case = next(c for c in _varlen_cases() if c["lengths"] == "qkv")
+    case = next(c for c in _varlen_cases() if c["form"] == "packed")
     plan = _load(case)
     gen = torch.Generator(device="cuda").manual_seed(11)
     rng = random.Random(11)
