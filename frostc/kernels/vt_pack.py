@@ -10,14 +10,16 @@ the previous sequence's end with at most 15 keys between. The scheduling kernel 
 sequence's tensor map over it (sequence_maps.py), its key extent ending the sequence. One pass
 over V, launched after the scheduling kernel (it reads its table).
 
-Grid (ceil(tokens / 32), hkv · d / 16 / WARPS): lane i of a warp takes token 32·x + i and one
-16-byte piece of d of one KV head. It finds its sequence in the scheduling kernel's table (a
-binary search over the clamped starts), loads its piece with one 16-byte load and stores its
-16 bytes into 16 rows of Vᵀ, so that the warp's lanes write consecutive keys of each row.
-Tokens outside every sequence are skipped; nothing outside V and the region is touched.
+Grid (ceil(pitch / KEYS), hkv): a CTA writes KEYS consecutive keys of every d row of one KV
+head, in destination order. Each thread takes one key: it finds the sequence that owns it (a
+binary search over the aligned starts the scheduling kernel's table gives) and copies its
+source token's d bytes into a row of shared memory (16-byte loads; keys in the gaps between
+sequences copy any token: no map's extent reaches them). Then each thread gathers 16 keys × 4
+d bytes from 16 rows (one 4-byte load each, a warp's lanes along d: no bank conflict),
+transposes them in registers, and stores 4 rows' 16-byte pieces of Vᵀ.
 
 Tensors, in bytes (e4m3): V (t, hkv, d) strides (stride_t, stride_h, 1), whole 16-byte pieces;
-Vᵀ (hkv, d, pitch) contiguous in the workspace.
+Vᵀ (hkv, d, pitch) contiguous in the workspace, pitch a multiple of 16.
 """
 
 from dataclasses import dataclass
@@ -31,15 +33,17 @@ from frostc.kernels.row_pieces import VECTOR_BYTES, load_piece
 from frostc.kernels.sdpa_common import fake_ptr
 from frostc.kernels.sequence_maps import aligned_start
 
-WARPS = 4
-TOKENS_PER_CTA = 32  # one per lane
+THREADS = 128
+KEYS = THREADS  # destination keys per CTA: one per thread while rows are loaded
+ROW_PAD = 16  # bytes after each shared row: a quarter-warp's 16-byte stores fall in distinct banks
+GROUP = 16  # keys per 16-byte store
 INT_PARAMS = ("batch", "tokens")
 I64_PARAMS = ("v.stride_t", "v.stride_h", "pitch")
 
 
 @dataclass(frozen=True)
 class VtPackVariant:
-    """Compile key: the head dim (the pieces of a row)."""
+    """Compile key: the head dim (the bytes of a row)."""
 
     head_dim: int
 
@@ -48,40 +52,35 @@ class VtPackVariant:
         return f"vt_pack.e4m3.d{self.head_dim}"
 
     @property
-    def pieces(self) -> int:
-        """16-byte pieces of one KV head's row."""
-        return self.head_dim // VECTOR_BYTES
-
-    @property
     def params(self) -> tuple[tuple[str, str], ...]:
         pointers = (("v", "ptr"), ("sequences", "ptr"), ("v_packed", "ptr"))
         return pointers + tuple((p, "i32") for p in INT_PARAMS) + tuple((p, "i64") for p in I64_PARAMS)
 
     @property
     def block(self) -> tuple[int, int, int]:
-        return (32 * WARPS, 1, 1)
+        return (THREADS, 1, 1)
 
     @property
     def tiles(self) -> dict[str, int]:
-        return {"warps": WARPS, "tokens_per_cta": TOKENS_PER_CTA, "vector_bytes": VECTOR_BYTES}
+        return {"keys_per_cta": KEYS, "threads": THREADS, "row_pad": ROW_PAD}
 
     @property
     def grid_rule(self) -> str:
-        return f"(ceil(tokens / {TOKENS_PER_CTA}), hkv * {self.pieces} / {WARPS}, 1): a lane per token and piece"
+        return f"(ceil(pitch / {KEYS}), hkv, 1): {KEYS} destination keys of one KV head per CTA"
 
     @property
     def ctas_per_sm(self) -> int:
         return 0
 
-    def grid(self, tokens: int, heads_kv: int) -> tuple[int, int, int]:
-        return (-(-tokens // TOKENS_PER_CTA), heads_kv * self.pieces // WARPS, 1)
+    def grid(self, pitch: int, heads_kv: int) -> tuple[int, int, int]:
+        return (-(-pitch // KEYS), heads_kv, 1)
 
     def kernel(self) -> "VtPack":
         return VtPack(self)
 
     def compile_args(self) -> tuple:
         table = make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=16)
-        pointers = (fake_ptr(cutlass.Uint8, 16), table, fake_ptr(cutlass.Uint8, 16))
+        pointers = (fake_ptr(cutlass.Uint8, 16), table, fake_ptr(cutlass.Uint32, 16))
         ints = tuple(cutlass.Int32(1) for _ in INT_PARAMS) + tuple(cutlass.Int64(16) for _ in I64_PARAMS)
         return (*pointers, ints, make_fake_stream())
 
@@ -89,13 +88,23 @@ class VtPackVariant:
 class VtPack:
     def __init__(self, variant: VtPackVariant):
         self.v = variant
+        self.d = variant.head_dim
+        self.row_bytes = variant.head_dim + ROW_PAD
         self.smem_bytes = 0
 
     @cute.jit
     def __call__(self, v, sequences, v_packed, ints: tuple, stream):
+        row_storage = KEYS * self.row_bytes
+
+        @cute.struct
+        class SharedStorage:
+            rows: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, row_storage], 16]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
         # the plan's launch gives the grid; only the cubin is kept from here
         self.kernel(v, sequences, v_packed, *ints).launch(
-            grid=(1, 1, 1), block=[32 * WARPS, 1, 1], smem=0, stream=stream
+            grid=(1, 1, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream
         )
 
     @cute.kernel
@@ -111,30 +120,61 @@ class VtPack:
         pitch: cutlass.Int64,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        bx, by, _ = cute.arch.block_idx()
-        token = bx * TOKENS_PER_CTA + tidx % 32
-        piece = by * WARPS + tidx // 32  # over (kv head, piece of d)
-        head, d0 = piece // self.v.pieces, (piece % self.v.pieces) * VECTOR_BYTES
-        if token < tokens:
-            b = self._sequence_of(sequences, batch, token)
-            row = cute.make_tensor(sequences + b * 4, cute.make_layout(4))
-            kv_token, kv_len = row[2], row[3]
-            if token >= kv_token and token < kv_token + kv_len:
-                src = v + cute.assume(cutlass.Int64(token) * v_st + cutlass.Int64(head) * v_sh, divby=16)
-                values = load_piece(src, d0, VECTOR_BYTES)
-                key = cutlass.Int64(aligned_start(kv_token, b) + token - kv_token)
-                first_row = cutlass.Int64(head * self.v.head_dim + d0)
-                for i in cutlass.range_constexpr(VECTOR_BYTES):
-                    out = cute.make_tensor(v_packed + (first_row + i) * pitch + key, cute.make_layout(1))
-                    out[0] = values[i]
+        block, head, _ = cute.arch.block_idx()
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        rows = storage.rows.data_ptr()
+        first_key = block * KEYS
+
+        # 1. this thread's key: its source token's row of d bytes into shared row `tidx`
+        token = self._source_token(sequences, batch, first_key + tidx)
+        token = cutlass.max(cutlass.min(token, tokens - 1), 0)  # a gap's key: any token will do
+        src = v + cute.assume(cutlass.Int64(token) * v_st + cutlass.Int64(head) * v_sh, divby=16)
+        for p in cutlass.range_constexpr(self.d // VECTOR_BYTES):
+            piece = load_piece(src, p * VECTOR_BYTES, VECTOR_BYTES)
+            shared = rows + cute.assume(tidx * self.row_bytes + p * VECTOR_BYTES, divby=16)
+            cute.make_tensor(shared, cute.make_layout(VECTOR_BYTES)).store(piece)
+        cute.arch.sync_threads()
+
+        # 2. 16 keys x 4 d bytes a thread, transposed into 4 rows' 16-byte pieces
+        row_words = self.row_bytes // 4
+        words = cute.make_tensor(cute.recast_ptr(rows, dtype=cutlass.Uint32), cute.make_layout(KEYS * row_words))
+        quads = self.d // 4
+        for k in cutlass.range_constexpr(quads * (KEYS // GROUP) // THREADS):
+            item = tidx + k * THREADS
+            quad, group = item % quads, item // quads  # lanes along d: distinct banks
+            key = first_key + group * GROUP
+            if key + GROUP <= pitch:
+                gathered = []
+                for j in cutlass.range_constexpr(GROUP):
+                    gathered.append(words[(group * GROUP + j) * row_words + quad])
+                for byte in cutlass.range_constexpr(4):
+                    out = cute.make_rmem_tensor((4,), cutlass.Uint32)
+                    for q in cutlass.range_constexpr(4):
+                        out[q] = _bytes_at(gathered[4 * q : 4 * q + 4], byte)
+                    d_row = cutlass.Int64(head * self.d + quad * 4 + byte)
+                    target = v_packed + cute.assume((d_row * pitch + key) // 4, divby=4)
+                    cute.make_tensor(target, cute.make_layout(4)).store(out.load())
 
     @cute.jit
-    def _sequence_of(self, sequences, batch, token):
-        """The last sequence whose (clamped) first key is at most `token`: its owner, if any."""
+    def _source_token(self, sequences, batch, key):
+        """The token whose V goes to destination key `key`, or -1 in a gap: the owner is the last
+        sequence whose aligned start is at most `key` (the starts grow with b)."""
         lo, hi = cutlass.Int32(0), batch - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            start = cute.make_tensor(sequences + mid * 4 + 2, cute.make_layout(1))[0]
-            lo = cutlass.select_(start <= token, mid, lo)
-            hi = cutlass.select_(start <= token, hi, mid - 1)
-        return lo
+            start = aligned_start(cute.make_tensor(sequences + mid * 4 + 2, cute.make_layout(1))[0], mid)
+            lo = cutlass.select_(start <= key, mid, lo)
+            hi = cutlass.select_(start <= key, hi, mid - 1)
+        row = cute.make_tensor(sequences + lo * 4, cute.make_layout(4))
+        kv_token, kv_len = row[2], row[3]
+        start = aligned_start(kv_token, lo)
+        inside = (key >= start) & (key < start + kv_len)
+        return cutlass.select_(inside, kv_token + key - start, -1)
+
+
+def _bytes_at(quad: list, byte: int):
+    """Byte `byte` of each of four words, packed in order into one word."""
+    out = cutlass.Uint32(0)
+    for j in range(4):
+        out = out | (((quad[j] >> (8 * byte)) & 0xFF) << (8 * j))
+    return out
