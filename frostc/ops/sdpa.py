@@ -873,7 +873,8 @@ def _pack_launch(node: Sdpa, workspace: dict[str, int], ctx: ResolveContext) -> 
     }
     spaces = {"sequences": workspace["sequences"], "v_packed": workspace["v_packed"]}
     args = launch_args(variant, {"v": v}, spaces, values)
-    return ResolvedLaunch(node.name, variant, variant.grid(node.tokens_kv, node.heads_kv), args)
+    grid = variant.grid(packed_pitch(node.tokens_kv, node.batch), node.heads_kv)
+    return ResolvedLaunch(node.name, variant, grid, args)
 
 
 def _bhs_strides(slot, form: str) -> tuple[int, int, int]:
