@@ -60,29 +60,18 @@ def _map_ptr(maps: cute.Pointer, index) -> cute.Pointer:
 
 
 @dsl_user_op
-def _replace_key_extent(desc: cute.Pointer, extent, *, loc=None, ip=None):
-    """tensormap.replace of the key dim's extent (the DSL's wrapper is experimental)."""
+def _replace(desc: cute.Pointer, field: str, value, *, loc=None, ip=None):
+    """tensormap.replace of one field of the map at `desc` (the DSL's wrapper is experimental):
+    `field` "global_dim" (the key dim's extent, an int32) or "global_address" (a pointer)."""
+    if field == "global_dim":
+        operand, text, constraint = cutlass.Int32(value), f"global_dim.global.b1024.b32 [$0], {KEY_DIM}, $1", "r"
+    else:
+        operand, text, constraint = value.toint(loc=loc, ip=ip), "global_address.global.b1024.b64 [$0], $1", "l"
     llvm.inline_asm(
         None,
-        [desc.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), cutlass.Int32(extent).ir_value(loc=loc, ip=ip)],
-        f"tensormap.replace.tile.global_dim.global.b1024.b32 [$0], {KEY_DIM}, $1;",
-        "l,r,~{memory}",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
-
-
-@dsl_user_op
-def _replace_address(desc: cute.Pointer, base: cute.Pointer, *, loc=None, ip=None):
-    """tensormap.replace of the global address."""
-    llvm.inline_asm(
-        None,
-        [desc.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), base.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
-        "tensormap.replace.tile.global_address.global.b1024.b64 [$0], $1;",
-        "l,l,~{memory}",
+        [desc.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), operand.ir_value(loc=loc, ip=ip)],
+        f"tensormap.replace.tile.{text};",
+        f"l,{constraint},~{{memory}}",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -100,9 +89,9 @@ def write_sequence_map(template: cute.CopyAtom, maps: cute.Pointer, index, key_e
     cpasync.copy_tensormap(template, desc)  # the DSL copies the 64 bytes its maps use
     for i in cutlass.range_constexpr(TEMPLATE_WORDS, MAP_WORDS):
         words[i] = 0  # as in the plan's maps: the rest of the 128 bytes are zero
-    _replace_key_extent(desc, key_end)
+    _replace(desc, "global_dim", key_end)
     if cutlass.const_expr(base is not None):
-        _replace_address(desc, base)
+        _replace(desc, "global_address", base)
     words[OOB_WINDOW_WORD] = words[OOB_WINDOW_WORD] & cutlass.Int32(OOB_WINDOW_CLEAR - (1 << 32))
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 
 from tests.gpu.fp8_cases import v_pitch
-from tests.gpu.support import GUARD, SENTINEL, reference_sequence
+from tests.gpu.support import BUILT, GUARD, SENTINEL, reference_sequence
+
+FP8_BUILT = BUILT / "fp8"
 
 E4M3_MAX = 448.0
 # relative L2 of O against float64 on the dequantized inputs, by data (tests/gpu/test_fp8_dense.py)
@@ -16,6 +18,19 @@ BOUND = {"normal": 0.04, "outliers": 0.03}
 LSE_TOLERANCE = 2e-3  # max abs error of the natural-log LSE
 OUTLIER_CHANNELS = (3, 40, 77, 121)
 OUTLIER_GAIN = 50.0
+
+
+def fp8_skip_reason() -> str | None:
+    """Why the FP8 GPU tests cannot run here, or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU on this machine (these tests run on the H200 through the device tool)"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "plans target sm_90a; this GPU is another"
+    if not (FP8_BUILT / "manifest.json").exists():
+        return f"no built plans in {FP8_BUILT}: run `python -m tests.gpu.build_plans --only fp8` on the build machine"
+    return None
 
 
 def real_inputs(case: dict, gen, outliers: bool) -> dict:

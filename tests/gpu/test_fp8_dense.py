@@ -22,25 +22,13 @@ import zlib
 
 import pytest
 
-from tests.gpu.fp8_support import BOUND, LSE_TOLERANCE, Fp8Run, real_inputs
-from tests.gpu.support import BUILT, reference_sequence
+from tests.gpu.fp8_support import BOUND, FP8_BUILT, LSE_TOLERANCE, Fp8Run, fp8_skip_reason, real_inputs
+from tests.gpu.support import reference_sequence
 
 torch = pytest.importorskip("torch")
 
-FP8_BUILT = BUILT / "fp8"
 
-
-def _skip_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA GPU on this machine (these tests run on the H200 through the device tool)"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return "plans target sm_90a; this GPU is another"
-    if not (FP8_BUILT / "manifest.json").exists():
-        return f"no built plans in {FP8_BUILT}: run `python -m tests.gpu.build_plans --only fp8` on the build machine"
-    return None
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(fp8_skip_reason() is not None, reason=fp8_skip_reason() or "")]
 
 
 def _manifest() -> list[dict]:
