@@ -11,8 +11,9 @@ sequence's tensor map over it (sequence_maps.py), its key extent ending the sequ
 over V, launched after the scheduling kernel (it reads its table).
 
 Grid (ceil(pitch / KEYS), hkv): a CTA writes KEYS consecutive keys of every d row of one KV
-head, in destination order. Each thread takes one key: it finds the sequence that owns it (a
-binary search over the aligned starts the scheduling kernel's table gives) and copies its
+head, in destination order. The CTA first copies the sequences' aligned starts (from the
+scheduling kernel's table) into shared memory. Each thread takes one key: it finds the sequence
+that owns it (a binary search over those starts) and copies its
 source token's d bytes into a row of shared memory (16-byte loads; keys in the gaps between
 sequences copy any token: no map's extent reaches them). Then each thread gathers 16 keys × 4
 d bytes from 16 rows (one 4-byte load each, a warp's lanes along d: no bank conflict),
@@ -37,6 +38,10 @@ THREADS = 128
 KEYS = THREADS  # destination keys per CTA: one per thread while rows are loaded
 ROW_PAD = 16  # bytes after each shared row: a quarter-warp's 16-byte stores fall in distinct banks
 GROUP = 16  # keys per 16-byte store
+# sequences whose aligned starts a CTA first copies into shared memory, so that each thread's
+# binary search reads shared memory (a search through global memory is a chain of dependent
+# loads, the kernel's critical path); sequences past it are searched in the table itself
+SHARED_STARTS = 1024
 INT_PARAMS = ("batch", "tokens")
 I64_PARAMS = ("v.stride_t", "v.stride_h", "pitch")
 
@@ -99,6 +104,7 @@ class VtPack:
         @cute.struct
         class SharedStorage:
             rows: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, row_storage], 16]
+            starts: cute.struct.MemRange[cutlass.Int32, SHARED_STARTS]
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
@@ -125,8 +131,14 @@ class VtPack:
         rows = storage.rows.data_ptr()
         first_key = block * KEYS
 
+        # 0. the sequences' aligned starts, all threads at once
+        starts = storage.starts.get_tensor(cute.make_layout(SHARED_STARTS))
+        for b in range(tidx, cutlass.min(batch, SHARED_STARTS), THREADS):
+            starts[b] = aligned_start(cute.make_tensor(sequences + b * 4 + 2, cute.make_layout(1))[0], b)
+        cute.arch.sync_threads()
+
         # 1. this thread's key: its source token's row of d bytes into shared row `tidx`
-        token = self._source_token(sequences, batch, first_key + tidx)
+        token = self._source_token(sequences, starts, batch, first_key + tidx)
         token = cutlass.max(cutlass.min(token, tokens - 1), 0)  # a gap's key: any token will do
         src = v + cute.assume(cutlass.Int64(token) * v_st + cutlass.Int64(head) * v_sh, divby=16)
         for p in cutlass.range_constexpr(self.d // VECTOR_BYTES):
@@ -156,13 +168,17 @@ class VtPack:
                     cute.make_tensor(target, cute.make_layout(4)).store(out.load())
 
     @cute.jit
-    def _source_token(self, sequences, batch, key):
+    def _source_token(self, sequences, starts, batch, key):
         """The token whose V goes to destination key `key`, or -1 in a gap: the owner is the last
         sequence whose aligned start is at most `key` (the starts grow with b)."""
         lo, hi = cutlass.Int32(0), batch - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            start = aligned_start(cute.make_tensor(sequences + mid * 4 + 2, cute.make_layout(1))[0], mid)
+            start = cutlass.Int32(0)
+            if mid < SHARED_STARTS:
+                start = starts[mid]
+            else:
+                start = aligned_start(cute.make_tensor(sequences + mid * 4 + 2, cute.make_layout(1))[0], mid)
             lo = cutlass.select_(start <= key, mid, lo)
             hi = cutlass.select_(start <= key, hi, mid - 1)
         row = cute.make_tensor(sequences + lo * 4, cute.make_layout(4))

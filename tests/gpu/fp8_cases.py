@@ -63,6 +63,9 @@ def cases() -> list[Fp8Case]:
                 tokens_q=1500, tokens_kv=1999, lse=False),
         Fp8Case("fp8-d256-packed-full", 3, 2, 1, 500, 650, 256, form="packed", tokens_q=1111, tokens_kv=1500,
                 out="fp16"),
+        # more sequences than vt_pack keeps in shared memory (1024): the rest searched in the table
+        Fp8Case("fp8-d64-packed-many", 1100, 2, 1, 8, 8, 64, causal=True, form="packed", tokens_q=3001,
+                tokens_kv=3001, lse=False),
         Fp8Case("fp8-d128-padded-causal", 6, 8, 2, 700, 801, 128, causal=True, form="padded"),
         Fp8Case("fp8-d128-padded-full", 3, 4, 4, 333, 1000, 128, out="fp16", descales="tensor", form="padded"),
         Fp8Case("fp8-d128-padded-local-softcap", 4, 4, 2, 900, 900, 128, causal=True, window_left=255,
