@@ -27,7 +27,6 @@ from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 
 from frostc.kernels.sdpa_common import KeyRange, MaskFlags, TmaVariant
-from frostc.kernels.sdpa_fwd_wgmma import SdpaFwdVariant
 from frostc.kernels.sequence_maps import MAP_BYTES, aligned_start, release_sequence_maps, write_sequence_map
 
 THREADS = 1024
@@ -44,8 +43,9 @@ class ScheduleVariant(TmaVariant):
     """Compile key of the scheduling kernel. `packed`: lengths from cu_seqlens (batch + 1 prefix
     sums, capacities in tokens); else padded: per-sequence lengths, capacities in rows, where
     either side may have none (then every sequence has the capacity's length). `v_maps_of`:
-    the e4m3 attention variant whose sequences' Vᵀ maps this kernel writes (its V tensor map
-    is this kernel's template), else None."""
+    the e4m3 attention variant whose sequences' Vᵀ maps this kernel writes (its V tensor map,
+    the third its kernel's `tma_loads` makes, is this kernel's template), else None; taken as
+    any `TmaVariant`, so that this kernel does not import another kernel's module."""
 
     packed: bool
     q_lengths: bool
@@ -53,7 +53,7 @@ class ScheduleVariant(TmaVariant):
     mask: MaskFlags
     block_m: int
     block_n: int
-    v_maps_of: SdpaFwdVariant | None = None
+    v_maps_of: TmaVariant | None = None
 
     TMA_SLOTS: ClassVar[tuple[str, ...]] = ("v",)
 
