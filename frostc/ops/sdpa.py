@@ -386,7 +386,7 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
     q = tensors.get("q")
     fp8 = form != "paged" and q is not None and is_scaled(q.dtype)
     if fp8:
-        _check_fp8_dtypes(tensors, ctx, form)
+        _check_fp8_dtypes(tensors, ctx)
     q_dtype = q.dtype if q is not None and q.dtype in DATA_DTYPES else None
     for role, c in tensors.items():
         if c.dtype is None or (fp8 and role in ("q", "k", "v", "o")):
@@ -420,7 +420,7 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
     return fp8
 
 
-def _check_fp8_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> None:
+def _check_fp8_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext) -> None:
     """e4m3 q: k and v e4m3 too, o bf16 or fp16 (the other roles: `_check_dtypes`)."""
     q = tensors["q"]
     for role in ("k", "v"):
@@ -679,7 +679,7 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     for name in (node.q, node.k) if v_transposed else (node.q, node.k, node.v):
         check_tma_strides(ctx.tensor(name), letters, tuple(range(len(letters) - 1)), ctx)
     if v_transposed:
-        _check_keys_innermost(ctx.tensor(node.v), letters, ctx)
+        _check_keys_innermost(ctx.tensor(node.v), ctx)
     for role in DESCALE_ROLES:
         t = ctx.tensor(name) if (name := getattr(node, role)) is not None else None
         if t is not None and t.dims[0] > 1 and t.strides[0] != 1:
@@ -726,7 +726,7 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
             )
 
 
-def _check_keys_innermost(v, letters: str, ctx: ResolveContext) -> None:
+def _check_keys_innermost(v, ctx: ResolveContext) -> None:
     """e4m3 V (b, h, s, d) is read as Vᵀ tiles, its keys innermost: s stride 1, and its b, h and
     d strides whole 16-byte pieces under TMA's stride limit (so every sequence of a padded V
     starts on a 16-byte boundary, as TMA's innermost coordinate must)."""
@@ -736,8 +736,8 @@ def _check_keys_innermost(v, letters: str, ctx: ResolveContext) -> None:
             f"e4m3 V is read with its keys innermost (8-bit WGMMA operands are K-major): its s stride must be "
             f'1, found {v.strides[2]}; use layout = "bhds" (the step that quantizes V writes Vᵀ)',
         )
-    check_whole_pieces(v, letters, (0, 1, 3), "(16 bytes: TMA's rule for the strides of a tensor map)", ctx)
-    check_tma_strides(v, letters, (0, 1, 3), ctx)
+    check_whole_pieces(v, "bhsd", (0, 1, 3), "(16 bytes: TMA's rule for the strides of a tensor map)", ctx)
+    check_tma_strides(v, "bhsd", (0, 1, 3), ctx)
 
 
 def _letters(form: str) -> str:
