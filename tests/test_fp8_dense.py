@@ -233,3 +233,25 @@ def test_the_fp8_tiles_fit_shared_memory_with_a_16_bit_o_buffer(head_dim):
     o = 2 * tiles.block_m * head_dim
     ring = tiles.stages * 2 * tiles.block_n * head_dim
     assert tiles.o_buffer and q + o + ring <= 227 * 1024
+
+
+def test_aligned_starts_keep_packed_sequences_apart_on_16_key_boundaries():
+    """vt_pack's layout, on random packed lengths (zero-length sequences included): each start a
+    multiple of 16, past the previous sequence's end, and every sequence inside the pitch."""
+    import random
+
+    from frostc.kernels.sequence_maps import aligned_start, packed_pitch
+
+    rng = random.Random(20)
+    for _ in range(2000):
+        batch = rng.randint(1, 40)
+        lengths = [rng.choice((0, 1, 15, 16, 17, rng.randint(0, 300))) for _ in range(batch)]
+        first = rng.choice((0, 0, 5, 31))
+        tokens = first + sum(lengths) + rng.randint(0, 20)  # the buffer may hold more than the sequences
+        end, token = 0, first
+        for b, n in enumerate(lengths):
+            start = aligned_start(token, b)
+            assert start % 16 == 0 and start >= end
+            end = start + n
+            token += n
+        assert end <= packed_pitch(tokens, batch) and packed_pitch(tokens, batch) % 16 == 0
