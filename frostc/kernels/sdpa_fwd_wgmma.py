@@ -468,13 +468,15 @@ class SdpaForwardWgmma:
             gK = cute.make_tensor(
                 k, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(k_ss, 1, k_sh, k_wrap, k_ss))
             )
-            gV = cute.make_tensor(
-                v, cute.make_layout((d, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
-            )
             if cutlass.const_expr(self.fp8):
-                # keys innermost cannot be ragged: each (padded) sequence has its own map, whose
-                # key extent ends it (sequence_maps.py); rows here are the plan's, v_ss d's stride
+                # keys innermost cannot be ragged: each sequence has its own map, whose key extent
+                # ends it (sequence_maps.py); rows here are the plan's (or the re-laid packed V's),
+                # v_ss d's stride
                 gV = cute.make_tensor(v, cute.make_layout((d, wrap, heads_kv), stride=(v_ss, 1, v_sh)))
+            else:
+                gV = cute.make_tensor(
+                    v, cute.make_layout((d, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
+                )
         else:
             gQ = cute.make_tensor(q, cute.make_layout((seq_q, d, heads_q, batch), stride=(q_ss, 1, q_sh, q_sb)))
             gK = cute.make_tensor(k, cute.make_layout((seq_kv, d, heads_kv, batch), stride=(k_ss, 1, k_sh, k_sb)))

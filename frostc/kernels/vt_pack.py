@@ -13,11 +13,11 @@ over V, launched after the scheduling kernel (it reads its table).
 Grid (ceil(pitch / KEYS), hkv): a CTA writes KEYS consecutive keys of every d row of one KV
 head, in destination order. The CTA first copies the sequences' aligned starts (from the
 scheduling kernel's table) into shared memory. Each thread takes one key: it finds the sequence
-that owns it (a binary search over those starts) and copies its
-source token's d bytes into a row of shared memory (16-byte loads; keys in the gaps between
-sequences copy any token: no map's extent reaches them). Then each thread gathers 16 keys × 4
-d bytes from 16 rows (one 4-byte load each, a warp's lanes along d: no bank conflict),
-transposes them in registers, and stores 4 rows' 16-byte pieces of Vᵀ.
+that owns it (a binary search over those starts) and copies its source token's d bytes into a
+row of shared memory (16-byte loads; keys in the gaps between sequences copy any token: no
+map's extent reaches them). Then each thread gathers 16 keys × 4 d bytes from 16 rows (one
+4-byte load each, a warp's lanes along d: no bank conflict), transposes them in registers, and
+stores 4 rows' 16-byte pieces of Vᵀ.
 
 Tensors, in bytes (e4m3): V (t, hkv, d) strides (stride_t, stride_h, 1), whole 16-byte pieces;
 Vᵀ (hkv, d, pitch) contiguous in the workspace, pitch a multiple of 16.
