@@ -158,35 +158,8 @@ def test_the_e4m3_kernel_takes_16_rows_per_cta_and_more_row_blocks():
         attn = _launch_values(plan, "attn", "sdpa_decode_paged")
         assert (attn["rows"], attn["row_blocks"]) == (4 * s_new, row_blocks)
         launch = next(x for x in plan.launches if x.node == "attn" and plan.kernels[x.kernel].name.startswith("sdpa_"))
-        assert launch.grid == (attn["splits"] * HKV * row_blocks * B, 1, 1)  # an item each (persistent)
+        assert launch.grid[1] == HKV * row_blocks
         assert "/ 16)" in plan.kernels[launch.kernel].grid_rule
-
-
-def test_the_e4m3_kernel_walks_its_items_from_a_zeroed_counter():
-    """Persistent: one wave (two CTAs per SM) walks the items; the counter is a zeroed workspace
-    word bound to the kernel's item_counter, with one split as with several."""
-    for max_pages, splits in ((MAX_PAGES, 2), (8, 1)):  # 1024 keys of capacity, then 128
-        d = edited(step(), **{"tensors.page_table.dims": [B, max_pages]})
-        plan = decode_plan(build(parse_description(json.dumps(d), fmt="json")))
-        assert _launch_values(plan, "attn", "sdpa_decode_paged")["splits"] == splits
-        attn = next(x for x in plan.launches if plan.kernels[x.kernel].name.startswith("sdpa_decode_paged"))
-        kernel = plan.kernels[attn.kernel]
-        assert kernel.ctas_per_sm == 2
-        counter = next(r for r in plan.workspace if r.name == "attn.item_counter")
-        assert counter.zeroed and counter.bytes == 4
-        args = dict(zip([p.name for p in kernel.params], attn.args))
-        assert args["item_counter"].workspace == counter.offset
-
-
-def test_the_items_go_split_major():
-    """Every sequence's first split before any second one; each (split, head rows, sequence) once."""
-    from frostc.kernels.sdpa_decode_paged import Items
-
-    walk = Items(first=0, grid=5, heads_rows=6, row_blocks=2, batch=3, splits=4)
-    seen = [walk.at(i) for i in range(walk.count())]
-    assert len(set(seen)) == walk.count() == 6 * 3 * 4
-    assert [split for split, _, _ in seen] == sorted(split for split, _, _ in seen)
-    assert all(0 <= h < 6 and 0 <= b < 3 for _, h, b in seen)
 
 
 def test_inspect_shows_the_cache_dtype_and_the_scale_slots():
@@ -204,7 +177,7 @@ def test_the_e4m3_variants_keep_the_bf16_names_and_abi_apart():
     scaled = PagedDecodeVariant("bf16", 128, 16, True, True, False, cache="e4m3")
     assert plain.name != scaled.name and ".kv_e4m3." in scaled.name
     extra = [p for p in scaled.params if p not in plain.params]
-    assert extra == [("k_scale", "ptr"), ("v_scale", "ptr"), ("item_counter", "ptr"), ("k_scale.stride_h", "i64"),
+    assert extra == [("k_scale", "ptr"), ("v_scale", "ptr"), ("k_scale.stride_h", "i64"),
                      ("v_scale.stride_h", "i64"), ("q_scale", "f32")]  # fmt: skip
     assert [p for p in KvAppendVariant("bf16", 64, "e4m3").params if p not in KvAppendVariant("bf16", 64).params] == [
         ("k_scale", "ptr"), ("v_scale", "ptr"), ("k_scale.stride_h", "i64"), ("v_scale.stride_h", "i64")

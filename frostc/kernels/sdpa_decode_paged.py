@@ -61,7 +61,6 @@ from frostc.kernels.sdpa_common import (
     key_origin,
     quad_sum,
 )
-from frostc.kernels.tile_walks import TicketWalk
 from frostc.kernels.wgmma_layouts import c_to_a_layout, mma_rows_by_cols, wgmma_rows_by_cols
 
 ROWS = 64  # query rows per CTA: one consumer warpgroup's WGMMA M
@@ -75,10 +74,6 @@ CONSUMER_WARPS = 4
 ROWS_SCALED = 16  # over a quantized cache: one m16n8k16 tile of rows, shared by the consumer warps
 WARP_KEYS = BLOCK_N // CONSUMER_WARPS  # ... each warp taking this many keys of every block
 MMA_SHAPE = (16, 8, 16)  # the warp-level MMA (mma.sync) the quantized cache's kernel uses
-# its merge, a round at a time: each of a thread's 8 column groups (of d/8) gives MERGE_GROUP
-# columns, so a round is MERGE_COLUMNS of the head dim (the area: 8 KiB, leaving the ring 6 stages)
-MERGE_GROUP = 4
-MERGE_COLUMNS = 8 * MERGE_GROUP
 
 
 @dataclass(frozen=True)
@@ -113,17 +108,10 @@ def decode_tiles(head_dim: int, page_size: int, dtype: str, cache: str | None = 
         size = DTYPES[dtype].bytes
         stages = min((budget - ROWS * head_dim * size) // (2 * BLOCK_N * head_dim * size), 6)
         return DecodeTiles(BLOCK_N, stages, math.gcd(page_size, BLOCK_N), ctas)
-    # the warps' partial outputs (fp32) merge in an area of their own: the producer is already
-    # filling the ring with the next item's blocks (`PagedDecodeScaledCache`)
-    stages = min((budget - merge_bytes(head_dim)) // (2 * BLOCK_N * head_dim * DTYPES[cache].bytes), 6)
+    stages = min(budget // (2 * BLOCK_N * head_dim * DTYPES[cache].bytes), 6)
+    # the warps' partial outputs (fp32) are merged in the K ring once every block is read
+    assert stages * BLOCK_N * DTYPES[cache].bytes >= CONSUMER_WARPS * ROWS_SCALED * 4, "merge area over the ring"
     return DecodeTiles(BLOCK_N, stages, math.gcd(page_size, BLOCK_N), ctas, ROWS_SCALED)
-
-
-def merge_bytes(head_dim: int) -> int:
-    """A quantized cache's merge area: MERGE_COLUMNS of each consumer warp's O rows (fp32), and
-    their max and sum."""
-    assert head_dim % MERGE_COLUMNS == 0, "the merge's rounds take MERGE_COLUMNS of the head dim each"
-    return CONSUMER_WARPS * ROWS_SCALED * (MERGE_COLUMNS + 2) * 4
 
 
 # ------------------------------------------------------------------------------ the variant
@@ -139,8 +127,6 @@ FLOAT_PARAMS = ("scale_log2", "score_scale")
 # the softmax scale, applied to Q before its conversion to the MMA's fp16
 SCALE_POINTERS = ("k_scale", "v_scale")
 SCALE_STRIDES = ("k_scale.stride_h", "v_scale.stride_h")
-# ... and the persistent walk's item counter (int32 workspace, zero between launches: `TicketWalk`)
-WALK_POINTERS = ("item_counter",)
 QUANTIZED_FLOATS = ("q_scale",)
 MMA_DTYPE_OF_SCALED = "fp16"  # e4m3 converts to fp16 exactly in one instruction per pair (bf16: five)
 MMA_FINITE_MAX = 65504.0  # fp16's largest finite: Q times the softmax scale saturates there
@@ -193,15 +179,10 @@ class PagedDecodeVariant(TmaVariant):
 
     @property
     def ctas_per_sm(self) -> int:
-        """A quantized cache's kernel is persistent (its CTAs walk the work items); the 16-bit
-        one launches a CTA per item."""
-        return self.tile_shape.ctas_per_sm if self.quantized else 0
+        return 0  # one CTA per work item, not persistent
 
     @property
     def grid_rule(self) -> str:
-        items = f"splits * heads_kv * ceil(s_new * group / {self.tile_shape.rows}) * batch"
-        if self.quantized:
-            return f"(min({items}, SMs * {self.ctas_per_sm}), 1, 1)"
         return f"(splits, heads_kv * ceil(s_new * group / {self.tile_shape.rows}), batch)"
 
     @property
@@ -209,7 +190,7 @@ class PagedDecodeVariant(TmaVariant):
         params: list[tuple[str, str]] = []
         for name in LOADED:
             params += [(f"{name}.tmap", "tmap"), (f"{name}.extents", "i32")]
-        params += [(name, "ptr") for name in POINTERS + (SCALE_POINTERS + WALK_POINTERS if self.quantized else ())]
+        params += [(name, "ptr") for name in POINTERS + (SCALE_POINTERS if self.quantized else ())]
         params += [(name, "i32") for name in INT_PARAMS]
         params += [(name, "i64") for name in STRIDE_PARAMS + (SCALE_STRIDES if self.quantized else ())]
         params += [(name, "f32") for name in FLOAT_PARAMS + (QUANTIZED_FLOATS if self.quantized else ())]
@@ -226,7 +207,6 @@ class PagedDecodeVariant(TmaVariant):
         pointers += [fake_ptr(cutlass.Float32, 16), fake_ptr(cutlass.Float32, 4)]
         if self.quantized:
             pointers += [fake_ptr(cutlass.Float32, 4) for _ in SCALE_POINTERS]
-            pointers += [fake_ptr(cutlass.Int32, 4) for _ in WALK_POINTERS]
         return (*pointers, *_fake_scalars(self.quantized), make_fake_stream())
 
     # tensor maps (TmaVariant): the build encodes them on the CPU with the same code the kernel uses
@@ -275,31 +255,6 @@ class Work:
     capacity: cutlass.Int32  # positions the page table lists (max_pages * page_size)
     key_first: cutlass.Int32  # the split's first key
     blocks: cutlass.Int32  # key blocks of the split that hold keys (0: nothing to do)
-
-
-@dataclass(frozen=True)
-class Items:
-    """The persistent walk's work items, split-major: item -> (split, KV head · row blocks + row
-    block, sequence). Every sequence's first split comes before any second one, so the short
-    and empty last splits are taken last and the walk's tail stays short."""
-
-    first: cutlass.Int32  # the CTA's own first item
-    grid: cutlass.Int32  # CTAs launched
-    heads_rows: cutlass.Int32  # KV heads x row blocks
-    row_blocks: cutlass.Int32
-    batch: cutlass.Int32
-    splits: cutlass.Int32
-
-    def count(self):
-        return self.heads_rows * self.batch * self.splits
-
-    def at(self, item):
-        """(split, KV head and row block, sequence) of `item`."""
-        per_split = self.heads_rows * self.batch
-        split = item // per_split
-        rest = item - split * per_split
-        b = rest // self.heads_rows
-        return split, rest - b * self.heads_rows, b
 
 
 @dataclass(frozen=True)
@@ -531,6 +486,7 @@ class PagedDecode:
             k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
             batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
             window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
+            None,
         )  # fmt: skip
 
     @cute.jit
@@ -538,33 +494,15 @@ class PagedDecode:
         self, k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
         batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
         window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
+        scaled,
     ):  # fmt: skip
-        """The kernel's body: one CTA, one work item."""
+        """The kernel's body; `scaled`: None, or a quantized cache's (k_scale, v_scale, their head
+        strides, q_scale)."""
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
         split, head_rows, b = cute.arch.block_idx()
-        work = self._work(split, head_rows, b, seq_len_kv, (row_blocks, max_pages, chunk, s_new, window_left))
-        # the first block's page ids do not depend on the length: their loads overlap its load
-        pt_row = page_table + cutlass.Int64(b) * pt_sb
-        first_pages = self._block_pages(pt_row, work, 0, pages)
-        # a split past the sequence's end has nothing to add (the combine kernel counts the
-        # splits from the lengths); with one split the CTA writes the rows even without keys
-        args = (
-            work, (k_tma, mK), (v_tma, mV), q, (q_sb, q_sh, q_ss), (o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss),
-            (o_partial, lse_partial), (pt_row, first_pages), (group, s_new, rows, splits, split, window_left),
-            (heads_kv, pages, rows_per_page), (scale_log2, score_scale), tidx, warp,
-        )  # fmt: skip
-        if cutlass.const_expr(self.variant.split):
-            if work.blocks > 0:
-                self._run(*args)
-        else:
-            self._run(*args)
-
-    @cute.jit
-    def _work(self, split, head_rows, b, seq_len_kv, geometry) -> Work:
-        """Work item (key split, KV head and row block, sequence): its keys, from the length."""
-        row_blocks, max_pages, chunk, s_new, window_left = geometry
         t = self.tiles
+
         capacity = max_pages * self.page_size
         kv_len = cutlass.min(cutlass.max(cute.make_tensor(seq_len_kv + b, cute.make_layout(1))[0], 0), capacity)
         origin = cutlass.Int32(0)
@@ -573,7 +511,33 @@ class PagedDecode:
         key_first = origin + split * chunk
         key_end = cutlass.min(key_first + chunk, kv_len)
         blocks = cutlass.max(key_end - key_first + (t.block_n - 1), 0) // t.block_n
-        return Work(b, head_rows // row_blocks, head_rows % row_blocks, kv_len, capacity, key_first, blocks)
+        work = Work(b, head_rows // row_blocks, head_rows % row_blocks, kv_len, capacity, key_first, blocks)
+        dequant = None
+        if cutlass.const_expr(scaled is not None):
+            # K's scale joins the scores' (in the tanh with softcap), V's multiplies O at the end
+            k_scale, v_scale, k_scale_sh, v_scale_sh, q_scale = scaled
+            k_descale = cute.make_tensor(k_scale + cutlass.Int64(work.head_kv) * k_scale_sh, cute.make_layout(1))[0]
+            v_descale = cute.make_tensor(v_scale + cutlass.Int64(work.head_kv) * v_scale_sh, cute.make_layout(1))[0]
+            if cutlass.const_expr(self.variant.softcap):
+                score_scale = score_scale * k_descale
+            else:
+                scale_log2 = scale_log2 * k_descale
+            dequant = (v_descale, q_scale)
+        # the first block's page ids do not depend on the length: their loads overlap its load
+        pt_row = page_table + cutlass.Int64(b) * pt_sb
+        first_pages = self._block_pages(pt_row, work, 0, pages)
+        # a split past the sequence's end has nothing to add (the combine kernel counts the
+        # splits from the lengths); with one split the CTA writes the rows even without keys
+        args = (
+            work, (k_tma, mK), (v_tma, mV), q, (q_sb, q_sh, q_ss), (o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss),
+            (o_partial, lse_partial), (pt_row, first_pages), (group, s_new, rows, splits, split, window_left),
+            (heads_kv, pages, rows_per_page), (scale_log2, score_scale, dequant), tidx, warp,
+        )  # fmt: skip
+        if cutlass.const_expr(self.variant.split):
+            if blocks > 0:
+                self._run(*args)
+        else:
+            self._run(*args)
 
     @cute.jit
     def _run(self, work, k_load, v_load, q, q_strides, o_args, lse_args, partials, page_ids, geometry, extents,
@@ -607,9 +571,7 @@ class PagedDecode:
         return cutlass.select_(page < pages, cutlass.max(page, -1), -1)
 
     @cute.jit
-    def _produce(self, k_pipe, v_pipe, sK, sV, k_load, v_load, work, page_ids, pages, rows_per_page, loaded=0):
-        """The work item's K and V blocks into the ring from position `loaded` (a thread or a
-        whole warp may run it: the copies and arrivals elect a lane)."""
+    def _produce(self, k_pipe, v_pipe, sK, sV, k_load, v_load, work, page_ids, pages, rows_per_page):
         t = self.tiles
         ring = Ring(t.stages)
         (k_tma, mK), (v_tma, mV) = k_load, v_load
@@ -619,7 +581,7 @@ class PagedDecode:
             block_pages = next_pages
             next_pages = self._block_pages(pt_row, work, cutlass.min(j + 1, work.blocks - 1), pages)
             key0 = work.key_first + j * t.block_n
-            stage, phase = ring.at(loaded + j)
+            stage, phase = ring.at(j)
             blocks = (key0, block_pages, stage, phase)
             self._load_block(k_pipe, k_tma, mK, sK, blocks, work, rows_per_page, keys_mode=0)
             self._load_block(v_pipe, v_tma, mV, sV, blocks, work, rows_per_page, keys_mode=1)
@@ -702,7 +664,7 @@ class PagedDecode:
                  lse_args, partials, heads_kv):  # fmt: skip
         t = self.tiles
         group, s_new, rows, splits, split, window_left = geometry
-        scale_log2, score_scale = scales
+        scale_log2, score_scale, _ = scales  # the third: a quantized cache's (PagedDecodeScaledCache)
         ring = Ring(t.stages)
         qk_mma, pv_mma = self._mmas()
         qk_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -864,15 +826,7 @@ class PagedDecodeScaledCache(PagedDecode):
     - O = P V: P is S's accumulator; n-tile dt's column `quad` is d = (d/8)·quad + dt, so a
       thread's V elements are one (d/8)-byte piece of each of its 4 keys' rows.
     Q is multiplied by the softmax scale and converted to fp16 (saturating at 65504); K's scale
-    multiplies the scores, V's the output.
-
-    Persistent: one wave of CTAs (`ctas_per_sm` per SM) walks the work items, split-major (every
-    sequence's first split, then the second, ...: the short and empty last splits come last), each
-    next item taken from a counter in the workspace (`TicketWalk`). The producer warp streams the
-    next item's blocks while the consumers merge and store the last one, so a CTA's fixed costs
-    (its launch, the first load's round trip, the merge) no longer stall its share of the memory
-    stream (bench/NOTES.md, decode v6 and v7). The consumers read the next item as soon as their
-    blocks are done and load its Q rows before merging: the load's latency hides under the merge."""
+    multiplies the scores, V's the output."""
 
     def __init__(self, variant: PagedDecodeVariant):
         super().__init__(variant)
@@ -880,7 +834,7 @@ class PagedDecodeScaledCache(PagedDecode):
 
     @cute.jit
     def __call__(
-        self, k, v, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, k_scale, v_scale, item_counter,
+        self, k, v, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, k_scale, v_scale,
         ints: tuple, cache_strides: tuple, strides: tuple, floats: tuple, stream,
     ):  # fmt: skip
         self.shared_storage = self._shared_storage()
@@ -888,22 +842,9 @@ class PagedDecodeScaledCache(PagedDecode):
         (k_tma, mK), (v_tma, mV) = self.tma_loads(k, v, ints, cache_strides)
         kernel = self.kernel_scaled(
             k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, k_scale, v_scale,
-            item_counter, *ints, *strides, *floats,
+            *ints, *strides, *floats,
         )  # fmt: skip
         self._launch(kernel, ints, stream)
-
-    def _launch(self, kernel, ints: tuple, stream):
-        """The grid as the plan records it, one CTA per item; the runtime launches at most
-        `ctas_per_sm` per SM of them (the kernel walks the rest)."""
-        batch, heads_kv, row_blocks, splits = ints[0], ints[1], ints[5], ints[10]
-        kernel.launch(
-            grid=(splits * heads_kv * row_blocks * batch, 1, 1),
-            block=[THREADS, 1, 1],
-            smem=self.smem_bytes,
-            stream=stream,
-            min_blocks_per_mp=self.tiles.ctas_per_sm,
-            preferred_smem_carveout=100,
-        )  # fmt: skip
 
     @cute.jit
     def tma_loads(self, k, v, ints: tuple, cache_strides: tuple):
@@ -944,12 +885,10 @@ class PagedDecodeScaledCache(PagedDecode):
         class SharedStorage:
             ringK: cute.struct.Align[cute.struct.MemRange[cache, ring_elems], 1024]
             ringV: cute.struct.Align[cute.struct.MemRange[cache, ring_elems], 1024]
-            merge_o: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, stats * MERGE_COLUMNS], 16]
             k_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             v_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             row_max: cute.struct.MemRange[cutlass.Float32, stats]  # each warp's, log2 units
             row_sum: cute.struct.MemRange[cutlass.Float32, stats]
-            ticket: cute.struct.MemRange[cutlass.Int32, 1]  # the item the producer published
 
         limit = min(SMEM_LIMIT, SMEM_PER_SM // t.ctas_per_sm - 1024)
         if SharedStorage.size_in_bytes() > limit:
@@ -957,19 +896,23 @@ class PagedDecodeScaledCache(PagedDecode):
         return SharedStorage
 
     def _smem_tensors(self, storage):
-        """No operand tiles: the rings (K, V), and the merge's statistics and O (fp32)."""
+        """No operand tiles: the rings, and the merge's statistics and O (fp32, in the K ring)."""
         ring = self._ring_layout()
+        d = self.head_dim
         stats = cute.make_layout((ROWS_SCALED, CONSUMER_WARPS))
         merge = (
             storage.row_max.get_tensor(stats),
             storage.row_sum.get_tensor(stats),
-            storage.merge_o.get_tensor(
-                cute.make_layout(
-                    (ROWS_SCALED, MERGE_COLUMNS, CONSUMER_WARPS), stride=(MERGE_COLUMNS, 1, ROWS_SCALED * MERGE_COLUMNS)
-                )
+            cute.make_tensor(
+                cute.recast_ptr(storage.ringK.data_ptr(), dtype=cutlass.Float32),
+                cute.make_layout((ROWS_SCALED, d, CONSUMER_WARPS), stride=(d, 1, ROWS_SCALED * d)),
             ),
         )
-        return storage.ringK.get_tensor(ring), storage.ringV.get_tensor(ring), merge
+        return None, None, None, (storage.ringK.get_tensor(ring), storage.ringV.get_tensor(ring), merge)
+
+    @cute.jit
+    def _produce(self, k_pipe, v_pipe, sK, sV, merge, k_load, v_load, work, page_ids, pages, rows_per_page):
+        super()._produce(k_pipe, v_pipe, sK, sV, k_load, v_load, work, page_ids, pages, rows_per_page)
 
     @cute.jit
     def _load_block(self, pipe, tma, mX, sX, block, work, rows_per_page, keys_mode: int):
@@ -990,123 +933,19 @@ class PagedDecodeScaledCache(PagedDecode):
             s_box = cute.local_tile(sX[None, None, stage], (t.box_rows, self.head_dim), (i, 0))
             self._copy_box(tma, s_box, g_box, pipe.sync_object_full.get_barrier(stage))
 
-    # ---------------------------------------------------------------- the walk
+    # ---------------------------------------------------------------- consumer warps
     @cute.jit
-    def _walk(self, loads, pointers, ints: tuple, strides: tuple, floats: tuple, scaled):
-        """The kernel's body: the producer warp and the consumer warps each walk the items."""
-        q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, item_counter = pointers
-        batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits, window = ints
-        q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb = strides
-        tidx, _, _ = cute.arch.thread_idx()
-        warp = cute.arch.make_warp_uniform(tidx // 32)
-        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
-        k_pipe, v_pipe = self._pipelines(storage)
-        ringK, ringV, merge = self._smem_tensors(storage)
-        ticket = TicketWalk(item_counter, storage.ticket.get_tensor(cute.make_layout(1)), 1, None)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
-
-        first, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        walk = Items(first, grid, heads_kv * row_blocks, row_blocks, batch, splits)
-        work_geometry = (row_blocks, max_pages, chunk, s_new, window)
-        if warp == PRODUCER_WARP:
-            self._produce_items(
-                (k_pipe, v_pipe), (ringK, ringV), loads, ticket, walk, (page_table, pt_sb, pages, rows_per_page),
-                seq_len_kv, work_geometry,
-            )  # fmt: skip
-        else:
-            self._consume_items(
-                (k_pipe, v_pipe), (ringK, ringV, merge), ticket, walk, seq_len_kv, work_geometry,
-                (q, (q_sb, q_sh, q_ss)), (group, s_new, rows, splits, window, heads_kv),
-                ((o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss), (o_partial, lse_partial)),
-                (floats, scaled), tidx,
-            )  # fmt: skip
-
-    @cute.jit
-    def _dequant(self, work, scaled, scale_log2, score_scale):
-        """A quantized cache's scales for the item's KV head: K's joins the scores' (in the tanh
-        with softcap), V's multiplies O at the end. Returns (scale_log2, score_scale, (V's
-        descale, Q's scale))."""
-        k_scale, v_scale, k_scale_sh, v_scale_sh, q_scale = scaled
-        k_descale = cute.make_tensor(k_scale + cutlass.Int64(work.head_kv) * k_scale_sh, cute.make_layout(1))[0]
-        v_descale = cute.make_tensor(v_scale + cutlass.Int64(work.head_kv) * v_scale_sh, cute.make_layout(1))[0]
-        if cutlass.const_expr(self.variant.softcap):
-            score_scale = score_scale * k_descale
-        else:
-            scale_log2 = scale_log2 * k_descale
-        return scale_log2, score_scale, (v_descale, q_scale)
-
-    @cute.jit
-    def _produce_items(self, pipes, rings, loads, ticket, walk, table, seq_len_kv, work_geometry):
-        """Producer warp: publish each item, then issue its blocks into the ring (which runs on
-        across items); the next item is taken while the current one loads."""
-        k_pipe, v_pipe = pipes
-        ringK, ringV = rings
-        k_load, v_load = loads
-        page_table, pt_sb, pages, rows_per_page = table
-        loaded = cutlass.Int32(0)  # blocks issued so far: the ring position
-        item = walk.first
-        upcoming = ticket.take(walk.grid, walk.count(), item)
-        ticket.publish(item, True)
-        while item < walk.count():
-            split, head_rows, b = walk.at(item)
-            work = self._work(split, head_rows, b, seq_len_kv, work_geometry)
-            pt_row = page_table + cutlass.Int64(b) * pt_sb
-            page_ids = (pt_row, self._block_pages(pt_row, work, 0, pages))
-            self._produce(k_pipe, v_pipe, ringK, ringV, k_load, v_load, work, page_ids, pages, rows_per_page, loaded)
-            loaded += work.blocks
-            item = upcoming
-            upcoming = ticket.take(walk.grid, walk.count(), item)
-            ticket.publish(item, False)  # past the end: the consumers stop
-        ticket.drain()
-        ticket.finish(walk.grid, walk.count(), item)
-
-    @cute.jit
-    def _consume_items(self, pipes, tiles, ticket, walk, seq_len_kv, work_geometry, q_args, geometry, outputs,
-                       scales, tidx):  # fmt: skip
-        """Consumer warps: each published item with keys (with one split: every item, a
-        sequence without keys still writes its rows), from ring position `consumed`."""
-        group, s_new, rows, splits, window_left, heads_kv = geometry
-        lane = tidx % 32
-        quad, pair = lane // 4, lane % 4
-        q_raw = cute.make_rmem_tensor((self.head_dim // 4, 2), self.dtype)  # the next item's Q rows
-        consumed = cutlass.Int32(0)  # blocks consumed so far: the ring position
-        item = ticket.read()
-        self._load_q_rows(q_raw, q_args, walk, item, (group, rows), quad, pair)
-        while item < walk.count():
-            split, head_rows, b = walk.at(item)
-            work = self._work(split, head_rows, b, seq_len_kv, work_geometry)
-            upcoming = item
-            has_keys = work.blocks > 0
-            if cutlass.const_expr(not self.variant.split):
-                has_keys = cutlass.Boolean(True)
-            if has_keys:
-                upcoming = self._consume_item(pipes, tiles, ticket, walk, work, consumed, q_raw, q_args,
-                                              (group, s_new, rows, splits, split, window_left), outputs, scales,
-                                              heads_kv, tidx)  # fmt: skip
-            else:
-                upcoming = ticket.read()
-                self._load_q_rows(q_raw, q_args, walk, upcoming, (group, rows), quad, pair)
-            consumed += work.blocks
-            item = upcoming
-
-    @cute.jit
-    def _consume_item(self, pipes, tiles, ticket, walk, work, consumed, q_raw, q_args, geometry, outputs, scales,
-                      heads_kv, tidx):  # fmt: skip
-        """One item: its blocks, then the next item's Q rows are loaded, then this one's rows are
-        merged and stored. Returns the next item."""
+    def _consume(self, k_pipe, v_pipe, sQ, sK, sV, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
+                 lse_args, partials, heads_kv):  # fmt: skip
         t = self.tiles
         d = self.head_dim
-        k_pipe, v_pipe = pipes
-        ringK, ringV, merge = tiles
         group, s_new, rows, splits, split, window_left = geometry
-        (scale_log2, score_scale), scaled = scales
-        scale_log2, score_scale, (v_descale, q_scale) = self._dequant(work, scaled, scale_log2, score_scale)
+        scale_log2, score_scale, dequant = scales
+        ringK, ringV, merge = loaded
         warp, lane = tidx // 32, tidx % 32
         quad, pair = lane // 4, lane % 4
         mma = cute.make_tiled_mma(cute.make_mma_atom(warp_mma.MmaF16BF16Op(self.mma_dtype, cutlass.Float32, MMA_SHAPE)))
-        rQ = self._q_fragment(q_raw, q_scale)
+        rQ = self._q_fragment(q, q_strides, work, group, rows, quad, pair, dequant[1])
         acc_O = cute.make_rmem_tensor(((2, 2), 1, d // 8), cutlass.Float32)
         acc_O.fill(0.0)
         softmax = OnlineSoftmax.create(2, scale_log2)
@@ -1116,7 +955,7 @@ class PagedDecodeScaledCache(PagedDecode):
         c_mn = mma_rows_by_cols(mma.get_slice(lane).partition_C(cute.make_identity_tensor((ROWS_SCALED, WARP_KEYS))))
         ring = Ring(t.stages)
         for j in range(0, work.blocks, 1):
-            stage, phase = ring.at(consumed + j)
+            stage, phase = ring.at(j)
             key0 = work.key_first + j * t.block_n + warp * WARP_KEYS
             k_pipe.sync_object_full.wait(stage, phase)
             rK = self._k_fragment(ringK[None, None, stage], warp, quad, pair)
@@ -1142,10 +981,8 @@ class PagedDecodeScaledCache(PagedDecode):
                 rV = self._v_fragment(ringV[None, None, stage], warp, quad, pair)
             cute.gemm(mma, acc_O, rP, rV, acc_O)
             self._release_reads(k_pipe, v_pipe, stage)
-        upcoming = ticket.read()
-        self._load_q_rows(q_raw, q_args, walk, upcoming, (group, rows), quad, pair)
-        self._merge_and_store(acc_O, softmax, merge, work, geometry, outputs, v_descale, heads_kv, tidx)
-        return upcoming
+        self._merge(acc_O, softmax, merge, warp, quad, pair, dequant[0])
+        self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
 
     def _release_reads(self, k_pipe, v_pipe, stage):
         """This thread has read its rows of a ring stage's K and V (ld.shared: the generic
@@ -1158,37 +995,24 @@ class PagedDecodeScaledCache(PagedDecode):
         v_pipe.sync_object_empty.arrive(stage, None)
 
     @cute.jit
-    def _load_q_rows(self, q_raw, q_args, walk, item, shape, quad, pair):
-        """Item `item`'s Q elements of this thread (nothing past the last item), as stored:
-        rows quad and quad + 8 of the item's, d = (d/4)·pair onward; rows past the last are zeros."""
-        q, q_strides = q_args
-        group, rows = shape
-        span = self.head_dim // 4
-        q_sb, q_sh, q_ss = (cute.assume(x, divby=8) for x in q_strides)
-        q_raw.fill(0.0)
-        if item < walk.count():
-            _, head_rows, b = walk.at(item)
-            head_kv, row_block = head_rows // walk.row_blocks, head_rows % walk.row_blocks
-            for half in cutlass.range_constexpr(2):
-                row = row_block * ROWS_SCALED + quad + 8 * half
-                if row < rows:
-                    token, g = row // group, row % group
-                    offset = cutlass.Int64(b) * q_sb + cutlass.Int64(head_kv * group + g) * q_sh
-                    offset = offset + cutlass.Int64(token) * q_ss + span * pair
-                    dst = cute.make_tensor(q_raw.iterator + half * span, cute.make_layout(span))
-                    dst.store(cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(span)).load())
-
-    @cute.jit
-    def _q_fragment(self, q_raw, q_scale):
-        """The A operand of S = Q Kᵀ for all k-steps, ((2, 2, 2), 1, d/16) fp16, from `_load_q`'s
-        elements: rows quad and quad + 8 of the item's, d = (d/4)·pair + 4·kk + (0..3). Q is
-        scaled by `q_scale` and saturates at fp16's largest finite."""
+    def _q_fragment(self, q, q_strides, work, group, rows, quad, pair, q_scale):
+        """The A operand of S = Q Kᵀ for all k-steps, ((2, 2, 2), 1, d/16) fp16: rows quad and
+        quad + 8 of the CTA's, d = (d/4)·pair + 4·kk + (0..3); rows past the last are zeros.
+        Q is scaled by `q_scale` and saturates at fp16's largest finite."""
         d = self.head_dim
         span = d // 4
+        q_sb, q_sh, q_ss = (cute.assume(x, divby=8) for x in q_strides)
         frag = cute.make_rmem_tensor(8 * (d // 16), self.mma_dtype)
         limit = cutlass.Float32(MMA_FINITE_MAX)
         for half in cutlass.range_constexpr(2):
-            raw = cute.make_tensor(q_raw.iterator + half * span, cute.make_layout(span))
+            row = work.row_block * ROWS_SCALED + quad + 8 * half
+            raw = cute.make_rmem_tensor(span, self.dtype)
+            raw.fill(0.0)
+            if row < rows:
+                token, g = row // group, row % group
+                offset = cutlass.Int64(work.batch) * q_sb + cutlass.Int64(work.head_kv * group + g) * q_sh
+                offset = offset + cutlass.Int64(token) * q_ss + span * pair
+                raw.store(cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(span)).load())
             scaled = cute.make_rmem_tensor(span, cutlass.Float32)
             scaled.store(raw.load().to(cutlass.Float32) * q_scale)
             for e in cutlass.range_constexpr(span):
@@ -1234,53 +1058,30 @@ class PagedDecodeScaledCache(PagedDecode):
         return cute.make_tensor(frag.iterator, cute.make_layout(((2, 2), span, 1)))
 
     @cute.jit
-    def _merge_and_store(self, acc_O, softmax, merge, work, geometry, outputs, v_descale, heads_kv, tidx):
+    def _merge(self, acc_O, softmax, merge, warp, quad, pair, v_descale):
         """Each warp's rows against the CTA's max and sum: O_w · 2^(m_w - m) / Σ_w l_w 2^(m_w - m)
-        (times V's scale), summed over the warps and stored: O and LSE (one split), or the
-        split's normalized O (fp32) and LSE into the workspace. A row no warp saw keys of ends
-        with O = 0 and LSE = -inf.
-
-        The merge area holds MERGE_COLUMNS of every warp's rows at a time (so the ring keeps six
-        stages): in round k each thread writes its n-tiles 4k..4k+3 (4 columns of each of its 4
-        column groups, both rows), then thread i sums row i / 8's 4 columns of group i % 8 over
-        the warps and stores them. The last round's barrier leaves the area free for the next item."""
+        (times V's scale) into the merge area, summed by `_store`. A row no warp saw keys of
+        ends with O = 0 and LSE = -inf."""
         row_max, row_sum, o_parts = merge
-        warp, lane = tidx // 32, tidx % 32
-        quad, pair = lane // 4, lane % 4
         for r in cutlass.range_constexpr(2):
             total = quad_sum(softmax.row_sum[r])
             if pair == 0:
                 row_max[quad + 8 * r, warp] = softmax.row_max[r] * softmax.scale_log2
                 row_sum[quad + 8 * r, warp] = total
         merge_barrier = pipeline.NamedBarrier(barrier_id=Barrier.DECODE_MERGE, num_threads=128)
-        merge_barrier.arrive_and_wait()  # every warp's statistics are written
-        o_mn = mma_rows_by_cols(acc_O)  # columns (k parity, n-tile dt): d = (d/8)·(2·pair + parity) + dt
-        factors = []
+        merge_barrier.arrive_and_wait()  # every warp's statistics are written, and its ring reads done
+        o_mn = mma_rows_by_cols(acc_O)
+        span = self.head_dim // 8
         for r in cutlass.range_constexpr(2):
             row = quad + 8 * r
             top, total = self._row_total(row_max, row_sum, row)
             own = cute.math.exp2(row_max[row, warp] - top, fastmath=True)
-            factors.append(cutlass.select_(total > 0.0, own * v_descale / total, cutlass.Float32(0.0)))
-        local, group_ = tidx // 8, tidx % 8  # the row and column group this thread stores
-        top, total = self._row_total(row_max, row_sum, local)
-        lse_value = (top + cute.math.log2(total)) * LN_2  # log2(0) = -inf: a row without keys
-        span = self.head_dim // 8
-        piece = cute.make_rmem_tensor(MERGE_GROUP, cutlass.Float32)
-        for k in cutlass.range_constexpr(span // MERGE_GROUP):
-            for r in cutlass.range_constexpr(2):
-                for parity in cutlass.range_constexpr(2):
-                    for e in cutlass.range_constexpr(MERGE_GROUP):
-                        piece[e] = o_mn[r, parity + 2 * (MERGE_GROUP * k + e)] * factors[r]
-                    dst = cute.local_tile(o_parts[quad + 8 * r, None, warp], (MERGE_GROUP,), (2 * pair + parity,))
-                    dst.store(piece.load())
-            merge_barrier.arrive_and_wait()  # every warp's columns of the round are written
-            out = cute.make_rmem_tensor(MERGE_GROUP, cutlass.Float32)
-            out.fill(0.0)
-            for w in cutlass.range_constexpr(CONSUMER_WARPS):
-                out.store(out.load() + cute.local_tile(o_parts[local, None, w], (MERGE_GROUP,), (group_,)).load())
-            self._store_piece(out, span * group_ + MERGE_GROUP * k, work, geometry, outputs, heads_kv, local)
-            merge_barrier.arrive_and_wait()  # every thread has read them: the area is free
-        self._store_lse(lse_value, work, geometry, outputs, heads_kv, local, group_ == 0)
+            factor = cutlass.select_(total > 0.0, own * v_descale / total, cutlass.Float32(0.0))
+            # o_mn's columns: (k parity, n-tile): logical column 2·pair + parity of n-tile dt
+            for parity in cutlass.range_constexpr(2):
+                for dt in cutlass.range_constexpr(span):
+                    o_parts[row, span * (2 * pair + parity) + dt, warp] = o_mn[r, parity + 2 * dt] * factor
+        merge_barrier.arrive_and_wait()
 
     @cute.jit
     def _row_total(self, row_max, row_sum, row):
@@ -1294,45 +1095,42 @@ class PagedDecodeScaledCache(PagedDecode):
             total = total + row_sum[row, w] * cute.math.exp2(row_max[row, w] - top, fastmath=True)
         return top, total
 
-    def _partial_index(self, work, geometry, heads_kv, row):
-        """The (sequence, KV head, split, row) entry of the workspace's partial results."""
-        splits, split = geometry[3], geometry[4]
-        return ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * geometry[2] + row
-
     @cute.jit
-    def _store_piece(self, out, col, work, geometry, outputs, heads_kv, local):
-        """Merged row `local` (of the CTA's), columns col..col + MERGE_GROUP - 1, if the row exists."""
-        group, rows = geometry[0], geometry[2]
-        o_args, _, partials = outputs
+    def _store(self, merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx):
+        """The merged rows that exist: thread i sums row i / 8's columns (d/8)·(i % 8) onward
+        over the warps, then stores O and LSE (one split), or the split's normalized O (fp32)
+        and LSE into the workspace."""
+        row_max, row_sum, o_parts = merge
+        group, s_new, rows, splits, split, _ = geometry
+        span = self.head_dim // 8
+        local, col = tidx // 8, (tidx % 8) * span
         row = work.row_block * ROWS_SCALED + local
         if row < rows:
+            out = cute.make_rmem_tensor(span, cutlass.Float32)
+            out.store(cute.local_tile(o_parts[local, None, 0], (span,), (tidx % 8,)).load())
+            for w in cutlass.range_constexpr(1, CONSUMER_WARPS):
+                out.store(out.load() + cute.local_tile(o_parts[local, None, w], (span,), (tidx % 8,)).load())
+            top, total = self._row_total(row_max, row_sum, local)
+            lse_value = (top + cute.math.log2(total)) * LN_2  # log2(0) = -inf: a row without keys
             if cutlass.const_expr(self.variant.split):
-                index = self._partial_index(work, geometry, heads_kv, row)
-                dst = cute.make_tensor(partials[0] + index * self.head_dim + col, cute.make_layout(MERGE_GROUP))
+                o_partial, lse_partial = partials
+                index = ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
+                dst = cute.make_tensor(o_partial + index * self.head_dim + col, cute.make_layout(span))
                 dst.store(out.load())
+                if tidx % 8 == 0:
+                    cute.make_tensor(lse_partial + index, cute.make_layout(1))[0] = lse_value
             else:
                 token, head = row // group, work.head_kv * group + row % group
                 o, o_sb, o_sh, o_ss = o_args
                 offset = cutlass.Int64(work.batch) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
-                dst = cute.make_tensor(o + offset + col, cute.make_layout(MERGE_GROUP))
+                dst = cute.make_tensor(o + offset + col, cute.make_layout(span))
                 dst.store(out.load().to(self.dtype))
-
-    @cute.jit
-    def _store_lse(self, lse_value, work, geometry, outputs, heads_kv, local, leader):
-        """Row `local`'s LSE (natural log), by one thread of the row: into the workspace with
-        several splits, else into the caller's LSE when the plan has one."""
-        group, rows = geometry[0], geometry[2]
-        _, lse_args, partials = outputs
-        row = work.row_block * ROWS_SCALED + local
-        if leader & (row < rows):
-            if cutlass.const_expr(self.variant.split):
-                index = self._partial_index(work, geometry, heads_kv, row)
-                cute.make_tensor(partials[1] + index, cute.make_layout(1))[0] = lse_value
-            elif cutlass.const_expr(self.variant.has_lse):
-                token, head = row // group, work.head_kv * group + row % group
-                lse, lse_sb, lse_sh, lse_ss = lse_args
-                at = cutlass.Int64(work.batch) * lse_sb + cutlass.Int64(head) * lse_sh + cutlass.Int64(token) * lse_ss
-                cute.make_tensor(lse + at, cute.make_layout(1))[0] = lse_value
+                if cutlass.const_expr(self.variant.has_lse):
+                    lse, lse_sb, lse_sh, lse_ss = lse_args
+                    if tidx % 8 == 0:
+                        at = cutlass.Int64(work.batch) * lse_sb + cutlass.Int64(head) * lse_sh
+                        at = at + cutlass.Int64(token) * lse_ss
+                        cute.make_tensor(lse + at, cute.make_layout(1))[0] = lse_value
 
     @cute.kernel
     def kernel_scaled(
@@ -1350,7 +1148,6 @@ class PagedDecodeScaledCache(PagedDecode):
         lse_partial: cute.Pointer,
         k_scale: cute.Pointer,
         v_scale: cute.Pointer,
-        item_counter: cute.Pointer,
         batch: cutlass.Int32,
         heads_kv: cutlass.Int32,
         group: cutlass.Int32,
@@ -1379,12 +1176,9 @@ class PagedDecodeScaledCache(PagedDecode):
         score_scale: cutlass.Float32,
         q_scale: cutlass.Float32,
     ):
-        self._walk(
-            ((k_tma, mK), (v_tma, mV)),
-            (q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, item_counter),
-            (batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
-             window_left),
-            (q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb),
-            (scale_log2, score_scale),
+        self._main(
+            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
+            batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
+            window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
             (k_scale, v_scale, k_scale_sh, v_scale_sh, q_scale),
         )  # fmt: skip

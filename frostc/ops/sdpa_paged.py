@@ -55,13 +55,10 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, cache=cache,
     )  # fmt: skip
-    # a quantized cache's kernel walks its items from a counter: zero at every launch's start
-    walk = {"item_counter": ctx.workspace(f"{node.name}.item_counter", 4, zeroed=True)} if variant.quantized else {}
     if splits == 1:
-        return (_attention_launch(node, variant, splits, chunk, walk, ctx),)
+        return (_attention_launch(node, variant, splits, chunk, None, ctx),)
     partials = node.batch * node.heads_kv * splits * _rows(node)
     workspace = {
-        **walk,
         "o_partial": ctx.workspace(f"{node.name}.o_partial", partials * node.head_dim * 4),
         "lse_partial": ctx.workspace(f"{node.name}.lse_partial", partials * 4),
     }
@@ -205,7 +202,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
             values[f"{role}.stride_h"] = slots[role].strides[0] if slots[role].dims[0] > 1 else 0
     slots["seq_len_kv"] = ctx.slot(node.kv_lengths)
     # the partial results: workspace with several splits, unused (null) with one
-    args = launch_args(variant, slots, workspace, values)
+    args = launch_args(variant, slots, workspace or {}, values)
     cache_strides = tuple(
         tma_stride(extent, stride, cache.dtype)
         for cache in (k, slots["v"])
@@ -213,8 +210,6 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     )
     shape = (tuple(ints.values()), cache_strides)
     grid = (splits, node.heads_kv * row_blocks, node.batch)
-    if variant.ctas_per_sm:  # persistent: an item each; the runtime launches at most one wave of them
-        grid = (splits * node.heads_kv * row_blocks * node.batch, 1, 1)
     return ResolvedLaunch(node.name, variant, grid, args, shape)
 
 
