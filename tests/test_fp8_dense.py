@@ -109,7 +109,7 @@ def test_a_packed_fp8_plan_re_lays_v_before_the_attention():
     assert names[2].startswith("sdpa_fwd_wgmma.e4m3.o_bf16.d128.causal.varlen") and ".vpack" in names[2]
     sched, pack, attn = (_launch_values(plan, i) for i in range(3))
     regions = {r.name.split(".")[-1]: r for r in plan.workspace}
-    pitch = -(-(PACKED_TOKENS + 15 * 3 + 15) // 16) * 16  # every sequence ends by then
+    pitch = -(-(PACKED_TOKENS + 15 * 3 + 15) // 128) * 128  # every sequence ends by then, whole lines
     assert pack["pitch"].value == pitch and regions["v_packed"].bytes == HKV * D * pitch
     assert sched["v_packed"].workspace == pack["v_packed"].workspace == regions["v_packed"].offset
     assert pack["sequences"].workspace == regions["sequences"].offset  # the schedule's table
@@ -254,4 +254,4 @@ def test_aligned_starts_keep_packed_sequences_apart_on_16_key_boundaries():
             assert start % 16 == 0 and start >= end
             end = start + n
             token += n
-        assert end <= packed_pitch(tokens, batch) and packed_pitch(tokens, batch) % 16 == 0
+        assert end <= packed_pitch(tokens, batch) and packed_pitch(tokens, batch) % 128 == 0

@@ -50,8 +50,9 @@ def aligned_start(kv_token, b):
 
 
 def packed_pitch(tokens: int, batch: int) -> int:
-    """Keys per row of the re-laid Vᵀ: every aligned sequence ends by then."""
-    return -(-(tokens + 15 * batch + 15) // 16) * 16
+    """Keys per row of the re-laid Vᵀ: every aligned sequence ends by then; whole 128-byte lines,
+    so that vt_pack's stores of a row's keys are whole lines."""
+    return -(-(tokens + 15 * batch + 15) // 128) * 128
 
 
 def _map_ptr(maps: cute.Pointer, index) -> cute.Pointer:

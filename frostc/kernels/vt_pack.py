@@ -12,12 +12,17 @@ over V, launched after the scheduling kernel (it reads its table).
 
 Grid (ceil(pitch / KEYS), hkv): a CTA writes KEYS consecutive keys of every d row of one KV
 head, in destination order. The CTA first copies the sequences' aligned starts (from the
-scheduling kernel's table) into shared memory. Each thread takes one key: it finds the sequence
-that owns it (a binary search over those starts) and copies its source token's d bytes into a
-row of shared memory (16-byte loads; keys in the gaps between sequences copy any token: no
-map's extent reaches them). Then each thread gathers 16 keys × 4 d bytes from 16 rows (one
-4-byte load each, a warp's lanes along d: no bank conflict), transposes them in registers, and
-stores 4 rows' 16-byte pieces of Vᵀ.
+scheduling kernel's table) into shared memory. Each thread takes one key and finds its source
+token (a binary search over those starts; keys in the gaps between sequences take any token: no
+map's extent reaches them), kept in shared memory. Then the keys' rows of d bytes are copied
+into shared memory, 8 lanes per row (a warp reads 4 whole rows an instruction). Last, each
+thread gathers 16 keys × 4 d bytes (one 4-byte shared load per key), transposes them in
+registers and stores 4 rows' 16-byte pieces of Vᵀ, 8 lanes per row (a warp writes 4 whole
+128-byte lines an instruction). Every global access is whole lines: a lane per token and a lane
+per d row (earlier versions) left half of every sector unused and ran at 0.7 TB/s (NOTES).
+
+Shared rows are `ROW_WORDS` 4-byte words apart, and each group of 16 rows 4 words further: the
+gather's 8 lanes of one d word read rows 16 apart, which then fall in distinct banks.
 
 Tensors, in bytes (e4m3): V (t, hkv, d) strides (stride_t, stride_h, 1), whole 16-byte pieces;
 Vᵀ (hkv, d, pitch) contiguous in the workspace, pitch a multiple of 16.
@@ -30,14 +35,16 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 
-from frostc.kernels.row_pieces import VECTOR_BYTES, load_piece
+from frostc.kernels.row_pieces import VECTOR_BYTES
 from frostc.kernels.sdpa_common import fake_ptr
 from frostc.kernels.sequence_maps import aligned_start
 
 THREADS = 128
-KEYS = THREADS  # destination keys per CTA: one per thread while rows are loaded
-ROW_PAD = 16  # bytes after each shared row: a quarter-warp's 16-byte stores fall in distinct banks
+KEYS = THREADS  # destination keys per CTA: one per thread while their tokens are found
+ROW_PAD = 16  # bytes after each shared row
 GROUP = 16  # keys per 16-byte store
+GROUPS = KEYS // GROUP  # lanes that store one d row's KEYS keys together (a 128-byte line)
+LANES_PER_ROW = 8  # lanes that load one token's row together (8 pieces of 16 bytes at d=128)
 # sequences whose aligned starts a CTA first copies into shared memory, so that each thread's
 # binary search reads shared memory (a search through global memory is a chain of dependent
 # loads, the kernel's critical path); sequences past it are searched in the table itself
@@ -67,7 +74,7 @@ class VtPackVariant:
 
     @property
     def tiles(self) -> dict[str, int]:
-        return {"keys_per_cta": KEYS, "threads": THREADS, "row_pad": ROW_PAD}
+        return {"keys_per_cta": KEYS, "threads": THREADS, "row_pad": ROW_PAD, "lanes_per_row": LANES_PER_ROW}
 
     @property
     def grid_rule(self) -> str:
@@ -94,17 +101,23 @@ class VtPack:
     def __init__(self, variant: VtPackVariant):
         self.v = variant
         self.d = variant.head_dim
-        self.row_bytes = variant.head_dim + ROW_PAD
+        self.row_words = (variant.head_dim + ROW_PAD) // 4
         self.smem_bytes = 0
+
+    def _row_word(self, row):
+        """The shared word where key row `row` starts: rows ROW_WORDS apart, each group of 16 rows
+        4 words further, so that 8 rows 16 apart fall in 8 distinct banks (of a word's 4)."""
+        return row * self.row_words + (row // GROUP) * 4
 
     @cute.jit
     def __call__(self, v, sequences, v_packed, ints: tuple, stream):
-        row_storage = KEYS * self.row_bytes
+        row_storage = (KEYS * self.row_words + GROUPS * 4) * 4
 
         @cute.struct
         class SharedStorage:
             rows: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, row_storage], 16]
             starts: cute.struct.MemRange[cutlass.Int32, SHARED_STARTS]
+            tokens: cute.struct.MemRange[cutlass.Int32, KEYS]  # each key's source token
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
@@ -120,7 +133,7 @@ class VtPack:
         sequences: cute.Pointer,
         v_packed: cute.Pointer,
         batch: cutlass.Int32,
-        tokens: cutlass.Int32,
+        tokens_total: cutlass.Int32,
         v_st: cutlass.Int64,
         v_sh: cutlass.Int64,
         pitch: cutlass.Int64,
@@ -137,28 +150,42 @@ class VtPack:
             starts[b] = aligned_start(cute.make_tensor(sequences + b * 4 + 2, cute.make_layout(1))[0], b)
         cute.arch.sync_threads()
 
-        # 1. this thread's key: its source token's row of d bytes into shared row `tidx`
+        # 1. this thread's key: its source token
         token = self._source_token(sequences, starts, batch, first_key + tidx)
-        token = cutlass.max(cutlass.min(token, tokens - 1), 0)  # a gap's key: any token will do
-        src = v + cute.assume(cutlass.Int64(token) * v_st + cutlass.Int64(head) * v_sh, divby=16)
-        for p in cutlass.range_constexpr(self.d // VECTOR_BYTES):
-            piece = load_piece(src, p * VECTOR_BYTES, VECTOR_BYTES)
-            shared = rows + cute.assume(tidx * self.row_bytes + p * VECTOR_BYTES, divby=16)
-            cute.make_tensor(shared, cute.make_layout(VECTOR_BYTES)).store(piece)
+        tokens = storage.tokens.get_tensor(cute.make_layout(KEYS))
+        tokens[tidx] = cutlass.max(cutlass.min(token, tokens_total - 1), 0)  # a gap's key: any token will do
         cute.arch.sync_threads()
 
-        # 2. 16 keys x 4 d bytes a thread, transposed into 4 rows' 16-byte pieces
-        row_words = self.row_bytes // 4
-        words = cute.make_tensor(cute.recast_ptr(rows, dtype=cutlass.Uint32), cute.make_layout(KEYS * row_words))
+        # 2. the keys' rows of d bytes into shared memory, LANES_PER_ROW lanes a row: every load
+        # first (each lane's pieces of its rows), then the shared stores
+        pieces = self.d // VECTOR_BYTES
+        lanes = min(LANES_PER_ROW, pieces)  # d=64: a row is 4 pieces
+        rows_per_pass, pieces_per_lane = THREADS // lanes, pieces // lanes
+        loaded = []
+        for k in cutlass.range_constexpr(KEYS * pieces // THREADS):
+            row = k // pieces_per_lane * rows_per_pass + tidx // lanes
+            piece = (k % pieces_per_lane) * lanes + tidx % lanes
+            src = v + cute.assume(cutlass.Int64(tokens[row]) * v_st + cutlass.Int64(head) * v_sh, divby=16)
+            at = src + cute.assume(piece * VECTOR_BYTES, divby=VECTOR_BYTES)  # one 16-byte load
+            loaded.append((row, piece, cute.make_tensor(at, cute.make_layout(VECTOR_BYTES)).load()))
+        for row, piece, value in loaded:
+            shared = rows + cute.assume((self._row_word(row) + piece * (VECTOR_BYTES // 4)) * 4, divby=16)
+            cute.make_tensor(shared, cute.make_layout(VECTOR_BYTES)).store(value)
+        cute.arch.sync_threads()
+
+        # 3. 16 keys x 4 d bytes a thread, transposed into 4 rows' 16-byte pieces; the GROUPS
+        # lanes of one d word store its rows' keys together (whole lines)
+        words_layout = cute.make_layout(KEYS * self.row_words + GROUPS * 4)
+        words = cute.make_tensor(cute.recast_ptr(rows, dtype=cutlass.Uint32), words_layout)
         quads = self.d // 4
-        for k in cutlass.range_constexpr(quads * (KEYS // GROUP) // THREADS):
-            item = tidx + k * THREADS
-            quad, group = item % quads, item // quads  # lanes along d: distinct banks
+        for k in cutlass.range_constexpr(quads * GROUPS // THREADS):
+            group = tidx % GROUPS
+            quad = k * (THREADS // GROUPS) + tidx // GROUPS
             key = first_key + group * GROUP
             if key + GROUP <= pitch:
                 gathered = []
                 for j in cutlass.range_constexpr(GROUP):
-                    gathered.append(words[(group * GROUP + j) * row_words + quad])
+                    gathered.append(words[self._row_word(group * GROUP + j) + quad])
                 for byte in cutlass.range_constexpr(4):
                     out = cute.make_rmem_tensor((4,), cutlass.Uint32)
                     for q in cutlass.range_constexpr(4):
