@@ -147,6 +147,11 @@ def targets() -> list[Target]:
         t("fp8-d256-padded", "e4m3, padded, causal bottom-right, d=256",
           fp8=Fp8Case("s", 3, 2, 2, 200, 450, 256, causal=True, alignment="bottom_right", form="padded",
                       lengths="kv")),
+        # FP8 with V given d innermost: vt_pack's batched variant re-lays it first
+        t("fp8-d128-vrows", "e4m3, V re-laid (vt_pack batched), then the static walk",
+          fp8=Fp8Case("s", 2, 4, 2, 333, 555, 128, v_layout="rows")),
+        t("fp8-d64-padded-vrows", "e4m3, padded, V re-laid (vt_pack batched), per-sequence Vᵀ maps",
+          fp8=Fp8Case("s", 3, 4, 1, 333, 500, 64, window_left=70, form="padded", v_layout="rows")),
     ]  # fmt: skip
 
 

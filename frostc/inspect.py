@@ -16,6 +16,9 @@ def _arg_text(a, plan) -> str | int | float | list[int]:
     bytes themselves are in the plan)."""
     if a.tmap:
         digest = hashlib.sha256(a.tmap).hexdigest()[:16]
+        if a.slot < 0:
+            region = next((r.name for r in plan.workspace if r.offset == a.workspace), "?")
+            return f"tensor map of workspace + {a.workspace} ({region}), sha256 {digest}"
         return f"tensor map of slot {a.slot} ({plan.slots[a.slot].name}), sha256 {digest}"
     if a.slot >= 0:
         return f"slot {a.slot} ({plan.slots[a.slot].name})"

@@ -54,8 +54,8 @@ def assemble(
 
 
 def _arg(a: Arg, maps: dict[str, bytes]) -> schema.Arg:
-    if a.kind == "tmap":
-        return schema.Arg(slot=a.slot, tmap=maps[a.param])
+    if a.kind == "tmap":  # its address: a slot's buffer, or the workspace (data re-laid there)
+        return schema.Arg(slot=a.slot, workspace=a.workspace, tmap=maps[a.param])
     if a.slot >= 0:
         return schema.Arg(slot=a.slot)
     if a.workspace >= 0:

@@ -169,8 +169,8 @@ def test_a_padded_fp8_plan_starts_each_sequence_v_map_at_its_batch_row():
 @pytest.mark.parametrize(
     ("v_changes", "path", "words"),
     [
-        ({"tensors.v.strides": None, "tensors.v.layout": "bshd"}, "tensors.v.strides[2]",
-         ("keys innermost", '"bhds"')),
+        ({"tensors.v.strides": [2 * HKV * S * D, 2 * S * D, 2 * D, 2]}, "tensors.v.strides[2]",
+         ("keys innermost", "d innermost", '"bhds"')),
         ({"tensors.v.strides": [HKV * D * 200, D * 200, 1, 200]}, "tensors.v.strides[3]",
          ("multiple of 16 elements",)),
     ],
@@ -182,6 +182,58 @@ def test_v_must_have_its_keys_innermost_in_whole_16_byte_rows(v_changes, path, w
     assert path in found, found
     for word in words:
         assert word in found[path], found[path]
+
+
+def _rows_v(node: dict[str, Any], layout: str = "bshd") -> dict[str, Any]:
+    """`node` with V given like q and k (d innermost): the plan re-lays it."""
+    return edited(node, **{"tensors.v.strides": None, "tensors.v.layout": layout})
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_a_dense_fp8_plan_re_lays_v_given_with_d_innermost(layout):
+    """vt_pack's batched variant writes Vᵀ (b, h, d, pitch) into the workspace, pitch = S rounded
+    up to 128 keys; the attention's V map addresses that region (bound to the workspace, not to
+    V's slot) and holds the bytes of a plan given that Vᵀ itself."""
+    from frostc.kernels.vt_pack import relaid_pitch
+
+    plan = decode_plan(build(parse_description(json.dumps(_rows_v(fp8_node(), layout)), fmt="json")))
+    names = [plan.kernels[launch.kernel].name for launch in plan.launches]
+    assert names[0] == "vt_pack.e4m3.d128.batched" and names[1].startswith("sdpa_fwd_wgmma.e4m3.o_bf16.d128.causal")
+    pack, attn = _launch_values(plan, 0), _launch_values(plan, 1)
+    pitch = relaid_pitch(S)
+    assert pitch % 128 == 0 and S <= pitch < S + 128
+    region = next(r for r in plan.workspace if r.name.endswith(".v_relaid"))
+    assert region.bytes == B * HKV * D * pitch and not region.zeroed
+    assert pack["v_packed"].workspace == attn["v.tmap"].workspace == region.offset and attn["v.tmap"].slot < 0
+    v_slot = next(i for i, s in enumerate(plan.slots) if s.name == "v")
+    assert pack["v"].slot == v_slot and plan.slots[v_slot].strides[3] == 1
+    stride_s, stride_h = plan.slots[v_slot].strides[2], plan.slots[v_slot].strides[1]
+    assert (pack["v.stride_s"].value, pack["v.stride_h"].value, pack["pitch"].value) == (stride_s, stride_h, pitch)
+    assert plan.launches[0].grid == (pitch // 128, HKV, B)
+    given = edited(fp8_node(), **{"tensors.v.strides": [HKV * D * pitch, D * pitch, 1, pitch]})
+    twin = decode_plan(build(parse_description(json.dumps(given), fmt="json")))
+    assert attn["v.tmap"].tmap == _launch_values(twin, 0)["v.tmap"].tmap
+
+
+def test_a_padded_fp8_plan_re_lays_v_given_with_d_innermost():
+    """Padded: scheduling, vt_pack (batched), attention; the scheduling kernel's map template and
+    the attention's V map both address the re-laid Vᵀ, each sequence a batch row of it."""
+    from frostc.kernels.vt_pack import relaid_pitch
+
+    plan = decode_plan(build(parse_description(json.dumps(_rows_v(_padded_fp8_node())), fmt="json")))
+    names = [plan.kernels[launch.kernel].name.split(".")[0] for launch in plan.launches]
+    assert names == ["sdpa_schedule", "vt_pack", "sdpa_fwd_wgmma"]
+    sched, pack, attn = (_launch_values(plan, i) for i in range(3))
+    region = next(r for r in plan.workspace if r.name.endswith(".v_relaid"))
+    assert sched["v.tmap"].workspace == pack["v_packed"].workspace == attn["v.tmap"].workspace == region.offset
+    assert sched["v.tmap"].tmap == attn["v.tmap"].tmap
+    assert sched["v.rows_per_batch"].value == attn["v.rows_per_batch"].value == HKV * D * relaid_pitch(S)
+
+
+def test_inspect_names_the_workspace_region_a_v_map_addresses():
+    plan = decode_plan(build(parse_description(json.dumps(_rows_v(fp8_node())), fmt="json")))
+    text = json.dumps(plan_summary(plan))
+    assert "tensor map of workspace + 0 (sdpa0.v_relaid)" in text or ".v_relaid), sha256" in text
 
 
 def _values(plan) -> dict:

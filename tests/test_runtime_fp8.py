@@ -106,3 +106,18 @@ def test_a_packed_plan_quantizes_its_token_rows_per_head():
         back = inputs.dequantized(role)
         big = x.abs() > 0.05 * x.abs().max()
         assert ((back - x).abs() <= x.abs() * 2**-4 + 1e-6)[big].all(), role
+
+
+def test_a_plan_that_re_lays_v_quantizes_into_v_as_given():
+    """V given with d innermost reaches the attention through the workspace: Fp8Inputs finds V's
+    slot where the plan reads it (vt_pack) and allocates it in its own layout."""
+    from tests.test_fp8_dense import _rows_v
+
+    data = _plan(_rows_v(fp8_node()))
+    inputs = Fp8Inputs(data, device="cpu")
+    v_slot = next(s for s in data.slots if s.name == "v")
+    assert inputs.buffers["v"].stride() == v_slot.strides and v_slot.strides[3] == 1
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(s.dims, generator=gen) for s in (next(x for x in data.slots if x.name == n) for n in "qkv"))
+    inputs.quantize(q, k, v)
+    assert torch.allclose(inputs.dequantized("v"), v, rtol=2**-4, atol=0.02)

@@ -203,7 +203,7 @@ def test_file_is_one_map_with_magic_and_format(encoded: bytes) -> None:
     top = unpack_top(encoded)
     assert list(top) == ["magic", "format", "header", "body"]
     assert top["magic"] == MAGIC == "frostc-plan"
-    assert top["format"] == FORMAT_VERSION == 5
+    assert top["format"] == FORMAT_VERSION == 6
 
 
 def test_bytearray_and_memoryview_are_accepted(encoded: bytes) -> None:
@@ -245,9 +245,9 @@ def test_a_msgpack_file_that_is_not_a_map_is_refused() -> None:
 
 
 def test_newer_format_says_newer_and_to_rebuild(encoded: bytes) -> None:
-    data = with_top(encoded, lambda top: top.update(format=6))
+    data = with_top(encoded, lambda top: top.update(format=FORMAT_VERSION + 1))
     message = decode_error(data)
-    assert "format 6 is newer" in message
+    assert f"format {FORMAT_VERSION + 1} is newer" in message
     assert "newer frost_runtime" in message and "frostc build DESC -o PLAN" in message
     with pytest.raises(PlanFormatError, match="newer"):
         read_header(data)
@@ -265,7 +265,7 @@ def test_a_format_4_plan_is_refused_with_the_fix(encoded: bytes) -> None:
         top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
 
     message = decode_error(with_top(encoded, as_format_4))
-    assert "plan format 4 is older than this runtime's format 5" in message
+    assert "plan format 4 is older than this runtime's format 6" in message
     assert "rebuild it with this frostc: frostc build DESC -o PLAN" in message
 
 
@@ -354,7 +354,7 @@ def test_an_extra_field_is_refused_by_name(encoded: bytes, where: str) -> None:
         seal(top)
 
     message = decode_error(with_top(encoded, edit))
-    assert f"{'plan' if where == 'top' else 'header'}.signed_by: not a field of a format-5 plan" in message
+    assert f"{'plan' if where == 'top' else 'header'}.signed_by: not a field of a format-6 plan" in message
 
 
 def test_another_encoding_of_the_same_values_is_refused(encoded: bytes) -> None:
@@ -390,9 +390,19 @@ def set_path(body: dict, path: str, value: Any) -> None:
         ("launches.0.args.1", {"value": True}, "launches[0].args[1].value: expected int or float or list, found bool"),
         ("launches.0.args.3", {"value": "0.18"}, "launches[0].args[3].value: expected int or float or list, found str"),
         ("launches.0.args.0", [0], "launches[0].args[0]: expected a map, found list"),
-        ("launches.0.args.4", {"slot": 0, "tmap": b"x" * 100}, "tensor-map parameter 'q.tmap' needs a slot and 128"),
-        ("launches.0.args.4", {"slot": 0}, "tensor-map parameter 'q.tmap' needs a slot and 128 bytes"),
-        ("launches.0.args.4", {"slot": 0, "tmap": b"x" * 128, "value": 1}, "a tensor map takes exactly slot and tmap"),
+        ("launches.0.args.4", {"slot": 0, "tmap": b"x" * 100}, "tensor-map parameter 'q.tmap' needs a slot or a"),
+        ("launches.0.args.4", {"slot": 0}, "tensor-map parameter 'q.tmap' needs a slot or a workspace offset"),
+        ("launches.0.args.4", {"workspace": 1 << 40, "tmap": b"x" * 128}, "'q.tmap' needs a slot or a workspace"),
+        (
+            "launches.0.args.4",
+            {"slot": 0, "tmap": b"x" * 128, "value": 1},
+            "a tensor map takes tmap and exactly one of slot or workspace",
+        ),
+        (
+            "launches.0.args.4",
+            {"slot": 0, "workspace": 0, "tmap": b"x" * 128},
+            "a tensor map takes tmap and exactly one of slot or workspace",
+        ),
         ("launches.0.args.0", {"slot": 0, "tmap": b"x" * 128}, "tensor-map parameter 'q' needs"),
         ("launches.0.args.5", {"value": [128, 8]}, "expected three int32 for 'q.extents'"),
         ("launches.0.args.5", {"value": [128, 8, -1]}, "expected three int32 for 'q.extents'"),

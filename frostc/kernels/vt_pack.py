@@ -25,7 +25,12 @@ Shared rows are `ROW_WORDS` 4-byte words apart, and each group of 16 rows 4 word
 gather's 8 lanes of one d word read rows 16 apart, which then fall in distinct banks.
 
 Tensors, in bytes (e4m3): V (t, hkv, d) strides (stride_t, stride_h, 1), whole 16-byte pieces;
-Vᵀ (hkv, d, pitch) contiguous in the workspace, pitch a multiple of 16.
+Vᵀ (hkv, d, pitch) contiguous in the workspace, pitch a multiple of 128.
+
+The `batched` variant serves the dense and padded forms when V is given with d innermost (as a
+projection writes it, "bshd" or "bhsd"): V (b, hkv, s, d) becomes Vᵀ (b, hkv, d, pitch), pitch =
+s rounded up to 128 keys, the layout those forms read ("bhds"). Grid (ceil(pitch / KEYS), hkv, b);
+key k of sequence b is row k of V[b] (keys past s copy row s - 1: no map's extent reaches them).
 """
 
 from dataclasses import dataclass
@@ -51,22 +56,37 @@ LANES_PER_ROW = 8  # lanes that load one token's row together (8 pieces of 16 by
 SHARED_STARTS = 1024
 INT_PARAMS = ("batch", "tokens")
 I64_PARAMS = ("v.stride_t", "v.stride_h", "pitch")
+# the batched variant's: V (b, h, s, d) by its strides
+BATCHED_INT_PARAMS = ("seq_kv",)
+BATCHED_I64_PARAMS = ("v.stride_b", "v.stride_s", "v.stride_h", "pitch")
+
+
+def relaid_pitch(seq_kv: int) -> int:
+    """Keys per Vᵀ row of the batched variant's output: whole 128-byte lines."""
+    return -(-seq_kv // KEYS) * KEYS
 
 
 @dataclass(frozen=True)
 class VtPackVariant:
-    """Compile key: the head dim (the bytes of a row)."""
+    """Compile key: the head dim (the bytes of a row); `batched`: V (b, h, s, d) of the dense or
+    padded form, else packed V (t, h, d) with the scheduling kernel's table."""
 
     head_dim: int
+    batched: bool = False
 
     @property
     def name(self) -> str:
-        return f"vt_pack.e4m3.d{self.head_dim}"
+        return f"vt_pack.e4m3.d{self.head_dim}" + (".batched" if self.batched else "")
 
     @property
     def params(self) -> tuple[tuple[str, str], ...]:
-        pointers = (("v", "ptr"), ("sequences", "ptr"), ("v_packed", "ptr"))
-        return pointers + tuple((p, "i32") for p in INT_PARAMS) + tuple((p, "i64") for p in I64_PARAMS)
+        if self.batched:
+            ints, wide = BATCHED_INT_PARAMS, BATCHED_I64_PARAMS
+            pointers: tuple[tuple[str, str], ...] = (("v", "ptr"), ("v_packed", "ptr"))
+        else:
+            ints, wide = INT_PARAMS, I64_PARAMS
+            pointers = (("v", "ptr"), ("sequences", "ptr"), ("v_packed", "ptr"))
+        return pointers + tuple((p, "i32") for p in ints) + tuple((p, "i64") for p in wide)
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -78,19 +98,24 @@ class VtPackVariant:
 
     @property
     def grid_rule(self) -> str:
-        return f"(ceil(pitch / {KEYS}), hkv, 1): {KEYS} destination keys of one KV head per CTA"
+        batches = "b" if self.batched else "1"
+        return f"(ceil(pitch / {KEYS}), hkv, {batches}): {KEYS} destination keys of one KV head per CTA"
 
     @property
     def ctas_per_sm(self) -> int:
         return 0
 
-    def grid(self, pitch: int, heads_kv: int) -> tuple[int, int, int]:
-        return (-(-pitch // KEYS), heads_kv, 1)
+    def grid(self, pitch: int, heads_kv: int, batch: int = 1) -> tuple[int, int, int]:
+        return (-(-pitch // KEYS), heads_kv, batch if self.batched else 1)
 
     def kernel(self) -> "VtPack":
         return VtPack(self)
 
     def compile_args(self) -> tuple:
+        if self.batched:
+            pointers = (fake_ptr(cutlass.Uint8, 16), None, fake_ptr(cutlass.Uint32, 16))
+            ints = (cutlass.Int32(1),) + tuple(cutlass.Int64(16) for _ in BATCHED_I64_PARAMS)
+            return (*pointers, ints, make_fake_stream())
         table = make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=16)
         pointers = (fake_ptr(cutlass.Uint8, 16), table, fake_ptr(cutlass.Uint32, 16))
         ints = tuple(cutlass.Int32(1) for _ in INT_PARAMS) + tuple(cutlass.Int64(16) for _ in I64_PARAMS)
@@ -122,9 +147,11 @@ class VtPack:
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
         # the plan's launch gives the grid; only the cubin is kept from here
-        self.kernel(v, sequences, v_packed, *ints).launch(
-            grid=(1, 1, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream
-        )
+        if cutlass.const_expr(self.v.batched):
+            kernel = self.kernel_batched(v, v_packed, *ints)
+        else:
+            kernel = self.kernel(v, sequences, v_packed, *ints)
+        kernel.launch(grid=(1, 1, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream)
 
     @cute.kernel
     def kernel(
@@ -156,6 +183,37 @@ class VtPack:
         tokens[tidx] = cutlass.max(cutlass.min(token, tokens_total - 1), 0)  # a gap's key: any token will do
         cute.arch.sync_threads()
 
+        self._transpose(tidx, rows, tokens, v + cute.assume(cutlass.Int64(head) * v_sh, divby=16), v_st,
+                        v_packed, cutlass.Int64(head * self.d), pitch, first_key)  # fmt: skip
+
+    @cute.kernel
+    def kernel_batched(
+        self,
+        v: cute.Pointer,
+        v_packed: cute.Pointer,
+        seq_kv: cutlass.Int32,
+        v_sb: cutlass.Int64,
+        v_ss: cutlass.Int64,
+        v_sh: cutlass.Int64,
+        pitch: cutlass.Int64,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        block, head, b = cute.arch.block_idx()
+        _, heads_kv, _ = cute.arch.grid_dim()
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        first_key = block * KEYS
+        # key k is V[b]'s row k; keys past the sequence copy its last row (no map reaches them)
+        tokens = storage.tokens.get_tensor(cute.make_layout(KEYS))
+        tokens[tidx] = cutlass.min(first_key + tidx, seq_kv - 1)
+        cute.arch.sync_threads()
+        src = v + cute.assume(cutlass.Int64(b) * v_sb + cutlass.Int64(head) * v_sh, divby=16)
+        first_row = (cutlass.Int64(b) * heads_kv + head) * self.d
+        self._transpose(tidx, storage.rows.data_ptr(), tokens, src, v_ss, v_packed, first_row, pitch, first_key)
+
+    @cute.jit
+    def _transpose(self, tidx, rows, tokens, src_rows, v_st, v_packed, first_row, pitch, first_key):
+        """KEYS keys' rows of d bytes (`tokens`: each key's source row, `v_st` bytes apart from
+        `src_rows`) into Vᵀ's d rows `first_row` onward (`pitch` keys each), from `first_key`."""
         # 2. the keys' rows of d bytes into shared memory, LANES_PER_ROW lanes a row: every load
         # first (each lane's pieces of its rows), then the shared stores
         pieces = self.d // VECTOR_BYTES
@@ -165,7 +223,7 @@ class VtPack:
         for k in cutlass.range_constexpr(KEYS * pieces // THREADS):
             row = k // pieces_per_lane * rows_per_pass + tidx // lanes
             piece = (k % pieces_per_lane) * lanes + tidx % lanes
-            src = v + cute.assume(cutlass.Int64(tokens[row]) * v_st + cutlass.Int64(head) * v_sh, divby=16)
+            src = src_rows + cute.assume(cutlass.Int64(tokens[row]) * v_st, divby=16)
             at = src + cute.assume(piece * VECTOR_BYTES, divby=VECTOR_BYTES)  # one 16-byte load
             loaded.append((row, piece, cute.make_tensor(at, cute.make_layout(VECTOR_BYTES)).load()))
         for row, piece, value in loaded:
@@ -190,7 +248,7 @@ class VtPack:
                     out = cute.make_rmem_tensor((4,), cutlass.Uint32)
                     for q in cutlass.range_constexpr(4):
                         out[q] = _bytes_at(gathered[4 * q : 4 * q + 4], byte)
-                    d_row = cutlass.Int64(head * self.d + quad * 4 + byte)
+                    d_row = first_row + (quad * 4 + byte)
                     target = v_packed + cute.assume((d_row * pitch + key) // 4, divby=4)
                     cute.make_tensor(target, cute.make_layout(4)).store(out.load())
 

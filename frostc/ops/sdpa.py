@@ -46,7 +46,7 @@ from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant, tiles_for_
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
 from frostc.kernels.sequence_maps import MAP_BYTES, packed_pitch
-from frostc.kernels.vt_pack import VtPackVariant
+from frostc.kernels.vt_pack import VtPackVariant, relaid_pitch
 from frostc.ops import sdpa_paged
 from frostc.ops.paged_cache import (
     SCALE_ROLES,
@@ -576,13 +576,17 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     if len(ctx.problems) > before:
         return ()
     variant = _variant(node, ctx)
+    relaid = _relaid_v(node, ctx)  # e4m3 V given with d innermost: Vᵀ re-laid into the workspace
     if node.form == "dense":
-        counter = None
+        counter = {}
         if variant.dynamic:  # the tiles' counter: zero at every launch's start, left zero
             counter = {"tile_counter": ctx.workspace(f"{node.name}.tile_counter", 4, zeroed=True)}
         if variant.count_visits:  # int32 per (tile, consumer), through the tile list's pointer
             visits = _tile_capacity(node, variant.tile_shape.block_m) * variant.tile_shape.consumers
             counter["tiles"] = ctx.workspace(f"{node.name}.tile_visits", 4 * visits)
+        if relaid:
+            counter["v.tmap"] = ctx.workspace(f"{node.name}.v_relaid", _relaid_bytes(node))
+            return (_relay_launch(node, counter["v.tmap"], ctx), _attention_launch(node, variant, ctx, counter))
         return (_attention_launch(node, variant, ctx, counter),)
     _record_length_contracts(node, ctx)
     tiles = variant.tile_shape
@@ -597,11 +601,49 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     if variant.v_repacked:  # packed V, transposed from 16-key boundaries (vt_pack)
         rows = node.heads_kv * node.head_dim
         workspace["v_packed"] = ctx.workspace(f"{node.name}.v_packed", rows * packed_pitch(node.tokens_kv, node.batch))
+    if relaid:  # padded V's rows, transposed: both launches' V maps address the workspace
+        workspace["v.tmap"] = ctx.workspace(f"{node.name}.v_relaid", _relaid_bytes(node))
     attention = _attention_launch(node, variant, ctx, workspace)
     schedule = _schedule_launch(node, variant, units, workspace, attention, ctx)
     if variant.v_repacked:
         return (schedule, _pack_launch(node, workspace, ctx), attention)
+    if relaid:
+        return (schedule, _relay_launch(node, workspace["v.tmap"], ctx), attention)
     return (schedule, attention)
+
+
+def _relaid_v(node: Sdpa, ctx: ResolveContext) -> bool:
+    """Dense or padded e4m3 V given with d innermost (as q and k): a launch of the plan writes it
+    transposed (keys innermost, the layout 8-bit WGMMA reads) into the workspace."""
+    return node.fp8 and node.form != "packed" and ctx.tensor(node.v).strides[3] == 1
+
+
+def _relaid_bytes(node: Sdpa) -> int:
+    """Vᵀ (b, hkv, d, pitch), e4m3."""
+    return node.batch * node.heads_kv * node.head_dim * relaid_pitch(node.seq_kv)
+
+
+def _relaid_strides(node: Sdpa) -> tuple[int, int, int]:
+    """(b, h, s) element strides of the re-laid Vᵀ: keys innermost, d rows `pitch` apart."""
+    pitch = relaid_pitch(node.seq_kv)
+    return (node.heads_kv * node.head_dim * pitch, node.head_dim * pitch, 1)
+
+
+def _relay_launch(node: Sdpa, offset: int, ctx: ResolveContext) -> ResolvedLaunch:
+    """Dense or padded e4m3 V (b, h, s, d) with d innermost, transposed into the workspace at
+    `offset` as Vᵀ (b, h, d, pitch) (vt_pack's batched variant), before the attention."""
+    variant = VtPackVariant(node.head_dim, batched=True)
+    v = ctx.slot(node.v)
+    pitch = relaid_pitch(node.seq_kv)
+    values = {
+        "seq_kv": node.seq_kv,
+        "v.stride_b": v.strides[0],
+        "v.stride_s": v.strides[2],
+        "v.stride_h": v.strides[1],
+        "pitch": pitch,
+    }
+    args = launch_args(variant, {"v": v}, {"v_packed": offset}, values)
+    return ResolvedLaunch(node.name, variant, variant.grid(pitch, node.heads_kv, node.batch), args)
 
 
 def _record_length_contracts(node: Sdpa, ctx: ResolveContext) -> None:
@@ -673,7 +715,9 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx)
     letters = _letters(node.form)
     layouts = '"thd"' if node.form == "packed" else '"bshd" or "bhsd"'
-    v_transposed = node.fp8 and node.form != "packed"  # packed e4m3 V is re-laid by the plan (vt_pack)
+    # e4m3 V is read keys innermost: given so (dense, padded), or re-laid by the plan (packed; dense
+    # and padded V given with d innermost): vt_pack
+    v_transposed = node.fp8 and node.form != "packed" and not _relaid_v(node, ctx)
     for name in (node.q, node.k, node.o) if v_transposed else (node.q, node.k, node.v, node.o):
         check_row_layout(ctx.tensor(name), letters, layouts, ctx)
     for name in (node.q, node.k) if v_transposed else (node.q, node.k, node.v):
@@ -715,6 +759,8 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
             )
     if node.form == "padded":
         _check_padded_rows(node, ctx)
+    if _relaid_v(node, ctx):
+        _check_relaid(node, ctx)
     if node.head_dim in HEAD_DIMS:
         tiles = _variant(node, ctx).tile_shape
         count = _tile_capacity(node, tiles.block_m)
@@ -726,15 +772,30 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
             )
 
 
+def _check_relaid(node: Sdpa, ctx: ResolveContext) -> None:
+    """Re-laid Vᵀ: one CTA row of the transpose per sequence (grid z), and a padded form's key
+    coordinates (sequence b from b · hkv · d · pitch) within int32."""
+    v = ctx.tensor(node.v)
+    if node.batch > MAX_GRID[2]:
+        ctx.problem(f"{v.path}.dims[0]", f"batch {node.batch}: re-laying V takes one launch row per sequence, at most "
+                    f"{MAX_GRID[2]}; give V keys innermost (\"bhds\") or split the batch")  # fmt: skip
+    rows = _relaid_strides(node)[0]
+    if node.form == "padded" and (node.batch - 1) * rows + node.seq_kv > INT32_MAX:
+        ctx.problem(f"{v.path}.dims", f"{node.batch} sequences of V re-laid as Vᵀ ({rows} keys each) do not fit int32 "
+                    'key coordinates; give V keys innermost ("bhds") or split the batch')  # fmt: skip
+
+
 def _check_keys_innermost(v, ctx: ResolveContext) -> None:
-    """e4m3 V (b, h, s, d) is read as Vᵀ tiles, its keys innermost: s stride 1, and its b, h and
-    d strides whole 16-byte pieces under TMA's stride limit (so every sequence of a padded V
-    starts on a 16-byte boundary, as TMA's innermost coordinate must)."""
+    """e4m3 V (b, h, s, d) given as Vᵀ is read as it is, its keys innermost: s stride 1, and its
+    b, h and d strides whole 16-byte pieces under TMA's stride limit (so every sequence of a
+    padded V starts on a 16-byte boundary, as TMA's innermost coordinate must). (V with d
+    innermost is re-laid by the plan: `_relaid_v`.)"""
     if v.dims[2] > 1 and v.strides[2] != 1:
         ctx.problem(
             f"{v.path}.strides[2]",
-            f"e4m3 V is read with its keys innermost (8-bit WGMMA operands are K-major): its s stride must be "
-            f'1, found {v.strides[2]}; use layout = "bhds" (the step that quantizes V writes Vᵀ)',
+            f"e4m3 V is read with its keys innermost (8-bit WGMMA operands are K-major): give V either with d "
+            f'innermost (d stride 1, as q and k: the plan re-lays it) or with its s stride 1 (layout "bhds"); '
+            f"found strides {list(v.strides)}",
         )
     check_whole_pieces(v, "bhsd", (0, 1, 3), "(16 bytes: TMA's rule for the strides of a tensor map)", ctx)
     check_tma_strides(v, "bhsd", (0, 1, 3), ctx)
@@ -766,6 +827,9 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
     group = node.heads_q // node.heads_kv
     varlen = node.form != "dense"
     strides = {role: _bhs_strides(slots.get(role), node.form) for role in ("q", "k", "v", "o", "lse")}
+    relaid = "v.tmap" in workspace  # V's map addresses the re-laid Vᵀ in the workspace, not V's slot
+    if relaid:
+        strides["v"] = _relaid_strides(node)
     rows_per_batch = {
         role: strides[role][0] // strides[role][2] if node.form == "padded" else 0 for role in ("q", "k", "v")
     }
@@ -799,9 +863,14 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
     for role, rows, heads in (("q", node.seq_q, node.heads_q), ("k", node.seq_kv, node.heads_kv)):
         values[f"{role}.extents"] = heads if varlen else (rows, heads, node.batch)
     values["v.extents"] = values["k.extents"]
+    v_slot = slots.pop("v") if relaid else slots["v"]
     args = launch_args(variant, slots, workspace or {}, values)
-    tma_strides = {role: _tma_strides(slots[role], strides[role]) for role in ("q", "k", "v")}
-    if variant.v_repacked:  # the re-laid Vᵀ (h, d, pitch) in the workspace: (b, h, d) strides
+    tma_strides = {role: _tma_strides(slots[role], strides[role]) for role in ("q", "k")}
+    tma_strides["v"] = _tma_strides(v_slot, strides["v"])
+    if relaid:  # (b, h, d) strides of Vᵀ (b, h, d, pitch)
+        pitch = relaid_pitch(node.seq_kv)
+        tma_strides["v"] = (*tma_strides["v"][:2], tma_stride(node.head_dim, pitch, "e4m3"))
+    elif variant.v_repacked:  # the re-laid Vᵀ (h, d, pitch) in the workspace: (b, h, d) strides
         pitch = packed_pitch(node.tokens_kv, node.batch)
         tma_strides["v"] = (0, node.head_dim * pitch, pitch)
     elif variant.fp8:  # V's keys are innermost: its tensor map steps over (b, h, d)
@@ -851,8 +920,9 @@ def _schedule_launch(
     }
     shape = None
     if node.fp8:
-        slots["v"] = ctx.slot(node.v)
-        workspace_params |= {name: workspace[name] for name in ("v_maps", "v_packed") if name in workspace}
+        if "v.tmap" not in workspace:  # else the map template addresses the re-laid Vᵀ
+            slots["v"] = ctx.slot(node.v)
+        workspace_params |= {name: workspace[name] for name in ("v_maps", "v_packed", "v.tmap") if name in workspace}
         values["v.rows_per_batch"] = next(a.value for a in attention.args if a.param == "v.rows_per_batch")
         shape = attention.tensor_map_shape
     args = launch_args(variant, slots, workspace_params, values)

@@ -47,6 +47,8 @@ def fp8_slots(data: PlanData, node: str | None = None) -> Fp8Slots:
         if kernel.name.startswith(FP8_KERNEL) and (node is None or launch.node == node):
             args = {p.name: a.slot for p, a in zip(kernel.params, launch.args)}
             slots = {role: args[f"{role}.tmap"] for role in ROLES}
+            for role in (role for role in ROLES if slots[role] < 0):  # read re-laid: the launch that reads it
+                slots[role] = _read_by(data, launch.node, role)
             found.append(Fp8Slots(launch.node, slots, {role: args[f"{role}_descale"] for role in ROLES}))
     if len(found) != 1:
         where = f"node {node!r}" if node is not None else "the plan"
@@ -55,6 +57,17 @@ def fp8_slots(data: PlanData, node: str | None = None) -> Fp8Slots:
             f"plan {data.header.name!r}: Fp8Inputs needs one e4m3 attention launch in {where}, found {what}"
         )
     return found[0]
+
+
+def _read_by(data: PlanData, node: str, role: str) -> int:
+    """The slot of `role` that another launch of `node` reads through a pointer parameter (V,
+    which the plan re-lays into the workspace before the attention reads it there)."""
+    for launch in data.launches:
+        if launch.node == node:
+            for p, a in zip(data.kernels[launch.kernel].params, launch.args):
+                if p.name == role and a.slot >= 0:
+                    return a.slot
+    raise BindError(f"plan {data.header.name!r}: node {node!r} reads no slot as {role}")
 
 
 class Fp8Inputs:

@@ -35,7 +35,8 @@ MAGIC = "frostc-plan"
 # 3: int32 slots, workspace arguments and named workspace regions
 # 4: zeroed workspace regions (tile counters the runtime zeroes before a binding's first launch)
 # 5: the content hash covers the header too, and a file must be in its canonical encoding
-FORMAT_VERSION = 5
+# 6: tensor maps bound to the workspace (data a launch of the plan re-laid there)
+FORMAT_VERSION = 6
 REBUILD = "rebuild it with this frostc: frostc build DESC -o PLAN"
 MAX_PLAN_BYTES = 1 << 30  # a plan is a few hundred KiB; refuse to decode absurd inputs
 MAX_CUBIN_BYTES = 64 << 20  # one kernel's cubin is ~100 KiB
@@ -236,7 +237,7 @@ def _body_map(plan: PlanData) -> dict:
 
 def _arg_map(a: Arg) -> dict:
     if a.tmap:
-        return {"slot": a.slot, "tmap": a.tmap}
+        return {"slot": a.slot, "tmap": a.tmap} if a.slot >= 0 else {"workspace": a.workspace, "tmap": a.tmap}
     if a.slot >= 0:
         return {"slot": a.slot}
     if a.workspace >= 0:
@@ -520,9 +521,12 @@ def _read_launch(r: _Reader) -> Launch:
         if not isinstance(a, dict):
             raise PlanFormatError(f"{ar.path}: expected a map")
         if "tmap" in a:
-            if set(a) != {"slot", "tmap"}:
-                raise PlanFormatError(f"{ar.path}: a tensor map takes exactly slot and tmap")
-            args.append(Arg(slot=ar.int("slot", 0, MAX_SLOTS - 1), tmap=ar.get("tmap", bytes)))
+            if set(a) == {"slot", "tmap"}:
+                args.append(Arg(slot=ar.int("slot", 0, MAX_SLOTS - 1), tmap=ar.get("tmap", bytes)))
+            elif set(a) == {"workspace", "tmap"}:
+                args.append(Arg(workspace=ar.int("workspace", 0, I64_MAX), tmap=ar.get("tmap", bytes)))
+            else:
+                raise PlanFormatError(f"{ar.path}: a tensor map takes tmap and exactly one of slot or workspace")
         elif len(a) != 1:
             raise PlanFormatError(f"{ar.path}: expected exactly one of slot, workspace or value")
         elif "slot" in a:
@@ -633,10 +637,11 @@ def _check_workspace(plan: PlanData) -> None:
 
 def _check_arg(arg: Arg, param: Param, n_slots: int, workspace_bytes: int, where: str) -> None:
     if param.kind == "tmap" or arg.tmap:
-        if param.kind != "tmap" or len(arg.tmap) != PARAM_KINDS["tmap"] or not 0 <= arg.slot < n_slots:
+        bound = 0 <= arg.slot < n_slots or 0 <= arg.workspace < workspace_bytes
+        if param.kind != "tmap" or len(arg.tmap) != PARAM_KINDS["tmap"] or not bound:
             raise PlanFormatError(
-                f"{where}: tensor-map parameter {param.name!r} needs a slot and 128 bytes "
-                f"(found slot {arg.slot}, {len(arg.tmap)} bytes, kind {param.kind})"
+                f"{where}: tensor-map parameter {param.name!r} needs a slot or a workspace offset, and 128 bytes "
+                f"(found slot {arg.slot}, workspace {arg.workspace}, {len(arg.tmap)} bytes, kind {param.kind})"
             )
         return
     if param.kind == "i32x3":

@@ -33,6 +33,7 @@ class Fp8Case:
     tokens_q: int = 0  # packed: the buffers' tokens
     tokens_kv: int = 0
     lengths: str = "qkv"  # padded: which sides have per-sequence lengths ("q", "kv", "qkv")
+    v_layout: str = "keys"  # dense and padded e4m3 V: "keys" innermost (Vᵀ), or "rows" (d innermost: re-laid)
 
 
 def cases() -> list[Fp8Case]:
@@ -76,6 +77,15 @@ def cases() -> list[Fp8Case]:
                 form="padded", lengths="kv"),
         Fp8Case("fp8-d256-padded-full", 3, 2, 1, 500, 650, 256, form="padded"),
         Fp8Case("fp8-d256-padded-causal", 3, 2, 2, 400, 400, 256, causal=True, form="padded", lengths="q"),
+        # V given with d innermost ("bshd", like q and k): re-laid as Vᵀ by the plan (vt_pack, batched)
+        Fp8Case("fp8-d128-full-vrows", 2, 8, 2, 333, 1555, 128, v_layout="rows"),
+        Fp8Case("fp8-d64-causal-vrows", 3, 4, 1, 500, 700, 64, causal=True, alignment="bottom_right",
+                v_layout="rows", lse=False),
+        Fp8Case("fp8-d256-full-vrows", 1, 4, 2, 190, 651, 256, descales="tensor", v_layout="rows"),
+        Fp8Case("fp8-d128-padded-causal-vrows", 6, 8, 2, 700, 801, 128, causal=True, form="padded",
+                v_layout="rows"),
+        Fp8Case("fp8-d64-padded-window-vrows", 5, 4, 1, 600, 700, 64, window_left=100, window_right=37,
+                form="padded", v_layout="rows", out="fp16"),
     ]  # fmt: skip
 
 
@@ -85,8 +95,9 @@ def v_pitch(seq_kv: int) -> int:
 
 
 def description(case: Fp8Case):
-    """Q and K "bshd", V transposed (keys innermost, as the FP8 kernel reads it), O "bshd"; or
-    the packed form's (t, h, d) tensors (V as given: the plan re-lays it)."""
+    """Q and K "bshd", V transposed (keys innermost, as the FP8 kernel reads it) or "bshd" too
+    (`v_layout` "rows": the plan re-lays it), O "bshd"; or the packed form's (t, h, d) tensors
+    (V as given: the plan re-lays it)."""
     from frostc import GraphBuilder  # the build machine's (the GPU machine has no CuTe DSL)
 
     if case.form == "packed":
@@ -95,7 +106,7 @@ def description(case: Fp8Case):
     b, hq, hkv, d = case.batch, case.heads_q, case.heads_kv, case.head_dim
     g.tensor("q", dtype=case.dtype, dims=(b, hq, case.seq_q, d), layout="bshd")
     g.tensor("k", dtype=case.dtype, dims=(b, hkv, case.seq_kv, d), layout="bshd")
-    if case.dtype == "e4m3":  # Vᵀ rows of whole 16-byte pieces: keys padded to v_pitch
+    if case.dtype == "e4m3" and case.v_layout == "keys":  # Vᵀ rows of whole 16-byte pieces: keys padded
         pitch = v_pitch(case.seq_kv)
         g.tensor("v", dtype="e4m3", dims=(b, hkv, case.seq_kv, d), strides=(hkv * d * pitch, d * pitch, 1, pitch))
     else:

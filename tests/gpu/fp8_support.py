@@ -85,7 +85,7 @@ class Fp8Run:
             if fp8:
                 self.tensors[f"{name}_descale"] = descale
             self.dequantized[name] = stored.double() * (descale.double().view(-1, 1, 1) if fp8 else 1.0)
-            if name == "v" and fp8:  # (b, h, d, pitch) storage, keys innermost
+            if name == "v" and fp8 and case["v_layout"] == "keys":  # (b, h, d, pitch) storage, keys innermost
                 storage = torch.zeros(b, x.shape[1], d, v_pitch(skv), device="cuda", dtype=dtype)
                 storage[..., :skv] = stored.transpose(2, 3)
                 self.tensors[name] = storage[..., :skv].transpose(2, 3)
@@ -174,11 +174,13 @@ class Fp8VarlenRun:
         else:
             sq, skv = case["seq_q"], case["seq_kv"]
             self.shapes = {"q": (b, hq, sq, d), "k": (b, hkv, skv, d), "v": (b, hkv, skv, d)}
-            for name in ("q", "k"):  # "bshd"
+            self.v_rows = case["v_layout"] == "rows"  # V "bshd" like q and k (the plan re-lays it)
+            for name in ("q", "k", "v") if self.v_rows else ("q", "k"):  # "bshd"
                 h, s_ = self.shapes[name][1], self.shapes[name][2]
                 self.tensors[name] = torch.empty(b, s_, h, d, device="cuda", dtype=e4m3).transpose(1, 2)
-            self.v_storage = torch.zeros(b, hkv, d, v_pitch(skv), device="cuda", dtype=e4m3)  # keys innermost
-            self.tensors["v"] = self.v_storage[..., :skv].transpose(2, 3)
+            if not self.v_rows:
+                self.v_storage = torch.zeros(b, hkv, d, v_pitch(skv), device="cuda", dtype=e4m3)  # keys innermost
+                self.tensors["v"] = self.v_storage[..., :skv].transpose(2, 3)
             self.storage["o"], self.tensors["o"] = _guarded((b, sq, hq, d), (0, 2, 1, 3), out)
             if case["lse"]:
                 self.storage["lse"], self.tensors["lse"] = _guarded((b, hq, sq), (0, 1, 2), torch.float32)
@@ -230,7 +232,10 @@ class Fp8VarlenRun:
         for b, (lq, lkv) in enumerate(zip(self.q_lens, self.kv_lens)):
             _e4m3_nan(t["q"][b, :, lq:])
             _e4m3_nan(t["k"][b, :, lkv:])
-            _e4m3_nan(self.v_storage[b, :, :, lkv:])  # the pitch's columns too
+            if self.v_rows:
+                _e4m3_nan(t["v"][b, :, lkv:])
+            else:
+                _e4m3_nan(self.v_storage[b, :, :, lkv:])  # the pitch's columns too
 
     def execute(self) -> None:
         import torch

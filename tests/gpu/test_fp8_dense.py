@@ -101,14 +101,16 @@ def test_fp8_plan_is_the_same_bits_every_run():
         assert torch.equal(first, run.tensors["o"])
 
 
-def test_fp8_inputs_quantize_on_the_device_inside_a_cuda_graph():
-    """frost_runtime.fp8.Fp8Inputs: bf16 q, k, v quantized into the plan's buffers (Vᵀ) and the
-    attention launched, both captured in one CUDA graph; a replay on new inputs gives their
-    attention (nothing was read back at capture), within the bound against the dequantized values."""
+@pytest.mark.parametrize("case_id", ["fp8-d128-full", "fp8-d128-full-vrows"])
+def test_fp8_inputs_quantize_on_the_device_inside_a_cuda_graph(case_id):
+    """frost_runtime.fp8.Fp8Inputs: bf16 q, k, v quantized into the plan's buffers (Vᵀ, or V with
+    d innermost that the plan re-lays) and the attention launched, both captured in one CUDA
+    graph; a replay on new inputs gives their attention (nothing was read back at capture),
+    within the bound against the dequantized values."""
     import frost_runtime
     from frost_runtime.fp8 import Fp8Inputs
 
-    case = _case("fp8-d128-full")
+    case = _case(case_id)
     plan = frost_runtime.load(FP8_BUILT / case["plan"])
     inputs = Fp8Inputs(plan)
     b, hq, hkv, d, sq, skv = (case[k] for k in ("batch", "heads_q", "heads_kv", "head_dim", "seq_q", "seq_kv"))
