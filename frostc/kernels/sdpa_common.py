@@ -182,6 +182,21 @@ def e4m3_quad_word(x0, x1, x2, x3, src_lo, src_hi, select, *, loc=None, ip=None)
     return cutlass.Int32(word)
 
 
+@dsl_user_op
+def byte_interleave(a, b, selector: int, *, loc=None, ip=None):
+    """prmt.b32 of words `a` and `b` (bytes 0-3 of a, 4-7 of b) by `selector`."""
+    word = llvm.inline_asm(
+        T.i32(),
+        [cutlass.Int32(a).ir_value(loc=loc, ip=ip), cutlass.Int32(b).ir_value(loc=loc, ip=ip)],
+        f"prmt.b32 $0, $1, $2, {selector};",
+        "=r,r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return cutlass.Int32(word)
+
+
 def key_origin(kv_len, s_new, window_left, block_n: int):
     """The first key any new token of a sequence sees, down to a block: 0, or with a window
     (window_left >= 0) the first token's window start. The splits cover [origin, kv_len); the

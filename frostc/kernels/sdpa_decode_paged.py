@@ -56,6 +56,7 @@ from frostc.kernels.sdpa_common import (
     KeyRange,
     MaskFlags,
     TmaVariant,
+    byte_interleave,
     dsl_dtype,
     fake_ptr,
     key_origin,
@@ -959,9 +960,7 @@ class PagedDecodeScaledCache(PagedDecode):
             key0 = work.key_first + j * t.block_n + warp * WARP_KEYS
             k_pipe.sync_object_full.wait(stage, phase)
             rK = self._k_fragment(ringK[None, None, stage], warp, quad, pair)
-            acc_S = cute.make_rmem_tensor(((2, 2), 1, WARP_KEYS // 8), cutlass.Float32)
-            acc_S.fill(0.0)
-            cute.gemm(mma, acc_S, rQ, rK, acc_S)
+            acc_S = self._scores_of(mma, rQ, rK)
             # V's loads and conversions now, to overlap the MMAs and the softmax (at d 256 its
             # 64 registers more would spill: after the softmax there)
             if cutlass.const_expr(d <= 128):
@@ -983,6 +982,21 @@ class PagedDecodeScaledCache(PagedDecode):
             self._release_reads(k_pipe, v_pipe, stage)
         self._merge(acc_O, softmax, merge, warp, quad, pair, dequant[0])
         self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
+
+    @cute.jit
+    def _scores_of(self, mma, rQ, rK):
+        """S = Q Kᵀ of the warp's keys (fp32 accumulator). Each k-step's MMA waits for the last
+        one's accumulator: the even and odd k-steps go to two accumulators (two chains of half
+        the depth), summed at the end (bench/NOTES.md, decode v8)."""
+        acc_S = cute.make_rmem_tensor(((2, 2), 1, WARP_KEYS // 8), cutlass.Float32)
+        acc_S.fill(0.0)
+        odd = cute.make_rmem_tensor(((2, 2), 1, WARP_KEYS // 8), cutlass.Float32)
+        odd.fill(0.0)
+        for kk in cutlass.range_constexpr(cute.size(rQ.shape[2])):
+            acc = acc_S if kk % 2 == 0 else odd
+            cute.gemm(mma, acc, rQ[None, None, kk], rK[None, None, kk], acc)
+        acc_S.store(acc_S.load() + odd.load())
+        return acc_S
 
     def _release_reads(self, k_pipe, v_pipe, stage):
         """This thread has read its rows of a ring stage's K and V (ld.shared: the generic
@@ -1042,20 +1056,38 @@ class PagedDecodeScaledCache(PagedDecode):
     def _v_fragment(self, tile, warp, quad, pair):
         """The B operand of O += P V, ((2, 2), d/8 n-tiles, 1) fp16: k-elements are the warp's
         keys 2·pair, 2·pair + 1, 2·pair + 8, 2·pair + 9 (P's columns); n-tile dt's column
-        `quad` is d = (d/8)·quad + dt."""
+        `quad` is d = (d/8)·quad + dt. A B register holds two keys at one d: each key pair's
+        bytes are interleaved first (one prmt gives the pair at two d), then converted, so no
+        fp16 halves move after the conversion (half the prmt of converting each key's row
+        first: bench/NOTES.md, decode v8)."""
         span = self.head_dim // 8
-        wide = cute.make_rmem_tensor(4 * span, self.mma_dtype)
+        raw = cute.make_rmem_tensor(4 * span, self.cache_dtype)  # key i's span bytes at i * span
         for i in cutlass.range_constexpr(4):
             key = warp * WARP_KEYS + 2 * pair + i % 2 + 8 * (i // 2)
             row = cute.local_tile(tile, (1, span), (key, quad))
-            piece = cute.make_tensor(wide.iterator + i * span, cute.make_layout((1, span)))
-            piece.store(row.load().to(self.mma_dtype))
-        # pairs of keys side by side (a register each): B's value order, n-tile by n-tile
+            cute.make_tensor(raw.iterator + i * span, cute.make_layout((1, span))).store(row.load())
+        words = cute.recast_tensor(raw, cutlass.Uint32)  # key i's word w: d 4w..4w+3 at i * span/4 + w
+        paired = cute.make_rmem_tensor(4 * span // 4, cutlass.Uint32)
+        quarter = span // 4
+        for dt4 in cutlass.range_constexpr(quarter):
+            for half in cutlass.range_constexpr(2):  # keys (0, 1), then (2, 3): B's two registers
+                a, b = words[2 * half * quarter + dt4], words[(2 * half + 1) * quarter + dt4]
+                paired[4 * dt4 + half] = byte_interleave(a, b, 0x5140)  # d 4·dt4, 4·dt4 + 1
+                paired[4 * dt4 + 2 + half] = byte_interleave(a, b, 0x7362)  # d 4·dt4 + 2, + 3
+        pairs = cute.make_tensor(cute.recast_ptr(paired.iterator, dtype=self.cache_dtype), cute.make_layout(4 * span))
         frag = cute.make_rmem_tensor(4 * span, self.mma_dtype)
-        for dt in cutlass.range_constexpr(span):
-            for i in cutlass.range_constexpr(4):
-                frag[4 * dt + i] = wide[i * span + dt]
-        return cute.make_tensor(frag.iterator, cute.make_layout(((2, 2), span, 1)))
+        frag.store(pairs.load().to(self.mma_dtype))
+        # paired word 4·dt4 + 2j + half became fp16 words 2·(4·dt4 + 2j + half) + (0, 1): key pair
+        # `half` at n-tiles 4·dt4 + 2j and + 1. B wants n-tile dt's registers (pair 0, pair 1)
+        # side by side: whole registers move (no instruction once allocated)
+        out = cute.make_rmem_tensor(4 * span, self.mma_dtype)
+        src, dst = cute.recast_tensor(frag, cutlass.Uint32), cute.recast_tensor(out, cutlass.Uint32)
+        for dt4 in cutlass.range_constexpr(quarter):
+            for j in cutlass.range_constexpr(2):
+                for half in cutlass.range_constexpr(2):
+                    for lohi in cutlass.range_constexpr(2):
+                        dst[2 * (4 * dt4 + 2 * j + lohi) + half] = src[2 * (4 * dt4 + 2 * j + half) + lohi]
+        return cute.make_tensor(out.iterator, cute.make_layout(((2, 2), span, 1)))
 
     @cute.jit
     def _merge(self, acc_O, softmax, merge, warp, quad, pair, v_descale):
