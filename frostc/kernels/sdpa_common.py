@@ -140,21 +140,27 @@ def quad_sum(value):
     return quad_reduce(value, lambda a, b: a + b)
 
 
+def _asm_word(text: str, operands: list, constraints: str, side_effects: bool):
+    """One 32-bit result of inline PTX `text` over `operands` (MLIR values)."""
+    word = llvm.inline_asm(
+        T.i32(), operands, text, constraints,
+        has_side_effects=side_effects, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )  # fmt: skip
+    return cutlass.Int32(word)
+
+
 @dsl_user_op
 def any_at_barrier(pred, barrier_id, threads: int, *, loc=None, ip=None):
     """Whether `pred` holds for any of the `threads` threads that meet at named barrier
     `barrier_id` (bar.red.or: a barrier that also ORs a predicate; the DSL has no wrapper).
     Every one of those threads must call it."""
-    found = llvm.inline_asm(
-        T.i32(),
-        [cutlass.Int32(pred).ir_value(loc=loc, ip=ip), cutlass.Int32(barrier_id).ir_value(loc=loc, ip=ip)],
+    found = _asm_word(
         f"{{\n.reg .pred p, q;\nsetp.ne.s32 p, $1, 0;\nbar.red.or.pred q, $2, {threads}, p;\nselp.s32 $0, 1, 0, q;\n}}",
+        [cutlass.Int32(pred).ir_value(loc=loc, ip=ip), cutlass.Int32(barrier_id).ir_value(loc=loc, ip=ip)],
         "=r,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
+        side_effects=True,
     )
-    return cutlass.Int32(found) != 0
+    return found != 0
 
 
 @dsl_user_op
@@ -164,9 +170,7 @@ def e4m3_quad_word(x0, x1, x2, x3, src_lo, src_hi, select, *, loc=None, ip=None)
     `src_lo`'s word, then the same bytes of lane `src_hi`'s. Every lane of the warp must call it."""
     values = [cutlass.Float32(x).ir_value(loc=loc, ip=ip) for x in (x0, x1, x2, x3)]
     lanes = [cutlass.Int32(x).ir_value(loc=loc, ip=ip) for x in (src_lo, src_hi, select)]
-    word = llvm.inline_asm(
-        T.i32(),
-        values + lanes,
+    return _asm_word(
         "{\n.reg .b16 lo, hi;\n.reg .b32 w, a, b;\n"
         "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
         "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n"
@@ -174,27 +178,17 @@ def e4m3_quad_word(x0, x1, x2, x3, src_lo, src_hi, select, *, loc=None, ip=None)
         "shfl.sync.idx.b32 a, w, $5, 31, 0xffffffff;\n"
         "shfl.sync.idx.b32 b, w, $6, 31, 0xffffffff;\n"
         "prmt.b32 $0, a, b, $7;\n}",
+        values + lanes,
         "=r,f,f,f,f,r,r,r",
-        has_side_effects=True,  # shfl.sync: kept where it is, with the whole warp
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
+        side_effects=True,  # shfl.sync: kept where it is, with the whole warp
     )
-    return cutlass.Int32(word)
 
 
 @dsl_user_op
 def byte_interleave(a, b, selector: int, *, loc=None, ip=None):
     """prmt.b32 of words `a` and `b` (bytes 0-3 of a, 4-7 of b) by `selector`."""
-    word = llvm.inline_asm(
-        T.i32(),
-        [cutlass.Int32(a).ir_value(loc=loc, ip=ip), cutlass.Int32(b).ir_value(loc=loc, ip=ip)],
-        f"prmt.b32 $0, $1, $2, {selector};",
-        "=r,r,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return cutlass.Int32(word)
+    operands = [cutlass.Int32(a).ir_value(loc=loc, ip=ip), cutlass.Int32(b).ir_value(loc=loc, ip=ip)]
+    return _asm_word(f"prmt.b32 $0, $1, $2, {selector};", operands, "=r,r,r", side_effects=False)
 
 
 def key_origin(kv_len, s_new, window_left, block_n: int):
