@@ -17,15 +17,18 @@ def _arg_text(a, plan) -> str | int | float | list[int]:
     if a.tmap:
         digest = hashlib.sha256(a.tmap).hexdigest()[:16]
         if a.slot < 0:
-            region = next((r.name for r in plan.workspace if r.offset == a.workspace), "?")
-            return f"tensor map of workspace + {a.workspace} ({region}), sha256 {digest}"
+            return f"tensor map of workspace + {a.workspace} ({_region(plan, a.workspace)}), sha256 {digest}"
         return f"tensor map of slot {a.slot} ({plan.slots[a.slot].name}), sha256 {digest}"
     if a.slot >= 0:
         return f"slot {a.slot} ({plan.slots[a.slot].name})"
     if a.workspace >= 0:
-        region = next((r.name for r in plan.workspace if r.offset == a.workspace), "?")
-        return f"workspace + {a.workspace} ({region})"
+        return f"workspace + {a.workspace} ({_region(plan, a.workspace)})"
     return list(a.value) if isinstance(a.value, tuple) else a.value
+
+
+def _region(plan, offset: int) -> str:
+    """The name of the workspace region that starts at `offset`, or "?"."""
+    return next((r.name for r in plan.workspace if r.offset == offset), "?")
 
 
 def plan_summary(plan: schema.PlanData) -> dict:

@@ -17,10 +17,11 @@ support, and how a node becomes launches. Three forms of sequence lengths:
 
 FP8: q, k and v e4m3 with q_descale, k_descale and v_descale (float32, (1,) or one per head:
 (hq,), (hkv,), (hkv,)), o bf16 or fp16. The kernel reads V with its keys innermost (8-bit WGMMA
-operands are K-major): dense and padded V is given so, its s stride 1, e.g. layout "bhds" (the
-step that quantizes V writes it so); packed V is given (t, h, d) like q and k, and a kernel of
-the plan re-lays it transposed into the workspace, each sequence from a 16-key boundary (TMA
-loads a tile only from an innermost coordinate on a 16-byte boundary: `frostc.kernels.vt_pack`).
+operands are K-major): dense and padded V is either given so, its s stride 1, e.g. layout
+"bhds" (read as it is), or with d innermost like q and k, and a kernel of the plan re-lays it
+transposed into the workspace first (`_relaid_v`); packed V is given (t, h, d) like q and k and
+always re-laid, each sequence from a 16-key boundary (TMA loads a tile only from an innermost
+coordinate on a 16-byte boundary: `frostc.kernels.vt_pack`).
 With variable lengths the scheduling kernel also writes each sequence's Vᵀ tensor map into the
 workspace (keys innermost cannot be ragged: `frostc.kernels.sequence_maps`).
 
@@ -578,16 +579,16 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     variant = _variant(node, ctx)
     relaid = _relaid_v(node, ctx)  # e4m3 V given with d innermost: Vᵀ re-laid into the workspace
     if node.form == "dense":
-        counter = {}
+        regions: dict[str, int] = {}
         if variant.dynamic:  # the tiles' counter: zero at every launch's start, left zero
-            counter = {"tile_counter": ctx.workspace(f"{node.name}.tile_counter", 4, zeroed=True)}
+            regions["tile_counter"] = ctx.workspace(f"{node.name}.tile_counter", 4, zeroed=True)
         if variant.count_visits:  # int32 per (tile, consumer), through the tile list's pointer
             visits = _tile_capacity(node, variant.tile_shape.block_m) * variant.tile_shape.consumers
-            counter["tiles"] = ctx.workspace(f"{node.name}.tile_visits", 4 * visits)
+            regions["tiles"] = ctx.workspace(f"{node.name}.tile_visits", 4 * visits)
         if relaid:
-            counter["v.tmap"] = ctx.workspace(f"{node.name}.v_relaid", _relaid_bytes(node))
-            return (_relay_launch(node, counter["v.tmap"], ctx), _attention_launch(node, variant, ctx, counter))
-        return (_attention_launch(node, variant, ctx, counter),)
+            regions["v.tmap"] = ctx.workspace(f"{node.name}.v_relaid", _relaid_bytes(node))
+            return (_relay_launch(node, regions["v.tmap"], ctx), _attention_launch(node, variant, ctx, regions))
+        return (_attention_launch(node, variant, ctx, regions),)
     _record_length_contracts(node, ctx)
     tiles = variant.tile_shape
     units = _unit_capacity(node, tiles.block_m)
@@ -717,7 +718,8 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     layouts = '"thd"' if node.form == "packed" else '"bshd" or "bhsd"'
     # e4m3 V is read keys innermost: given so (dense, padded), or re-laid by the plan (packed; dense
     # and padded V given with d innermost): vt_pack
-    v_transposed = node.fp8 and node.form != "packed" and not _relaid_v(node, ctx)
+    relaid = _relaid_v(node, ctx)
+    v_transposed = node.fp8 and node.form != "packed" and not relaid
     for name in (node.q, node.k, node.o) if v_transposed else (node.q, node.k, node.v, node.o):
         check_row_layout(ctx.tensor(name), letters, layouts, ctx)
     for name in (node.q, node.k) if v_transposed else (node.q, node.k, node.v):
@@ -759,7 +761,7 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
             )
     if node.form == "padded":
         _check_padded_rows(node, ctx)
-    if _relaid_v(node, ctx):
+    if relaid:
         _check_relaid(node, ctx)
     if node.head_dim in HEAD_DIMS:
         tiles = _variant(node, ctx).tile_shape

@@ -1,6 +1,6 @@
 """An FP8 plan's inputs, made on the device: bf16 / fp16 / fp32 q, k and v quantized into e4m3
-buffers laid out as the plan's slots (dense and padded V transposed, its keys innermost, as the
-FP8 kernel reads it; packed V as given, the plan re-lays it), with their descales, amax / 448,
+buffers laid out as the plan's slots (V as its description gives it: keys innermost, as the FP8
+kernel reads it, or d innermost, which the plan re-lays), with their descales, amax / 448,
 one per head or one per tensor as the descale slots' dims say. Nothing is read back to the host
 and nothing synchronizes, so a serving step can quantize and attend inside one CUDA graph.
 
