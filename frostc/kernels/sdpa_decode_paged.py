@@ -913,7 +913,9 @@ class PagedDecodeScaledCache(PagedDecode):
 
     @cute.jit
     def _produce(self, k_pipe, v_pipe, sK, sV, merge, k_load, v_load, work, page_ids, pages, rows_per_page):
-        super()._produce(k_pipe, v_pipe, sK, sV, k_load, v_load, work, page_ids, pages, rows_per_page)
+        # named, not super(): the DSL's rewrite of a jit function loses super()'s class cell, and a
+        # subclass's call would come back here
+        PagedDecode._produce(self, k_pipe, v_pipe, sK, sV, k_load, v_load, work, page_ids, pages, rows_per_page)
 
     @cute.jit
     def _load_block(self, pipe, tma, mX, sX, block, work, rows_per_page, keys_mode: int):
@@ -1214,3 +1216,4 @@ class PagedDecodeScaledCache(PagedDecode):
             window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
             (k_scale, v_scale, k_scale_sh, v_scale_sh, q_scale),
         )  # fmt: skip
+
