@@ -13,8 +13,7 @@ described with strides as the same dims; contexts uniform in
 draw from the pool. The plans' capacity is max_pages = ceil(3·mean/2 / page) per sequence (batch
 1: 131072 / page), the pool batch · max_pages pages. A frostc step is the whole plan,
 `bound.execute()`: the append of this step's K/V rows, then the attention (split-KV plans:
-partial results, merged by the last CTA of each row block). FlashAttention-4 appends nothing:
-its time is attention alone.
+partial results + combine). FlashAttention-4 appends nothing: its time is attention alone.
 torch's time counts the gather of the pages into a dense (batch, hkv, longest, d) cache, the
 length mask and SDPA.
 
@@ -330,8 +329,8 @@ def _cache(row: Row):
 
 def _repeats_differing(bound, o, repeats: int = REPEATS) -> int:
     """How many of `repeats` more executes give an output not bit for bit the one before (a
-    step's appends are idempotent: the same inputs every time; a split-KV merge sums the splits
-    in their order whichever CTA does it, so any difference is a race)."""
+    step's appends are idempotent: the same inputs every time; the kernels have no atomics, so
+    any difference is a race)."""
     import torch
 
     differing = 0
@@ -423,7 +422,7 @@ def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing:
     lines += [
         "",
         "- frostc / FA4 and frostc / torch are speed ratios (their time over frostc's: above 1, frostc is faster);",
-        "  launches = the plan's kernel launches per step (append and attention; split-KV merges in the attention).",
+        "  launches = the plan's kernel launches per step (append, attention, and a combine when split-KV).",
         f"- Every row's plan also ran {REPEATS} more times after the timing, each output bit for bit the one before.",
         "- e4m3 rows: err is against attention on the dequantized cache (the kernel's own error, not the",
         "  quantization's: tests/gpu/test_fp8_cache.py bounds that).",

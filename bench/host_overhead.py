@@ -58,7 +58,7 @@ def build() -> int:
 
 
 def _decode_description(GraphBuilder):
-    """A decode step: kv_append, then split-KV attention over the paged cache (merged in-kernel)."""
+    """A decode step: kv_append, then split-KV attention over the paged cache and its combine."""
     c = DECODE
     b, hq, hkv, d, page, max_pages = c["batch"], c["hq"], c["hkv"], c["d"], c["page"], c["max_pages"]
     g = GraphBuilder("host-overhead-decode")
@@ -188,8 +188,8 @@ def run() -> int:
         f"Cold `load()` of the one-kernel plan (module load included): first {load_ms[0]:.2f} ms, "
         f"median of 10 {statistics.median(load_ms):.2f} ms.",
         f"The varlen plan launches twice per call: per launch its bound.execute() is "
-        f"{rows[-6][1] / 2 / floor:.2f} × the floor; the decode step ({decode_launches} launches: append, attention "
-        f"(split-KV, merged in-kernel)) {rows[-5][1] / decode_launches / floor:.2f} × the floor per launch.",
+        f"{rows[-6][1] / 2 / floor:.2f} × the floor; the decode step ({decode_launches} launches: append, attention, "
+        f"combine) {rows[-5][1] / decode_launches / floor:.2f} × the floor per launch.",
         f"TMA tensor maps: {_tensor_maps(plan)} per launch, encoded at build time; execute writes each "
         "map's 8-byte address as it writes a pointer, and encodes nothing.",
         "",

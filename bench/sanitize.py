@@ -6,7 +6,7 @@
 Run it after every kernel change (README's development notes). The plans cover every tile walk
 (static persistent, per tile, paired, dynamic), every mask kind (causal top-left and
 bottom-right, left and two-sided windows, softcap), each head dim, the dense, padded and packed
-forms (with the scheduling kernel), paged decode split (merged in-kernel) and unsplit,
+forms (with the scheduling kernel), paged decode split and unsplit (with the combine kernel),
 kv_append alone, the glue kernels and the FP8 kernel's variants (dense, padded and packed). Sizes are small, odd
 where it matters, and large enough that each walk is the one its rule picks. Inputs come from
 the GPU tests' buffers (tests/gpu/support.py, fp8_support.py): fresh random values, lengths
@@ -100,18 +100,18 @@ def targets() -> list[Target]:
         t("padded-d128-softcap", "padded, softcap", _dense("fp16", 2, 4, 4, 300, 300, 128, False, form="padded",
           lengths="kv", softcap=40.0)),
         # paged decode
-        t("decode-split", "kv_append + split-KV, merged by the last CTA",
+        t("decode-split", "kv_append + split-KV + combine",
           decode=DecodeCase("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd")),
         t("decode-unsplit", "kv_append + one launch, MQA, s_new 4, causal",
           decode=DecodeCase("fp16", 5, 8, 1, 64, 32, 8, 4, True, False, "bshd")),
         t("decode-d256", "d=256, several new tokens", decode=DecodeCase("bf16", 2, 8, 2, 256, 64, 8, 4, True, True,
           "bshd", "sdpa")),
-        t("decode-window-split", "sliding window, split over the window, merged",
+        t("decode-window-split", "sliding window, split over the window + combine",
           decode=DecodeCase("bf16", 1, 32, 8, 128, 16, 512, 1, True, True, "bshd", window_left=1000)),
         t("decode-window-softcap", "window + softcap, d=256, s_new 4 (Gemma-2 local)",
           decode=DecodeCase("bf16", 2, 16, 8, 256, 32, 64, 4, True, True, "bshd", window_left=100, softcap=50.0)),
         # an e4m3 cache (quantizing append; the decode kernel's warp-level MMAs over converted rows)
-        t("decode-e4m3-split", "e4m3 cache, head scales: quantizing kv_append + split-KV, merged",
+        t("decode-e4m3-split", "e4m3 cache, head scales: quantizing kv_append + split-KV + combine",
           decode=DecodeCase("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd", cache="e4m3")),
         t("decode-e4m3-unsplit", "e4m3 cache, one scale: kv_append + one launch, d=64, s_new 4",
           decode=DecodeCase("fp16", 5, 8, 1, 64, 32, 8, 4, True, False, "bshd", cache="e4m3", scales="tensor")),

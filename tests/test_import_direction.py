@@ -98,7 +98,7 @@ def test_the_scan_sees_nested_and_guarded_imports(tmp_path: Path, monkeypatch: p
 
 
 KERNELS = ROOT / "frostc" / "kernels"
-KERNEL_FILES = ("sdpa_fwd_wgmma", "sdpa_decode_paged", "sdpa_schedule", "kv_append", "vt_pack")
+KERNEL_FILES = ("sdpa_fwd_wgmma", "sdpa_decode_paged", "sdpa_decode_combine", "sdpa_schedule", "kv_append", "vt_pack")
 
 
 @pytest.mark.parametrize("kernel", KERNEL_FILES)

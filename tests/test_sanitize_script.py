@@ -44,7 +44,7 @@ def test_the_targets_cover_every_walk_form_and_paged_kernel(sanitize) -> None:
     assert len(labels) == len(set(labels))
     covers = " ".join(t.covers for t in targets)
     for kind in ("static walk", "paired walk", "dynamic walk", "one CTA per tile", "schedule kernel", "packed",
-                 "padded", "split-KV", "merged", "kv_append alone", "softcap", "window", "bottom-right"):  # fmt: skip
+                 "padded", "split-KV", "combine", "kv_append alone", "softcap", "window", "bottom-right"):  # fmt: skip
         assert kind in covers, kind
     assert {t.sdpa.head_dim for t in targets if t.sdpa} == {64, 128, 256}
 

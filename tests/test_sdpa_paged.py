@@ -120,25 +120,25 @@ def test_unsupported_layouts_are_declined_at_resolve(changes, path, words):
 
 def test_a_long_context_for_few_sequences_is_split():
     plan = resolve(check(base(batch=1, max_pages=8192)))  # 131072 keys, 2 KV heads
-    (attention,) = plan.launches  # the last CTA of each row block merges the splits: no combine launch
+    attention, combine = plan.launches
     splits, chunk = attention.grid[0], _arg(attention, "chunk")
-    assert splits > 1 and _arg(attention, "splits") == splits
+    assert splits > 1 and _arg(attention, "splits") == splits == _arg(combine, "splits")
     assert chunk % BLOCK_N == 0 and splits * chunk >= 8192 * PAGE > (splits - 1) * chunk
-    names = [(r.name, r.zeroed) for r in plan.workspace]
-    assert names == [("attn.o_partial", False), ("attn.lse_partial", False), ("attn.split_counters", True)]
+    assert combine.grid == (HQ // HKV, HKV, 1)  # one CTA per query row
+    names = [r.name for r in plan.workspace]
+    assert names == ["attn.o_partial", "attn.lse_partial"]
     rows = HQ // HKV
     assert plan.workspace[0].bytes == HKV * splits * rows * D * 4
-    assert plan.workspace[2].bytes == HKV * 1 * 4  # a counter per (sequence, KV head, row block)
-    assert [a.workspace for a in attention.args if a.param == "split_counters"] == [plan.workspace[2].offset]
     assert [c.longest for c in plan.lengths] == [8192 * PAGE]
 
 
 def test_windows_and_softcap_make_their_variant_and_splits_follow_the_window():
     d = edited(base(batch=1, max_pages=8192), **{"nodes.0.window_left": 4095, "nodes.0.softcap": 30.0})
     plan = resolve(check(d))
-    (attention,) = plan.launches
+    attention, combine = plan.launches
     assert attention.variant.name == "sdpa_decode_paged.bf16.d128.p16.causal_br.local.softcap.split"
-    assert _arg(attention, "window_left") == 4095 and _arg(attention, "s_new") == 1
+    assert _arg(attention, "window_left") == _arg(combine, "window_left") == 4095
+    assert _arg(combine, "s_new") == 1 and _arg(combine, "block_n") == BLOCK_N
     splits, chunk = attention.grid[0], _arg(attention, "chunk")
     assert splits * chunk >= 4096 + BLOCK_N > (splits - 1) * chunk  # the window, not the 131072-key capacity
     assert _arg(attention, "score_scale") == pytest.approx(D**-0.5 / 30.0)
@@ -205,10 +205,10 @@ def test_a_decode_step_plan_builds_and_inspect_shows_nodes_splits_and_workspace(
     import json
 
     plan = decode_plan(build(parse_description(json.dumps(decode_step()), fmt="json")))
-    assert [launch.node for launch in plan.launches] == ["append", "attn"]
+    assert [launch.node for launch in plan.launches] == ["append", "attn", "attn"]
     assert [s.name for s in plan.slots if s.is_output] == ["k_cache", "v_cache", "o", "lse"]
     text = json.dumps(plan_summary(plan))
-    for word in ("kv_append", "sdpa_decode_paged", "splits", "attn.o_partial", "attn.split_counters", "cache_len"):
+    for word in ("kv_append", "sdpa_decode_paged", "sdpa_decode_combine", "splits", "attn.o_partial", "cache_len"):
         assert word in text, word
 
 

@@ -10,7 +10,6 @@ class Barrier:
     DECODE_Q = 1  # the paged decode kernel's Q staging (its consumer warpgroup, 128 threads)
     # ... and, over a quantized cache, the merge of its consumer warps' partial outputs
     DECODE_MERGE = 2
-    SPLIT_MERGE = 3  # whether the decode CTA merges its row block's splits (its consumer warps)
 
     TURN = 2  # (the forward kernel's; the decode kernel's ids above are free in it)
     # TURN + c: consumer c may issue its GEMMs (it and its predecessor, 256 threads)

@@ -194,6 +194,6 @@ def byte_interleave(a, b, selector: int, *, loc=None, ip=None):
 def key_origin(kv_len, s_new, window_left, block_n: int):
     """The first key any new token of a sequence sees, down to a block: 0, or with a window
     (window_left >= 0) the first token's window start. The splits cover [origin, kv_len); the
-    merge (`split_merge.active_splits`) counts them from the same origin."""
+    combine kernel computes the same origin to count them."""
     start = cutlass.max(kv_len - s_new - window_left, 0)
     return cutlass.select_(window_left < 0, 0, start // block_n * block_n)

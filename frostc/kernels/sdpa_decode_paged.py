@@ -8,8 +8,8 @@ split-KV, at the memory-bandwidth limit.
 - Split-KV: split s covers keys [s·chunk, (s + 1)·chunk) of its sequence; the plan fixes the
   chunk at build (from the capacities and the SM count). A split past a sequence's length
   exits at once. With one split the CTA writes O (and LSE) itself; with several it writes its
-  partial O (normalized, fp32) and LSE (natural log) to the workspace, and the last CTA of the
-  row block to finish merges the splits (`split_merge.py`: no launch of its own).
+  partial O (normalized, fp32) and LSE (natural log) to the workspace, and the combine kernel
+  (`sdpa_decode_combine.py`) merges the sequence's splits.
 - Loads: a producer warp (one thread issues) brings K and V in blocks of `block_n` keys through
   TMA into a `stages`-deep ring, box by box: a box is `box_rows` = gcd(page size, block_n) keys
   of one page, so it never crosses a page. Pages come from the page table (device memory, read
@@ -62,7 +62,6 @@ from frostc.kernels.sdpa_common import (
     key_origin,
     quad_sum,
 )
-from frostc.kernels.split_merge import SplitMerge, active_splits
 from frostc.kernels.wgmma_layouts import c_to_a_layout, mma_rows_by_cols, wgmma_rows_by_cols
 
 ROWS = 64  # query rows per CTA: one consumer warpgroup's WGMMA M
@@ -73,7 +72,6 @@ D_CHUNK = 64  # head-dim elements per TMA box row (128 bytes: the swizzle's widt
 THREADS = 160  # one consumer warpgroup and one producer warp
 PRODUCER_WARP = 4
 CONSUMER_WARPS = 4
-CONSUMER_THREADS = 32 * CONSUMER_WARPS
 ROWS_SCALED = 16  # over a quantized cache: one m16n8k16 tile of rows, shared by the consumer warps
 WARP_KEYS = BLOCK_N // CONSUMER_WARPS  # ... each warp taking this many keys of every block
 MMA_SHAPE = (16, 8, 16)  # the warp-level MMA (mma.sync) the quantized cache's kernel uses
@@ -135,8 +133,7 @@ MMA_DTYPE_OF_SCALED = "fp16"  # e4m3 converts to fp16 exactly in one instruction
 MMA_FINITE_MAX = 65504.0  # fp16's largest finite: Q times the softmax scale saturates there
 STRIDE_PARAMS = ("q.stride_b", "q.stride_h", "q.stride_s", "o.stride_b", "o.stride_h", "o.stride_s",
                  "lse.stride_b", "lse.stride_h", "lse.stride_s", "page_table.stride_b")  # fmt: skip
-# the splits' partial results and their row blocks' arrival counters (workspace: `split_merge`)
-POINTERS = ("q", "o", "lse", "page_table", "seq_len_kv", "o_partial", "lse_partial", "split_counters")
+POINTERS = ("q", "o", "lse", "page_table", "seq_len_kv", "o_partial", "lse_partial")
 
 
 @dataclass(frozen=True)
@@ -147,7 +144,7 @@ class PagedDecodeVariant(TmaVariant):
     head_dim: int
     page_size: int
     causal: bool  # bottom-right: the new tokens are the cache's last
-    split: bool  # partial results to the workspace, merged by the row block's last CTA
+    split: bool  # partial results to the workspace (a combine launch follows)
     has_lse: bool
     window: bool = False  # a sliding window: each token sees window_left keys before its own
     softcap: bool = False  # scores s -> softcap * tanh(s / softcap)
@@ -167,7 +164,7 @@ class PagedDecodeVariant(TmaVariant):
         mask += (".local" if self.window else "") + (".softcap" if self.softcap else "")
         kv = f".kv_{self.cache}" if self.cache else ""
         name = f"sdpa_decode_paged.{self.dtype}{kv}.d{self.head_dim}.p{self.page_size}.{mask}"
-        return name + (".split" if self.split else "") + (".lse" if self.has_lse else "")
+        return name + (".split" if self.split else "") + (".lse" if self.has_lse and not self.split else "")
 
     @property
     def tile_shape(self) -> DecodeTiles:
@@ -208,7 +205,7 @@ class PagedDecodeVariant(TmaVariant):
         pointers = [fake_ptr(dsl_dtype(self.tma_dtype), 16) for _ in LOADED]
         pointers += [fake_ptr(dtype, 16), fake_ptr(dtype, 16), fake_ptr(cutlass.Float32, 4)]
         pointers += [fake_ptr(cutlass.Int32, 4), fake_ptr(cutlass.Int32, 4)]
-        pointers += [fake_ptr(cutlass.Float32, 16), fake_ptr(cutlass.Float32, 4), fake_ptr(cutlass.Int32, 4)]
+        pointers += [fake_ptr(cutlass.Float32, 16), fake_ptr(cutlass.Float32, 4)]
         if self.quantized:
             pointers += [fake_ptr(cutlass.Float32, 4) for _ in SCALE_POINTERS]
         return (*pointers, *_fake_scalars(self.quantized), make_fake_stream())
@@ -321,14 +318,14 @@ class PagedDecode:
     # ---------------------------------------------------------------- host side
     @cute.jit
     def __call__(
-        self, k, v, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, split_counters,
+        self, k, v, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
         ints: tuple, cache_strides: tuple, strides: tuple, floats: tuple, stream,
     ):  # fmt: skip
         self.shared_storage = self._shared_storage()
         self.smem_bytes = self.shared_storage.size_in_bytes()
         (k_tma, mK), (v_tma, mV) = self.tma_loads(k, v, ints, cache_strides)
         kernel = self.kernel(
-            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, split_counters,
+            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
             *ints, *strides, *floats,
         )  # fmt: skip
         self._launch(kernel, ints, stream)
@@ -461,7 +458,6 @@ class PagedDecode:
         seq_len_kv: cute.Pointer,
         o_partial: cute.Pointer,
         lse_partial: cute.Pointer,
-        split_counters: cute.Pointer,
         batch: cutlass.Int32,
         heads_kv: cutlass.Int32,
         group: cutlass.Int32,
@@ -488,7 +484,7 @@ class PagedDecode:
         score_scale: cutlass.Float32,
     ):
         self._main(
-            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, split_counters,
+            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
             batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
             window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
             None,
@@ -496,7 +492,7 @@ class PagedDecode:
 
     @cute.jit
     def _main(
-        self, k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, split_counters,
+        self, k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
         batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
         window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
         scaled,
@@ -531,18 +527,15 @@ class PagedDecode:
         # the first block's page ids do not depend on the length: their loads overlap its load
         pt_row = page_table + cutlass.Int64(b) * pt_sb
         first_pages = self._block_pages(pt_row, work, 0, pages)
-        # the splits with keys take part in the merge (`split_merge`); a sequence without keys
-        # has split 0 alone (its partial: O = 0, LSE = -inf). A split past the end has nothing
-        # to add; with one split the CTA writes the rows even without keys
-        taking_part = cutlass.max(active_splits(kv_len, origin, chunk, splits), 1)
+        # a split past the sequence's end has nothing to add (the combine kernel counts the
+        # splits from the lengths); with one split the CTA writes the rows even without keys
         args = (
             work, (k_tma, mK), (v_tma, mV), q, (q_sb, q_sh, q_ss), (o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss),
-            (o_partial, lse_partial, split_counters, taking_part, row_blocks), (pt_row, first_pages),
-            (group, s_new, rows, splits, split, window_left), (heads_kv, pages, rows_per_page),
-            (scale_log2, score_scale, dequant), tidx, warp,
+            (o_partial, lse_partial), (pt_row, first_pages), (group, s_new, rows, splits, split, window_left),
+            (heads_kv, pages, rows_per_page), (scale_log2, score_scale, dequant), tidx, warp,
         )  # fmt: skip
         if cutlass.const_expr(self.variant.split):
-            if split < taking_part:
+            if blocks > 0:
                 self._run(*args)
         else:
             self._run(*args)
@@ -562,27 +555,6 @@ class PagedDecode:
         else:
             self._consume(k_pipe, v_pipe, sQ, sK, sV, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
                           lse_args, partials, heads_kv)  # fmt: skip
-            if cutlass.const_expr(self.variant.split):
-                self._merge_splits(work, partials, geometry, o_args, lse_args, heads_kv, tidx)
-
-    @cute.jit
-    def _merge_splits(self, work, partials, geometry, o_args, lse_args, heads_kv, tidx):
-        """The consumer warps, after their partial rows are stored: the last of the row block's
-        splits to get here merges them (`split_merge`). Not the producer warp: its lanes other
-        than the first would wait for that one, which waits for them at its TMA copies' lane
-        election (the whole warp's): a deadlock. They exit instead, as before."""
-        o_partial, lse_partial, counters, taking_part, row_blocks = partials
-        group, _, rows, splits, _, _ = geometry
-        o, o_sb, o_sh, o_ss = o_args
-        lse, lse_sb, lse_sh, lse_ss = lse_args
-        merge = SplitMerge(self.head_dim, CONSUMER_THREADS, self.dtype, self.variant.has_lse)
-        block = (cutlass.Int64(work.batch) * heads_kv + work.head_kv) * row_blocks + work.row_block
-        if merge.is_last(counters + block, taking_part, tidx):
-            first_row = work.row_block * self.tiles.rows
-            first_split = (cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits
-            sources = (o_partial, lse_partial, first_split, taking_part)
-            out = (o, o_sb, o_sh, o_ss, lse, lse_sb, lse_sh, lse_ss, work.batch, work.head_kv, group)
-            merge.merge(sources, first_row, cutlass.min(rows - first_row, self.tiles.rows), rows, out, tidx)
 
     def _smem_tensors(self, storage):
         """(Q, K, V) as the MMAs read them, and the (K, V) rings TMA writes: the same tiles."""
@@ -798,7 +770,7 @@ class PagedDecode:
     @cute.jit
     def _epilogue(self, pv_thr, acc_O, softmax, work, geometry, o_args, lse_args, partials, heads_kv):
         """Rows of this CTA that exist: O and LSE into the caller's tensors (one split), or the
-        split's normalized O (fp32) and LSE into the workspace for the merge (`split_merge`)."""
+        split's normalized O (fp32) and LSE into the workspace for the combine kernel."""
         group, s_new, rows, splits, split, _ = geometry
         o_mn = wgmma_rows_by_cols(acc_O)
         c_mn = wgmma_rows_by_cols(pv_thr.partition_C(cute.make_identity_tensor((ROWS, self.head_dim))))
@@ -807,7 +779,7 @@ class PagedDecode:
             row = work.row_block * ROWS + c_mn[r, 0][0]
             if row < rows:
                 if cutlass.const_expr(self.variant.split):
-                    o_partial, lse_partial = partials[:2]
+                    o_partial, lse_partial = partials
                     index = ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
                     out = cute.make_tensor(o_partial + index * self.head_dim, cute.make_layout(self.head_dim))
                     for c in cutlass.range_constexpr(cute.size(o_mn.shape[1])):
@@ -863,15 +835,15 @@ class PagedDecodeScaledCache(PagedDecode):
 
     @cute.jit
     def __call__(
-        self, k, v, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, split_counters, k_scale, v_scale,
+        self, k, v, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, k_scale, v_scale,
         ints: tuple, cache_strides: tuple, strides: tuple, floats: tuple, stream,
     ):  # fmt: skip
         self.shared_storage = self._shared_storage()
         self.smem_bytes = self.shared_storage.size_in_bytes()
         (k_tma, mK), (v_tma, mV) = self.tma_loads(k, v, ints, cache_strides)
         kernel = self.kernel_scaled(
-            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, split_counters,
-            k_scale, v_scale, *ints, *strides, *floats,
+            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, k_scale, v_scale,
+            *ints, *strides, *floats,
         )  # fmt: skip
         self._launch(kernel, ints, stream)
 
@@ -1175,7 +1147,7 @@ class PagedDecodeScaledCache(PagedDecode):
             top, total = self._row_total(row_max, row_sum, local)
             lse_value = (top + cute.math.log2(total)) * LN_2  # log2(0) = -inf: a row without keys
             if cutlass.const_expr(self.variant.split):
-                o_partial, lse_partial = partials[:2]
+                o_partial, lse_partial = partials
                 index = ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
                 dst = cute.make_tensor(o_partial + index * self.head_dim + col, cute.make_layout(span))
                 dst.store(out.load())
@@ -1208,7 +1180,6 @@ class PagedDecodeScaledCache(PagedDecode):
         seq_len_kv: cute.Pointer,
         o_partial: cute.Pointer,
         lse_partial: cute.Pointer,
-        split_counters: cute.Pointer,
         k_scale: cute.Pointer,
         v_scale: cute.Pointer,
         batch: cutlass.Int32,
@@ -1240,8 +1211,9 @@ class PagedDecodeScaledCache(PagedDecode):
         q_scale: cutlass.Float32,
     ):
         self._main(
-            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, split_counters,
+            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
             batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
             window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
             (k_scale, v_scale, k_scale_sh, v_scale_sh, q_scale),
         )  # fmt: skip
+

@@ -5,9 +5,8 @@ here.
 Split-KV is decided here, at build, from the capacities and the target's SM count: with few
 (sequence, KV head) pairs a cache read by one CTA per pair would leave most SMs idle, so each
 sequence's keys are cut into chunks of `chunk` keys, one CTA each; the chunks' partial results
-go to the workspace and the last CTA of each row block to finish merges them (one launch:
-`frostc.kernels.split_merge`). The plan records the split count (the launch's grid x) and the
-chunk (an argument).
+go to the workspace and a combine launch merges them. The plan records the split count (the
+attention launch's grid x) and the chunk (an argument of both launches).
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ from frost_runtime.schema import MAX_GRID
 from frostc.contexts import ResolveContext
 from frostc.graph import Tensor
 from frostc.kernels.sdpa_common import LOG2_E
+from frostc.kernels.sdpa_decode_combine import INT_PARAMS as COMBINE_INT_PARAMS
+from frostc.kernels.sdpa_decode_combine import DecodeCombineVariant
 from frostc.kernels.sdpa_decode_paged import INT_PARAMS, DecodeTiles, PagedDecodeVariant, decode_tiles
 from frostc.ops.paged_cache import is_scaled
 from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
@@ -57,14 +58,14 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     if splits == 1:
         return (_attention_launch(node, variant, splits, chunk, None, ctx),)
     partials = node.batch * node.heads_kv * splits * _rows(node)
-    row_blocks = node.batch * node.heads_kv * -(-_rows(node) // tiles.rows)
     workspace = {
         "o_partial": ctx.workspace(f"{node.name}.o_partial", partials * node.head_dim * 4),
         "lse_partial": ctx.workspace(f"{node.name}.lse_partial", partials * 4),
-        # each row block's count of finished splits: the last merges (`frostc.kernels.split_merge`)
-        "split_counters": ctx.workspace(f"{node.name}.split_counters", row_blocks * 4, zeroed=True),
     }
-    return (_attention_launch(node, variant, splits, chunk, workspace, ctx),)
+    return (
+        _attention_launch(node, variant, splits, chunk, workspace, ctx),
+        _combine_launch(node, splits, chunk, tiles.block_n, workspace, ctx),
+    )
 
 
 def _rows(node: Sdpa) -> int:
@@ -120,7 +121,7 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     lengths = ctx.tensor(node.kv_lengths)
     if lengths.dims[0] > 1 and lengths.strides[0] != 1:
         ctx.problem(f"{lengths.path}.strides[0]", f"stride {lengths.strides[0]}: lengths must be contiguous (stride 1)")
-    # the launch's grid: (splits, heads_kv * row blocks, batch)
+    # the launches' grids: (splits, heads_kv * row blocks, batch) and (rows, heads_kv, batch)
     if node.batch > MAX_GRID[2]:
         ctx.problem(
             f"{q.path}.dims[0]", f"batch {node.batch} is over {MAX_GRID[2]}, a launch's grid z; split the batch"
@@ -210,3 +211,30 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     shape = (tuple(ints.values()), cache_strides)
     grid = (splits, node.heads_kv * row_blocks, node.batch)
     return ResolvedLaunch(node.name, variant, grid, args, shape)
+
+
+def _combine_launch(
+    node: Sdpa, splits: int, chunk: int, block_n: int, workspace: dict[str, int], ctx
+) -> ResolvedLaunch:
+    o = ctx.slot(node.o)
+    lse = ctx.slot(node.lse) if node.lse else None
+    variant = DecodeCombineVariant(o.dtype, node.head_dim, lse is not None)
+    ints = {
+        "heads_kv": node.heads_kv,
+        "group": node.heads_q // node.heads_kv,
+        "rows": _rows(node),
+        "capacity": node.seq_kv,
+        "chunk": chunk,
+        "splits": splits,
+        "s_new": node.seq_q,
+        "window_left": -1 if node.mask.window_left is None else node.mask.window_left,
+        "block_n": block_n,  # the attention's key blocks: where a window's first split starts
+    }
+    assert tuple(ints) == COMBINE_INT_PARAMS
+    values: dict[str, int] = dict(ints)
+    for role, slot in (("o", o), ("lse", lse)):
+        for i, s in enumerate(("stride_b", "stride_h", "stride_s")):
+            values[f"{role}.{s}"] = slot.strides[i] if slot is not None else 0
+    slots = {"o": o, "lse": lse, "seq_len_kv": ctx.slot(node.kv_lengths)}
+    args = launch_args(variant, slots, workspace, values)
+    return ResolvedLaunch(node.name, variant, (_rows(node), node.heads_kv, node.batch), args)

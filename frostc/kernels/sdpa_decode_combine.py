@@ -1,0 +1,211 @@
+"""The combine kernel of a split-KV paged attention plan: merges each query row's partial
+results (one per key split, written by `sdpa_decode_paged.py` into the workspace) into O and
+LSE, on the same stream right after it.
+
+Split s of a row holds O_s (normalized over its keys, fp32) and LSE_s (natural log). With
+m = max_s LSE_s and w_s = exp(LSE_s - m):  O = Σ w_s O_s / Σ w_s,  LSE = m + log Σ w_s.
+Only the splits that hold keys of the sequence, ceil((len - origin) / chunk), are read (the
+origin: 0, or with a sliding window the first new token's window start, down to a block: the
+splits cover [origin, len), `sdpa_common.key_origin`): the attention
+kernel's CTAs past the end wrote nothing, so their workspace is stale, and a sequence too
+short to fill every split is merged from the splits it has. A row that sees no key (every
+split LSE = -inf, or no split) gets O = 0 and LSE = -inf.
+
+One CTA per (row, KV head, sequence); 256 threads: the splits' LSE are reduced across the
+CTA, then O is summed with 16-byte loads, each thread a 4-float piece of d for every
+`256 / (d / 4)`-th split, and the pieces' partial sums added through shared memory.
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_stream, make_ptr
+from cutlass.cute.typing import AddressSpace
+
+from frostc.kernels.sdpa_common import LN_2, LOG2_E, dsl_dtype, key_origin
+
+THREADS = 256
+WARPS = THREADS // 32
+VECTOR = 4  # fp32 elements per 16-byte load
+INT_PARAMS = ("heads_kv", "group", "rows", "capacity", "chunk", "splits", "s_new", "window_left", "block_n")
+STRIDE_PARAMS = ("o.stride_b", "o.stride_h", "o.stride_s", "lse.stride_b", "lse.stride_h", "lse.stride_s")
+POINTERS = ("o_partial", "lse_partial", "seq_len_kv", "o", "lse")
+
+
+@dataclass(frozen=True)
+class DecodeCombineVariant:
+    dtype: str
+    head_dim: int
+    has_lse: bool
+
+    @property
+    def name(self) -> str:
+        return f"sdpa_decode_combine.{self.dtype}.d{self.head_dim}" + (".lse" if self.has_lse else "")
+
+    @property
+    def params(self) -> tuple[tuple[str, str], ...]:
+        return (
+            tuple((p, "ptr") for p in POINTERS)
+            + tuple((p, "i32") for p in INT_PARAMS)
+            + tuple((p, "i64") for p in STRIDE_PARAMS)
+        )
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (THREADS, 1, 1)
+
+    @property
+    def tiles(self) -> dict[str, int]:
+        return {"threads": THREADS, "split_groups": THREADS // (self.head_dim // VECTOR)}
+
+    @property
+    def grid_rule(self) -> str:
+        return "(s_new * group, heads_kv, batch): one CTA per query row"
+
+    @property
+    def ctas_per_sm(self) -> int:
+        return 0
+
+    def kernel(self) -> "DecodeCombine":
+        return DecodeCombine(self)
+
+    def compile_args(self) -> tuple:
+        f32 = [make_ptr(cutlass.Float32, 0x10000, AddressSpace.gmem, assumed_align=16) for _ in range(2)]
+        lengths = make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=4)
+        o = make_ptr(dsl_dtype(self.dtype), 0x10000, AddressSpace.gmem, assumed_align=16)
+        lse = make_ptr(cutlass.Float32, 0x10000, AddressSpace.gmem, assumed_align=4)
+        ints = tuple(cutlass.Int32(1) for _ in INT_PARAMS)
+        strides = tuple(cutlass.Int64(8) for _ in STRIDE_PARAMS)
+        return (*f32, lengths, o, lse, ints, strides, make_fake_stream())
+
+
+class DecodeCombine:
+    def __init__(self, variant: DecodeCombineVariant):
+        self.v = variant
+        self.dtype = dsl_dtype(variant.dtype)
+        self.lanes = variant.head_dim // VECTOR  # threads per split's row
+        self.groups = THREADS // self.lanes  # splits summed at once
+        self.smem_bytes = 0
+
+    @cute.jit
+    def __call__(self, o_partial, lse_partial, seq_len_kv, o, lse, ints: tuple, strides: tuple, stream):
+        groups, d = self.groups, self.v.head_dim
+
+        @cute.struct
+        class SharedStorage:
+            reduce: cute.struct.MemRange[cutlass.Float32, WARPS]
+            pieces: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, groups * d], 16]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+        heads_kv, rows = ints[0], ints[2]
+        self.kernel(o_partial, lse_partial, seq_len_kv, o, lse, *ints, *strides).launch(
+            grid=(rows, heads_kv, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        o_partial: cute.Pointer,
+        lse_partial: cute.Pointer,
+        seq_len_kv: cute.Pointer,
+        o: cute.Pointer,
+        lse: cute.Pointer,
+        heads_kv: cutlass.Int32,
+        group: cutlass.Int32,
+        rows: cutlass.Int32,
+        capacity: cutlass.Int32,
+        chunk: cutlass.Int32,
+        splits: cutlass.Int32,
+        s_new: cutlass.Int32,
+        window_left: cutlass.Int32,
+        block_n: cutlass.Int32,
+        o_sb: cutlass.Int64,
+        o_sh: cutlass.Int64,
+        o_ss: cutlass.Int64,
+        lse_sb: cutlass.Int64,
+        lse_sh: cutlass.Int64,
+        lse_ss: cutlass.Int64,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, head_kv, b = cute.arch.block_idx()
+        d = self.v.head_dim
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        reduce = storage.reduce.get_tensor(cute.make_layout(WARPS))
+        pieces = storage.pieces.get_tensor(cute.make_layout((d, self.groups)))
+
+        first = (cutlass.Int64(b) * heads_kv + head_kv) * splits * rows + row  # split 0's (row) index
+        lses = cute.make_tensor(lse_partial + first, cute.make_layout(splits, stride=rows))
+        lane, grp = tidx % self.lanes, tidx // self.lanes
+
+        # Loads that do not wait for the length: this thread's first LSE and first O piece (of
+        # splits that exist; used only if the sequence has them), beside the length itself.
+        length = cute.make_tensor(seq_len_kv + b, cute.make_layout(1))[0]
+        my_lse = lses[cutlass.min(tidx, splits - 1)]
+        my_piece = self._piece(o_partial, first, cutlass.min(grp, splits - 1), rows, lane).load()
+        kv_len = cutlass.min(cutlass.max(length, 0), capacity)
+        keys = kv_len - key_origin(kv_len, s_new, window_left, block_n)  # what the splits cover
+        active = cutlass.min((keys + chunk - 1) // chunk, splits)
+
+        # the largest LSE, then the sum of the weights
+        largest = cutlass.select_(tidx < active, my_lse, -cutlass.Float32.inf)
+        for s in range(tidx + THREADS, active, THREADS):
+            largest = cute.arch.fmax(largest, lses[s])
+        largest = self._cta_reduce(largest, reduce, tidx, cute.arch.fmax)
+        shift = 0.0 if largest == -cutlass.Float32.inf else largest
+        total = cutlass.Float32(0.0)
+        if tidx < active:
+            total = cute.math.exp2((my_lse - shift) * LOG2_E, fastmath=True)
+        for s in range(tidx + THREADS, active, THREADS):
+            total = total + cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
+        total = self._cta_reduce(total, reduce, tidx, lambda a, c: a + c)
+
+        # Σ w_s O_s: thread (lane, grp) sums the 4-float piece `lane` of splits grp, grp + groups, ...
+        acc = cute.make_rmem_tensor(VECTOR, cutlass.Float32)
+        acc.fill(0.0)
+        if grp < active:
+            acc.store(my_piece * cute.math.exp2((lses[grp] - shift) * LOG2_E, fastmath=True))
+        for s in cutlass.range(grp + self.groups, active, self.groups, unroll=4):  # the loads overlap
+            weight = cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
+            acc.store(acc.load() + self._piece(o_partial, first, s, rows, lane).load() * weight)
+        for i in cutlass.range_constexpr(VECTOR):
+            pieces[lane * VECTOR + i, grp] = acc[i]
+        cute.arch.sync_threads()
+
+        inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
+        token, head = row // group, head_kv * group + row % group
+        at = cutlass.Int64(b) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
+        out = cute.make_tensor(o + at, cute.make_layout(d))
+        for first in cutlass.range_constexpr(0, d, THREADS):  # d may be more or fewer than the threads
+            col = first + tidx
+            if col < d:
+                value = cutlass.Float32(0.0)
+                for g in cutlass.range_constexpr(self.groups):
+                    value = value + pieces[col, g]
+                out[col] = (value * inv).to(self.dtype)
+        if cutlass.const_expr(self.v.has_lse):
+            if tidx == 0:
+                at = cutlass.Int64(b) * lse_sb + cutlass.Int64(head) * lse_sh + cutlass.Int64(token) * lse_ss
+                value = -cutlass.Float32.inf
+                if total > 0.0:
+                    value = shift + cute.math.log2(total) * LN_2
+                cute.make_tensor(lse + at, cute.make_layout(1))[0] = value
+
+    def _piece(self, o_partial, first, split, rows, lane):
+        """Split `split`'s 4-float piece `lane` of the row's partial O."""
+        at = (first + cutlass.Int64(split) * rows) * self.v.head_dim + lane * VECTOR
+        return cute.make_tensor(o_partial + at, cute.make_layout(VECTOR))
+
+    @cute.jit
+    def _cta_reduce(self, value, scratch, tidx, combine):
+        """`combine` over the CTA's values (one a thread); every thread gets the result."""
+        value = cute.arch.warp_reduction(value, combine)
+        if tidx % 32 == 0:
+            scratch[tidx // 32] = value
+        cute.arch.sync_threads()
+        result = scratch[0]
+        for w in cutlass.range_constexpr(1, WARPS):
+            result = combine(result, scratch[w])
+        cute.arch.sync_threads()  # the scratch is free again
+        return result
