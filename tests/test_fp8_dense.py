@@ -213,6 +213,13 @@ def test_a_dense_fp8_plan_re_lays_v_given_with_d_innermost(layout):
     given = edited(fp8_node(), **{"tensors.v.strides": [HKV * D * pitch, D * pitch, 1, pitch]})
     twin = decode_plan(build(parse_description(json.dumps(given), fmt="json")))
     assert attn["v.tmap"].tmap == _launch_values(twin, 0)["v.tmap"].tmap
+    # the batched variant finds its tokens without the packed one's table of sequence starts
+    from frostc.kernels.vt_pack import SHARED_STARTS
+
+    packed = decode_plan(build(parse_description(json.dumps(packed_fp8_node()), fmt="json")))
+    packed_smem = next(k.smem_bytes for k in packed.kernels if k.name.startswith("vt_pack"))
+    batched_smem = plan.kernels[plan.launches[0].kernel].smem_bytes
+    assert packed_smem - batched_smem >= 4 * SHARED_STARTS - 32  # the table's bytes, less alignment
 
 
 def test_a_padded_fp8_plan_re_lays_v_given_with_d_innermost():

@@ -1216,4 +1216,3 @@ class PagedDecodeScaledCache(PagedDecode):
             window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
             (k_scale, v_scale, k_scale_sh, v_scale_sh, q_scale),
         )  # fmt: skip
-

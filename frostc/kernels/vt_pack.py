@@ -137,11 +137,13 @@ class VtPack:
     @cute.jit
     def __call__(self, v, sequences, v_packed, ints: tuple, stream):
         row_storage = (KEYS * self.row_words + GROUPS * 4) * 4
+        # the batched variant finds its tokens without the sequences' starts
+        start_words = 1 if self.v.batched else SHARED_STARTS
 
         @cute.struct
         class SharedStorage:
             rows: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, row_storage], 16]
-            starts: cute.struct.MemRange[cutlass.Int32, SHARED_STARTS]
+            starts: cute.struct.MemRange[cutlass.Int32, start_words]
             tokens: cute.struct.MemRange[cutlass.Int32, KEYS]  # each key's source token
 
         self.shared_storage = SharedStorage
