@@ -407,7 +407,11 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
                 if is_scaled(c.dtype) and role == "o":
                     message += "; an FP8 node's o is bf16 or fp16"
                 elif is_scaled(c.dtype) and role == "q":
-                    message += "; e4m3 q is read by the FP8 prefill kernel and the paged form's FP8 decode"
+                    # only the paged form gets here with e4m3 q (the others take the FP8 kernel)
+                    message += (
+                        "; the paged form's q stays 16-bit (an FP8 cache is e4m3 k and v with k_scale and v_scale): "
+                        "e4m3 q is for the dense, padded and packed forms"
+                    )
                 ctx.problems_at(c.at("dtype"), message)
             elif q_dtype is not None and c.dtype != q_dtype:
                 message = f"{c.dtype} does not match q's {q_dtype}; q, k, v and o must share one dtype (bf16 or fp16)"
