@@ -1069,7 +1069,7 @@ class PagedDecodeScaledCache(PagedDecode):
             row = cute.local_tile(tile, (1, span), (key, quad))
             cute.make_tensor(raw.iterator + i * span, cute.make_layout((1, span))).store(row.load())
         words = cute.recast_tensor(raw, cutlass.Uint32)  # key i's word w: d 4w..4w+3 at i * span/4 + w
-        paired = cute.make_rmem_tensor(4 * span // 4, cutlass.Uint32)
+        paired = cute.make_rmem_tensor(span, cutlass.Uint32)  # 4 keys' span bytes, as words
         quarter = span // 4
         for dt4 in cutlass.range_constexpr(quarter):
             for half in cutlass.range_constexpr(2):  # keys (0, 1), then (2, 3): B's two registers

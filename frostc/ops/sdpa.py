@@ -590,7 +590,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
             visits = _tile_capacity(node, variant.tile_shape.block_m) * variant.tile_shape.consumers
             regions["tiles"] = ctx.workspace(f"{node.name}.tile_visits", 4 * visits)
         if relaid:
-            regions["v.tmap"] = ctx.workspace(f"{node.name}.v_relaid", _relaid_bytes(node))
+            regions["v.tmap"] = _relaid_region(node, ctx)
             return (_relay_launch(node, regions["v.tmap"], ctx), _attention_launch(node, variant, ctx, regions))
         return (_attention_launch(node, variant, ctx, regions),)
     _record_length_contracts(node, ctx)
@@ -607,7 +607,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         rows = node.heads_kv * node.head_dim
         workspace["v_packed"] = ctx.workspace(f"{node.name}.v_packed", rows * packed_pitch(node.tokens_kv, node.batch))
     if relaid:  # padded V's rows, transposed: both launches' V maps address the workspace
-        workspace["v.tmap"] = ctx.workspace(f"{node.name}.v_relaid", _relaid_bytes(node))
+        workspace["v.tmap"] = _relaid_region(node, ctx)
     attention = _attention_launch(node, variant, ctx, workspace)
     schedule = _schedule_launch(node, variant, units, workspace, attention, ctx)
     if variant.v_repacked:
@@ -623,9 +623,10 @@ def _relaid_v(node: Sdpa, ctx: ResolveContext) -> bool:
     return node.fp8 and node.form != "packed" and ctx.tensor(node.v).strides[3] == 1
 
 
-def _relaid_bytes(node: Sdpa) -> int:
-    """Vᵀ (b, hkv, d, pitch), e4m3."""
-    return node.batch * node.heads_kv * node.head_dim * relaid_pitch(node.seq_kv)
+def _relaid_region(node: Sdpa, ctx: ResolveContext) -> int:
+    """The workspace region of the re-laid Vᵀ (b, hkv, d, pitch), e4m3: its offset."""
+    nbytes = node.batch * node.heads_kv * node.head_dim * relaid_pitch(node.seq_kv)
+    return ctx.workspace(f"{node.name}.v_relaid", nbytes)
 
 
 def _relaid_strides(node: Sdpa) -> tuple[int, int, int]:
