@@ -55,6 +55,8 @@ def cases() -> list[Fp8Case]:
         Fp8Case("fp8-d64-causal", 1, 4, 4, 1025, 1025, 64, causal=True),
         Fp8Case("fp8-d256-full", 1, 4, 2, 190, 651, 256),
         Fp8Case("fp8-d256-causal", 1, 2, 1, 700, 700, 256, causal=True, descales="tensor"),
+        # 96-key blocks: the diagonal crosses a block inside a 128-row tile; the counter's walk
+        Fp8Case("fp8-d256-causal-dynamic", 1, 2, 2, 1999, 1999, 256, causal=True),
         # variable lengths (tests/gpu/test_fp8_varlen.py): each form at each head dim, masks across them
         Fp8Case("fp8-d128-packed-causal", 6, 8, 2, 700, 800, 128, causal=True, form="packed",
                 tokens_q=2001, tokens_kv=2300),
