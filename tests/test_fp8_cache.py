@@ -120,7 +120,7 @@ def test_the_plan_moves_the_softmax_scale_to_q_and_reads_the_scales(scale_heads)
     plan = decode_plan(build(parse_description(json.dumps(step(scale_heads=scale_heads)), fmt="json")))
     kernels = [k.name for k in plan.kernels]
     assert kernels[0] == "kv_append.bf16.kv_e4m3.d128"
-    assert kernels[1].startswith("sdpa_decode_paged.bf16.kv_e4m3.d128.p16.causal_br")
+    assert kernels[1].startswith("sdpa_decode_paged.bf16.kv_e4m3.r8.d128.p16.causal_br")  # 4 rows: few_rows
     attn = _launch_values(plan, "attn", "sdpa_decode_paged")
     assert attn["q_scale"] == pytest.approx(1 / math.sqrt(D))
     assert attn["scale_log2"] == pytest.approx(1 / math.log(2))  # log2(e): attn_scale is in Q
@@ -152,12 +152,15 @@ def test_the_e4m3_kernel_takes_16_rows_per_cta_and_more_row_blocks():
     """The warp-level kernel's CTA holds one m16 tile of (token, head) rows: a group of 4 by one
     token is one row block, by 5 tokens two; the bf16 cache's kernel keeps 64 rows."""
     assert decode_tiles(128, 16, "bf16", "e4m3").rows == 16 and decode_tiles(128, 16, "bf16").rows == 64
-    for s_new, row_blocks in ((1, 1), (5, 2)):
+    for s_new, row_blocks in ((1, 1), (2, 1), (3, 1), (5, 2)):
         d = edited(step(), **{f"tensors.{name}.dims": [B, HQ, s_new, D] for name in ("q", "o")})
         d = edited(d, **{f"tensors.{name}.dims": [B, HKV, s_new, D] for name in ("k_new", "v_new")})
         plan = decode_plan(build(parse_description(json.dumps(d), fmt="json")))
         attn = _launch_values(plan, "attn", "sdpa_decode_paged")
         assert (attn["rows"], attn["row_blocks"]) == (4 * s_new, row_blocks)
+        # at most 8 rows: the variant that skips the m16 tile's second row half (padding)
+        few_rows = ".r8." in next(k.name for k in plan.kernels if k.name.startswith("sdpa_decode_paged"))
+        assert few_rows == (4 * s_new <= 8)
         launch = next(x for x in plan.launches if x.node == "attn" and plan.kernels[x.kernel].name.startswith("sdpa_"))
         assert launch.grid[1] == HKV * row_blocks
         assert "/ 16)" in plan.kernels[launch.kernel].grid_rule

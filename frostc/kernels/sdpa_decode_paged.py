@@ -73,6 +73,8 @@ THREADS = 160  # one consumer warpgroup and one producer warp
 PRODUCER_WARP = 4
 CONSUMER_WARPS = 4
 ROWS_SCALED = 16  # over a quantized cache: one m16n8k16 tile of rows, shared by the consumer warps
+FAST_SOFTMAX = False  # experiment: see PagedDecodeScaledCache._softmax_moved
+FEW_ROWS = 8  # ... whose first row half holds every query row of a GQA group of 8 or fewer by one token
 WARP_KEYS = BLOCK_N // CONSUMER_WARPS  # ... each warp taking this many keys of every block
 MMA_SHAPE = (16, 8, 16)  # the warp-level MMA (mma.sync) the quantized cache's kernel uses
 
@@ -149,6 +151,9 @@ class PagedDecodeVariant(TmaVariant):
     window: bool = False  # a sliding window: each token sees window_left keys before its own
     softcap: bool = False  # scores s -> softcap * tanh(s / softcap)
     cache: str | None = None  # a quantized cache's dtype ("e4m3"); None: the caches are `dtype`
+    # a quantized cache's kernel whose query rows per (sequence, KV head) fit in the MMA's first
+    # 8: the rows 8..15 of its m16 tile are padding, so their softmax and merge are skipped
+    few_rows: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -163,6 +168,7 @@ class PagedDecodeVariant(TmaVariant):
         mask = "causal_br" if self.causal else "full"
         mask += (".local" if self.window else "") + (".softcap" if self.softcap else "")
         kv = f".kv_{self.cache}" if self.cache else ""
+        kv += ".r8" if self.few_rows else ""
         name = f"sdpa_decode_paged.{self.dtype}{kv}.d{self.head_dim}.p{self.page_size}.{mask}"
         return name + (".split" if self.split else "") + (".lse" if self.has_lse and not self.split else "")
 
@@ -951,7 +957,7 @@ class PagedDecodeScaledCache(PagedDecode):
         rQ = self._q_fragment(q, q_strides, work, group, rows, quad, pair, dequant[1])
         acc_O = cute.make_rmem_tensor(((2, 2), 1, d // 8), cutlass.Float32)
         acc_O.fill(0.0)
-        softmax = OnlineSoftmax.create(2, scale_log2)
+        softmax = OnlineSoftmax.create(self._row_halves(), scale_log2)  # rows quad (and quad + 8)
         softmax.reset()
         v = self.variant
         mask = DecodeMask.of(v.causal, v.window, window_left, s_new, work.kv_len, group, work.row_block * ROWS_SCALED)
@@ -973,7 +979,7 @@ class PagedDecodeScaledCache(PagedDecode):
             s_mn = mma_rows_by_cols(acc_S)
             if mask.needed(key0, key0 + WARP_KEYS):
                 mask.apply(c_mn, s_mn, key0)
-            if softmax.update(s_mn):  # a reference max moved (rarely: see OnlineSoftmax.update)
+            if self._softmax_moved(softmax, acc_S):  # a reference max moved (rarely)
                 softmax.rescale(mma_rows_by_cols(acc_O))
             rP = cute.make_rmem_tensor(((2, 2, 2), 1, 1), self.mma_dtype)
             cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.mma_dtype))
@@ -984,6 +990,32 @@ class PagedDecodeScaledCache(PagedDecode):
             self._release_reads(k_pipe, v_pipe, stage)
         self._merge(acc_O, softmax, merge, warp, quad, pair, dequant[0])
         self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
+
+    @cute.jit
+    def _softmax_moved(self, softmax, acc_S):
+        """Scores -> probabilities in place; whether O must be rescaled (`OnlineSoftmax.update`).
+        With FAST_SOFTMAX, first against the reference max as it stands (`update_fast`: no block
+        max, whose quad shuffles sit ahead of the exponentials), the exact update redone from a
+        copy of the scores when any thread of the warp asks for it."""
+        moved = cutlass.Boolean(False)
+        if cutlass.const_expr(FAST_SOFTMAX):
+            scores = cute.make_rmem_tensor(acc_S.layout, cutlass.Float32)
+            scores.store(acc_S.load())
+            retry = softmax.update_fast(mma_rows_by_cols(acc_S))
+            if cute.arch.vote_any_sync(retry):
+                acc_S.store(scores.load())
+                moved = softmax.update(mma_rows_by_cols(acc_S))
+            else:
+                softmax.accept_fast()
+        else:
+            moved = softmax.update(mma_rows_by_cols(acc_S))
+        return moved
+
+    def _row_halves(self) -> int:
+        """The m16 tile's row halves that hold query rows: a thread's rows are quad and quad + 8,
+        and with at most 8 rows (`few_rows`) the second half is padding whose softmax is skipped
+        (its outputs are never merged)."""
+        return 1 if self.variant.few_rows else 2
 
     @cute.jit
     def _scores_of(self, mma, rQ, rK):
@@ -1097,7 +1129,7 @@ class PagedDecodeScaledCache(PagedDecode):
         (times V's scale) into the merge area, summed by `_store`. A row no warp saw keys of
         ends with O = 0 and LSE = -inf."""
         row_max, row_sum, o_parts = merge
-        for r in cutlass.range_constexpr(2):
+        for r in cutlass.range_constexpr(self._row_halves()):
             total = quad_sum(softmax.row_sum[r])
             if pair == 0:
                 row_max[quad + 8 * r, warp] = softmax.row_max[r] * softmax.scale_log2
@@ -1106,7 +1138,7 @@ class PagedDecodeScaledCache(PagedDecode):
         merge_barrier.arrive_and_wait()  # every warp's statistics are written, and its ring reads done
         o_mn = mma_rows_by_cols(acc_O)
         span = self.head_dim // 8
-        for r in cutlass.range_constexpr(2):
+        for r in cutlass.range_constexpr(self._row_halves()):
             row = quad + 8 * r
             top, total = self._row_total(row_max, row_sum, row)
             own = cute.math.exp2(row_max[row, warp] - top, fastmath=True)

@@ -20,7 +20,7 @@ from frostc.graph import Tensor
 from frostc.kernels.sdpa_common import LOG2_E
 from frostc.kernels.sdpa_decode_combine import INT_PARAMS as COMBINE_INT_PARAMS
 from frostc.kernels.sdpa_decode_combine import DecodeCombineVariant
-from frostc.kernels.sdpa_decode_paged import INT_PARAMS, DecodeTiles, PagedDecodeVariant, decode_tiles
+from frostc.kernels.sdpa_decode_paged import FEW_ROWS, INT_PARAMS, DecodeTiles, PagedDecodeVariant, decode_tiles
 from frostc.ops.paged_cache import is_scaled
 from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
 from frostc.resolved import ResolvedLaunch, launch_args
@@ -54,6 +54,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     variant = PagedDecodeVariant(
         dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, cache=cache,
+        few_rows=cache is not None and _rows(node) <= FEW_ROWS,
     )  # fmt: skip
     if splits == 1:
         return (_attention_launch(node, variant, splits, chunk, None, ctx),)
