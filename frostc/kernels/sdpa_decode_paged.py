@@ -73,7 +73,6 @@ THREADS = 160  # one consumer warpgroup and one producer warp
 PRODUCER_WARP = 4
 CONSUMER_WARPS = 4
 ROWS_SCALED = 16  # over a quantized cache: one m16n8k16 tile of rows, shared by the consumer warps
-FAST_SOFTMAX = False  # experiment: see PagedDecodeScaledCache._softmax_moved
 FEW_ROWS = 8  # ... whose first row half holds every query row of a GQA group of 8 or fewer by one token
 WARP_KEYS = BLOCK_N // CONSUMER_WARPS  # ... each warp taking this many keys of every block
 MMA_SHAPE = (16, 8, 16)  # the warp-level MMA (mma.sync) the quantized cache's kernel uses
@@ -979,7 +978,7 @@ class PagedDecodeScaledCache(PagedDecode):
             s_mn = mma_rows_by_cols(acc_S)
             if mask.needed(key0, key0 + WARP_KEYS):
                 mask.apply(c_mn, s_mn, key0)
-            if self._softmax_moved(softmax, acc_S):  # a reference max moved (rarely)
+            if softmax.update(s_mn):  # a reference max moved (rarely: see OnlineSoftmax.update)
                 softmax.rescale(mma_rows_by_cols(acc_O))
             rP = cute.make_rmem_tensor(((2, 2, 2), 1, 1), self.mma_dtype)
             cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.mma_dtype))
@@ -990,26 +989,6 @@ class PagedDecodeScaledCache(PagedDecode):
             self._release_reads(k_pipe, v_pipe, stage)
         self._merge(acc_O, softmax, merge, warp, quad, pair, dequant[0])
         self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
-
-    @cute.jit
-    def _softmax_moved(self, softmax, acc_S):
-        """Scores -> probabilities in place; whether O must be rescaled (`OnlineSoftmax.update`).
-        With FAST_SOFTMAX, first against the reference max as it stands (`update_fast`: no block
-        max, whose quad shuffles sit ahead of the exponentials), the exact update redone from a
-        copy of the scores when any thread of the warp asks for it."""
-        moved = cutlass.Boolean(False)
-        if cutlass.const_expr(FAST_SOFTMAX):
-            scores = cute.make_rmem_tensor(acc_S.layout, cutlass.Float32)
-            scores.store(acc_S.load())
-            retry = softmax.update_fast(mma_rows_by_cols(acc_S))
-            if cute.arch.vote_any_sync(retry):
-                acc_S.store(scores.load())
-                moved = softmax.update(mma_rows_by_cols(acc_S))
-            else:
-                softmax.accept_fast()
-        else:
-            moved = softmax.update(mma_rows_by_cols(acc_S))
-        return moved
 
     def _row_halves(self) -> int:
         """The m16 tile's row halves that hold query rows: a thread's rows are quad and quad + 8,
