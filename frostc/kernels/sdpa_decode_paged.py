@@ -73,7 +73,7 @@ THREADS = 160  # one consumer warpgroup and one producer warp
 PRODUCER_WARP = 4
 CONSUMER_WARPS = 4
 ROWS_SCALED = 16  # over a quantized cache: one m16n8k16 tile of rows, shared by the consumer warps
-FEW_ROWS = 8  # ... whose first row half holds every query row of a GQA group of 8 or fewer by one token
+FEW_ROWS = 8  # ... whose first row half holds 8 rows: a GQA group of up to 8 by one token, of 4 by two
 WARP_KEYS = BLOCK_N // CONSUMER_WARPS  # ... each warp taking this many keys of every block
 MMA_SHAPE = (16, 8, 16)  # the warp-level MMA (mma.sync) the quantized cache's kernel uses
 
