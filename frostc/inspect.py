@@ -72,6 +72,7 @@ def plan_summary(plan: schema.PlanData) -> dict:
                 "node": launch.node,
                 "kernel": plan.kernels[launch.kernel].name,
                 "grid": list(launch.grid),
+                "early": launch.early,
                 "args": {p.name: _arg_text(a, plan) for p, a in zip(plan.kernels[launch.kernel].params, launch.args)},
             }
             for launch in plan.launches
@@ -118,6 +119,8 @@ def print_plan(plan: schema.PlanData, console: Console) -> None:
     for i, launch in enumerate(s["launches"]):
         rows = [{"param": k, "value": v} for k, v in launch["args"].items()]
         title = f"Launch {i} (node {escape(launch['node'])}): {escape(launch['kernel'])}  grid {tuple(launch['grid'])}"
+        if launch["early"]:  # programmatic dependent launch
+            title += ", starts early (during the launch before; its kernel waits for that one's writes)"
         console.print(_table(title, rows, ["param", "value"]))
     if s["lengths"]:
         rows = [dict(c, contract=_contract_text(c)) for c in s["lengths"]]

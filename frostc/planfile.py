@@ -44,6 +44,7 @@ def assemble(
                 kernel=index[launch.variant],
                 grid=launch.grid,
                 args=tuple(_arg(a, maps) for a in launch.args),
+                early=launch.early,
             )
             for launch, maps in zip(plan.launches, tensor_maps, strict=True)
         ),

@@ -8,6 +8,8 @@ a GPU. After this stage nothing is looked up by
 name again: the runtime sees slot indices and workspace offsets.
 """
 
+from dataclasses import replace
+
 from frost_runtime import schema
 from frost_runtime.dtypes import DTYPES
 
@@ -15,7 +17,8 @@ from frostc import ops
 from frostc.contexts import ResolveContext
 from frostc.errors import DescriptionError
 from frostc.graph import Graph, Tensor
-from frostc.resolved import ResolvedPlan, Slot
+from frostc.kernels.launch_order import WAITS_AT_ENTRY, WAITS_FOR_NEW_ROWS
+from frostc.resolved import ResolvedLaunch, ResolvedPlan, Slot
 
 SLOT_ALIGN = {name: d.align for name, d in DTYPES.items()}  # bytes (frost_runtime.dtypes)
 
@@ -24,12 +27,44 @@ def resolve(graph: Graph) -> ResolvedPlan:
     slots = _slots(graph)
     ctx = ResolveContext(graph, {s.name: s for s in slots})
     launches = tuple(launch for node in graph.nodes for launch in ops.OPS[node.op].resolve(node, ctx))
+    launches = mark_early_starts(launches)
     plan = ResolvedPlan(graph.name, graph.target, slots, launches, tuple(ctx.regions), tuple(ctx.lengths))
     if not ctx.problems:
         check_plan_limits(plan, {node.name: node.path for node in graph.nodes}, ctx)
     if ctx.problems:
         raise DescriptionError(ctx.problems)
     return plan
+
+
+# ------------------------------------------------------------------------------ early starts
+
+
+def mark_early_starts(launches: tuple[ResolvedLaunch, ...]) -> tuple[ResolvedLaunch, ...]:
+    """Mark the launches that may start while the one ahead of them still runs (programmatic
+    dependent launch): a decode step's attention during its kv_append, a combine during its
+    attention's last wave — each kernel waits (griddepcontrol.wait) before it reads what the
+    launch ahead writes, so what it does before that (its setup, the cache blocks without new
+    rows) overlaps. The first launch never: the caller's work precedes it."""
+    marked = list(launches[:1])
+    for ahead, launch in zip(launches, launches[1:]):
+        marked.append(replace(launch, early=_may_start_early(ahead, launch)))
+    return tuple(marked)
+
+
+def _may_start_early(ahead: ResolvedLaunch, launch: ResolvedLaunch) -> bool:
+    rule = getattr(launch.variant, "early_start", None)
+    if rule == WAITS_AT_ENTRY:
+        return True
+    if rule == WAITS_FOR_NEW_ROWS:  # the launch ahead must write nothing else it reads
+        appended = getattr(ahead.variant, "appends_to_caches", ())
+        read = _slots_of(launch, ("k.tmap", "v.tmap"))
+        return bool(appended) and _slots_of(ahead, appended) == read
+    return False
+
+
+def _slots_of(launch: ResolvedLaunch, params: tuple[str, ...]) -> tuple[int, ...]:
+    slots = {a.param: a.slot for a in launch.args}
+    return tuple(slots.get(p, -1) for p in params)
 
 
 # ------------------------------------------------------------------------------ the plan format's limits

@@ -128,6 +128,7 @@ class ResolvedLaunch:
     args: tuple[Arg, ...]
     # what the variant encodes this launch's TMA tensor maps from (None: the kernel takes none)
     tensor_map_shape: Any = None
+    early: bool = False  # starts before the launch ahead of it ends (`frostc.resolve.mark_early_starts`)
 
 
 @dataclass(frozen=True)

@@ -152,3 +152,32 @@ def test_a_binding_zeroes_its_counters_before_its_first_launch_only(monkeypatch)
         ("zero", 0x1000, 1, 7), ("zero", 0x2000, 2, 7), ("launch", 7),
         ("launch", 7),
     ]  # fmt: skip
+
+
+def test_an_early_launch_goes_through_launch_kernel_ex_with_one_configuration_per_stream(monkeypatch) -> None:
+    """A launch marked early is queued by cuLaunchKernelEx with the programmatic-serialization
+    configuration of its stream (built once per stream); the others by cuLaunchKernel."""
+    from frost_runtime import driver
+    from frost_runtime.plan import BoundPlan
+
+    calls: list[tuple] = []
+    built: list[tuple] = []
+    monkeypatch.setattr(driver, "launch_kernel", lambda *a: calls.append(("plain", a[8])) or (driver.SUCCESS,))
+    monkeypatch.setattr(
+        driver, "early_launch_config", lambda geometry, stream: built.append((geometry, stream)) or ("config", stream)
+    )
+    launch_ex = lambda config, f, params, extra: calls.append(("early", config)) or (driver.SUCCESS,)  # noqa: E731
+    monkeypatch.setattr(driver, "launch_kernel_ex", launch_ex)
+    first, second = packed(), packed()
+    second.early = True
+    plan = SimpleNamespace(_raw_stream=lambda device: 7, _device_index=0)
+    bound = BoundPlan(plan, (), [first, second], [])
+    bound.execute()
+    bound.execute()
+    bound.execute(stream=9)
+    assert calls == [
+        ("plain", 7), ("early", ("config", 7)),
+        ("plain", 7), ("early", ("config", 7)),
+        ("plain", 9), ("early", ("config", 9)),
+    ]  # fmt: skip
+    assert built == [(second.geometry, 7), (second.geometry, 9)]

@@ -203,11 +203,28 @@ def test_file_is_one_map_with_magic_and_format(encoded: bytes) -> None:
     top = unpack_top(encoded)
     assert list(top) == ["magic", "format", "header", "body"]
     assert top["magic"] == MAGIC == "frostc-plan"
-    assert top["format"] == FORMAT_VERSION == 6
+    assert top["format"] == FORMAT_VERSION == 7
 
 
 def test_bytearray_and_memoryview_are_accepted(encoded: bytes) -> None:
     assert decode_plan(bytearray(encoded)) == decode_plan(memoryview(encoded)) == decode_plan(encoded)
+
+
+def test_an_early_launch_round_trips_and_the_first_launch_cannot_be_one() -> None:
+    plan = make_plan()
+    second = replace(plan.launches[0], early=True)
+    two = replace(plan, launches=(plan.launches[0], second))
+    assert [launch.early for launch in decode_plan(encode_plan(two)).launches] == [False, True]
+    first_early = replace(plan, launches=(second, plan.launches[0]))
+    with pytest.raises(PlanFormatError, match=r"launches\[0\]\.early: the first launch cannot start early"):
+        encode_plan(first_early)
+
+
+def test_an_early_flag_that_is_not_a_bool_is_refused(encoded: bytes) -> None:
+    def edit(body: dict) -> None:
+        body["launches"][0]["early"] = 1
+
+    assert "launches[0].early: expected bool" in decode_error(with_body(encoded, edit))
 
 
 def test_encode_refuses_an_inconsistent_plan() -> None:
@@ -265,7 +282,7 @@ def test_a_format_4_plan_is_refused_with_the_fix(encoded: bytes) -> None:
         top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
 
     message = decode_error(with_top(encoded, as_format_4))
-    assert "plan format 4 is older than this runtime's format 6" in message
+    assert "plan format 4 is older than this runtime's format 7" in message
     assert "rebuild it with this frostc: frostc build DESC -o PLAN" in message
 
 
@@ -354,7 +371,7 @@ def test_an_extra_field_is_refused_by_name(encoded: bytes, where: str) -> None:
         seal(top)
 
     message = decode_error(with_top(encoded, edit))
-    assert f"{'plan' if where == 'top' else 'header'}.signed_by: not a field of a format-6 plan" in message
+    assert f"{'plan' if where == 'top' else 'header'}.signed_by: not a field of a format-7 plan" in message
 
 
 def test_another_encoding_of_the_same_values_is_refused(encoded: bytes) -> None:

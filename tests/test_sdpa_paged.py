@@ -216,3 +216,35 @@ def test_the_caches_cannot_be_written_by_the_attention():
     d = decode_step()
     d["nodes"][1]["o"] = "k_cache"
     assert any("k_cache" in p.message for p in problems(d))
+
+
+def _early_starts(d: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    plan = resolve(check(d))
+    return [(launch.node, launch.variant.name.split(".")[0], launch.early) for launch in plan.launches]
+
+
+def test_a_decode_step_starts_its_attention_and_combine_early():
+    """The attention starts during its kv_append (it waits for it before the blocks with the new
+    rows) and the combine during the attention (it waits at entry); the first launch never."""
+    assert _early_starts(decode_step()) == [
+        ("append", "kv_append", False),
+        ("attn", "sdpa_decode_paged", True),
+        ("attn", "sdpa_decode_combine", True),
+    ]
+
+
+def test_an_attention_alone_starts_at_once_only_its_combine_early():
+    assert _early_starts(base(batch=2, max_pages=512)) == [
+        ("attn", "sdpa_decode_paged", False),
+        ("attn", "sdpa_decode_combine", True),
+    ]
+
+
+def test_an_attention_after_an_append_into_other_caches_waits_for_it():
+    """An append whose caches the attention does not read writes something else: the attention
+    would read it before its wait, so it is launched after the append has finished."""
+    d = decode_step()
+    for name in ("k_other", "v_other"):
+        d["tensors"][name] = dict(d["tensors"]["k_cache"])
+    d["nodes"][0]["k_cache"], d["nodes"][0]["v_cache"] = "k_other", "v_other"
+    assert [early for _, _, early in _early_starts(d)] == [False, False, True]

@@ -14,6 +14,9 @@ Tensors, in elements (every stride but the head dim's a multiple of 8, checked a
   seq_len_kv    (b,) int32                 contiguous
 Offsets are 64-bit: a cache may hold more than 2**31 elements.
 
+The attention launched after it may start at once (programmatic dependent launch): it waits
+for this kernel only before it reads the cache blocks that hold the new rows.
+
 A quantized cache (e4m3, whose element x holds the value x * scale): k_scale and v_scale are
 float32 device tensors, one scale per kv head or one for all (head stride 0); each new element
 is stored as x * (1 / scale), rounded to nearest even and saturated to +-448 (NaN stays NaN).
@@ -82,6 +85,10 @@ class KvAppendVariant:
 
     def kernel(self) -> "KvAppend":
         return KvAppend(self)
+
+    # what it writes: only these caches' rows of the step's new tokens (a decode attention that
+    # reads the caches may start early behind it: frostc.resolve.mark_early_starts)
+    appends_to_caches = ("k_cache", "v_cache")
 
     def compile_args(self) -> tuple:
         new, cache = dsl_dtype(self.dtype), dsl_dtype(self.cache or self.dtype)
@@ -199,6 +206,8 @@ class KvAppend:
         kc_sp, kc_ss, kc_sh, vc_sp, vc_ss, vc_sh = cache_strides
         tidx, _, _ = cute.arch.thread_idx()
         b, t, _ = cute.arch.block_idx()
+        # the next launch (the step's attention) may start now: it waits for these rows itself
+        cute.arch.griddepcontrol_launch_dependents()
         # a negative length (a broken contract) appends nothing, and cannot overflow below
         length = cutlass.max(cute.make_tensor(seq_len_kv + b, cute.make_layout(1))[0], 0)
         p = length - s_new + t

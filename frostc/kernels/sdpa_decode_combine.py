@@ -23,6 +23,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 
+from frostc.kernels.launch_order import WAITS_AT_ENTRY
 from frostc.kernels.sdpa_common import LN_2, LOG2_E, dsl_dtype, key_origin
 
 THREADS = 256
@@ -69,6 +70,8 @@ class DecodeCombineVariant:
 
     def kernel(self) -> "DecodeCombine":
         return DecodeCombine(self)
+
+    early_start = WAITS_AT_ENTRY  # it may launch during the attention's last wave
 
     def compile_args(self) -> tuple:
         f32 = [make_ptr(cutlass.Float32, 0x10000, AddressSpace.gmem, assumed_align=16) for _ in range(2)]
@@ -128,6 +131,9 @@ class DecodeCombine:
         lse_sh: cutlass.Int64,
         lse_ss: cutlass.Int64,
     ):
+        # launched early (during the attention's last CTAs): the partials are complete and
+        # visible once the attention has finished; nothing global is read before
+        cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         row, head_kv, b = cute.arch.block_idx()
         d = self.v.head_dim

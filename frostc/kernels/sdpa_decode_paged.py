@@ -48,6 +48,7 @@ from cutlass.tensor_utils import LayoutEnum
 from frost_runtime.dtypes import DTYPES
 
 from frostc.kernels.barriers import Barrier
+from frostc.kernels.launch_order import WAITS_FOR_NEW_ROWS
 from frostc.kernels.online_softmax import OnlineSoftmax
 from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
 from frostc.kernels.ring import Ring
@@ -205,6 +206,11 @@ class PagedDecodeVariant(TmaVariant):
     def kernel(self) -> "PagedDecode":
         return PagedDecodeScaledCache(self) if self.quantized else PagedDecode(self)
 
+    # behind a kv_append into its caches it starts at once; the producer waits before the
+    # blocks holding the new rows (every other cache row is the caller's, written before the
+    # plan: a row the step writes is read, by any sequence, only as the position it appends)
+    early_start = WAITS_FOR_NEW_ROWS
+
     def compile_args(self) -> tuple:
         dtype = dsl_dtype(self.dtype)
         pointers = [fake_ptr(dsl_dtype(self.tma_dtype), 16) for _ in LOADED]
@@ -261,6 +267,7 @@ class Work:
     capacity: cutlass.Int32  # positions the page table lists (max_pages * page_size)
     key_first: cutlass.Int32  # the split's first key
     blocks: cutlass.Int32  # key blocks of the split that hold keys (0: nothing to do)
+    first_new: cutlass.Int32  # the step's first new key (kv_len - s_new): its rows come from kv_append
 
 
 @dataclass(frozen=True)
@@ -504,6 +511,8 @@ class PagedDecode:
     ):  # fmt: skip
         """The kernel's body; `scaled`: None, or a quantized cache's (k_scale, v_scale, their head
         strides, q_scale)."""
+        # the combine (launched early) may take the SMs' free room as this grid's last CTAs start
+        cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
         split, head_rows, b = cute.arch.block_idx()
@@ -517,7 +526,9 @@ class PagedDecode:
         key_first = origin + split * chunk
         key_end = cutlass.min(key_first + chunk, kv_len)
         blocks = cutlass.max(key_end - key_first + (t.block_n - 1), 0) // t.block_n
-        work = Work(b, head_rows // row_blocks, head_rows % row_blocks, kv_len, capacity, key_first, blocks)
+        work = Work(
+            b, head_rows // row_blocks, head_rows % row_blocks, kv_len, capacity, key_first, blocks, kv_len - s_new
+        )
         dequant = None
         if cutlass.const_expr(scaled is not None):
             # K's scale joins the scores' (in the tanh with softcap), V's multiplies O at the end
@@ -589,6 +600,10 @@ class PagedDecode:
             key0 = work.key_first + j * t.block_n
             stage, phase = ring.at(j)
             blocks = (key0, block_pages, stage, phase)
+            if key0 + t.block_n > work.first_new:
+                # the block holds rows the step appends: launched early, this kernel may run
+                # beside kv_append, so wait until it has finished (once; a no-op otherwise)
+                cute.arch.griddepcontrol_wait()
             self._load_block(k_pipe, k_tma, mK, sK, blocks, work, rows_per_page, keys_mode=0)
             self._load_block(v_pipe, v_tma, mV, sV, blocks, work, rows_per_page, keys_mode=1)
 

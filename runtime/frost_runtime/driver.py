@@ -160,3 +160,23 @@ def stream_is_capturing(stream: int) -> bool:
 
 SUCCESS = cu.CUresult.CUDA_SUCCESS
 launch_kernel = cu.cuLaunchKernel  # (f, grid xyz, block xyz, smem, stream, params, extra)
+launch_kernel_ex = cu.cuLaunchKernelEx  # (config, f, params, extra)
+
+
+def early_launch_config(geometry: tuple[int, ...], stream: int):
+    """A launch configuration (grid xyz, block xyz, shared bytes) on `stream` that lets the
+    kernel start before the launch ahead of it in the stream ends (programmatic stream
+    serialization: it starts once that launch's CTAs have all started or triggered
+    griddepcontrol.launch_dependents; it must itself wait with griddepcontrol.wait before it
+    reads what that launch writes). A CUDA-graph capture records the dependency as such."""
+    attribute = cu.CUlaunchAttribute()
+    attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attribute.value.programmaticStreamSerializationAllowed = 1
+    config = cu.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = geometry[0:3]
+    config.blockDimX, config.blockDimY, config.blockDimZ = geometry[3:6]
+    config.sharedMemBytes = geometry[6]
+    config.hStream = stream
+    config.attrs = [attribute]
+    config.numAttrs = 1
+    return config

@@ -107,6 +107,9 @@ class _SlotCheck:
     key: tuple  # (dtype, torch.Size, strides, device index): what the fast path compares
 
 
+MAX_STREAM_CONFIGS = 64  # early launches' configurations kept per launch (one per stream)
+
+
 class _PackedLaunch:
     """One kernel launch with its parameter block packed once; only pointer fields change."""
 
@@ -137,6 +140,19 @@ class _PackedLaunch:
         if kernel.ctas_per_sm:  # persistent: one wave of CTAs loops over the tiles
             grid = (min(grid[0], sm_count * kernel.ctas_per_sm), *grid[1:])
         self.geometry = (*grid, *kernel.block, kernel.smem_bytes)
+        self.early = launch.early
+        self._configs: dict[int, object] = {}  # an early launch's configuration per stream
+
+    def launch_early(self, stream: int):
+        """Queue this (early) launch on `stream`: (the driver's result,). The configuration names
+        the stream, so each stream gets its own, built once; two threads may both build one (the
+        same contents), never change one another's."""
+        config = self._configs.get(stream)
+        if config is None:
+            if len(self._configs) >= MAX_STREAM_CONFIGS:  # a process that cycles through streams
+                self._configs.clear()
+            config = self._configs[stream] = driver.early_launch_config(self.geometry, stream)
+        return driver.launch_kernel_ex(config, self.function, self.param_address, 0)
 
 
 def _param_offsets(kernel: Kernel) -> tuple[list[int], int]:
@@ -255,7 +271,10 @@ class Plan:
                     field.value = pointers[slot]
                 for offset, field in packed.workspace_fields:
                     field.value = base + offset
-                (code,) = launch(packed.function, *packed.geometry, handle, packed.param_address, 0)
+                if packed.early:
+                    (code,) = packed.launch_early(handle)
+                else:
+                    (code,) = launch(packed.function, *packed.geometry, handle, packed.param_address, 0)
                 if code != success:
                     raise self._launch_error(code, packed.index)
 
@@ -610,7 +629,8 @@ class BoundPlan:
         self.plan = plan
         self.buffers = buffers  # held (the workspace too) so the bound memory outlives the binding
         self._launches = launches  # immutable after packing: no lock needed
-        self._calls = [(p.function, p.geometry, p.param_address) for p in launches]
+        # early launches go through their packed launch (a configuration per stream)
+        self._calls = [(p.function, p.geometry, p.param_address, p if p.early else None) for p in launches]
         self._raw_stream, self._device_index = plan._raw_stream, plan._device_index
         # zeroed workspace regions (address, words), until a first launch outside a capture
         # zeroed them: from then on the kernels keep them zero
@@ -622,8 +642,11 @@ class BoundPlan:
         if self._counters_to_zero:
             self._zero_counters(handle)
         launch, success = driver.launch_kernel, driver.SUCCESS
-        for function, geometry, params in self._calls:
-            (code,) = launch(function, *geometry, handle, params, 0)
+        for function, geometry, params, early in self._calls:
+            if early is None:
+                (code,) = launch(function, *geometry, handle, params, 0)
+            else:
+                (code,) = early.launch_early(handle)
             if code != success:
                 index = next(p.index for p in self._launches if p.param_address == params)
                 raise self.plan._launch_error(code, index)

@@ -36,7 +36,8 @@ MAGIC = "frostc-plan"
 # 4: zeroed workspace regions (tile counters the runtime zeroes before a binding's first launch)
 # 5: the content hash covers the header too, and a file must be in its canonical encoding
 # 6: tensor maps bound to the workspace (data a launch of the plan re-laid there)
-FORMAT_VERSION = 6
+# 7: launches that start early (`early`: programmatic dependent launch)
+FORMAT_VERSION = 7
 REBUILD = "rebuild it with this frostc: frostc build DESC -o PLAN"
 MAX_PLAN_BYTES = 1 << 30  # a plan is a few hundred KiB; refuse to decode absurd inputs
 MAX_CUBIN_BYTES = 64 << 20  # one kernel's cubin is ~100 KiB
@@ -131,6 +132,11 @@ class Launch:
     grid: tuple[int, int, int]
     args: tuple[Arg, ...]  # one per kernel parameter
     node: str = ""  # the description's node it belongs to (for people)
+    # launched with programmatic stream serialization: it may start while the launch before it
+    # still runs (once that one's CTAs have all started); its kernel waits (griddepcontrol.wait)
+    # before it reads what that launch writes. Never the first launch: what precedes it on the
+    # stream is the caller's work, which no plan kernel waits for
+    early: bool = False
 
 
 @dataclass(frozen=True)
@@ -224,6 +230,7 @@ def _body_map(plan: PlanData) -> dict:
                 "kernel": launch.kernel,
                 "grid": list(launch.grid),
                 "args": [_arg_map(a) for a in launch.args],
+                "early": launch.early,
             }
             for launch in plan.launches
         ],
@@ -541,6 +548,7 @@ def _read_launch(r: _Reader) -> Launch:
         grid=r.ints("grid", (3, 3), 1, MAX_GRID[0]),
         args=tuple(args),
         node=r.str("node", MAX_NAME_CHARS),
+        early=r.get("early", bool),
     )
 
 
@@ -599,6 +607,8 @@ def check_plan(plan: PlanData) -> None:
             raise PlanFormatError(f"{where}.grid: {launch.grid} is outside CUDA's limits {MAX_GRID}")
         if not 0 <= launch.kernel < len(plan.kernels):
             raise PlanFormatError(f"{where}.kernel: {launch.kernel} but the plan has {len(plan.kernels)} kernels")
+        if launch.early and i == 0:
+            raise PlanFormatError(f"{where}.early: the first launch cannot start early (none of the plan is ahead)")
         params = plan.kernels[launch.kernel].params
         if len(launch.args) != len(params):
             raise PlanFormatError(f"{where}.args: {len(launch.args)} arguments for {len(params)} parameters")

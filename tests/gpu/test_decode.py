@@ -12,7 +12,11 @@ reads, binding errors that name the slot).
 """
 
 import random
+import shutil
+import subprocess
+import tempfile
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -83,6 +87,42 @@ def test_decode_plan_matches_float64_reference(case):
             buffers.execute()
             torch.cuda.synchronize()
             buffers.assert_correct()
+
+
+# ---------------------------------------------------------------------------- early launches
+
+NVDISASM = Path(shutil.which("nvdisasm") or "/usr/local/cuda/bin/nvdisasm")
+
+
+def _sass(cubin: bytes, cache: dict) -> str:
+    if cubin not in cache:
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(cubin)
+            f.flush()
+            done = subprocess.run([str(NVDISASM), "-c", f.name], capture_output=True, text=True, check=True)
+            cache[cubin] = done.stdout
+    return cache[cubin]
+
+
+@pytest.mark.skipif(not NVDISASM.exists(), reason="no nvdisasm (the CUDA toolkit's) to read the kernels' SASS")
+def test_every_early_launch_waits_for_the_launch_ahead_which_lets_it_start():
+    """A launch that starts early must wait (griddepcontrol.wait, SASS ACQBULK) before it reads
+    what the launch ahead writes, and that one lets it start (launch_dependents, PREEXIT).
+    Checked in the SASS: the race a missing wait leaves is one timing rarely shows (an
+    attention built without its wait passed every decode test, bench/NOTES.md)."""
+    from frost_runtime.schema import decode_plan
+
+    seen, early = {}, 0
+    for entry in decode_manifest_entries():
+        plan = decode_plan((BUILT / entry["plan"]).read_bytes())
+        for i, launch in enumerate(plan.launches):
+            if not launch.early:
+                continue
+            early += 1
+            kernel, ahead = plan.kernels[launch.kernel], plan.kernels[plan.launches[i - 1].kernel]
+            assert "ACQBULK" in _sass(kernel.cubin, seen), f"{entry['plan']}: {kernel.name} never waits"
+            assert "PREEXIT" in _sass(ahead.cubin, seen), f"{entry['plan']}: {ahead.name} never lets it start"
+    assert early, "no decode plan has an early launch"
 
 
 # ---------------------------------------------------------------------------- kv_append's edges

@@ -1,0 +1,14 @@
+"""How a kernel may overlap the launch ahead of it in a plan: the contract between the kernels
+and `frostc.resolve.mark_early_starts`, which marks such launches `early` (the runtime launches
+them with programmatic stream serialization).
+
+An early launch starts once every CTA of the launch ahead has started or executed
+griddepcontrol.launch_dependents; its kernel must wait (griddepcontrol.wait: the launch ahead
+has finished and its writes are visible) before it reads anything that launch writes. A variant
+declares how it waits with an `early_start` attribute; one without it never starts early.
+"""
+
+WAITS_AT_ENTRY = "waits_at_entry"  # before its first global read: it may follow any launch
+# only before the cache blocks that hold the step's new rows: it may follow a launch that writes
+# nothing but those rows of its caches (a variant with `appends_to_caches`: kv_append)
+WAITS_FOR_NEW_ROWS = "waits_for_new_rows"
