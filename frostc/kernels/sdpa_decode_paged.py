@@ -88,7 +88,6 @@ class DecodeTiles:
     box_rows: int  # keys per TMA box: within one page
     ctas_per_sm: int  # the residency the stages were sized for (the split count assumes it)
     rows: int = ROWS  # query rows per CTA
-    heads: int = 1  # KV heads per CTA (a quantized cache's head pairs: 2), block_n keys of each a stage
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -98,18 +97,14 @@ class DecodeTiles:
             "box_rows": self.box_rows,
             "threads": THREADS,
             "ctas_per_sm": self.ctas_per_sm,
-            "heads": self.heads,
         }
 
 
-def decode_tiles(
-    head_dim: int, page_size: int, dtype: str, cache: str | None = None, head_pairs: bool = False
-) -> DecodeTiles:
+def decode_tiles(head_dim: int, page_size: int, dtype: str, cache: str | None = None) -> DecodeTiles:
     """Two CTAs per SM where they fit (one streams while the other starts or ends), then as
     many stages as the shared memory holds: Q is 64·d and a stage 2·block_n·d elements. A
     quantized cache's kernel keeps only its ring (Q and the operands live in registers), and
-    takes ROWS_SCALED rows per CTA; with `head_pairs` two KV heads, a stage holding half the
-    keys of each (the same bytes)."""
+    takes ROWS_SCALED rows per CTA."""
     ctas = 2 if head_dim <= 128 else 1
     budget = SMEM_PER_SM // ctas - 1024 - 1024  # the CTA's reserved KiB, barriers and alignment
     if cache is None:
@@ -119,9 +114,7 @@ def decode_tiles(
     stages = min(budget // (2 * BLOCK_N * head_dim * DTYPES[cache].bytes), 6)
     # the warps' partial outputs (fp32) are merged in the K ring once every block is read
     assert stages * BLOCK_N * DTYPES[cache].bytes >= CONSUMER_WARPS * ROWS_SCALED * 4, "merge area over the ring"
-    heads = 2 if head_pairs else 1
-    block_n = BLOCK_N // heads
-    return DecodeTiles(block_n, stages, math.gcd(page_size, block_n), ctas, ROWS_SCALED, heads)
+    return DecodeTiles(BLOCK_N, stages, math.gcd(page_size, BLOCK_N), ctas, ROWS_SCALED)
 
 
 # ------------------------------------------------------------------------------ the variant
@@ -161,9 +154,6 @@ class PagedDecodeVariant(TmaVariant):
     # a quantized cache's kernel whose query rows per (sequence, KV head) fit in the MMA's first
     # 8: the rows 8..15 of its m16 tile are padding, so their softmax and merge are skipped
     few_rows: bool = False
-    # a quantized cache's kernel over two adjacent KV heads per CTA (caches NHD: their rows are
-    # one 2·d-byte run, not two d-byte runs 1 KiB apart), two consumer warps each (few_rows only)
-    head_pairs: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -178,13 +168,13 @@ class PagedDecodeVariant(TmaVariant):
         mask = "causal_br" if self.causal else "full"
         mask += (".local" if self.window else "") + (".softcap" if self.softcap else "")
         kv = f".kv_{self.cache}" if self.cache else ""
-        kv += (".r8" if self.few_rows else "") + (".h2" if self.head_pairs else "")
+        kv += ".r8" if self.few_rows else ""
         name = f"sdpa_decode_paged.{self.dtype}{kv}.d{self.head_dim}.p{self.page_size}.{mask}"
         return name + (".split" if self.split else "") + (".lse" if self.has_lse and not self.split else "")
 
     @property
     def tile_shape(self) -> DecodeTiles:
-        return decode_tiles(self.head_dim, self.page_size, self.dtype, self.cache, self.head_pairs)
+        return decode_tiles(self.head_dim, self.page_size, self.dtype, self.cache)
 
     @property
     def tiles(self) -> dict[str, int]:
@@ -200,8 +190,6 @@ class PagedDecodeVariant(TmaVariant):
 
     @property
     def grid_rule(self) -> str:
-        if self.head_pairs:
-            return "(splits, heads_kv / 2, batch)"
         return f"(splits, heads_kv * ceil(s_new * group / {self.tile_shape.rows}), batch)"
 
     @property
@@ -266,19 +254,6 @@ def _fake_scalars(quantized: bool = False) -> tuple:
 
 
 # ------------------------------------------------------------------------------ device helpers
-
-
-def warp_head(warp, heads: int):
-    """Which of the CTA's `heads` KV heads a consumer warp works on (its keys: `warp_slice`); the
-    producer warp counts as warp 0."""
-    if heads == 1:  # a constant: no arithmetic in the kernel
-        return 0
-    return (warp % CONSUMER_WARPS) // (CONSUMER_WARPS // heads)
-
-
-def warp_slice(warp, heads: int):
-    """Which WARP_KEYS keys of each block of its head a consumer warp takes."""
-    return warp if heads == 1 else warp % (CONSUMER_WARPS // heads)
 
 
 @dataclass(frozen=True)
@@ -474,7 +449,7 @@ class PagedDecode:
                 num_stages=t.stages,
                 producer_group=producer,
                 consumer_group=consumers,
-                tx_count=t.block_n * t.heads * self.head_dim * (self.cache_dtype.width // 8),  # a stage's bytes
+                tx_count=t.block_n * self.head_dim * (self.cache_dtype.width // 8),
                 defer_sync=True,
             )
 
@@ -551,16 +526,15 @@ class PagedDecode:
         key_first = origin + split * chunk
         key_end = cutlass.min(key_first + chunk, kv_len)
         blocks = cutlass.max(key_end - key_first + (t.block_n - 1), 0) // t.block_n
-        head_kv = (head_rows // row_blocks) * t.heads  # a head pair's first head
-        work = Work(b, head_kv, head_rows % row_blocks, kv_len, capacity, key_first, blocks, kv_len - s_new)
+        work = Work(
+            b, head_rows // row_blocks, head_rows % row_blocks, kv_len, capacity, key_first, blocks, kv_len - s_new
+        )
         dequant = None
         if cutlass.const_expr(scaled is not None):
-            # K's scale joins the scores' (in the tanh with softcap), V's multiplies O at the end;
-            # a consumer warp's own KV head's (of a pair)
+            # K's scale joins the scores' (in the tanh with softcap), V's multiplies O at the end
             k_scale, v_scale, k_scale_sh, v_scale_sh, q_scale = scaled
-            head = cutlass.Int64(work.head_kv + warp_head(warp, t.heads))
-            k_descale = cute.make_tensor(k_scale + head * k_scale_sh, cute.make_layout(1))[0]
-            v_descale = cute.make_tensor(v_scale + head * v_scale_sh, cute.make_layout(1))[0]
+            k_descale = cute.make_tensor(k_scale + cutlass.Int64(work.head_kv) * k_scale_sh, cute.make_layout(1))[0]
+            v_descale = cute.make_tensor(v_scale + cutlass.Int64(work.head_kv) * v_scale_sh, cute.make_layout(1))[0]
             if cutlass.const_expr(self.variant.softcap):
                 score_scale = score_scale * k_descale
             else:
@@ -896,32 +870,30 @@ class PagedDecodeScaledCache(PagedDecode):
     @cute.jit
     def tma_loads(self, k, v, ints: tuple, cache_strides: tuple):
         """Both caches seen like K in the base kernel, (rows, d, h_kv, wrap, start), a box being
-        (box_rows, d) of plain rows: the warps read them into registers. With head pairs a row
-        is two adjacent heads' (2·d contiguous elements: the caches NHD, checked at build), the
-        heads counted in pairs."""
+        (box_rows, d) of plain rows: the warps read them into registers."""
         t = self.tiles
-        width = t.heads * self.head_dim
-        heads_kv = ints[1] // t.heads
+        d = self.head_dim
+        heads_kv = ints[1]
         _, k_ss, k_sh, _, v_ss, v_sh = (cute.assume(x, divby=16) for x in cache_strides)
         rows, wrap = RAGGED_ROWS, RAGGED_EXTENT
         k_wrap, v_wrap = (cute.assume(RAGGED_WRAP - x, divby=16) for x in (k_ss, v_ss))
         gK = cute.make_tensor(
-            k, cute.make_layout((rows, width, heads_kv, wrap, wrap), stride=(k_ss, 1, t.heads * k_sh, k_wrap, k_ss))
+            k, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(k_ss, 1, k_sh, k_wrap, k_ss))
         )
         gV = cute.make_tensor(
-            v, cute.make_layout((rows, width, heads_kv, wrap, wrap), stride=(v_ss, 1, t.heads * v_sh, v_wrap, v_ss))
+            v, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(v_ss, 1, v_sh, v_wrap, v_ss))
         )
-        box = cute.make_layout((t.box_rows, width), stride=(width, 1))
+        box = cute.make_layout((t.box_rows, d), stride=(d, 1))
         op = cpasync.CopyBulkTensorTileG2SOp()
-        k_info = cpasync.make_tiled_tma_atom(op, gK, box, (t.box_rows, width))
-        v_info = cpasync.make_tiled_tma_atom(op, gV, box, (t.box_rows, width))
+        k_info = cpasync.make_tiled_tma_atom(op, gK, box, (t.box_rows, d))
+        v_info = cpasync.make_tiled_tma_atom(op, gV, box, (t.box_rows, d))
         return (k_info[0], k_info[1]), (v_info[0], v_info[1])
 
     def _ring_layout(self):
-        """The cache's ring: `stages` blocks of (block_n, heads · d) plain rows."""
+        """The cache's ring: `stages` blocks of (block_n, d) plain rows."""
         t = self.tiles
-        width = t.heads * self.head_dim
-        return cute.make_layout((t.block_n, width, t.stages), stride=(width, 1, t.block_n * width))
+        d = self.head_dim
+        return cute.make_layout((t.block_n, d, t.stages), stride=(d, 1, t.block_n * d))
 
     def _shared_storage(self):
         t = self.tiles
@@ -968,9 +940,8 @@ class PagedDecodeScaledCache(PagedDecode):
     @cute.jit
     def _load_block(self, pipe, tma, mX, sX, block, work, rows_per_page, keys_mode: int):
         """One K or V block into its ring stage, box by box: `box_rows` keys of one page (ragged:
-        rows the sequence lacks are zero-filled) by the whole head dim (of both heads of a pair)."""
+        rows the sequence lacks are zero-filled) by the whole head dim."""
         t = self.tiles
-        width = t.heads * self.head_dim
         key0, block_pages, stage, phase = block
         pipe.sync_object_empty.wait(stage, phase ^ 1)
         pipe.sync_object_full.arrive(stage, None)
@@ -978,9 +949,11 @@ class PagedDecodeScaledCache(PagedDecode):
             key = key0 + i * t.box_rows
             page, valid = self._box_extent(block_pages[i], key, work.kv_len)
             start = page * rows_per_page + key % self.page_size + valid
-            rows = mX[None, None, work.head_kv // t.heads, RAGGED_ROWS, start]
-            g_box = cute.local_tile(cute.domain_offset((RAGGED_ROWS - valid, 0), rows), (t.box_rows, width), (0, 0))
-            s_box = cute.local_tile(sX[None, None, stage], (t.box_rows, width), (i, 0))
+            rows = mX[None, None, work.head_kv, RAGGED_ROWS, start]
+            g_box = cute.local_tile(
+                cute.domain_offset((RAGGED_ROWS - valid, 0), rows), (t.box_rows, self.head_dim), (0, 0)
+            )
+            s_box = cute.local_tile(sX[None, None, stage], (t.box_rows, self.head_dim), (i, 0))
             self._copy_box(tma, s_box, g_box, pipe.sync_object_full.get_barrier(stage))
 
     # ---------------------------------------------------------------- consumer warps
@@ -994,9 +967,8 @@ class PagedDecodeScaledCache(PagedDecode):
         ringK, ringV, merge = loaded
         warp, lane = tidx // 32, tidx % 32
         quad, pair = lane // 4, lane % 4
-        own, keys = warp_head(warp, t.heads), warp_slice(warp, t.heads)  # of a head pair, and its keys
         mma = cute.make_tiled_mma(cute.make_mma_atom(warp_mma.MmaF16BF16Op(self.mma_dtype, cutlass.Float32, MMA_SHAPE)))
-        rQ = self._q_fragment(q, q_strides, work, work.head_kv + own, group, rows, quad, pair, dequant[1])
+        rQ = self._q_fragment(q, q_strides, work, group, rows, quad, pair, dequant[1])
         acc_O = cute.make_rmem_tensor(((2, 2), 1, d // 8), cutlass.Float32)
         acc_O.fill(0.0)
         softmax = OnlineSoftmax.create(self._row_halves(), scale_log2)  # rows quad (and quad + 8)
@@ -1007,15 +979,15 @@ class PagedDecodeScaledCache(PagedDecode):
         ring = Ring(t.stages)
         for j in range(0, work.blocks, 1):
             stage, phase = ring.at(j)
-            key0 = work.key_first + j * t.block_n + keys * WARP_KEYS
+            key0 = work.key_first + j * t.block_n + warp * WARP_KEYS
             k_pipe.sync_object_full.wait(stage, phase)
-            rK = self._k_fragment(self._head_tile(ringK, stage, own), keys, quad, pair)
+            rK = self._k_fragment(ringK[None, None, stage], warp, quad, pair)
             acc_S = self._scores_of(mma, rQ, rK)
             # V's loads and conversions now, to overlap the MMAs and the softmax (at d 256 its
             # 64 registers more would spill: after the softmax there)
             if cutlass.const_expr(d <= 128):
                 v_pipe.sync_object_full.wait(stage, phase)
-                rV = self._v_fragment(self._head_tile(ringV, stage, own), keys, quad, pair)
+                rV = self._v_fragment(ringV[None, None, stage], warp, quad, pair)
             if cutlass.const_expr(v.softcap):
                 acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
             s_mn = mma_rows_by_cols(acc_S)
@@ -1027,15 +999,11 @@ class PagedDecodeScaledCache(PagedDecode):
             cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.mma_dtype))
             if cutlass.const_expr(d > 128):
                 v_pipe.sync_object_full.wait(stage, phase)
-                rV = self._v_fragment(self._head_tile(ringV, stage, own), keys, quad, pair)
+                rV = self._v_fragment(ringV[None, None, stage], warp, quad, pair)
             cute.gemm(mma, acc_O, rP, rV, acc_O)
             self._release_reads(k_pipe, v_pipe, stage)
-        self._merge(acc_O, softmax, merge, warp, own, quad, pair, dequant[0])
+        self._merge(acc_O, softmax, merge, warp, quad, pair, dequant[0])
         self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
-
-    def _head_tile(self, ring, stage, own):
-        """A ring stage's (block_n, d) rows of the CTA's KV head `own` (0 but with head pairs)."""
-        return cute.local_tile(ring[None, None, stage], (self.tiles.block_n, self.head_dim), (0, own))
 
     def _row_halves(self) -> int:
         """The m16 tile's row halves that hold query rows: a thread's rows are quad and quad + 8,
@@ -1069,10 +1037,9 @@ class PagedDecodeScaledCache(PagedDecode):
         v_pipe.sync_object_empty.arrive(stage, None)
 
     @cute.jit
-    def _q_fragment(self, q, q_strides, work, head_kv, group, rows, quad, pair, q_scale):
+    def _q_fragment(self, q, q_strides, work, group, rows, quad, pair, q_scale):
         """The A operand of S = Q Kᵀ for all k-steps, ((2, 2, 2), 1, d/16) fp16: rows quad and
-        quad + 8 of the CTA's (KV head `head_kv`'s), d = (d/4)·pair + 4·kk + (0..3); rows past
-        the last are zeros.
+        quad + 8 of the CTA's, d = (d/4)·pair + 4·kk + (0..3); rows past the last are zeros.
         Q is scaled by `q_scale` and saturates at fp16's largest finite."""
         d = self.head_dim
         span = d // 4
@@ -1085,7 +1052,7 @@ class PagedDecodeScaledCache(PagedDecode):
             raw.fill(0.0)
             if row < rows:
                 token, g = row // group, row % group
-                offset = cutlass.Int64(work.batch) * q_sb + cutlass.Int64(head_kv * group + g) * q_sh
+                offset = cutlass.Int64(work.batch) * q_sb + cutlass.Int64(work.head_kv * group + g) * q_sh
                 offset = offset + cutlass.Int64(token) * q_ss + span * pair
                 raw.store(cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(span)).load())
             scaled = cute.make_rmem_tensor(span, cutlass.Float32)
@@ -1151,81 +1118,69 @@ class PagedDecodeScaledCache(PagedDecode):
         return cute.make_tensor(out.iterator, cute.make_layout(((2, 2), span, 1)))
 
     @cute.jit
-    def _merge(self, acc_O, softmax, merge, warp, own, quad, pair, v_descale):
-        """Each warp's rows against the CTA's max and sum (over the warps of its KV head):
-        O_w · 2^(m_w - m) / Σ_w l_w 2^(m_w - m) (times V's scale) into the merge area, summed by
-        `_store`. A row no warp saw keys of ends with O = 0 and LSE = -inf. Merge row m is the
-        m16 tile's row m, and with head pairs (one row half each) head `own`'s row m - 8·own."""
+    def _merge(self, acc_O, softmax, merge, warp, quad, pair, v_descale):
+        """Each warp's rows against the CTA's max and sum: O_w · 2^(m_w - m) / Σ_w l_w 2^(m_w - m)
+        (times V's scale) into the merge area, summed by `_store`. A row no warp saw keys of
+        ends with O = 0 and LSE = -inf."""
         row_max, row_sum, o_parts = merge
         for r in cutlass.range_constexpr(self._row_halves()):
             total = quad_sum(softmax.row_sum[r])
             if pair == 0:
-                row_max[quad + 8 * (r + own), warp] = softmax.row_max[r] * softmax.scale_log2
-                row_sum[quad + 8 * (r + own), warp] = total
+                row_max[quad + 8 * r, warp] = softmax.row_max[r] * softmax.scale_log2
+                row_sum[quad + 8 * r, warp] = total
         merge_barrier = pipeline.NamedBarrier(barrier_id=Barrier.DECODE_MERGE, num_threads=128)
         merge_barrier.arrive_and_wait()  # every warp's statistics are written, and its ring reads done
         o_mn = mma_rows_by_cols(acc_O)
         span = self.head_dim // 8
         for r in cutlass.range_constexpr(self._row_halves()):
-            row = quad + 8 * (r + own)
+            row = quad + 8 * r
             top, total = self._row_total(row_max, row_sum, row)
-            weight = cute.math.exp2(row_max[row, warp] - top, fastmath=True)
-            factor = cutlass.select_(total > 0.0, weight * v_descale / total, cutlass.Float32(0.0))
+            own = cute.math.exp2(row_max[row, warp] - top, fastmath=True)
+            factor = cutlass.select_(total > 0.0, own * v_descale / total, cutlass.Float32(0.0))
             # o_mn's columns: (k parity, n-tile): logical column 2·pair + parity of n-tile dt
             for parity in cutlass.range_constexpr(2):
                 for dt in cutlass.range_constexpr(span):
                     o_parts[row, span * (2 * pair + parity) + dt, warp] = o_mn[r, parity + 2 * dt] * factor
         merge_barrier.arrive_and_wait()
 
-    def _row_warps(self, row):
-        """The first of the warps whose partial results merge row `row` (its KV head's), and how
-        many: all four, or with head pairs the two of the row's head."""
-        per_head = CONSUMER_WARPS // self.tiles.heads
-        first = (row // 8) * per_head if cutlass.const_expr(self.tiles.heads > 1) else 0
-        return first, per_head
-
     @cute.jit
     def _row_total(self, row_max, row_sum, row):
-        """(the row's max over its warps, log2 units, 0 when none saw a key; its sum against it)."""
-        first, count = self._row_warps(row)
-        top = row_max[row, first]
-        for w in cutlass.range_constexpr(1, count):
-            top = cute.arch.fmax(top, row_max[row, first + w])
+        """(the row's max over the warps, log2 units, 0 when none saw a key; its sum against it)."""
+        top = row_max[row, 0]
+        for w in cutlass.range_constexpr(1, CONSUMER_WARPS):
+            top = cute.arch.fmax(top, row_max[row, w])
         top = cutlass.select_(top == -cutlass.Float32.inf, cutlass.Float32(0.0), top)
         total = cutlass.Float32(0.0)
-        for w in cutlass.range_constexpr(count):
-            total = total + row_sum[row, first + w] * cute.math.exp2(row_max[row, first + w] - top, fastmath=True)
+        for w in cutlass.range_constexpr(CONSUMER_WARPS):
+            total = total + row_sum[row, w] * cute.math.exp2(row_max[row, w] - top, fastmath=True)
         return top, total
 
     @cute.jit
     def _store(self, merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx):
-        """The merged rows that exist: thread i sums merge row i / 8's columns (d/8)·(i % 8)
-        onward over its warps, then stores O and LSE (one split), or the split's normalized O
-        (fp32) and LSE into the workspace. With head pairs merge rows 8.. are the second head's."""
+        """The merged rows that exist: thread i sums row i / 8's columns (d/8)·(i % 8) onward
+        over the warps, then stores O and LSE (one split), or the split's normalized O (fp32)
+        and LSE into the workspace."""
         row_max, row_sum, o_parts = merge
         group, s_new, rows, splits, split, _ = geometry
         span = self.head_dim // 8
         local, col = tidx // 8, (tidx % 8) * span
-        row, head_kv = work.row_block * ROWS_SCALED + local, work.head_kv
-        if cutlass.const_expr(self.tiles.heads > 1):
-            row, head_kv = local % 8, work.head_kv + local // 8
+        row = work.row_block * ROWS_SCALED + local
         if row < rows:
-            first, count = self._row_warps(local)
             out = cute.make_rmem_tensor(span, cutlass.Float32)
-            out.store(cute.local_tile(o_parts[local, None, first], (span,), (tidx % 8,)).load())
-            for w in cutlass.range_constexpr(1, count):
-                out.store(out.load() + cute.local_tile(o_parts[local, None, first + w], (span,), (tidx % 8,)).load())
+            out.store(cute.local_tile(o_parts[local, None, 0], (span,), (tidx % 8,)).load())
+            for w in cutlass.range_constexpr(1, CONSUMER_WARPS):
+                out.store(out.load() + cute.local_tile(o_parts[local, None, w], (span,), (tidx % 8,)).load())
             top, total = self._row_total(row_max, row_sum, local)
             lse_value = (top + cute.math.log2(total)) * LN_2  # log2(0) = -inf: a row without keys
             if cutlass.const_expr(self.variant.split):
                 o_partial, lse_partial = partials
-                index = ((cutlass.Int64(work.batch) * heads_kv + head_kv) * splits + split) * rows + row
+                index = ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
                 dst = cute.make_tensor(o_partial + index * self.head_dim + col, cute.make_layout(span))
                 dst.store(out.load())
                 if tidx % 8 == 0:
                     cute.make_tensor(lse_partial + index, cute.make_layout(1))[0] = lse_value
             else:
-                token, head = row // group, head_kv * group + row % group
+                token, head = row // group, work.head_kv * group + row % group
                 o, o_sb, o_sh, o_ss = o_args
                 offset = cutlass.Int64(work.batch) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
                 dst = cute.make_tensor(o + offset + col, cute.make_layout(span))

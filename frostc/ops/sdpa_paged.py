@@ -49,14 +49,12 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     ctx.length_contract(node.kv_lengths, "lengths", node.seq_kv)
     dtype, cache = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
     cache = cache if is_scaled(cache) else None
-    few_rows = cache is not None and _rows(node) <= FEW_ROWS
-    pairs = few_rows and _heads_pair_up(node, ctx.slot(node.k))
-    tiles = decode_tiles(node.head_dim, node.page_size, dtype, cache, pairs)
+    tiles = decode_tiles(node.head_dim, node.page_size, dtype, cache)
     splits, chunk = split_plan(node, tiles, TARGET_SMS[ctx.graph.target])
     variant = PagedDecodeVariant(
         dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, cache=cache,
-        few_rows=few_rows, head_pairs=pairs,
+        few_rows=cache is not None and _rows(node) <= FEW_ROWS,
     )  # fmt: skip
     if splits == 1:
         return (_attention_launch(node, variant, splits, chunk, None, ctx),)
@@ -71,14 +69,6 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     )
 
 
-def _heads_pair_up(node: Sdpa, k) -> bool:
-    """Whether a quantized cache's CTAs take two KV heads: when the caches hold each position's
-    heads side by side (NHD: head stride d), a pair's rows are one 2·d-byte run instead of two
-    d-byte runs a head stride apart (bench/NOTES.md, decode v12); a TMA box row holds at most
-    256 elements, so d <= 128."""
-    return node.heads_kv % 2 == 0 and k.strides[2] == node.head_dim and 2 * node.head_dim <= 256
-
-
 def _rows(node: Sdpa) -> int:
     """Query rows per (sequence, KV head): the new tokens of every query head of the group."""
     return node.seq_q * (node.heads_q // node.heads_kv)
@@ -90,7 +80,7 @@ def split_plan(node: Sdpa, tiles: DecodeTiles, sms: int) -> tuple[int, int]:
     capacity, each at least MIN_CHUNK_KEYS keys (SHORT_CHUNK_KEYS when those would fill less
     than half the slots). The chunk is a whole number of the variant's key blocks (an e4m3
     cache's chunks of twice the keys were tried, bench/NOTES.md decode v5)."""
-    units = node.batch * node.heads_kv // tiles.heads * -(-_rows(node) // tiles.rows)
+    units = node.batch * node.heads_kv * -(-_rows(node) // tiles.rows)
     slots = sms * tiles.ctas_per_sm
     blocks = -(-_keys_seen(node, tiles.block_n) // tiles.block_n)
     wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
@@ -220,7 +210,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
         for extent, stride in zip(cache.dims[:3], cache.strides[:3])
     )
     shape = (tuple(ints.values()), cache_strides)
-    grid = (splits, node.heads_kv // variant.tile_shape.heads * row_blocks, node.batch)
+    grid = (splits, node.heads_kv * row_blocks, node.batch)
     return ResolvedLaunch(node.name, variant, grid, args, shape)
 
 
