@@ -11,11 +11,13 @@ same buffers, cache_len += 1 on the device); and the execute contract on a decod
 reads, binding errors that name the slot).
 """
 
+import os
 import random
 import shutil
 import subprocess
 import tempfile
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -94,14 +96,24 @@ def test_decode_plan_matches_float64_reference(case):
 NVDISASM = Path(shutil.which("nvdisasm") or "/usr/local/cuda/bin/nvdisasm")
 
 
-def _sass(cubin: bytes, cache: dict) -> str:
-    if cubin not in cache:
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(cubin)
-            f.flush()
-            done = subprocess.run([str(NVDISASM), "-c", f.name], capture_output=True, text=True, check=True)
-            cache[cubin] = done.stdout
-    return cache[cubin]
+def _sass(cubin: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(NVDISASM), "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _early_pairs() -> list[tuple[str, object, object]]:
+    """(plan, its early launch's kernel, the launch ahead's kernel) of every built decode plan."""
+    from frost_runtime.schema import decode_plan
+
+    found = []
+    for entry in decode_manifest_entries():
+        plan = decode_plan((BUILT / entry["plan"]).read_bytes())
+        for i, launch in enumerate(plan.launches):
+            if launch.early:
+                found.append((entry["plan"], plan.kernels[launch.kernel], plan.kernels[plan.launches[i - 1].kernel]))
+    return found
 
 
 @pytest.mark.skipif(not NVDISASM.exists(), reason="no nvdisasm (the CUDA toolkit's) to read the kernels' SASS")
@@ -109,20 +121,16 @@ def test_every_early_launch_waits_for_the_launch_ahead_which_lets_it_start():
     """A launch that starts early must wait (griddepcontrol.wait, SASS ACQBULK) before it reads
     what the launch ahead writes, and that one lets it start (launch_dependents, PREEXIT).
     Checked in the SASS: the race a missing wait leaves is one timing rarely shows (an
-    attention built without its wait passed every decode test, bench/NOTES.md)."""
-    from frost_runtime.schema import decode_plan
-
-    seen, early = {}, 0
-    for entry in decode_manifest_entries():
-        plan = decode_plan((BUILT / entry["plan"]).read_bytes())
-        for i, launch in enumerate(plan.launches):
-            if not launch.early:
-                continue
-            early += 1
-            kernel, ahead = plan.kernels[launch.kernel], plan.kernels[plan.launches[i - 1].kernel]
-            assert "ACQBULK" in _sass(kernel.cubin, seen), f"{entry['plan']}: {kernel.name} never waits"
-            assert "PREEXIT" in _sass(ahead.cubin, seen), f"{entry['plan']}: {ahead.name} never lets it start"
-    assert early, "no decode plan has an early launch"
+    attention built without its wait passed every decode test, bench/NOTES.md). Each distinct
+    cubin is disassembled once, in parallel (one nvdisasm process each)."""
+    pairs = _early_pairs()
+    assert pairs, "no decode plan has an early launch"
+    cubins = list({k.cubin: None for _, kernel, ahead in pairs for k in (kernel, ahead)})
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        sass = dict(zip(cubins, pool.map(_sass, cubins)))
+    for plan, kernel, ahead in pairs:
+        assert "ACQBULK" in sass[kernel.cubin], f"{plan}: {kernel.name} never waits"
+        assert "PREEXIT" in sass[ahead.cubin], f"{plan}: {ahead.name} never lets it start"
 
 
 # ---------------------------------------------------------------------------- kv_append's edges
