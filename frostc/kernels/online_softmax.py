@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 import cutlass
 import cutlass.cute as cute
 
-from frostc.kernels.sdpa_common import LN_2, quad_max, quad_sum
+from frostc.kernels.sdpa_common import LN_2, QUAD_LANES, lane_reduce
 
 # the online softmax keeps a row's reference max until a block raises it by more than this
 # (log2 units; probabilities stay <= 2**8 = 256, exact in bf16/fp16 range and fp32 sums)
@@ -41,11 +41,21 @@ class OnlineSoftmax:
     correction: cute.Tensor
     block_sum: cute.Tensor  # `update_fast`'s sums, added by `accept_fast`
     limits: ProbabilityLimits = field(default_factory=ProbabilityLimits)
+    # the lanes (xor offsets) that share a row: a quad for the MMAs' row-major accumulators
+    lanes: tuple[int, ...] = QUAD_LANES
 
     @staticmethod
-    def create(rows: int, scale_log2, limits: ProbabilityLimits | None = None) -> "OnlineSoftmax":
+    def create(
+        rows: int, scale_log2, limits: ProbabilityLimits | None = None, lanes: tuple[int, ...] = QUAD_LANES
+    ) -> "OnlineSoftmax":
         make = lambda: cute.make_rmem_tensor(rows, cutlass.Float32)  # noqa: E731
-        return OnlineSoftmax(scale_log2, make(), make(), make(), make(), limits or ProbabilityLimits())
+        return OnlineSoftmax(scale_log2, make(), make(), make(), make(), limits or ProbabilityLimits(), lanes)
+
+    def lane_max(self, value):
+        return lane_reduce(value, cute.arch.fmax, self.lanes)
+
+    def lane_sum(self, value):
+        return lane_reduce(value, lambda a, b: a + b, self.lanes)
 
     def with_scale(self, scale_log2) -> "OnlineSoftmax":
         """The same state under another scale (a tile's own: e4m3 inputs' descales)."""
@@ -73,7 +83,7 @@ class OnlineSoftmax:
         block_max = cute.make_rmem_tensor(rows, cutlass.Float32)
         grow = cutlass.Boolean(False)
         for r in cutlass.range_constexpr(rows):
-            block_max[r] = quad_max(s_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
+            block_max[r] = self.lane_max(s_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
             # a row that saw no key has max -inf: any finite score grows it (inf > threshold)
             grow = grow | ((block_max[r] - self.row_max[r]) * self.scale_log2 > self.limits.rescale_log2)
         moved = cute.arch.vote_any_sync(grow)
@@ -128,7 +138,7 @@ class OnlineSoftmax:
         """O /= row sum (0 for a row that saw no key), times `out_scale` unless None; row_sum
         becomes the quad's total."""
         for r in cutlass.range_constexpr(cute.size(self.row_sum)):
-            total = quad_sum(self.row_sum[r])
+            total = self.lane_sum(self.row_sum[r])
             self.row_sum[r] = total
             inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
             if cutlass.const_expr(out_scale is not None):

@@ -125,11 +125,19 @@ class KeyRange:
         return first, end
 
 
-def quad_reduce(value, combine):
-    # the 4 threads of a quad hold the same accumulator rows
-    for offset in (2, 1):
+QUAD_LANES = (2, 1)  # the 4 threads of a quad hold the same accumulator rows
+COLUMN_LANES = (16, 8, 4)  # ... and the 8 threads of a lane % 4 class an m16n8 tile's same columns
+
+
+def lane_reduce(value, combine, lanes: tuple[int, ...]):
+    """`value` combined over the lanes that differ from this one in the bits of `lanes`."""
+    for offset in lanes:
         value = combine(value, cute.arch.shuffle_sync_bfly(value, offset=offset, mask=-1, mask_and_clamp=31))
     return value
+
+
+def quad_reduce(value, combine):
+    return lane_reduce(value, combine, QUAD_LANES)
 
 
 def quad_max(value):
@@ -182,6 +190,15 @@ def e4m3_quad_word(x0, x1, x2, x3, src_lo, src_hi, select, *, loc=None, ip=None)
         "=r,f,f,f,f,r,r,r",
         side_effects=True,  # shfl.sync: kept where it is, with the whole warp
     )
+
+
+@dsl_user_op
+def transpose_8x8(word, *, loc=None, ip=None):
+    """movmatrix.sync.aligned.m8n8.trans.b16: an 8 x 8 matrix of 16-bit values whose row g holds
+    elements 2c, 2c + 1 in lane 4g + c's `word` comes back transposed, in the same fragment
+    layout (lane 4g + c: elements 2c, 2c + 1 of column g). Every lane of the warp must call it."""
+    operands = [cutlass.Int32(word).ir_value(loc=loc, ip=ip)]
+    return _asm_word("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", operands, "=r,r", side_effects=True)
 
 
 @dsl_user_op

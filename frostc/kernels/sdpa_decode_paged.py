@@ -53,6 +53,7 @@ from frostc.kernels.online_softmax import OnlineSoftmax
 from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
 from frostc.kernels.ring import Ring
 from frostc.kernels.sdpa_common import (
+    COLUMN_LANES,
     LN_2,
     KeyRange,
     MaskFlags,
@@ -62,6 +63,7 @@ from frostc.kernels.sdpa_common import (
     fake_ptr,
     key_origin,
     quad_sum,
+    transpose_8x8,
 )
 from frostc.kernels.wgmma_layouts import c_to_a_layout, mma_rows_by_cols, wgmma_rows_by_cols
 
@@ -256,6 +258,12 @@ def _fake_scalars(quantized: bool = False) -> tuple:
 # ------------------------------------------------------------------------------ device helpers
 
 
+def _query_by_key():
+    """An m16n8 accumulator tile ((2 column parities, 2 row halves), 1, 1) whose rows are keys
+    and columns query rows, seen as (query, key): a lane's two queries by its two keys."""
+    return cute.make_layout((2, 2), stride=(1, 2))
+
+
 @dataclass(frozen=True)
 class Work:
     """What one CTA does: its sequence, KV head, query rows and key range."""
@@ -294,20 +302,22 @@ class DecodeMask:
         return key_end > self.keys.hi(0)
 
     @cute.jit
-    def apply(self, c_mn, s_mn, key0):
-        """-inf where a row misses a key: `c_mn` holds each score's (row, key - key0)."""
+    def apply(self, c_mn, s_mn, key0, row_mode: int = 0):
+        """-inf where a row misses a key: `c_mn` holds each score's (row, key - key0), or with
+        `row_mode` 1 its (key - key0, row) (an accumulator whose MMA rows are the keys)."""
+        key_mode = 1 - row_mode
         for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
-            token = (self.first_row + c_mn[r, 0][0]) // self.group
+            token = (self.first_row + c_mn[r, 0][row_mode]) // self.group
             hi = self.keys.hi(token)
             if cutlass.const_expr(self.keys.flags.left):
                 lo = self.keys.lo(token)
                 for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
-                    key = key0 + c_mn[r, c][1]
+                    key = key0 + c_mn[r, c][key_mode]
                     if (key >= hi) | (key < lo):
                         s_mn[r, c] = -cutlass.Float32.inf
             else:
                 for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
-                    if key0 + c_mn[r, c][1] >= hi:
+                    if key0 + c_mn[r, c][key_mode] >= hi:
                         s_mn[r, c] = -cutlass.Float32.inf
 
 
@@ -960,6 +970,16 @@ class PagedDecodeScaledCache(PagedDecode):
     @cute.jit
     def _consume(self, k_pipe, v_pipe, sQ, sK, sV, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
                  lse_args, partials, heads_kv):  # fmt: skip
+        if cutlass.const_expr(self.variant.few_rows):
+            self._consume_keys_as_rows(k_pipe, v_pipe, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
+                                       lse_args, partials, heads_kv)  # fmt: skip
+        else:
+            self._consume_rows(k_pipe, v_pipe, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
+                               lse_args, partials, heads_kv)  # fmt: skip
+
+    @cute.jit
+    def _consume_rows(self, k_pipe, v_pipe, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
+                      lse_args, partials, heads_kv):  # fmt: skip
         t = self.tiles
         d = self.head_dim
         group, s_new, rows, splits, split, window_left = geometry
@@ -1004,6 +1024,162 @@ class PagedDecodeScaledCache(PagedDecode):
             self._release_reads(k_pipe, v_pipe, stage)
         self._merge(acc_O, softmax, merge, warp, quad, pair, dequant[0])
         self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
+
+    @cute.jit
+    def _consume_keys_as_rows(self, k_pipe, v_pipe, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
+                              lse_args, partials, heads_kv):  # fmt: skip
+        """At most 8 query rows (`few_rows`): the MMAs transposed, Sᵀ = K Qᵀ and Oᵀ = Vᵀ Pᵀ, so the
+        warp's 16 keys are the m16 rows and the query rows the n8 columns: no padding rows, half
+        the MMAs and half the O registers of `_consume_rows` (bench/NOTES.md, decode v14).
+        - Sᵀ: A = the warp's K rows (keys quad, quad + 8), B = Q row `quad`; both take
+          d = (d/4)·pair + 4·kk + (0..3) in k-step kk, as `_k_fragment` does.
+        - Softmax per column (query 2·pair + parity), reduced over the lanes of a pair class.
+        - Oᵀ: A = Vᵀ, m-tile mt's rows quad and quad + 8 being d = (d/8)·quad + 2·mt + (0, 1)
+          (the same bytes `_v_fragment` loads); B = Pᵀ: Sᵀ's fp16 halves transposed by
+          movmatrix, 8 keys at a time. A thread ends with columns 2·pair, + 1 of O at the 2·(d/16)
+          d's (d/8)·quad onward."""
+        t = self.tiles
+        d = self.head_dim
+        group, s_new, rows, splits, split, window_left = geometry
+        scale_log2, score_scale, dequant = scales
+        ringK, ringV, merge = loaded
+        warp, lane = tidx // 32, tidx % 32
+        quad, pair = lane // 4, lane % 4
+        mma = cute.make_tiled_mma(cute.make_mma_atom(warp_mma.MmaF16BF16Op(self.mma_dtype, cutlass.Float32, MMA_SHAPE)))
+        rQ = self._q_operand_b(q, q_strides, work, group, rows, quad, pair, dequant[1])
+        acc_O = cute.make_rmem_tensor(((2, 2), d // 16, 1), cutlass.Float32)
+        acc_O.fill(0.0)
+        o_qd = cute.make_tensor(acc_O.iterator, cute.make_layout((2, (2, d // 16)), stride=(1, (2, 4))))
+        softmax = OnlineSoftmax.create(2, scale_log2, lanes=COLUMN_LANES)  # queries 2·pair, 2·pair + 1
+        softmax.reset()
+        v = self.variant
+        mask = DecodeMask.of(v.causal, v.window, window_left, s_new, work.kv_len, group, 0)
+        # each score's (key, query) in the warp's tile, viewed (query, key) like the scores
+        c_kq = mma.get_slice(lane).partition_C(cute.make_identity_tensor((WARP_KEYS, 8)))
+        c_qk = cute.make_tensor(c_kq.iterator, cute.composition(c_kq.layout, _query_by_key()))
+        ring = Ring(t.stages)
+        for j in range(0, work.blocks, 1):
+            stage, phase = ring.at(j)
+            key0 = work.key_first + j * t.block_n + warp * WARP_KEYS
+            k_pipe.sync_object_full.wait(stage, phase)
+            rK = self._k_operand_a(ringK[None, None, stage], warp, quad, pair)
+            acc_S = self._scores_by_keys(mma, rK, rQ)
+            if cutlass.const_expr(d <= 128):
+                v_pipe.sync_object_full.wait(stage, phase)
+                rV = self._vt_operand_a(ringV[None, None, stage], warp, quad, pair)
+            if cutlass.const_expr(v.softcap):
+                acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
+            s_qk = cute.make_tensor(acc_S.iterator, _query_by_key())
+            if mask.needed(key0, key0 + WARP_KEYS):
+                mask.apply(c_qk, s_qk, key0, row_mode=1)
+            if softmax.update(s_qk):  # a reference max moved (rarely: see OnlineSoftmax.update)
+                softmax.rescale(o_qd)
+            rP = self._pt_operand_b(acc_S)
+            if cutlass.const_expr(d > 128):
+                v_pipe.sync_object_full.wait(stage, phase)
+                rV = self._vt_operand_a(ringV[None, None, stage], warp, quad, pair)
+            cute.gemm(mma, acc_O, rV, rP, acc_O)
+            self._release_reads(k_pipe, v_pipe, stage)
+        self._merge_by_keys(o_qd, softmax, merge, warp, quad, pair, dequant[0])
+        self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
+
+    @cute.jit
+    def _q_operand_b(self, q, q_strides, work, group, rows, quad, pair, q_scale):
+        """Qᵀ as the B operand of Sᵀ = K Qᵀ, ((2, 2), 1, d/16) fp16: column `quad` is query row
+        quad (zeros past the last), its elements d = (d/4)·pair + 4·kk + (0..3). Scaled by
+        `q_scale`, saturating at fp16's largest finite."""
+        d = self.head_dim
+        span = d // 4
+        q_sb, q_sh, q_ss = (cute.assume(x, divby=8) for x in q_strides)
+        raw = cute.make_rmem_tensor(span, self.dtype)
+        raw.fill(0.0)
+        if quad < rows:
+            token, g = quad // group, quad % group
+            offset = cutlass.Int64(work.batch) * q_sb + cutlass.Int64(work.head_kv * group + g) * q_sh
+            offset = offset + cutlass.Int64(token) * q_ss + span * pair
+            raw.store(cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(span)).load())
+        scaled = cute.make_rmem_tensor(span, cutlass.Float32)
+        scaled.store(raw.load().to(cutlass.Float32) * q_scale)
+        limit = cutlass.Float32(MMA_FINITE_MAX)
+        for e in cutlass.range_constexpr(span):
+            scaled[e] = cutlass.max(cutlass.min(scaled[e], limit), -limit)
+        wide = cute.make_rmem_tensor(span, self.mma_dtype)
+        wide.store(scaled.load().to(self.mma_dtype))
+        return cute.make_tensor(wide.iterator, cute.make_layout(((2, 2), 1, d // 16), stride=((1, 2), 0, 4)))
+
+    @cute.jit
+    def _k_operand_a(self, tile, warp, quad, pair):
+        """The warp's K rows as the A operand of Sᵀ, ((2, 2, 2), 1, d/16) fp16: rows quad and
+        quad + 8 are keys warp·16 + quad (+ 8), k-elements as `_q_operand_b`'s."""
+        d = self.head_dim
+        span = d // 4
+        wide = cute.make_rmem_tensor(2 * span, self.mma_dtype)
+        for half in cutlass.range_constexpr(2):
+            row = cute.local_tile(tile, (1, span), (warp * WARP_KEYS + quad + 8 * half, pair))
+            piece = cute.make_tensor(wide.iterator + half * span, cute.make_layout((1, span)))
+            piece.store(row.load().to(self.mma_dtype))
+        # A's (k parity, row half, k + 8) at k-step kk: element 4·kk + 2·(k + 8) + parity of the half
+        return cute.make_tensor(wide.iterator, cute.make_layout(((2, 2, 2), 1, d // 16), stride=((1, span, 2), 0, 4)))
+
+    @cute.jit
+    def _scores_by_keys(self, mma, rK, rQ):
+        """Sᵀ = K Qᵀ of the warp's 16 keys by the 8 query columns (fp32), the even and odd
+        k-steps in two accumulators (two chains of half the depth)."""
+        acc_S = cute.make_rmem_tensor(((2, 2), 1, 1), cutlass.Float32)
+        acc_S.fill(0.0)
+        odd = cute.make_rmem_tensor(((2, 2), 1, 1), cutlass.Float32)
+        odd.fill(0.0)
+        for kk in cutlass.range_constexpr(cute.size(rK.shape[2])):
+            acc = acc_S if kk % 2 == 0 else odd
+            cute.gemm(mma, acc, rK[None, None, kk], rQ[None, None, kk], acc)
+        acc_S.store(acc_S.load() + odd.load())
+        return acc_S
+
+    @cute.jit
+    def _vt_operand_a(self, tile, warp, quad, pair):
+        """Vᵀ as the A operand of Oᵀ = Vᵀ Pᵀ, ((2, 2, 2), d/16 m-tiles, 1) fp16: `_v_fragment`'s
+        registers renamed (no instruction): its n-tile dt (keys 2·pair (+1, +8, +9) at
+        d = (d/8)·quad + dt) is m-tile dt // 2's row half dt % 2."""
+        frag = self._v_fragment(tile, warp, quad, pair)
+        layout = cute.make_layout(((2, 2, 2), self.head_dim // 16, 1), stride=((1, 4, 2), 8, 0))
+        return cute.make_tensor(frag.iterator, layout)
+
+    @cute.jit
+    def _pt_operand_b(self, acc_S):
+        """Pᵀ as the B operand of Oᵀ, ((2, 2), 1, 1) fp16: the lane's two fp16 pairs of Sᵀ
+        (keys quad and quad + 8, columns 2·pair, + 1) transposed 8 keys at a time, giving
+        keys 2·pair, + 1 (and + 8, + 9) of column quad."""
+        halves = cute.make_rmem_tensor(4, self.mma_dtype)
+        halves.store(acc_S.load().to(self.mma_dtype))
+        words = cute.recast_tensor(halves, cutlass.Uint32)
+        moved = cute.make_rmem_tensor(2, cutlass.Uint32)
+        for h in cutlass.range_constexpr(2):
+            moved[h] = cutlass.Uint32(transpose_8x8(words[h]))
+        rP = cute.recast_tensor(moved, self.mma_dtype)
+        return cute.make_tensor(rP.iterator, cute.make_layout(((2, 2), 1, 1), stride=((1, 2), 0, 0)))
+
+    @cute.jit
+    def _merge_by_keys(self, o_qd, softmax, merge, warp, quad, pair, v_descale):
+        """`_merge` for the transposed tiles: the lane's columns 2·pair, + 1 are query rows; its
+        O values of a row are d = (d/8)·quad + x, x = 2·mt + row half (`o_qd`'s second mode)."""
+        row_max, row_sum, o_parts = merge
+        for p in cutlass.range_constexpr(2):
+            total = softmax.lane_sum(softmax.row_sum[p])
+            if quad == 0:
+                row_max[2 * pair + p, warp] = softmax.row_max[p] * softmax.scale_log2
+                row_sum[2 * pair + p, warp] = total
+        merge_barrier = pipeline.NamedBarrier(barrier_id=Barrier.DECODE_MERGE, num_threads=128)
+        merge_barrier.arrive_and_wait()  # every warp's statistics are written, and its ring reads done
+        span = self.head_dim // 8
+        for p in cutlass.range_constexpr(2):
+            row = 2 * pair + p
+            top, total = self._row_total(row_max, row_sum, row)
+            own = cute.math.exp2(row_max[row, warp] - top, fastmath=True)
+            factor = cutlass.select_(total > 0.0, own * v_descale / total, cutlass.Float32(0.0))
+            for mt in cutlass.range_constexpr(self.head_dim // 16):
+                for half in cutlass.range_constexpr(2):
+                    o_parts[row, span * quad + 2 * mt + half, warp] = o_qd[p, (half, mt)] * factor
+        merge_barrier.arrive_and_wait()
 
     def _row_halves(self) -> int:
         """The m16 tile's row halves that hold query rows: a thread's rows are quad and quad + 8,
