@@ -148,6 +148,16 @@ def test_the_ring_holds_more_stages_of_half_the_bytes():
     assert decode_tiles(256, 32, "bf16", "e4m3").stages >= 3
 
 
+def test_few_rows_run_three_ctas_an_sm_up_to_d128():
+    """The transposed few-rows kernel (~100 registers a thread) fits three CTAs of four 16 KiB
+    stages an SM at d=128; d=256 keeps one CTA; more rows keep two."""
+    few = decode_tiles(128, 16, "bf16", "e4m3", few_rows=True)
+    assert (few.ctas_per_sm, few.stages) == (3, 4)
+    assert decode_tiles(64, 16, "bf16", "e4m3", few_rows=True).ctas_per_sm == 3
+    assert decode_tiles(256, 32, "bf16", "e4m3", few_rows=True).ctas_per_sm == 1
+    assert decode_tiles(128, 16, "bf16", "e4m3").ctas_per_sm == 2
+
+
 def test_the_e4m3_kernel_takes_16_rows_per_cta_and_more_row_blocks():
     """The warp-level kernel's CTA holds one m16 tile of (token, head) rows: a group of 4 by one
     token is one row block, by 5 tokens two; the bf16 cache's kernel keeps 64 rows."""

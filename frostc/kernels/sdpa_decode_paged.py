@@ -79,6 +79,7 @@ ROWS_SCALED = 16  # over a quantized cache: one m16n8k16 tile of rows, shared by
 FEW_ROWS = 8  # ... whose first row half holds 8 rows: a GQA group of up to 8 by one token, of 4 by two
 WARP_KEYS = BLOCK_N // CONSUMER_WARPS  # ... each warp taking this many keys of every block
 MMA_SHAPE = (16, 8, 16)  # the warp-level MMA (mma.sync) the quantized cache's kernel uses
+FEW_ROWS_CTAS_PER_SM = 3
 
 
 @dataclass(frozen=True)
@@ -102,12 +103,18 @@ class DecodeTiles:
         }
 
 
-def decode_tiles(head_dim: int, page_size: int, dtype: str, cache: str | None = None) -> DecodeTiles:
+def decode_tiles(
+    head_dim: int, page_size: int, dtype: str, cache: str | None = None, few_rows: bool = False
+) -> DecodeTiles:
     """Two CTAs per SM where they fit (one streams while the other starts or ends), then as
     many stages as the shared memory holds: Q is 64·d and a stage 2·block_n·d elements. A
     quantized cache's kernel keeps only its ring (Q and the operands live in registers), and
-    takes ROWS_SCALED rows per CTA."""
+    takes ROWS_SCALED rows per CTA; with few rows (its transposed MMAs: ~100 registers a
+    thread) three CTAs fit an SM, whose twelve consumer warps hide each other's latency better
+    than eight with six stages each (bench/NOTES.md, decode v14; four CTAs of three stages lost)."""
     ctas = 2 if head_dim <= 128 else 1
+    if cache is not None and few_rows and head_dim <= 128:
+        ctas = FEW_ROWS_CTAS_PER_SM
     budget = SMEM_PER_SM // ctas - 1024 - 1024  # the CTA's reserved KiB, barriers and alignment
     if cache is None:
         size = DTYPES[dtype].bytes
@@ -153,8 +160,8 @@ class PagedDecodeVariant(TmaVariant):
     window: bool = False  # a sliding window: each token sees window_left keys before its own
     softcap: bool = False  # scores s -> softcap * tanh(s / softcap)
     cache: str | None = None  # a quantized cache's dtype ("e4m3"); None: the caches are `dtype`
-    # a quantized cache's kernel whose query rows per (sequence, KV head) fit in the MMA's first
-    # 8: the rows 8..15 of its m16 tile are padding, so their softmax and merge are skipped
+    # a quantized cache's kernel whose query rows per (sequence, KV head) fit an m16n8 tile's 8
+    # columns: its MMAs run transposed (keys as rows, no padding rows), three CTAs an SM
     few_rows: bool = False
 
     @property
@@ -176,7 +183,7 @@ class PagedDecodeVariant(TmaVariant):
 
     @property
     def tile_shape(self) -> DecodeTiles:
-        return decode_tiles(self.head_dim, self.page_size, self.dtype, self.cache)
+        return decode_tiles(self.head_dim, self.page_size, self.dtype, self.cache, self.few_rows)
 
     @property
     def tiles(self) -> dict[str, int]:
@@ -857,7 +864,11 @@ class PagedDecodeScaledCache(PagedDecode):
     - O = P V: P is S's accumulator; n-tile dt's column `quad` is d = (d/8)·quad + dt, so a
       thread's V elements are one (d/8)-byte piece of each of its 4 keys' rows.
     Q is multiplied by the softmax scale and converted to fp16 (saturating at 65504); K's scale
-    multiplies the scores, V's the output."""
+    multiplies the scores, V's the output.
+
+    With at most 8 query rows (`few_rows`: a GQA group of up to 8 by one token) half of each
+    m16 tile would be padding; there the MMAs run transposed (`_consume_keys_as_rows`): the warp's
+    16 keys are the rows and the query rows the n8 columns, half the MMAs and O registers."""
 
     def __init__(self, variant: PagedDecodeVariant):
         super().__init__(variant)
@@ -991,7 +1002,7 @@ class PagedDecodeScaledCache(PagedDecode):
         rQ = self._q_fragment(q, q_strides, work, group, rows, quad, pair, dequant[1])
         acc_O = cute.make_rmem_tensor(((2, 2), 1, d // 8), cutlass.Float32)
         acc_O.fill(0.0)
-        softmax = OnlineSoftmax.create(self._row_halves(), scale_log2)  # rows quad (and quad + 8)
+        softmax = OnlineSoftmax.create(2, scale_log2)  # rows quad and quad + 8
         softmax.reset()
         v = self.variant
         mask = DecodeMask.of(v.causal, v.window, window_left, s_new, work.kv_len, group, work.row_block * ROWS_SCALED)
@@ -1181,12 +1192,6 @@ class PagedDecodeScaledCache(PagedDecode):
                     o_parts[row, span * quad + 2 * mt + half, warp] = o_qd[p, (half, mt)] * factor
         merge_barrier.arrive_and_wait()
 
-    def _row_halves(self) -> int:
-        """The m16 tile's row halves that hold query rows: a thread's rows are quad and quad + 8,
-        and with at most 8 rows (`few_rows`) the second half is padding whose softmax is skipped
-        (its outputs are never merged)."""
-        return 1 if self.variant.few_rows else 2
-
     @cute.jit
     def _scores_of(self, mma, rQ, rK):
         """S = Q Kᵀ of the warp's keys (fp32 accumulator). Each k-step's MMA waits for the last
@@ -1299,7 +1304,7 @@ class PagedDecodeScaledCache(PagedDecode):
         (times V's scale) into the merge area, summed by `_store`. A row no warp saw keys of
         ends with O = 0 and LSE = -inf."""
         row_max, row_sum, o_parts = merge
-        for r in cutlass.range_constexpr(self._row_halves()):
+        for r in cutlass.range_constexpr(2):  # rows quad, quad + 8
             total = quad_sum(softmax.row_sum[r])
             if pair == 0:
                 row_max[quad + 8 * r, warp] = softmax.row_max[r] * softmax.scale_log2
@@ -1308,7 +1313,7 @@ class PagedDecodeScaledCache(PagedDecode):
         merge_barrier.arrive_and_wait()  # every warp's statistics are written, and its ring reads done
         o_mn = mma_rows_by_cols(acc_O)
         span = self.head_dim // 8
-        for r in cutlass.range_constexpr(self._row_halves()):
+        for r in cutlass.range_constexpr(2):  # rows quad, quad + 8
             row = quad + 8 * r
             top, total = self._row_total(row_max, row_sum, row)
             own = cute.math.exp2(row_max[row, warp] - top, fastmath=True)

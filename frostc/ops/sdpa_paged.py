@@ -49,12 +49,13 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     ctx.length_contract(node.kv_lengths, "lengths", node.seq_kv)
     dtype, cache = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
     cache = cache if is_scaled(cache) else None
-    tiles = decode_tiles(node.head_dim, node.page_size, dtype, cache)
+    few_rows = cache is not None and _rows(node) <= FEW_ROWS
+    tiles = decode_tiles(node.head_dim, node.page_size, dtype, cache, few_rows)
     splits, chunk = split_plan(node, tiles, TARGET_SMS[ctx.graph.target])
     variant = PagedDecodeVariant(
         dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, cache=cache,
-        few_rows=cache is not None and _rows(node) <= FEW_ROWS,
+        few_rows=few_rows,
     )  # fmt: skip
     if splits == 1:
         return (_attention_launch(node, variant, splits, chunk, None, ctx),)
