@@ -113,7 +113,7 @@ def targets() -> list[Target]:
         # an e4m3 cache (quantizing append; the decode kernel's warp-level MMAs over converted rows)
         t("decode-e4m3-split", "e4m3 cache, head scales: quantizing kv_append + split-KV + combine",
           decode=DecodeCase("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd", cache="e4m3")),
-        t("decode-e4m3-d64-few-rows", "e4m3 cache, d=64, a group of 8 by one token (the first row half)",
+        t("decode-e4m3-d64-few-rows", "e4m3 cache, d=64, a group of 8 by one token (the transposed MMAs)",
           decode=DecodeCase("fp16", 3, 16, 2, 64, 16, 64, 1, False, False, "bhsd", cache="e4m3")),
         t("decode-e4m3-unsplit", "e4m3 cache, one scale: kv_append + one launch, d=64, s_new 4",
           decode=DecodeCase("fp16", 5, 8, 1, 64, 32, 8, 4, True, False, "bshd", cache="e4m3", scales="tensor")),
