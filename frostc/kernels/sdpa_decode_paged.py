@@ -55,6 +55,7 @@ from frostc.kernels.ring import Ring
 from frostc.kernels.sdpa_common import (
     COLUMN_LANES,
     LN_2,
+    QUAD_LANES,
     KeyRange,
     MaskFlags,
     TmaVariant,
@@ -867,7 +868,7 @@ class PagedDecodeScaledCache(PagedDecode):
     multiplies the scores, V's the output.
 
     With at most 8 query rows (`few_rows`: a GQA group of up to 8 by one token) half of each
-    m16 tile would be padding; there the MMAs run transposed (`_consume_keys_as_rows`): the warp's
+    m16 tile would be padding; there the MMAs run transposed (`_consume`): the warp's
     16 keys are the rows and the query rows the n8 columns, half the MMAs and O registers."""
 
     def __init__(self, variant: PagedDecodeVariant):
@@ -981,16 +982,17 @@ class PagedDecodeScaledCache(PagedDecode):
     @cute.jit
     def _consume(self, k_pipe, v_pipe, sQ, sK, sV, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
                  lse_args, partials, heads_kv):  # fmt: skip
-        if cutlass.const_expr(self.variant.few_rows):
-            self._consume_keys_as_rows(k_pipe, v_pipe, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
-                                       lse_args, partials, heads_kv)  # fmt: skip
-        else:
-            self._consume_rows(k_pipe, v_pipe, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
-                               lse_args, partials, heads_kv)  # fmt: skip
-
-    @cute.jit
-    def _consume_rows(self, k_pipe, v_pipe, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
-                      lse_args, partials, heads_kv):  # fmt: skip
+        """Each warp's 16 keys of every block: S, the online softmax, O += P V, then the warps'
+        merge. Two forms of the MMAs (`few_rows` picks):
+        - query rows as the m16 rows (S = Q Kᵀ, O = P V), for up to 16 rows a CTA;
+        - at most 8 query rows: transposed, Sᵀ = K Qᵀ and Oᵀ = Vᵀ Pᵀ, so the warp's 16 keys are
+          the m16 rows and the query rows the n8 columns: no padding rows, half the MMAs and half
+          the O registers (bench/NOTES.md, decode v14). Sᵀ: A = the warp's K rows (keys quad,
+          quad + 8), B = Q row `quad`, both taking d = (d/4)·pair + 4·kk + (0..3) in k-step kk;
+          the softmax per column (query 2·pair + parity), reduced over the lanes of a pair class;
+          Oᵀ: A = Vᵀ, m-tile mt's rows quad and quad + 8 being d = (d/8)·quad + 2·mt + (0, 1)
+          (the bytes `_v_fragment` loads), B = Pᵀ: Sᵀ's fp16 halves transposed by movmatrix,
+          8 keys at a time. A thread ends with columns 2·pair, + 1 of O at d (d/8)·quad onward."""
         t = self.tiles
         d = self.head_dim
         group, s_new, rows, splits, split, window_left = geometry
@@ -998,114 +1000,120 @@ class PagedDecodeScaledCache(PagedDecode):
         ringK, ringV, merge = loaded
         warp, lane = tidx // 32, tidx % 32
         quad, pair = lane // 4, lane % 4
+        by_keys = self.variant.few_rows
         mma = cute.make_tiled_mma(cute.make_mma_atom(warp_mma.MmaF16BF16Op(self.mma_dtype, cutlass.Float32, MMA_SHAPE)))
-        rQ = self._q_fragment(q, q_strides, work, group, rows, quad, pair, dequant[1])
-        acc_O = cute.make_rmem_tensor(((2, 2), 1, d // 8), cutlass.Float32)
-        acc_O.fill(0.0)
-        softmax = OnlineSoftmax.create(2, scale_log2)  # rows quad and quad + 8
+        if cutlass.const_expr(by_keys):
+            rQ = self._q_operand_b(q, q_strides, work, group, rows, quad, pair, dequant[1])
+        else:
+            rQ = self._q_fragment(q, q_strides, work, group, rows, quad, pair, dequant[1])
+        acc_O, o_rows = self._output_accumulator()
+        # two rows a thread: quad and quad + 8, or (keys as rows) queries 2·pair and 2·pair + 1
+        softmax = OnlineSoftmax.create(2, scale_log2, lanes=COLUMN_LANES if by_keys else QUAD_LANES)
         softmax.reset()
         v = self.variant
-        mask = DecodeMask.of(v.causal, v.window, window_left, s_new, work.kv_len, group, work.row_block * ROWS_SCALED)
-        c_mn = mma_rows_by_cols(mma.get_slice(lane).partition_C(cute.make_identity_tensor((ROWS_SCALED, WARP_KEYS))))
+        first_row = 0 if by_keys else work.row_block * ROWS_SCALED
+        mask = DecodeMask.of(v.causal, v.window, window_left, s_new, work.kv_len, group, first_row)
+        coords = self._score_coordinates(mma, lane)  # each score's (row, key) in the warp's tile
         ring = Ring(t.stages)
         for j in range(0, work.blocks, 1):
             stage, phase = ring.at(j)
             key0 = work.key_first + j * t.block_n + warp * WARP_KEYS
             k_pipe.sync_object_full.wait(stage, phase)
-            rK = self._k_fragment(ringK[None, None, stage], warp, quad, pair)
-            acc_S = self._scores_of(mma, rQ, rK)
+            acc_S = self._block_scores(mma, ringK[None, None, stage], warp, quad, pair, rQ)
             # V's loads and conversions now, to overlap the MMAs and the softmax (at d 256 its
             # 64 registers more would spill: after the softmax there)
             if cutlass.const_expr(d <= 128):
                 v_pipe.sync_object_full.wait(stage, phase)
-                rV = self._v_fragment(ringV[None, None, stage], warp, quad, pair)
+                rV = self._value_operand(ringV[None, None, stage], warp, quad, pair)
             if cutlass.const_expr(v.softcap):
                 acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
-            s_mn = mma_rows_by_cols(acc_S)
+            s_rows = self._scores_by_row(acc_S)
             if mask.needed(key0, key0 + WARP_KEYS):
-                mask.apply(c_mn, s_mn, key0)
-            if softmax.update(s_mn):  # a reference max moved (rarely: see OnlineSoftmax.update)
-                softmax.rescale(mma_rows_by_cols(acc_O))
-            rP = cute.make_rmem_tensor(((2, 2, 2), 1, 1), self.mma_dtype)
-            cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.mma_dtype))
+                mask.apply(coords, s_rows, key0, row_mode=1 if by_keys else 0)
+            if softmax.update(s_rows):  # a reference max moved (rarely: see OnlineSoftmax.update)
+                softmax.rescale(o_rows)
+            rP = self._probability_operand(acc_S)
             if cutlass.const_expr(d > 128):
                 v_pipe.sync_object_full.wait(stage, phase)
-                rV = self._v_fragment(ringV[None, None, stage], warp, quad, pair)
-            cute.gemm(mma, acc_O, rP, rV, acc_O)
+                rV = self._value_operand(ringV[None, None, stage], warp, quad, pair)
+            if cutlass.const_expr(by_keys):
+                cute.gemm(mma, acc_O, rV, rP, acc_O)
+            else:
+                cute.gemm(mma, acc_O, rP, rV, acc_O)
             self._release_reads(k_pipe, v_pipe, stage)
-        self._merge(acc_O, softmax, merge, warp, quad, pair, dequant[0])
+        if cutlass.const_expr(by_keys):
+            self._merge_by_keys(o_rows, softmax, merge, warp, quad, pair, dequant[0])
+        else:
+            self._merge(acc_O, softmax, merge, warp, quad, pair, dequant[0])
         self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
 
-    @cute.jit
-    def _consume_keys_as_rows(self, k_pipe, v_pipe, loaded, work, geometry, q, q_strides, tidx, scales, o_args,
-                              lse_args, partials, heads_kv):  # fmt: skip
-        """At most 8 query rows (`few_rows`): the MMAs transposed, Sᵀ = K Qᵀ and Oᵀ = Vᵀ Pᵀ, so the
-        warp's 16 keys are the m16 rows and the query rows the n8 columns: no padding rows, half
-        the MMAs and half the O registers of `_consume_rows` (bench/NOTES.md, decode v14).
-        - Sᵀ: A = the warp's K rows (keys quad, quad + 8), B = Q row `quad`; both take
-          d = (d/4)·pair + 4·kk + (0..3) in k-step kk, as `_k_fragment` does.
-        - Softmax per column (query 2·pair + parity), reduced over the lanes of a pair class.
-        - Oᵀ: A = Vᵀ, m-tile mt's rows quad and quad + 8 being d = (d/8)·quad + 2·mt + (0, 1)
-          (the same bytes `_v_fragment` loads); B = Pᵀ: Sᵀ's fp16 halves transposed by
-          movmatrix, 8 keys at a time. A thread ends with columns 2·pair, + 1 of O at the 2·(d/16)
-          d's (d/8)·quad onward."""
-        t = self.tiles
+    def _output_accumulator(self):
+        """O's accumulator and its (rows, d) view: m16n8 tiles over d (rows as M), or with keys
+        as rows Oᵀ's m-tiles over d, a lane's two query columns by its 2·(d/16) d's."""
         d = self.head_dim
-        group, s_new, rows, splits, split, window_left = geometry
-        scale_log2, score_scale, dequant = scales
-        ringK, ringV, merge = loaded
-        warp, lane = tidx // 32, tidx % 32
-        quad, pair = lane // 4, lane % 4
-        mma = cute.make_tiled_mma(cute.make_mma_atom(warp_mma.MmaF16BF16Op(self.mma_dtype, cutlass.Float32, MMA_SHAPE)))
-        rQ = self._q_operand_b(q, q_strides, work, group, rows, quad, pair, dequant[1])
-        acc_O = cute.make_rmem_tensor(((2, 2), d // 16, 1), cutlass.Float32)
+        if self.variant.few_rows:
+            acc_O = cute.make_rmem_tensor(((2, 2), d // 16, 1), cutlass.Float32)
+            acc_O.fill(0.0)
+            return acc_O, cute.make_tensor(acc_O.iterator, cute.make_layout((2, (2, d // 16)), stride=(1, (2, 4))))
+        acc_O = cute.make_rmem_tensor(((2, 2), 1, d // 8), cutlass.Float32)
         acc_O.fill(0.0)
-        o_qd = cute.make_tensor(acc_O.iterator, cute.make_layout((2, (2, d // 16)), stride=(1, (2, 4))))
-        softmax = OnlineSoftmax.create(2, scale_log2, lanes=COLUMN_LANES)  # queries 2·pair, 2·pair + 1
-        softmax.reset()
-        v = self.variant
-        mask = DecodeMask.of(v.causal, v.window, window_left, s_new, work.kv_len, group, 0)
-        # each score's (key, query) in the warp's tile, viewed (query, key) like the scores
-        c_kq = mma.get_slice(lane).partition_C(cute.make_identity_tensor((WARP_KEYS, 8)))
-        c_qk = cute.make_tensor(c_kq.iterator, cute.composition(c_kq.layout, _query_by_key()))
-        ring = Ring(t.stages)
-        for j in range(0, work.blocks, 1):
-            stage, phase = ring.at(j)
-            key0 = work.key_first + j * t.block_n + warp * WARP_KEYS
-            k_pipe.sync_object_full.wait(stage, phase)
-            rK = self._k_operand_a(ringK[None, None, stage], warp, quad, pair)
-            acc_S = self._scores_by_keys(mma, rK, rQ)
-            if cutlass.const_expr(d <= 128):
-                v_pipe.sync_object_full.wait(stage, phase)
-                rV = self._vt_operand_a(ringV[None, None, stage], warp, quad, pair)
-            if cutlass.const_expr(v.softcap):
-                acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
-            s_qk = cute.make_tensor(acc_S.iterator, _query_by_key())
-            if mask.needed(key0, key0 + WARP_KEYS):
-                mask.apply(c_qk, s_qk, key0, row_mode=1)
-            if softmax.update(s_qk):  # a reference max moved (rarely: see OnlineSoftmax.update)
-                softmax.rescale(o_qd)
-            rP = self._pt_operand_b(acc_S)
-            if cutlass.const_expr(d > 128):
-                v_pipe.sync_object_full.wait(stage, phase)
-                rV = self._vt_operand_a(ringV[None, None, stage], warp, quad, pair)
-            cute.gemm(mma, acc_O, rV, rP, acc_O)
-            self._release_reads(k_pipe, v_pipe, stage)
-        self._merge_by_keys(o_qd, softmax, merge, warp, quad, pair, dequant[0])
-        self._store(merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx)
+        return acc_O, mma_rows_by_cols(acc_O)
+
+    def _score_coordinates(self, mma, lane):
+        """Each score's (row, key - key0) in the warp's tile as `_scores_by_row` sees them; with
+        keys as rows its (key - key0, row) (DecodeMask.apply's `row_mode` 1)."""
+        if self.variant.few_rows:
+            c_kq = mma.get_slice(lane).partition_C(cute.make_identity_tensor((WARP_KEYS, 8)))
+            return cute.make_tensor(c_kq.iterator, cute.composition(c_kq.layout, _query_by_key()))
+        return mma_rows_by_cols(mma.get_slice(lane).partition_C(cute.make_identity_tensor((ROWS_SCALED, WARP_KEYS))))
+
+    @cute.jit
+    def _block_scores(self, mma, tile, warp, quad, pair, rQ):
+        """The warp's scores of a ring stage's K rows (fp32 accumulator)."""
+        if cutlass.const_expr(self.variant.few_rows):
+            return self._scores_by_keys(mma, self._k_operand_a(tile, warp, quad, pair), rQ)
+        return self._scores_of(mma, rQ, self._k_fragment(tile, warp, quad, pair))
+
+    @cute.jit
+    def _value_operand(self, tile, warp, quad, pair):
+        if cutlass.const_expr(self.variant.few_rows):
+            return self._vt_operand_a(tile, warp, quad, pair)
+        return self._v_fragment(tile, warp, quad, pair)
+
+    def _scores_by_row(self, acc_S):
+        """The scores as (query rows, keys)."""
+        if self.variant.few_rows:
+            return cute.make_tensor(acc_S.iterator, _query_by_key())
+        return mma_rows_by_cols(acc_S)
+
+    @cute.jit
+    def _probability_operand(self, acc_S):
+        """P (fp16) as O's MMA takes it: A for O = P V (the accumulator's layout), or B = Pᵀ."""
+        if cutlass.const_expr(self.variant.few_rows):
+            return self._pt_operand_b(acc_S)
+        rP = cute.make_rmem_tensor(((2, 2, 2), 1, 1), self.mma_dtype)
+        cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.mma_dtype))
+        return rP
 
     @cute.jit
     def _q_operand_b(self, q, q_strides, work, group, rows, quad, pair, q_scale):
         """Qᵀ as the B operand of Sᵀ = K Qᵀ, ((2, 2), 1, d/16) fp16: column `quad` is query row
         quad (zeros past the last), its elements d = (d/4)·pair + 4·kk + (0..3). Scaled by
         `q_scale`, saturating at fp16's largest finite."""
-        d = self.head_dim
-        span = d // 4
+        wide = self._q_piece(q, q_strides, work, group, rows, quad, pair, q_scale)
+        layout = cute.make_layout(((2, 2), 1, self.head_dim // 16), stride=((1, 2), 0, 4))
+        return cute.make_tensor(wide.iterator, layout)
+
+    @cute.jit
+    def _q_piece(self, q, q_strides, work, group, rows, row, pair, q_scale):
+        """Query row `row`'s d/4 elements from (d/4)·pair, times `q_scale`, in fp16 (saturating
+        at its largest finite; zeros for a row past the last)."""
+        span = self.head_dim // 4
         q_sb, q_sh, q_ss = (cute.assume(x, divby=8) for x in q_strides)
         raw = cute.make_rmem_tensor(span, self.dtype)
         raw.fill(0.0)
-        if quad < rows:
-            token, g = quad // group, quad % group
+        if row < rows:
+            token, g = row // group, row % group
             offset = cutlass.Int64(work.batch) * q_sb + cutlass.Int64(work.head_kv * group + g) * q_sh
             offset = offset + cutlass.Int64(token) * q_ss + span * pair
             raw.store(cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(span)).load())
@@ -1116,7 +1124,7 @@ class PagedDecodeScaledCache(PagedDecode):
             scaled[e] = cutlass.max(cutlass.min(scaled[e], limit), -limit)
         wide = cute.make_rmem_tensor(span, self.mma_dtype)
         wide.store(scaled.load().to(self.mma_dtype))
-        return cute.make_tensor(wide.iterator, cute.make_layout(((2, 2), 1, d // 16), stride=((1, 2), 0, 4)))
+        return wide
 
     @cute.jit
     def _k_operand_a(self, tile, warp, quad, pair):
@@ -1223,25 +1231,10 @@ class PagedDecodeScaledCache(PagedDecode):
         quad + 8 of the CTA's, d = (d/4)·pair + 4·kk + (0..3); rows past the last are zeros.
         Q is scaled by `q_scale` and saturates at fp16's largest finite."""
         d = self.head_dim
-        span = d // 4
-        q_sb, q_sh, q_ss = (cute.assume(x, divby=8) for x in q_strides)
         frag = cute.make_rmem_tensor(8 * (d // 16), self.mma_dtype)
-        limit = cutlass.Float32(MMA_FINITE_MAX)
         for half in cutlass.range_constexpr(2):
             row = work.row_block * ROWS_SCALED + quad + 8 * half
-            raw = cute.make_rmem_tensor(span, self.dtype)
-            raw.fill(0.0)
-            if row < rows:
-                token, g = row // group, row % group
-                offset = cutlass.Int64(work.batch) * q_sb + cutlass.Int64(work.head_kv * group + g) * q_sh
-                offset = offset + cutlass.Int64(token) * q_ss + span * pair
-                raw.store(cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(span)).load())
-            scaled = cute.make_rmem_tensor(span, cutlass.Float32)
-            scaled.store(raw.load().to(cutlass.Float32) * q_scale)
-            for e in cutlass.range_constexpr(span):
-                scaled[e] = cutlass.max(cutlass.min(scaled[e], limit), -limit)
-            wide = cute.make_rmem_tensor(span, self.mma_dtype)
-            wide.store(scaled.load().to(self.mma_dtype))
+            wide = self._q_piece(q, q_strides, work, group, rows, row, pair, q_scale)
             for kk in cutlass.range_constexpr(d // 16):
                 for e in cutlass.range_constexpr(4):
                     # A's value (k parity, row half, k + 8) = (e % 2, half, e // 2)
