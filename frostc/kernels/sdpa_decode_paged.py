@@ -1142,17 +1142,8 @@ class PagedDecodeScaledCache(PagedDecode):
 
     @cute.jit
     def _scores_by_keys(self, mma, rK, rQ):
-        """Sᵀ = K Qᵀ of the warp's 16 keys by the 8 query columns (fp32), the even and odd
-        k-steps in two accumulators (two chains of half the depth)."""
-        acc_S = cute.make_rmem_tensor(((2, 2), 1, 1), cutlass.Float32)
-        acc_S.fill(0.0)
-        odd = cute.make_rmem_tensor(((2, 2), 1, 1), cutlass.Float32)
-        odd.fill(0.0)
-        for kk in cutlass.range_constexpr(cute.size(rK.shape[2])):
-            acc = acc_S if kk % 2 == 0 else odd
-            cute.gemm(mma, acc, rK[None, None, kk], rQ[None, None, kk], acc)
-        acc_S.store(acc_S.load() + odd.load())
-        return acc_S
+        """Sᵀ = K Qᵀ of the warp's 16 keys by the 8 query columns (fp32)."""
+        return self._two_chains(mma, ((2, 2), 1, 1), rK, rQ)
 
     @cute.jit
     def _vt_operand_a(self, tile, warp, quad, pair):
@@ -1202,18 +1193,23 @@ class PagedDecodeScaledCache(PagedDecode):
 
     @cute.jit
     def _scores_of(self, mma, rQ, rK):
-        """S = Q Kᵀ of the warp's keys (fp32 accumulator). Each k-step's MMA waits for the last
-        one's accumulator: the even and odd k-steps go to two accumulators (two chains of half
-        the depth), summed at the end (bench/NOTES.md, decode v8)."""
-        acc_S = cute.make_rmem_tensor(((2, 2), 1, WARP_KEYS // 8), cutlass.Float32)
-        acc_S.fill(0.0)
-        odd = cute.make_rmem_tensor(((2, 2), 1, WARP_KEYS // 8), cutlass.Float32)
+        """S = Q Kᵀ of the warp's keys (fp32 accumulator)."""
+        return self._two_chains(mma, ((2, 2), 1, WARP_KEYS // 8), rQ, rK)
+
+    @cute.jit
+    def _two_chains(self, mma, shape, a, b):
+        """A · B over the k-steps into an fp32 accumulator of `shape`. Each k-step's MMA waits
+        for the last one's accumulator: the even and odd k-steps go to two accumulators (two
+        chains of half the depth), summed at the end (bench/NOTES.md, decode v8)."""
+        acc = cute.make_rmem_tensor(shape, cutlass.Float32)
+        acc.fill(0.0)
+        odd = cute.make_rmem_tensor(shape, cutlass.Float32)
         odd.fill(0.0)
-        for kk in cutlass.range_constexpr(cute.size(rQ.shape[2])):
-            acc = acc_S if kk % 2 == 0 else odd
-            cute.gemm(mma, acc, rQ[None, None, kk], rK[None, None, kk], acc)
-        acc_S.store(acc_S.load() + odd.load())
-        return acc_S
+        for kk in cutlass.range_constexpr(cute.size(a.shape[2])):
+            chain = acc if kk % 2 == 0 else odd
+            cute.gemm(mma, chain, a[None, None, kk], b[None, None, kk], chain)
+        acc.store(acc.load() + odd.load())
+        return acc
 
     def _release_reads(self, k_pipe, v_pipe, stage):
         """This thread has read its rows of a ring stage's K and V (ld.shared: the generic

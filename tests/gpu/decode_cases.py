@@ -107,8 +107,8 @@ CASES = [
     _("fp16", 4, 8, 8, 64, 16, 16, 4, False, False, "bhsd", "append", cache="e4m3"),
     # a group of 8 by one token: 8 rows, the most the e4m3 kernel's first row half holds (few_rows)
     _("bf16", 2, 64, 8, 128, 32, 40, 1, True, True, "bshd", cache="e4m3"),
-    # head pairs (two KV heads a CTA, the caches NHD): d 64 with a window and softcap over three
-    # pairs (split); one short capacity, unsplit (the Llama-3 row above and the 8-row one are split)
+    # d 64 with a window and softcap over six KV heads, two tokens (4 rows: the transposed MMAs);
+    # one short capacity, unsplit (the Llama-3 row above and the 8-row one are split)
     _("fp16", 3, 12, 6, 64, 16, 96, 2, True, True, "bshd", window_left=200, softcap=30.0, cache="e4m3",
       scales="tensor"),
     _("bf16", 5, 16, 4, 128, 16, 8, 1, False, True, "bshd", cache="e4m3"),
