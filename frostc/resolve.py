@@ -57,7 +57,7 @@ def _may_start_early(ahead: ResolvedLaunch, launch: ResolvedLaunch) -> bool:
         return True
     if rule == WAITS_FOR_NEW_ROWS:  # the launch ahead must write nothing else it reads
         appended = getattr(ahead.variant, "appends_to_caches", ())
-        read = _slots_of(launch, ("k.tmap", "v.tmap"))
+        read = _slots_of(launch, launch.variant.reads_caches)
         return bool(appended) and _slots_of(ahead, appended) == read
     return False
 

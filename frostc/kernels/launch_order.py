@@ -10,5 +10,6 @@ declares how it waits with an `early_start` attribute; one without it never star
 
 WAITS_AT_ENTRY = "waits_at_entry"  # before its first global read: it may follow any launch
 # only before the cache blocks that hold the step's new rows: it may follow a launch that writes
-# nothing but those rows of its caches (a variant with `appends_to_caches`: kv_append)
+# nothing but those rows of its caches (a variant with `appends_to_caches`: kv_append) into the
+# caches it reads (its variant's `reads_caches` parameters, in the same order)
 WAITS_FOR_NEW_ROWS = "waits_for_new_rows"

@@ -136,18 +136,6 @@ def lane_reduce(value, combine, lanes: tuple[int, ...]):
     return value
 
 
-def quad_reduce(value, combine):
-    return lane_reduce(value, combine, QUAD_LANES)
-
-
-def quad_max(value):
-    return quad_reduce(value, cute.arch.fmax)
-
-
-def quad_sum(value):
-    return quad_reduce(value, lambda a, b: a + b)
-
-
 def _asm_word(text: str, operands: list, constraints: str, side_effects: bool):
     """One 32-bit result of inline PTX `text` over `operands` (MLIR values)."""
     word = llvm.inline_asm(

@@ -63,7 +63,6 @@ from frostc.kernels.sdpa_common import (
     dsl_dtype,
     fake_ptr,
     key_origin,
-    quad_sum,
     transpose_8x8,
 )
 from frostc.kernels.wgmma_layouts import c_to_a_layout, mma_rows_by_cols, wgmma_rows_by_cols
@@ -220,6 +219,7 @@ class PagedDecodeVariant(TmaVariant):
     # blocks holding the new rows (every other cache row is the caller's, written before the
     # plan: a row the step writes is read, by any sequence, only as the position it appends)
     early_start = WAITS_FOR_NEW_ROWS
+    reads_caches = tuple(f"{name}.tmap" for name in LOADED)  # the parameters that read the caches
 
     def compile_args(self) -> tuple:
         dtype = dsl_dtype(self.dtype)
@@ -1294,7 +1294,7 @@ class PagedDecodeScaledCache(PagedDecode):
         ends with O = 0 and LSE = -inf."""
         row_max, row_sum, o_parts = merge
         for r in cutlass.range_constexpr(2):  # rows quad, quad + 8
-            total = quad_sum(softmax.row_sum[r])
+            total = softmax.lane_sum(softmax.row_sum[r])
             if pair == 0:
                 row_max[quad + 8 * r, warp] = softmax.row_max[r] * softmax.scale_log2
                 row_sum[quad + 8 * r, warp] = total
