@@ -248,3 +248,16 @@ def test_an_attention_after_an_append_into_other_caches_waits_for_it():
         d["tensors"][name] = dict(d["tensors"]["k_cache"])
     d["nodes"][0]["k_cache"], d["nodes"][0]["v_cache"] = "k_other", "v_other"
     assert [early for _, _, early in _early_starts(d)] == [False, False, True]
+
+
+def test_the_ctas_take_the_kv_heads_fastest_and_every_work_item_once():
+    """In the order the hardware starts CTAs (x fastest), consecutive CTAs take one split of
+    consecutive KV heads (NHD pages read by the heads together), and the (split, head) items
+    are each taken once."""
+    from frostc.kernels.sdpa_decode_paged import PagedDecode
+
+    splits, head_rows = 6, 8
+    started = [(x, y, 0) for y in range(head_rows) for x in range(splits)]  # x fastest
+    taken = [PagedDecode._work_of(cta, head_rows, splits) for cta in started]
+    assert taken[:3] == [(0, 0, 0), (0, 1, 0), (0, 2, 0)]
+    assert sorted(taken) == sorted((s, h, 0) for s in range(splits) for h in range(head_rows))
