@@ -16,7 +16,7 @@ from frost_runtime.schema import decode_plan
 from frostc.build import build
 from frostc.description import parse_description
 from frostc.inspect import plan_summary
-from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
+from frostc.kernels.sdpa_common import KEY_ORDER_PRMT, LOG2_E, MaskFlags
 from frostc.kernels.sdpa_fwd_wgmma import SdpaFwdVariant, tiles_for_head_dim
 from frostc.resolve import resolve
 from tests.descriptions import check, edited, problems
@@ -292,6 +292,38 @@ def test_the_fp8_tiles_fit_shared_memory_with_a_16_bit_o_buffer(head_dim):
     o = 2 * tiles.block_m * head_dim
     ring = tiles.stages * 2 * tiles.block_n * head_dim
     assert tiles.o_buffer and q + o + ring <= 227 * 1024
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    """prmt.b32's default mode: result byte i is byte (selector's nibble i) of b:a."""
+    pool = (a | b << 32).to_bytes(8, "little")
+    return int.from_bytes(bytes(pool[(selector >> 4 * i) & 7] for i in range(4)), "little")
+
+
+def test_reordered_v_keys_are_the_keys_each_lane_holds_in_the_accumulator():
+    """`keys_in_accumulator_order` on keys 0-15 of a Vᵀ row: word c (the e4m3 A word of keys
+    4c..4c+3, lane c of a quad) must hold the keys whose scores lane c holds in the fp32
+    accumulator, in the order `_store_p` packs them: 2c, 2c + 1, then 2c + 8, 2c + 9 (n8 block
+    g + 1). The kernel's pieces are prmt.b32 by KEY_ORDER_PRMT, emulated here."""
+    keys = bytes(range(16))
+    words = [int.from_bytes(keys[4 * w : 4 * w + 4], "little") for w in range(4)]
+    for c, (a, b, selector) in enumerate(KEY_ORDER_PRMT):
+        packed = _prmt(words[a], words[b], selector).to_bytes(4, "little")
+        assert list(packed) == [2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9]
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "causal", "reordered"),
+    [(64, False, True), (64, True, True), (128, False, False), (128, True, True), (256, True, False)],
+)
+def test_fp8_variants_reorder_v_where_it_measured_faster(head_dim, causal, reordered):
+    """`reorders_v` (bench/NOTES.md, FP8 v3): V's keys reordered in shared memory at d=64 and at
+    d=128 with a diagonal; P's quad swap elsewhere. bf16 never reorders (its P needs no swap)."""
+    mask = MaskFlags(right=causal)
+    fp8 = SdpaFwdVariant("e4m3", head_dim, mask, True, out_dtype="bf16")
+    assert fp8.tile_shape.v_reorder is reordered
+    assert fp8.tiles.get("v_reorder", 0) == int(reordered)  # what inspect shows
+    assert not SdpaFwdVariant("bf16", head_dim, mask, True).tile_shape.v_reorder
 
 
 def test_aligned_starts_keep_packed_sequences_apart_on_16_key_boundaries():

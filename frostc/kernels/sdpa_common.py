@@ -181,6 +181,52 @@ def e4m3_quad_word(x0, x1, x2, x3, src_lo, src_hi, select, *, loc=None, ip=None)
 
 
 @dsl_user_op
+def e4m3_word(x0, x1, x2, x3, *, loc=None, ip=None):
+    """Four fp32 values -> e4m3 bytes 0-3 of a word (round to nearest, saturating)."""
+    values = [cutlass.Float32(x).ir_value(loc=loc, ip=ip) for x in (x0, x1, x2, x3)]
+    return _asm_word(
+        "{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n"
+        "mov.b32 $0, {lo, hi};\n}",
+        values,
+        "=r,f,f,f,f",
+        side_effects=False,
+    )
+
+
+# Vᵀ's keys in P's register order (`keys_in_accumulator_order`): output word c of 16 keys (four
+# little-endian words of 4) is prmt.b32(word a, word b, selector) for the (a, b, selector) at c
+KEY_ORDER_PRMT = ((0, 2, 0x5410), (0, 2, 0x7632), (1, 3, 0x5410), (1, 3, 0x7632))
+
+
+@dsl_user_op
+def keys_in_accumulator_order(address, *, loc=None, ip=None):
+    """Rearranges the 16 bytes at shared-memory `address`, keys 0-15 of one Vᵀ row, so that word
+    c holds keys 2c, 2c + 1, 2c + 8, 2c + 9 (`KEY_ORDER_PRMT`): the keys whose probabilities lane
+    c of a quad holds in an fp32 accumulator (n8 blocks g and g + 1), in the order of its e4m3
+    A-operand word. Any aligned 16 bytes of a WGMMA K-major tile are 16 such keys, whatever the
+    swizzle."""
+    words = "abcd"
+    moves = "".join(
+        f"prmt.b32 {out}, {words[a]}, {words[b]}, {sel:#06x};\n" for out, (a, b, sel) in zip("wxyz", KEY_ORDER_PRMT)
+    )
+    llvm.inline_asm(
+        None,
+        [cutlass.Int32(address).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .b32 a, b, c, d, w, x, y, z;\nld.shared.v4.b32 {a, b, c, d}, [$0];\n"
+        + moves
+        + "st.shared.v4.b32 [$0], {w, x, y, z};\n}",
+        "r,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
 def transpose_8x8(word, *, loc=None, ip=None):
     """movmatrix.sync.aligned.m8n8.trans.b16: an 8 x 8 matrix of 16-bit values whose row g holds
     elements 2c, 2c + 1 in lane 4g + c's `word` comes back transposed, in the same fragment

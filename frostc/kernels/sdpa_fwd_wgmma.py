@@ -53,9 +53,12 @@ aligned; any lengths (0 included for variable lengths).
 e4m3 (the `fp8` variants): Q, K and V in float8_e4m3fn with float32 descales (per
 tensor or per head: `Descales`), O in bf16 or fp16. 8-bit WGMMA reads both operands K-major, so
 V arrives transposed (keys innermost: its tensor map is (d, s_kv, h_kv, b) with the keys'
-stride 1, and its Vᵀ tile is the P V GEMM's K-major B). P leaves the accumulator as e4m3 words
-swapped within each quad (`_store_p`: the A operand's key order differs from the
-accumulator's); descale_q · descale_k joins the scores' scale and descale_v the normalization.
+stride 1, and its Vᵀ tile is the P V GEMM's K-major B). The A operand's key order differs from
+the accumulator's, so either V's keys are put in the accumulator's order in shared memory by the
+producer warpgroup's three idle warps (`v_reorder`, `_order_v_keys`: each stage once loaded,
+then the consumers wait for its "ordered" barrier instead of its "full" one) and P is packed as
+it lies, or P's e4m3 words are swapped within each quad (`_store_p`); `reorders_v` picks by
+measurement. descale_q · descale_k joins the scores' scale and descale_v the normalization.
 With variable lengths V is loaded through its sequence's own tensor map (`v_maps`, written by
 the scheduling kernel: sequence_maps.py), whose key extent ends the sequence; the packed form's
 V is first re-laid into the workspace by vt_pack.py (`v_repacked`), each sequence from a
@@ -77,7 +80,7 @@ from frost_runtime.dtypes import DTYPES, E4M3_MAX
 from frostc.kernels.barriers import Barrier
 from frostc.kernels.online_softmax import OnlineSoftmax, ProbabilityLimits
 from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
-from frostc.kernels.ring import Ring
+from frostc.kernels.ring import Ring, StageBarriers
 from frostc.kernels.sdpa_common import (
     KeyRange,
     MaskFlags,
@@ -85,7 +88,9 @@ from frostc.kernels.sdpa_common import (
     any_at_barrier,
     dsl_dtype,
     e4m3_quad_word,
+    e4m3_word,
     fake_ptr,
+    keys_in_accumulator_order,
 )
 from frostc.kernels.sequence_maps import aligned_start, sequence_map
 from frostc.kernels.sequences import Sequence, Sequences, Shape
@@ -96,6 +101,9 @@ from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows, wgmma_rows_b
 # producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
 REGISTERS = {2: (40, 232), 3: (32, 160)}
 SMEM_LIMIT = 227 * 1024  # sm_90's opt-in maximum per CTA
+# e4m3: the producer warpgroup's warps besides the TMA warp put each Vᵀ stage's keys in the
+# order of P's registers (`_order_v_keys`)
+V_ORDER_THREADS = 96
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,7 @@ class WgmmaTiles:
     o_buffer: bool  # O staged in its own buffer (else in the Q buffer)
     ctas_per_sm: int = 1  # persistent grid: the runtime launches min(tiles, SMs * this) CTAs
     l2_sections: bool = False  # longest-first tiles grouped by heads whose K and V fit in L2
+    v_reorder: bool = False  # e4m3: V's keys put in P's register order in shared memory (`reorders_v`)
 
     @property
     def num_threads(self) -> int:
@@ -128,7 +137,7 @@ class WgmmaTiles:
             "stages": self.stages,
             "o_buffer": int(self.o_buffer),
             "ctas_per_sm": self.ctas_per_sm,
-        }
+        } | ({"v_reorder": 1} if self.v_reorder else {})
 
 
 def tiles_for_head_dim(head_dim: int, window_left: bool, fp8: bool = False) -> WgmmaTiles:
@@ -165,6 +174,16 @@ def _fp8_tiles(head_dim: int, window_left: bool) -> WgmmaTiles:
     # d=128: 16 KiB Q + 32 KiB O + 4 stages of 2·16 KiB = 176 KiB; d=64 with a left window (its
     # masks spill with three consumers, as at 16 bits): half of each
     return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=4, o_buffer=True)
+
+
+def reorders_v(head_dim: int, diagonal: bool) -> bool:
+    """e4m3: whether the producer warpgroup's idle warps put each Vᵀ stage's keys in the order
+    of P's registers (`_order_v_keys`), so that P leaves the accumulator with no exchange between
+    lanes, or P's words are swapped within each quad instead. The reordering moves a stage
+    through shared memory once more, which costs where the tensor cores' operand reads are the
+    bound: measured (bench/NOTES.md, FP8 v3) +7-10 % at d=64, +1.5-2 % at d=128 with a diagonal,
+    -1 to -3 % at d=128 without, -0.5 % at d=256."""
+    return head_dim == 64 or (head_dim == 128 and diagonal)
 
 
 # ------------------------------------------------------------------------------ the variant
@@ -232,6 +251,8 @@ class SdpaFwdVariant(TmaVariant):
     @property
     def tile_shape(self) -> WgmmaTiles:
         tiles = tiles_for_head_dim(self.head_dim, self.mask.left, self.fp8)
+        if self.fp8:
+            tiles = replace(tiles, v_reorder=reorders_v(self.head_dim, self.mask.right))
         if self.per_tile:
             return replace(tiles, ctas_per_sm=0, l2_sections=True)
         return replace(tiles, l2_sections=True) if self.dynamic else tiles
@@ -507,6 +528,7 @@ class SdpaForwardWgmma:
         out_dtype = self.out_dtype
         stages = t.stages
         dynamic = self.variant.dynamic
+        v_reorder = self.tiles.v_reorder
 
         @cute.struct
         class SharedStorage:
@@ -519,6 +541,9 @@ class SdpaForwardWgmma:
             sO: cute.struct.Align[cute.struct.MemRange[out_dtype, o_elems], 1024]
             if dynamic:
                 ticket: cute.struct.MemRange[cutlass.Int32, 4]  # the tile the producer took
+            if v_reorder:
+                v_ordered: cute.struct.MemRange[cutlass.Int64, stages]  # a Vᵀ stage's keys reordered
+                v_end: cute.struct.MemRange[cutlass.Int32, 1]  # the ring position after the last V
 
         if SharedStorage.size_in_bytes() > SMEM_LIMIT:
             raise ValueError(f"{t} needs {SharedStorage.size_in_bytes()} bytes of shared memory, over {SMEM_LIMIT}")
@@ -701,6 +726,17 @@ class SdpaForwardWgmma:
 
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         q_pipe, k_pipe, v_pipe = self._pipelines(storage)
+        v_full = v_pipe.sync_object_full  # what a consumer waits for before it reads a V stage
+        v_order = None
+        if cutlass.const_expr(self.tiles.v_reorder):
+            # the consumers wait for the stage's keys to be reordered instead (`_order_v_keys`)
+            v_ordered = StageBarriers(storage.v_ordered.data_ptr(), self.tiles.stages)
+            v_end = storage.v_end.get_tensor(cute.make_layout(1))
+            if tidx == 0:
+                v_ordered.init(V_ORDER_THREADS)
+                v_end[0] = cutlass.Int32(2**31 - 1)  # not known yet
+            v_order = (v_ordered, v_end, storage.sV.data_ptr().toint())
+            v_full = v_ordered
         sQ_layout, sK_layout, sV_layout = self._smem_layouts()
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -739,12 +775,17 @@ class SdpaForwardWgmma:
             # meets the consumers at the ticket's barriers (its TMA copies and arrivals elect a lane)
             producers = 32 if cutlass.const_expr(self.variant.dynamic) else 1
             if wg_tidx < producers:
-                self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
-                              (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket, v_maps)  # fmt: skip
+                loaded = self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
+                                       (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket, v_maps)  # fmt: skip
+                if cutlass.const_expr(self.tiles.v_reorder):
+                    self._end_v_loads(v_pipe, v_order[1], loaded)
+            if cutlass.const_expr(self.tiles.v_reorder):
+                if wg_tidx >= 128 - V_ORDER_THREADS:
+                    self._order_v_keys(v_pipe, v_order, wg_tidx - (128 - V_ORDER_THREADS))
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self._consume(
-                q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, tiles, seqs, shape, window,
+                q_pipe, k_pipe, (v_pipe, v_full), sQ, sK, sV, sO, tiles, seqs, shape, window,
                 (o, o_sh, o_ss), (lse, lse_sh, lse_ss),
                 wg - 1, wg_tidx, scale_log2, score_scale, ticket, descales,
             )  # fmt: skip
@@ -823,6 +864,49 @@ class SdpaForwardWgmma:
                 blocks = self._produce_tile(loads, seqs, shape, window, m_block, head, batch, loaded, q_loads)
                 loaded += blocks
                 q_loads += cutlass.min(blocks, 1)
+        return loaded
+
+    @cute.jit
+    def _end_v_loads(self, v_pipe, v_end, loaded):
+        """After the last V load (e4m3): ring position `loaded` gets the end mark instead, its
+        number in `v_end` and then a plain arrival on its "full" barrier (no bytes), so that the
+        warps that reorder V's keys stop there. Its stage is taken as for a load: once the
+        consumers released it. (A flag would not do: it is written while up to `stages` loads
+        before it may still wait for their reordering.)"""
+        stage, phase = Ring(self.tiles.stages).at(loaded)
+        v_pipe.sync_object_empty.wait(stage, phase ^ 1)
+        if cute.arch.lane_idx() == 0:
+            # an atomic, as the ticket's word (`TicketWalk`): racecheck does not follow the
+            # arrival below to the reordering warps' wait
+            cute.arch.atomic_exch(v_end.iterator, loaded, scope="cta")
+            cute.arch.mbarrier_arrive(v_pipe.sync_object_full.get_barrier(stage))
+
+    @cute.jit
+    def _order_v_keys(self, v_pipe, v_order, thread):
+        """e4m3: each Vᵀ stage, once loaded, gets its keys in the order of P's registers
+        (`keys_in_accumulator_order`, 16 bytes at a time), so that P leaves the accumulator with
+        no exchange between lanes (`_store_p`); then the stage's "ordered" barrier takes this
+        thread's arrival. Runs on the producer warpgroup's idle warps until the end mark."""
+        v_ordered, v_end, v_base = v_order
+        ring = Ring(self.tiles.stages)
+        stage_bytes = self.head_dim * self.tiles.block_n
+        position = cutlass.Int32(0)
+        ended = cutlass.Boolean(False)
+        while not ended:
+            stage, phase = ring.at(position)
+            v_pipe.sync_object_full.wait(stage, phase)
+            end = cutlass.Int32(0)
+            if cute.arch.lane_idx() == 0:
+                end = cute.arch.atomic_add(v_end.iterator, cutlass.Int32(0), scope="cta")
+            ended = cute.arch.shuffle_sync(end, 0) == position  # written before the end mark's arrival
+            if not ended:
+                base = v_base + stage * stage_bytes
+                for piece in range(thread, stage_bytes // 16, V_ORDER_THREADS):
+                    keys_in_accumulator_order(base + 16 * piece)
+                # the consumers' WGMMAs read the stage through the async proxy
+                cute.arch.fence_proxy("async.shared", space="cta")
+                v_ordered.arrive(stage)
+                position += 1
 
     @cute.jit
     def _produce_tile(self, loads, seqs, shape, window, m_block, head, batch, loaded, q_loads):
@@ -893,8 +977,10 @@ class SdpaForwardWgmma:
         return cute.make_tiled_copy_tv(atom, layout, cute.make_layout((1, elems)))
 
     @cute.jit
-    def _consume(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sO, tiles, seqs, shape, window, o_args, lse_args, cw,
+    def _consume(self, q_pipe, k_pipe, v_pipes, sQ, sK, sV, sO, tiles, seqs, shape, window, o_args, lse_args, cw,
                  wg_tidx, scale_log2, score_scale, ticket, descales):  # fmt: skip
+        """`v_pipes`: V's pipeline and the barrier its stages are read after (e4m3: once reordered)."""
+        v_pipe, v_full = v_pipes
         t = self.tiles
         wg_m = t.block_m // t.consumers
         qk_mma, pv_mma = self._mmas()
@@ -926,7 +1012,7 @@ class SdpaForwardWgmma:
         first, num_tiles, grid = self._schedule(tiles)
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
         q_loads = cutlass.Int32(0)  # Q buffer uses so far: its phase
-        args = (operands, (q_pipe, k_pipe, v_pipe), turns, softmax, sO, o_args, lse_args, window, wg_tidx,
+        args = (operands, (q_pipe, k_pipe, v_pipe, v_full), turns, softmax, sO, o_args, lse_args, window, wg_tidx,
                 score_scale, (descales, shape.group))  # fmt: skip
         if cutlass.const_expr(self.variant.dynamic):
             # the producer publishes each tile (`TicketWalk`); past the end: stop
@@ -972,7 +1058,7 @@ class SdpaForwardWgmma:
         ring = Ring(t.stages)
         operands, pipes, turns, softmax, sO, o_args, lse_args, window, wg_tidx, score_scale, (descales, group) = args
         qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, cw = operands
-        q_pipe, k_pipe, v_pipe = pipes
+        q_pipe, k_pipe, v_pipe, v_full = pipes
         my_turn, their_turn = turns
         keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
         n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
@@ -1036,7 +1122,7 @@ class SdpaForwardWgmma:
                 self._step(operands, pipes, turns, tile_softmax, tile_steps, step, True)
 
             last_stage, last_phase = ring.at(consumed + n_blocks - 1)
-            v_pipe.sync_object_full.wait(last_stage, last_phase)
+            v_full.wait(last_stage, last_phase)
             my_turn.arrive_and_wait()
             warpgroup.fence()
             self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
@@ -1082,7 +1168,7 @@ class SdpaForwardWgmma:
         t = self.tiles
         wg_m = t.block_m // t.consumers
         ring = Ring(t.stages)
-        _, k_pipe, v_pipe = pipes
+        _, k_pipe, v_pipe, v_full = pipes
         my_turn, their_turn = turns
         first_row = row_tile * wg_m
         _, mine_end = keys.blocks(first_row, cutlass.min(first_row + wg_m, seq.q_len) - 1, t.block_n)
@@ -1090,7 +1176,7 @@ class SdpaForwardWgmma:
         for j in range(0, skipped, 1):
             stage, phase = ring.at(consumed + j)
             k_pipe.sync_object_full.wait(stage, phase)
-            v_pipe.sync_object_full.wait(stage, phase)
+            v_full.wait(stage, phase)
             my_turn.arrive_and_wait()
             their_turn.arrive()
             self._release(k_pipe, stage)
@@ -1127,7 +1213,7 @@ class SdpaForwardWgmma:
         consumer's rows see in part (a separate loop, so each loop's body is straight-line).
         With `_fast_softmax`, K_j (and Q) are released only once no retry can read them."""
         qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, cw = operands
-        q_pipe, k_pipe, v_pipe = pipes
+        q_pipe, k_pipe, v_pipe, v_full = pipes
         my_turn, their_turn = turns
         stage, phase = tile.ring.at(tile.consumed + step)
         prev_stage, prev_phase = tile.ring.at(tile.consumed + step - 1)
@@ -1138,7 +1224,7 @@ class SdpaForwardWgmma:
         warpgroup.fence()
         self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, cw)
         warpgroup.commit_group()
-        v_pipe.sync_object_full.wait(prev_stage, prev_phase)
+        v_full.wait(prev_stage, prev_phase)
         self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage)
         warpgroup.commit_group()
         their_turn.arrive()
@@ -1171,10 +1257,10 @@ class SdpaForwardWgmma:
     @cute.jit
     def _store_p(self, acc_S, rP):
         """The probabilities S_j (fp32, accumulator layout) into P, the next P V's A operand.
-        16-bit P: the layouts agree, a conversion. e4m3 P: a 32-key k-slice of the A operand
-        holds keys 4c..4c+3 (+16) of lane c of a quad where the accumulator holds 2c, 2c+1,
-        2c+8, 2c+9 (+16): each 16 keys of a row are packed to a word and the quad swaps them
-        (`e4m3_quad_word`)."""
+        16-bit P: the layouts agree, a conversion. e4m3 P: lane c of a quad holds keys 2c, 2c + 1,
+        2c + 8, 2c + 9 of each 16 in the accumulator, where the A word of keys 4c..4c + 3 is
+        due. With V's keys reordered (`v_reorder`) the four are packed as they are; else each 16
+        keys of a row are packed to a word and the quad swaps them (`e4m3_quad_word`)."""
         if cutlass.const_expr(not self.fp8):
             cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
         else:
@@ -1186,14 +1272,16 @@ class SdpaForwardWgmma:
             for g in cutlass.range_constexpr(cute.size(acc_S) // 8):
                 for half in cutlass.range_constexpr(2):
                     at = 8 * g + 2 * half  # accumulator (col pair, row half, n8 block 2g and 2g+1)
-                    words[half + 2 * g] = e4m3_quad_word(
-                        acc_S[at], acc_S[at + 1], acc_S[at + 4], acc_S[at + 5], src_lo, src_hi, select
-                    )
+                    x = (acc_S[at], acc_S[at + 1], acc_S[at + 4], acc_S[at + 5])
+                    if cutlass.const_expr(self.tiles.v_reorder):
+                        words[half + 2 * g] = e4m3_word(*x)
+                    else:
+                        words[half + 2 * g] = e4m3_quad_word(*x, src_lo, src_hi, select)
 
     @cute.jit
     def _release_reads(self, pipes, stage, step, tile: "TileSteps"):
         """S_j's operands are read: release K_j, and Q after the tile's last S (own O buffer)."""
-        q_pipe, k_pipe, _ = pipes
+        q_pipe, k_pipe, _, _ = pipes
         self._release(k_pipe, stage)
         if cutlass.const_expr(self.tiles.o_buffer):
             if step == tile.n_blocks - 1:
