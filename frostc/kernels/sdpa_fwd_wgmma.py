@@ -727,7 +727,7 @@ class SdpaForwardWgmma:
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         q_pipe, k_pipe, v_pipe = self._pipelines(storage)
         v_full = v_pipe.sync_object_full  # what a consumer waits for before it reads a V stage
-        v_order = None
+        v_ordered = v_end = v_base = None
         if cutlass.const_expr(self.tiles.v_reorder):
             # the consumers wait for the stage's keys to be reordered instead (`_order_v_keys`)
             v_ordered = StageBarriers(storage.v_ordered.data_ptr(), self.tiles.stages)
@@ -735,7 +735,7 @@ class SdpaForwardWgmma:
             if tidx == 0:
                 v_ordered.init(V_ORDER_THREADS)
                 v_end[0] = cutlass.Int32(2**31 - 1)  # not known yet
-            v_order = (v_ordered, v_end, storage.sV.data_ptr().toint())
+            v_base = storage.sV.data_ptr().toint()
             v_full = v_ordered
         sQ_layout, sK_layout, sV_layout = self._smem_layouts()
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -778,10 +778,10 @@ class SdpaForwardWgmma:
                 loaded = self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
                                        (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket, v_maps)  # fmt: skip
                 if cutlass.const_expr(self.tiles.v_reorder):
-                    self._end_v_loads(v_pipe, v_order[1], loaded)
+                    self._end_v_loads(v_pipe, v_end, loaded)
             if cutlass.const_expr(self.tiles.v_reorder):
                 if wg_tidx >= 128 - V_ORDER_THREADS:
-                    self._order_v_keys(v_pipe, v_order, wg_tidx - (128 - V_ORDER_THREADS))
+                    self._order_v_keys(v_pipe, (v_ordered, v_end, v_base), wg_tidx - (128 - V_ORDER_THREADS))
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self._consume(
