@@ -104,9 +104,9 @@ def test_a_packed_fp8_plan_re_lays_v_before_the_attention():
     and the attention kernel, whose V map steps over that region's rows."""
     plan = decode_plan(build(parse_description(json.dumps(packed_fp8_node()), fmt="json")))
     names = [plan.kernels[launch.kernel].name for launch in plan.launches]
-    assert names[0].startswith("sdpa_schedule.packed.") and names[0].endswith(".v_maps")
-    assert names[1] == "vt_pack.e4m3.d128"
-    assert names[2].startswith("sdpa_fwd_wgmma.e4m3.o_bf16.d128.causal.varlen") and ".vpack" in names[2]
+    assert names[0].startswith("sdpa_schedule.packed.") and names[0].endswith(".v_maps.p_order")
+    assert names[1] == "vt_pack.e4m3.d128.p_order"  # V's keys in P's order, zeros between sequences
+    assert names[2].startswith("sdpa_fwd_wgmma.e4m3.o_bf16.d128.causal.varlen") and ".vpack.v_p_order" in names[2]
     sched, pack, attn = (_launch_values(plan, i) for i in range(3))
     regions = {r.name.split(".")[-1]: r for r in plan.workspace}
     pitch = -(-(PACKED_TOKENS + 15 * 3 + 15) // 128) * 128  # every sequence ends by then, whole lines
@@ -198,7 +198,8 @@ def test_a_dense_fp8_plan_re_lays_v_given_with_d_innermost(layout):
 
     plan = decode_plan(build(parse_description(json.dumps(_rows_v(fp8_node(), layout)), fmt="json")))
     names = [plan.kernels[launch.kernel].name for launch in plan.launches]
-    assert names[0] == "vt_pack.e4m3.d128.batched" and names[1].startswith("sdpa_fwd_wgmma.e4m3.o_bf16.d128.causal")
+    assert names[0] == "vt_pack.e4m3.d128.batched.p_order"  # V's keys in P's order, zeros past S
+    assert names[1].startswith("sdpa_fwd_wgmma.e4m3.o_bf16.d128.causal") and ".v_p_order" in names[1]
     pack, attn = _launch_values(plan, 0), _launch_values(plan, 1)
     pitch = relaid_pitch(S)
     assert pitch % 128 == 0 and S <= pitch < S + 128
@@ -210,9 +211,10 @@ def test_a_dense_fp8_plan_re_lays_v_given_with_d_innermost(layout):
     stride_s, stride_h = plan.slots[v_slot].strides[2], plan.slots[v_slot].strides[1]
     assert (pack["v.stride_s"].value, pack["v.stride_h"].value, pack["pitch"].value) == (stride_s, stride_h, pitch)
     assert plan.launches[0].grid == (pitch // 128, HKV, B)
+    # a plan given that Vᵀ itself maps S keys; the re-laid one whole 16-key groups (S = 200: 208)
     given = edited(fp8_node(), **{"tensors.v.strides": [HKV * D * pitch, D * pitch, 1, pitch]})
     twin = decode_plan(build(parse_description(json.dumps(given), fmt="json")))
-    assert attn["v.tmap"].tmap == _launch_values(twin, 0)["v.tmap"].tmap
+    assert S % 16 and attn["v.tmap"].tmap != _launch_values(twin, 0)["v.tmap"].tmap
     # the batched variant finds its tokens without the packed one's table of sequence starts
     from frostc.kernels.vt_pack import SHARED_STARTS
 

@@ -228,6 +228,11 @@ class SdpaFwdVariant(TmaVariant):
     count_visits: bool = False
     # e4m3 packed: V was re-laid by vt_pack.py, sequence b's keys from `aligned_start`
     v_repacked: bool = False
+    # e4m3, V re-laid by vt_pack.py (`p_order`): each 16 keys already in P's register order, so P
+    # is packed as it lies (no quad swap, no reordering in shared memory); V's maps end on 16-key
+    # groups (a zero fill inside a group would erase keys stored there; vt_pack wrote zeros past
+    # every sequence)
+    v_in_p_order: bool = False
 
     @property
     def name(self) -> str:
@@ -237,6 +242,7 @@ class SdpaFwdVariant(TmaVariant):
         name += (".paired" if self.paired else "") + (".dynamic" if self.dynamic else "")
         name += ".visits" if self.count_visits else ""
         name += ".vpack" if self.v_repacked else ""
+        name += ".v_p_order" if self.v_in_p_order else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
@@ -251,7 +257,7 @@ class SdpaFwdVariant(TmaVariant):
     @property
     def tile_shape(self) -> WgmmaTiles:
         tiles = tiles_for_head_dim(self.head_dim, self.mask.left, self.fp8)
-        if self.fp8:
+        if self.fp8 and not self.v_in_p_order:
             tiles = replace(tiles, v_reorder=reorders_v(self.head_dim, self.mask.right))
         if self.per_tile:
             return replace(tiles, ctas_per_sm=0, l2_sections=True)
@@ -504,7 +510,10 @@ class SdpaForwardWgmma:
             gK = cute.make_tensor(k, cute.make_layout((seq_kv, d, heads_kv, batch), stride=(k_ss, 1, k_sh, k_sb)))
             # e4m3: keys innermost (8-bit WGMMA operands are K-major), and v_ss is d's stride
             v_sd, v_skey = (v_ss, 1) if self.fp8 else (1, v_ss)
-            gV = cute.make_tensor(v, cute.make_layout((d, seq_kv, heads_kv, batch), stride=(v_sd, v_skey, v_sh, v_sb)))
+            v_keys = seq_kv
+            if cutlass.const_expr(self.variant.v_in_p_order):
+                v_keys = (seq_kv + 15) // 16 * 16  # `v_in_p_order`: whole 16-key groups
+            gV = cute.make_tensor(v, cute.make_layout((d, v_keys, heads_kv, batch), stride=(v_sd, v_skey, v_sh, v_sb)))
         sQ, sK, sV = self._smem_layouts()
         op = cpasync.CopyBulkTensorTileG2SOp()
         q_info = cpasync.make_tiled_tma_atom(op, gQ, cute.select(sQ, mode=[0, 1]), (wg_m, d))
@@ -1273,7 +1282,7 @@ class SdpaForwardWgmma:
                 for half in cutlass.range_constexpr(2):
                     at = 8 * g + 2 * half  # accumulator (col pair, row half, n8 block 2g and 2g+1)
                     x = (acc_S[at], acc_S[at + 1], acc_S[at + 4], acc_S[at + 5])
-                    if cutlass.const_expr(self.tiles.v_reorder):
+                    if cutlass.const_expr(self.tiles.v_reorder or self.variant.v_in_p_order):
                         words[half + 2 * g] = e4m3_word(*x)
                     else:
                         words[half + 2 * g] = e4m3_quad_word(*x, src_lo, src_hi, select)

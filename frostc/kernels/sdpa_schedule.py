@@ -65,6 +65,8 @@ class ScheduleVariant(TmaVariant):
             form = "padded." + "+".join(x for x, given in (("q", self.q_lengths), ("kv", self.kv_lengths)) if given)
         mask = self.mask.label.split(".")[0]  # softcap does not change which keys are visited
         maps = ".v_maps" if self.v_maps_of else ""
+        if self.v_maps_of and self.v_maps_of.v_in_p_order:
+            maps += ".p_order"  # the maps' key extents end on 16-key groups
         return f"sdpa_schedule.{form}.m{self.block_m}n{self.block_n}.{mask}{maps}"
 
     @property
@@ -239,10 +241,15 @@ class SdpaSchedule:
             row[3] = kv_len
             if cutlass.const_expr(v_maps is not None):
                 v_tma, maps, v_rows, v_packed = v_maps
+                # V in P's order (vt_pack.py `p_order`): the extent ends on a 16-key group, whose
+                # keys are stored permuted (a zero fill inside it would erase keys of the sequence)
+                kv_end = kv_len
+                if cutlass.const_expr(self.v.v_maps_of.v_in_p_order):
+                    kv_end = (kv_len + 15) // 16 * 16
                 if cutlass.const_expr(self.v.packed):  # V re-laid by vt_pack.py: its own address
-                    write_sequence_map(v_tma, maps, b, aligned_start(kv_token, b) + kv_len, v_packed)
+                    write_sequence_map(v_tma, maps, b, aligned_start(kv_token, b) + kv_end, v_packed)
                 else:
-                    write_sequence_map(v_tma, maps, b, b * v_rows + kv_token + kv_len)
+                    write_sequence_map(v_tma, maps, b, b * v_rows + kv_token + kv_end)
             keys = KeyRange.of(self.v.mask, window_left, window_right, q_len, kv_len)
             m_blocks = (q_len + self.v.block_m - 1) // self.v.block_m
             # runs of query blocks of equal cost (a whole sequence without a diagonal) take one

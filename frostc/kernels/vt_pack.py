@@ -45,6 +45,8 @@ from frostc.kernels.sdpa_common import fake_ptr
 from frostc.kernels.sequence_maps import aligned_start
 
 THREADS = 128
+# `p_order`: the key stored at each of 16 places (word c: keys 2c, 2c + 1, 2c + 8, 2c + 9)
+_P_ORDER = tuple(2 * c + j for c in range(4) for j in (0, 1, 8, 9))
 KEYS = THREADS  # destination keys per CTA: one per thread while their tokens are found
 ROW_PAD = 16  # bytes after each shared row
 GROUP = 16  # keys per 16-byte store
@@ -73,10 +75,16 @@ class VtPackVariant:
 
     head_dim: int
     batched: bool = False
+    # each 16 keys written in the order the attention's P leaves its accumulator in (2c, 2c + 1,
+    # 2c + 8, 2c + 9 at word c: `sdpa_common.KEY_ORDER_PRMT`), so that it packs P as it lies;
+    # keys outside every sequence are written as zeros (its maps then end on 16-key groups and
+    # read them: P = 0 there, and 0 · NaN would be NaN)
+    p_order: bool = False
 
     @property
     def name(self) -> str:
-        return f"vt_pack.e4m3.d{self.head_dim}" + (".batched" if self.batched else "")
+        name = f"vt_pack.e4m3.d{self.head_dim}" + (".batched" if self.batched else "")
+        return name + (".p_order" if self.p_order else "")
 
     @property
     def params(self) -> tuple[tuple[str, str], ...]:
@@ -182,7 +190,10 @@ class VtPack:
         # 1. this thread's key: its source token
         token = self._source_token(sequences, starts, batch, first_key + tidx)
         tokens = storage.tokens.get_tensor(cute.make_layout(KEYS))
-        tokens[tidx] = cutlass.max(cutlass.min(token, tokens_total - 1), 0)  # a gap's key: any token will do
+        if cutlass.const_expr(self.v.p_order):
+            tokens[tidx] = cutlass.min(token, tokens_total - 1)  # a gap's key: -1, written as zeros
+        else:
+            tokens[tidx] = cutlass.max(cutlass.min(token, tokens_total - 1), 0)  # a gap's key: any token will do
         cute.arch.sync_threads()
 
         self._transpose(tidx, rows, tokens, v + cute.assume(cutlass.Int64(head) * v_sh, divby=16), v_st,
@@ -204,9 +215,13 @@ class VtPack:
         _, heads_kv, _ = cute.arch.grid_dim()
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         first_key = block * KEYS
-        # key k is V[b]'s row k; keys past the sequence copy its last row (no map reaches them)
+        # key k is V[b]'s row k; keys past the sequence copy its last row (no map reaches them),
+        # or with `p_order` are zeros (-1)
         tokens = storage.tokens.get_tensor(cute.make_layout(KEYS))
-        tokens[tidx] = cutlass.min(first_key + tidx, seq_kv - 1)
+        if cutlass.const_expr(self.v.p_order):
+            tokens[tidx] = cutlass.select_(first_key + tidx < seq_kv, first_key + tidx, -1)
+        else:
+            tokens[tidx] = cutlass.min(first_key + tidx, seq_kv - 1)
         cute.arch.sync_threads()
         src = v + cute.assume(cutlass.Int64(b) * v_sb + cutlass.Int64(head) * v_sh, divby=16)
         first_row = (cutlass.Int64(b) * heads_kv + head) * self.d
@@ -225,12 +240,20 @@ class VtPack:
         for k in cutlass.range_constexpr(KEYS * pieces // THREADS):
             row = k // pieces_per_lane * rows_per_pass + tidx // lanes
             piece = (k % pieces_per_lane) * lanes + tidx % lanes
-            src = src_rows + cute.assume(cutlass.Int64(tokens[row]) * v_st, divby=16)
+            src = src_rows + cute.assume(cutlass.Int64(cutlass.max(tokens[row], 0)) * v_st, divby=16)
             at = src + cute.assume(piece * VECTOR_BYTES, divby=VECTOR_BYTES)  # one 16-byte load
-            loaded.append((row, piece, cute.make_tensor(at, cute.make_layout(VECTOR_BYTES)).load()))
+            if cutlass.const_expr(self.v.p_order):  # as 4 words, to zero a row outside every sequence
+                at = cute.recast_ptr(at, dtype=cutlass.Uint32)
+            loaded.append(
+                (row, piece, cute.make_tensor(at, cute.make_layout(VECTOR_BYTES * 8 // at.dtype.width)).load())
+            )
         for row, piece, value in loaded:
             shared = rows + cute.assume((self._row_word(row) + piece * (VECTOR_BYTES // 4)) * 4, divby=16)
-            cute.make_tensor(shared, cute.make_layout(VECTOR_BYTES)).store(value)
+            if cutlass.const_expr(self.v.p_order):  # a token of -1: zeros
+                keep = cutlass.select_(tokens[row] < 0, cutlass.Uint32(0), cutlass.Uint32(0xFFFFFFFF))
+                cute.make_tensor(cute.recast_ptr(shared, dtype=cutlass.Uint32), cute.make_layout(4)).store(value & keep)
+            else:
+                cute.make_tensor(shared, cute.make_layout(VECTOR_BYTES)).store(value)
         cute.arch.sync_threads()
 
         # 3. 16 keys x 4 d bytes a thread, transposed into 4 rows' 16-byte pieces; the GROUPS
@@ -246,10 +269,11 @@ class VtPack:
                 gathered = []
                 for j in cutlass.range_constexpr(GROUP):
                     gathered.append(words[self._row_word(group * GROUP + j) + quad])
+                order = _P_ORDER if cutlass.const_expr(self.v.p_order) else tuple(range(GROUP))
                 for byte in cutlass.range_constexpr(4):
                     out = cute.make_rmem_tensor((4,), cutlass.Uint32)
                     for q in cutlass.range_constexpr(4):
-                        out[q] = _bytes_at(gathered[4 * q : 4 * q + 4], byte)
+                        out[q] = _bytes_at([gathered[order[4 * q + j]] for j in range(4)], byte)
                     d_row = first_row + (quad * 4 + byte)
                     target = v_packed + cute.assume((d_row * pitch + key) // 4, divby=4)
                     cute.make_tensor(target, cute.make_layout(4)).store(out.load())

@@ -638,7 +638,7 @@ def _relaid_strides(node: Sdpa) -> tuple[int, int, int]:
 def _relay_launch(node: Sdpa, offset: int, ctx: ResolveContext) -> ResolvedLaunch:
     """Dense or padded e4m3 V (b, h, s, d) with d innermost, transposed into the workspace at
     `offset` as Vᵀ (b, h, d, pitch) (vt_pack's batched variant), before the attention."""
-    variant = VtPackVariant(node.head_dim, batched=True)
+    variant = VtPackVariant(node.head_dim, batched=True, p_order=_v_in_p_order(node, ctx))
     v = ctx.slot(node.v)
     pitch = relaid_pitch(node.seq_kv)
     values = {
@@ -697,7 +697,15 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
         dynamic=dynamic,
         count_visits=dynamic and node.debug_tile_visits,
         v_repacked=node.fp8 and node.form == "packed",
+        v_in_p_order=_v_in_p_order(node, ctx),
     )
+
+
+def _v_in_p_order(node: Sdpa, ctx: ResolveContext) -> bool:
+    """e4m3 V that the plan re-lays (packed, or dense given with d innermost): vt_pack writes each
+    16 keys in P's register order and zeros outside the sequences. Not padded V: its padding rows
+    (between a sequence's length and the capacity) are the caller's and may hold anything."""
+    return node.fp8 and (node.form == "packed" or (node.form == "dense" and _relaid_v(node, ctx)))
 
 
 def _tile_capacity(node: Sdpa, block_m: int) -> int:
@@ -939,7 +947,7 @@ def _schedule_launch(
 def _pack_launch(node: Sdpa, workspace: dict[str, int], ctx: ResolveContext) -> ResolvedLaunch:
     """e4m3 packed: V (t, h, d) transposed into the workspace, sequence b's keys from a 16-key
     boundary (after the scheduling kernel, whose table it reads)."""
-    variant = VtPackVariant(node.head_dim)
+    variant = VtPackVariant(node.head_dim, p_order=True)
     v = ctx.slot(node.v)
     values = {
         "batch": node.batch,
