@@ -6,8 +6,10 @@ installed, cuDNN's FP8 SDPA (nvidia-cudnn-frontend).
     python bench/fp8.py run [--md FILE]  # GPU machine: time everything, print a table
 
 Each row: one (batch, heads, seq, head dim) shape, causal or not. frostc e4m3 takes Q and K
-"bhsd", V transposed (keys innermost, as its kernel reads it), one descale per tensor and O in
-bf16; frostc bf16 is the same shape's bf16 plan ("bhsd"). Both run their serving path
+"bhsd", one descale per tensor and O in bf16, and V in either of two layouts, each its own plan:
+transposed ("bhds", keys innermost, as the kernel reads it) or "bhsd" like Q and K (the plan
+re-lays it with vt_pack first, in P's key order: its time is counted). frostc bf16 is the same
+shape's bf16 plan ("bhsd"). All run their serving path
 (`plan.bind` once, `bound.execute()`). Times and rounds as in bench/sdpa.py (`time_ms`,
 `_alternating`); TFLOP/s counts 4*b*h*s*s*d matmul FLOPs (half of that when causal). The e4m3
 output is checked against bf16 attention on the dequantized inputs before its time is reported.
@@ -37,9 +39,18 @@ GEMM = 8192  # the FP8 ceiling: an e4m3 GEMM of this size (torch._scaled_mm), bf
 MAX_REL_ERR = 0.05  # e4m3 P: about 2.5 % against attention on the dequantized inputs
 
 
-def plan_name(shape, causal: bool, dtype: str) -> str:
+V_LAYOUTS = {"keys innermost": "bhds", "bhsd": "bhsd"}  # the e4m3 plans' V, by column name
+
+
+def plan_name(shape, causal: bool, dtype: str, v_layout: str = "bhds") -> str:
     b, h, s, d = shape
-    return f"{dtype}-b{b}-h{h}-s{s}-d{d}-{'causal' if causal else 'full'}"
+    relaid = "-vbhsd" if dtype == "e4m3" and v_layout == "bhsd" else ""
+    return f"{dtype}{relaid}-b{b}-h{h}-s{s}-d{d}-{'causal' if causal else 'full'}"
+
+
+def _plan_kinds() -> list[tuple[str, str]]:
+    """(dtype, V layout) of each plan a shape has."""
+    return [("e4m3", layout) for layout in V_LAYOUTS.values()] + [("bf16", "bhsd")]
 
 
 def build() -> int:
@@ -51,11 +62,12 @@ def build() -> int:
     BUILT.mkdir(parents=True, exist_ok=True)
     for shape in SHAPES:
         for causal in (False, True):
-            for dtype in ("e4m3", "bf16"):
-                g = GraphBuilder(plan_name(shape, causal, dtype))
+            for dtype, v_layout in _plan_kinds():
+                name = plan_name(shape, causal, dtype, v_layout)
+                g = GraphBuilder(name)
                 g.tensor("q", dtype=dtype, dims=shape, layout="bhsd")
                 g.tensor("k", dtype=dtype, dims=shape, layout="bhsd")
-                g.tensor("v", dtype=dtype, dims=shape, layout="bhds" if dtype == "e4m3" else "bhsd")
+                g.tensor("v", dtype=dtype, dims=shape, layout=v_layout)
                 g.tensor("o", dtype="bf16", dims=shape, layout="bhsd")
                 descales = {}
                 if dtype == "e4m3":
@@ -63,8 +75,8 @@ def build() -> int:
                         g.tensor(f"{role}_descale", dtype="fp32", dims=(1,))
                         descales[f"{role}_descale"] = f"{role}_descale"
                 g.sdpa(q="q", k="k", v="v", o="o", causal=causal, **descales)
-                write_atomic(BUILT / f"{plan_name(shape, causal, dtype)}.frost", build_plan(g.build()))
-                print("built", plan_name(shape, causal, dtype), flush=True)
+                write_atomic(BUILT / f"{name}.frost", build_plan(g.build()))
+                print("built", name, flush=True)
     return 0
 
 
@@ -79,8 +91,8 @@ def run(md_path: str | None) -> int:
     rows = []
     for shape in SHAPES:
         for causal in (False, True):
-            plans = {dtype: frost_runtime.load(BUILT / f"{plan_name(shape, causal, dtype)}.frost")
-                     for dtype in ("e4m3", "bf16")}  # fmt: skip
+            plans = {kind: frost_runtime.load(BUILT / f"{plan_name(shape, causal, *kind)}.frost")
+                     for kind in _plan_kinds()}  # fmt: skip
             rows.append(_measure(plans, shape, causal))
             print(_row(rows[-1], ceiling), flush=True)
     table = _markdown(rows, ceiling, torch.cuda.get_device_name(), torch.__version__)
@@ -130,16 +142,21 @@ def _measure(plans: dict, shape, causal: bool) -> dict:
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         ref = F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal).float()
 
-    o8 = torch.full((b, h, s, d), float("nan"), device="cuda", dtype=torch.bfloat16)
-    fp8 = _bind(plans["e4m3"], q=q8, k=k8, v=v8_t, q_descale=dq, k_descale=dk, v_descale=dv, o=o8)
-    fp8.execute()
-    torch.cuda.synchronize()
-    err = ((o8.float() - ref).norm() / ref.norm()).item()
-    if not err < MAX_REL_ERR:
-        raise SystemExit(f"{plan_name(shape, causal, 'e4m3')}: relative error {err:.2e} against bf16 attention")
-    o16 = torch.empty_like(o8)
-    bf16 = _bind(plans["bf16"], q=qd, k=kd, v=vd, o=o16)
-    contestants = {"frostc e4m3": fp8.execute, "frostc bf16": bf16.execute}
+    contestants, errors = {}, {}
+    for column, layout in V_LAYOUTS.items():
+        o8 = torch.full((b, h, s, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+        v = v8_t if layout == "bhds" else v8
+        fp8 = _bind(plans[("e4m3", layout)], q=q8, k=k8, v=v, q_descale=dq, k_descale=dk, v_descale=dv, o=o8)
+        fp8.execute()
+        torch.cuda.synchronize()
+        errors[column] = err = ((o8.float() - ref).norm() / ref.norm()).item()
+        if not err < MAX_REL_ERR:
+            name = plan_name(shape, causal, "e4m3", layout)
+            raise SystemExit(f"{name}: relative error {err:.2e} against bf16 attention")
+        contestants[f"frostc e4m3, V {column}"] = fp8.execute
+    o16 = torch.empty(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+    bf16 = _bind(plans[("bf16", "bhsd")], q=qd, k=kd, v=vd, o=o16)
+    contestants["frostc bf16"] = bf16.execute
     cudnn_fp8 = _cudnn_fp8(q8, k8, v8, dq, dk, dv, causal)
     cudnn_err = None
     if cudnn_fp8 is not None:
@@ -150,8 +167,17 @@ def _measure(plans: dict, shape, causal: bool) -> dict:
         contestants["cuDNN e4m3"] = call
     times = _alternating(contestants)
     tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in times.items()}
-    return {"shape": shape, "causal": causal, "rel_err": err, "cudnn_rel_err": cudnn_err, "ms": times,
-            "tflops": tflops}  # fmt: skip
+    return {"shape": shape, "causal": causal, "rel_err": max(errors.values()), "cudnn_rel_err": cudnn_err,
+            "ms": times, "tflops": tflops}  # fmt: skip
+
+
+def _e4m3(tflops: dict) -> list[float]:
+    """frostc e4m3's TFLOP/s per V layout, in V_LAYOUTS' order."""
+    return [tflops[f"frostc e4m3, V {column}"] for column in V_LAYOUTS]
+
+
+def _pair(values: list[float], over: float) -> str:
+    return " / ".join(f"{v / over:.2f}" for v in values)
 
 
 def _cudnn_fp8(q8, k8, v8, dq, dk, dv, causal: bool):
@@ -212,7 +238,7 @@ def _row(r, ceiling: float) -> str:
     cells = "  ".join(f"{name} {value:6.1f}" for name, value in t.items())
     return (
         f"{str(r['shape']):22} {'causal' if r['causal'] else 'full':6} {cells}  "
-        f"e4m3/bf16 {t['frostc e4m3'] / t['frostc bf16']:.2f}  e4m3/GEMM {t['frostc e4m3'] / ceiling:.2f}"
+        f"e4m3/bf16 {_pair(_e4m3(t), t['frostc bf16'])}  e4m3/GEMM {_pair(_e4m3(t), ceiling)}"
     )
 
 
@@ -223,20 +249,22 @@ def _markdown(rows, ceiling: float, device: str, torch_version: str) -> str:
         f"SDPA forward, e4m3 — {device}, torch {torch_version}, {today}. TFLOP/s from CUDA-graph replays "
         f"({SETTLE_S:g} s settling, then a {WINDOW_S:g} s timed window), each contestant's median of {ROUNDS} "
         f"measurements in rotated order. e4m3 GEMM ceiling ({GEMM}³, torch._scaled_mm, same run): "
-        f"{ceiling:.0f} TFLOP/s.",
+        f"{ceiling:.0f} TFLOP/s. frostc e4m3 in two plans per shape: V with its keys innermost "
+        '("bhds", read as it is) and V "bhsd" like Q and K (re-laid by the plan, counted); '
+        "ratio cells give both, in that order.",
         "",
-        "| b, h, s, d | causal | frostc e4m3 | frostc bf16 | e4m3 / bf16 | e4m3 / GEMM ceiling |"
-        + (" cuDNN e4m3 | frostc / cuDNN |" if cudnn else "")
-        + " rel. err |",
-        "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if cudnn else "") + "---:|",
+        "| b, h, s, d | causal | frostc e4m3, V keys innermost | frostc e4m3, V bhsd | frostc bf16 | e4m3 / bf16 |"
+        " e4m3 / GEMM ceiling |" + (" cuDNN e4m3 | frostc / cuDNN |" if cudnn else "") + " rel. err |",
+        "|---|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if cudnn else "") + "---:|",
     ]
     for r in rows:
         t = r["tflops"]
-        extra = f" {t['cuDNN e4m3']:.1f} | {t['frostc e4m3'] / t['cuDNN e4m3']:.2f} |" if cudnn else ""
+        e4m3 = _e4m3(t)
+        extra = f" {t['cuDNN e4m3']:.1f} | {_pair(e4m3, t['cuDNN e4m3'])} |" if cudnn else ""
         lines.append(
-            f"| {', '.join(map(str, r['shape']))} | {'yes' if r['causal'] else 'no'} | {t['frostc e4m3']:.1f} | "
-            f"{t['frostc bf16']:.1f} | {t['frostc e4m3'] / t['frostc bf16']:.2f} | "
-            f"{t['frostc e4m3'] / ceiling:.2f} |{extra} {r['rel_err']:.1e} |"
+            f"| {', '.join(map(str, r['shape']))} | {'yes' if r['causal'] else 'no'} | {e4m3[0]:.1f} | "
+            f"{e4m3[1]:.1f} | {t['frostc bf16']:.1f} | {_pair(e4m3, t['frostc bf16'])} | "
+            f"{_pair(e4m3, ceiling)} |{extra} {r['rel_err']:.1e} |"
         )
     lines.append("")
     return "\n".join(lines)
