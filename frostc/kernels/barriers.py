@@ -1,6 +1,6 @@
 """The named barriers of frostc's kernels, one enumeration for all of them."""
 
-MAX_CONSUMERS = 3  # the forward kernel's consumer warpgroups, at most (TURN, EPILOGUE and RETRY take one id each)
+MAX_CONSUMERS = 3  # the forward kernel's consumer warpgroups, at most (TURN and EPILOGUE take one id each)
 
 
 class Barrier:
@@ -14,6 +14,5 @@ class Barrier:
     TURN = 2  # (the forward kernel's; the decode kernel's ids above are free in it)
     # TURN + c: consumer c may issue its GEMMs (it and its predecessor, 256 threads)
     EPILOGUE = TURN + MAX_CONSUMERS  # EPILOGUE + c: consumer c's O staging (128 threads)
-    RETRY = EPILOGUE + MAX_CONSUMERS  # RETRY + c: whether consumer c redoes a block exactly (128)
-    TICKET_FULL = RETRY + MAX_CONSUMERS  # the dynamic walk's next tile is written (`TicketWalk`)
+    TICKET_FULL = EPILOGUE + MAX_CONSUMERS  # the dynamic walk's next tile is written (`TicketWalk`)
     TICKET_EMPTY = TICKET_FULL + 1  # ... and read by every consumer thread

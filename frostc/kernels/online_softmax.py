@@ -103,13 +103,14 @@ class OnlineSoftmax:
         return moved
 
     @cute.jit
-    def update_fast(self, s_mn):
+    def update_fast(self, s_mn, emit_row):
         """Scores -> probabilities against each row's reference max as it stands, without this
         block's max (its reductions were a third of a step's instructions, all ahead of the
-        exponentials on the consumer's critical path). Returns whether this thread needs the
-        exact `update` instead: a row without a reference yet (max -inf), or a sum of its
-        probabilities above FAST_SUM_LIMIT (or NaN), so that some probability may have grown
-        past it. The scores are overwritten either way: an exact retry recomputes them."""
+        exponentials on the consumer's critical path). Each row's probabilities go to
+        `emit_row(r, probabilities)`; the scores stay as they are, so that a thread which needs
+        the exact `update` instead can take it from them. Returns whether it does: a row
+        without a reference yet (max -inf), or a sum of its probabilities above FAST_SUM_LIMIT
+        (or NaN), so that some probability may have grown past it."""
         retry = cutlass.Boolean(False)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
             reference = self.row_max[r]
@@ -119,7 +120,7 @@ class OnlineSoftmax:
             total = probs.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             retry = retry | unset | (total > self.limits.fast_sum_limit) | (total != total)
             self.block_sum[r] = total
-            s_mn[r, None] = probs
+            emit_row(r, probs)
         return retry
 
     @cute.jit

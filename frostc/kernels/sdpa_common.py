@@ -146,17 +146,12 @@ def _asm_word(text: str, operands: list, constraints: str, side_effects: bool):
 
 
 @dsl_user_op
-def any_at_barrier(pred, barrier_id, threads: int, *, loc=None, ip=None):
-    """Whether `pred` holds for any of the `threads` threads that meet at named barrier
-    `barrier_id` (bar.red.or: a barrier that also ORs a predicate; the DSL has no wrapper).
-    Every one of those threads must call it."""
-    found = _asm_word(
-        f"{{\n.reg .pred p, q;\nsetp.ne.s32 p, $1, 0;\nbar.red.or.pred q, $2, {threads}, p;\nselp.s32 $0, 1, 0, q;\n}}",
-        [cutlass.Int32(pred).ir_value(loc=loc, ip=ip), cutlass.Int32(barrier_id).ir_value(loc=loc, ip=ip)],
-        "=r,r,r",
-        side_effects=True,
-    )
-    return found != 0
+def register_copy(word, *, loc=None, ip=None):
+    """`word` into a register of its own: a copy the compiler cannot fold away. A WGMMA's
+    register operands must not be written while it runs; a value built aside for the next one
+    would otherwise be coalesced with the running one's registers (ptxas then serializes every
+    WGMMA: C7513)."""
+    return _asm_word("mov.b32 $0, $1;", [cutlass.Int32(word).ir_value(loc=loc, ip=ip)], "=r,r", side_effects=False)
 
 
 @dsl_user_op

@@ -32,9 +32,10 @@ TMA, two or three consumer warpgroups compute with WGMMA, taking turns on the te
   consumer's rows see in part on the right, whole, in part on the left), O is rescaled only
   when a row's max grew enough that keeping it would let a probability exceed 2**8, and
   stage indices are bit operations. At d=128 a tile's later steps do not even compute the
-  block's max: they exponentiate against the reference max as it stands and keep the result
-  unless some thread's sum of probabilities exceeds FAST_SUM_LIMIT, in which case the
-  consumer redoes S = Q Kᵀ and the exact step (`OnlineSoftmax.update_fast`). O leaves
+  block's max: they exponentiate against the reference max as it stands, packing the next P
+  aside while S stays whole, and keep the result unless some thread's sum of probabilities
+  exceeds FAST_SUM_LIMIT, in which case that thread's warp takes the exact step from S
+  (`OnlineSoftmax.update_fast`); no warp waits for another to decide. O leaves
   through shared memory in 16-byte stores: its own buffer where it fits (then Q is released
   right after the tile's last S = Q Kᵀ), else the consumer's Q buffer (released after the
   store). A tile whose rows see no key writes O = 0, LSE = -inf.
@@ -85,12 +86,12 @@ from frostc.kernels.sdpa_common import (
     KeyRange,
     MaskFlags,
     TmaVariant,
-    any_at_barrier,
     dsl_dtype,
     e4m3_quad_word,
     e4m3_word,
     fake_ptr,
     keys_in_accumulator_order,
+    register_copy,
 )
 from frostc.kernels.sequence_maps import aligned_start, sequence_map
 from frostc.kernels.sequences import Sequence, Sequences, Shape
@@ -1220,7 +1221,8 @@ class SdpaForwardWgmma:
         turn, then softmax(S_j) while P V still runs. V_{j-1} is waited for after S_j is
         issued (the two loads complete separately). `masked`: the block is one this
         consumer's rows see in part (a separate loop, so each loop's body is straight-line).
-        With `_fast_softmax`, K_j (and Q) are released only once no retry can read them."""
+        K_j (and Q after the tile's last S) are released as soon as S_j is complete: nothing
+        reads them again (a warp that needs the exact step takes it from S_j, `_fast_softmax`)."""
         qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, cw = operands
         q_pipe, k_pipe, v_pipe, v_full = pipes
         my_turn, their_turn = turns
@@ -1239,29 +1241,58 @@ class SdpaForwardWgmma:
         their_turn.arrive()
         warpgroup.wait_group(1)  # S_j is ready; P V may still run
         n_block = tile.n_end - 1 - step
+        self._release_reads(pipes, stage, step, tile)
         if cutlass.const_expr(self._fast_softmax()):
+            # P_j is packed aside while P_(j-1) V_(j-1) still reads rP, and S_j stays whole:
+            # a warp with a thread that needs the exact step takes it from S_j by itself
+            p_next = cute.make_fragment_like(rP)
             moved = cutlass.Boolean(False)
-            retry = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked, True)
-            # the consumer's warps decide together: the retry's GEMM is one warpgroup instruction
-            if any_at_barrier(retry, Barrier.RETRY + cw, 128):
-                warpgroup.wait_group(0)
-                acc_S.fill(0.0)
-                warpgroup.fence()
-                self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, cw)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                moved = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked)
+            retry = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked, p_next)
+            if cute.arch.vote_any_sync(retry):
+                moved = softmax.update(wgmma_rows_by_cols(acc_S))
+                self._store_p(acc_S, p_next)
             else:
                 softmax.accept_fast()
-            self._release_reads(pipes, stage, step, tile)  # a retry read K_j and Q again
+            warpgroup.wait_group(0)  # O and P_(j-1) are free again
+            self._release(v_pipe, prev_stage)
+            if moved:
+                softmax.rescale(wgmma_rows_by_cols(acc_O))
+            words, next_words = cute.recast_tensor(rP, cutlass.Int32), cute.recast_tensor(p_next, cutlass.Int32)
+            for w in cutlass.range_constexpr(cute.size(words)):
+                words[w] = register_copy(next_words[w])
         else:
-            self._release_reads(pipes, stage, step, tile)
             moved = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked)
-        warpgroup.wait_group(0)  # O and P_{j-1} are free again
-        self._release(v_pipe, prev_stage)
-        if moved:
-            softmax.rescale(wgmma_rows_by_cols(acc_O))
-        self._store_p(acc_S, rP)
+            warpgroup.wait_group(0)  # O and P_(j-1) are free again
+            self._release(v_pipe, prev_stage)
+            if moved:
+                softmax.rescale(wgmma_rows_by_cols(acc_O))
+            self._store_p(acc_S, rP)
+
+    @cute.jit
+    def _store_p_row(self, r, probs, rP, s_layout):
+        """Row r's probabilities (this thread's values of the row in column order, as
+        `wgmma_rows_by_cols` lists them) into P, as `_store_p` packs them."""
+        if cutlass.const_expr(not self.fp8):
+            wgmma_rows_by_cols(cute.make_tensor(rP.iterator, s_layout))[r, None].store(probs.to(self.dtype))
+        else:
+            row = cute.make_rmem_tensor(cute.size(probs.shape), cutlass.Float32)
+            row.store(probs)
+            words = cute.recast_tensor(rP, cutlass.Int32)  # word r + 2·g: row r, keys 16g..16g+15
+            for g in cutlass.range_constexpr(cute.size(row) // 4):
+                x = (row[4 * g], row[4 * g + 1], row[4 * g + 2], row[4 * g + 3])  # cols 4g..: keys 2c, 2c+1, 2c+8, 2c+9
+                words[r + 2 * g] = self._p_word(x)
+
+    @cute.jit
+    def _p_word(self, x):
+        """Four probabilities of one row and 16 keys (keys 2c, 2c + 1, 2c + 8, 2c + 9 at lane c of
+        the quad) -> the e4m3 A-operand word this lane holds (`_store_p`)."""
+        if cutlass.const_expr(self.tiles.v_reorder or self.variant.v_in_p_order):
+            return e4m3_word(*x)
+        lane = cute.arch.lane_idx()
+        c = lane % 4
+        src_lo, src_hi = lane - c + (2 * c) % 4, lane - c + (2 * c + 1) % 4
+        select = cutlass.select_(c < 2, cutlass.Int32(0x5410), cutlass.Int32(0x7632))
+        return e4m3_quad_word(*x, src_lo, src_hi, select)
 
     @cute.jit
     def _store_p(self, acc_S, rP):
@@ -1274,18 +1305,10 @@ class SdpaForwardWgmma:
             cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
         else:
             words = cute.recast_tensor(rP, cutlass.Int32)  # word v1 + 2·g: row half v1, keys 16g..16g+15
-            lane = cute.arch.lane_idx()
-            c = lane % 4
-            src_lo, src_hi = lane - c + (2 * c) % 4, lane - c + (2 * c + 1) % 4
-            select = cutlass.select_(c < 2, cutlass.Int32(0x5410), cutlass.Int32(0x7632))
             for g in cutlass.range_constexpr(cute.size(acc_S) // 8):
                 for half in cutlass.range_constexpr(2):
                     at = 8 * g + 2 * half  # accumulator (col pair, row half, n8 block 2g and 2g+1)
-                    x = (acc_S[at], acc_S[at + 1], acc_S[at + 4], acc_S[at + 5])
-                    if cutlass.const_expr(self.tiles.v_reorder or self.variant.v_in_p_order):
-                        words[half + 2 * g] = e4m3_word(*x)
-                    else:
-                        words[half + 2 * g] = e4m3_quad_word(*x, src_lo, src_hi, select)
+                    words[half + 2 * g] = self._p_word((acc_S[at], acc_S[at + 1], acc_S[at + 4], acc_S[at + 5]))
 
     @cute.jit
     def _release_reads(self, pipes, stage, step, tile: "TileSteps"):
@@ -1318,17 +1341,18 @@ class SdpaForwardWgmma:
         return self.head_dim == 128
 
     @cute.jit
-    def _scores(self, qk_thr, acc_S, softmax, mask, n_block, score_scale, masked: bool, fast: bool = False):
+    def _scores(self, qk_thr, acc_S, softmax, mask, n_block, score_scale, masked: bool, fast_p=None):
         """S_j -> probabilities: softcap, mask (a block some row sees in part), softmax. Returns
-        whether O must be rescaled (`OnlineSoftmax.update`); `fast`: against the reference max
-        as it stands, returning whether this thread needs the exact retry (`update_fast`)."""
+        whether O must be rescaled (`OnlineSoftmax.update`). With `fast_p` (a P fragment): against
+        the reference max as it stands, packed into `fast_p` with S_j left as the masked scores,
+        returning whether this thread needs the exact step (`update_fast`)."""
         if cutlass.const_expr(self.mask_flags.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * score_scale, fastmath=True))
         s_mn = wgmma_rows_by_cols(acc_S)
         if cutlass.const_expr(masked):
             mask.apply(qk_thr, s_mn, n_block)
-        if cutlass.const_expr(fast):
-            return softmax.update_fast(s_mn)
+        if cutlass.const_expr(fast_p is not None):
+            return softmax.update_fast(s_mn, lambda r, probs: self._store_p_row(r, probs, fast_p, acc_S.layout))
         return softmax.update(s_mn)
 
     def _out_rows(self, o_args, seq, head):
