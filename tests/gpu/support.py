@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 BUILT = Path(__file__).resolve().parent.parent / ".built"
@@ -297,3 +302,21 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+# ---------------------------------------------------------------------------- SASS
+
+NVDISASM = Path(shutil.which("nvdisasm") or "/usr/local/cuda/bin/nvdisasm")
+
+
+def _sass(cubin: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(NVDISASM), "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def disassemble(cubins: list[bytes]) -> dict[bytes, str]:
+    """Each cubin's SASS (nvdisasm), one process per cubin, in parallel."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        return dict(zip(cubins, pool.map(_sass, cubins)))

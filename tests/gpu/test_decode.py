@@ -11,14 +11,8 @@ same buffers, cache_len += 1 on the device); and the execute contract on a decod
 reads, binding errors that name the slot).
 """
 
-import os
 import random
-import shutil
-import subprocess
-import tempfile
 import zlib
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -33,6 +27,7 @@ from tests.gpu.decode_support import (
     length_mixes,
     special_lengths,
 )
+from tests.gpu.support import NVDISASM, disassemble
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(decode_skip_reason() is not None, reason=decode_skip_reason() or "")]
@@ -93,15 +88,6 @@ def test_decode_plan_matches_float64_reference(case):
 
 # ---------------------------------------------------------------------------- early launches
 
-NVDISASM = Path(shutil.which("nvdisasm") or "/usr/local/cuda/bin/nvdisasm")
-
-
-def _sass(cubin: bytes) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(NVDISASM), "-c", f.name], capture_output=True, text=True, check=True).stdout
-
 
 def _early_pairs() -> list[tuple[str, object, object]]:
     """(plan, its early launch's kernel, the launch ahead's kernel) of every built decode plan."""
@@ -126,8 +112,7 @@ def test_every_early_launch_waits_for_the_launch_ahead_which_lets_it_start():
     pairs = _early_pairs()
     assert pairs, "no decode plan has an early launch"
     cubins = list({k.cubin: None for _, kernel, ahead in pairs for k in (kernel, ahead)})
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
-        sass = dict(zip(cubins, pool.map(_sass, cubins)))
+    sass = disassemble(cubins)
     for plan, kernel, ahead in pairs:
         assert "ACQBULK" in sass[kernel.cubin], f"{plan}: {kernel.name} never waits"
         assert "PREEXIT" in sass[ahead.cubin], f"{plan}: {ahead.name} never lets it start"

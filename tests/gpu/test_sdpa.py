@@ -15,7 +15,15 @@ import zlib
 
 import pytest
 
-from tests.gpu.support import BUILT, Buffers, built_manifest_entries, draw_lengths, gpu_skip_reason
+from tests.gpu.support import (
+    BUILT,
+    NVDISASM,
+    Buffers,
+    built_manifest_entries,
+    disassemble,
+    draw_lengths,
+    gpu_skip_reason,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -84,6 +92,44 @@ def test_scores_that_outgrow_the_reference_max(runtime, manifest, case):
         buffers.execute()
         torch.cuda.synchronize()
         buffers.assert_correct()
+
+
+def _forward_kernels() -> dict[bytes, str]:
+    """Each distinct forward-kernel cubin (sdpa_fwd_wgmma) of the built SDPA and FP8 plans, and
+    where it was found."""
+    from frost_runtime.schema import decode_plan
+
+    from tests.gpu.fp8_support import FP8_BUILT
+
+    paths = [BUILT / c["plan"] for c in built_manifest_entries()] + sorted(FP8_BUILT.glob("*.frost"))
+    found = {}
+    for path in (p for p in paths if p.exists()):
+        for kernel in decode_plan(path.read_bytes()).kernels:
+            if kernel.name.startswith("sdpa_fwd_wgmma"):
+                found.setdefault(kernel.cubin, f"{path.name}: {kernel.name}")
+    return found
+
+
+def wgmma_serialized(sass: str) -> bool:
+    """Whether ptxas serialized the kernel's warpgroup MMAs (its C7513: a register operand of
+    one is written by another instruction between issue and wait): each HGMMA / QGMMA then waits
+    for itself, so every one carries the gsb0 flag. A pipelined kernel issues a GEMM's k-steps
+    back to back with gsb0 on the last only."""
+    gmmas = [line for line in sass.splitlines() if "GMMA." in line]
+    return bool(gmmas) and all("gsb0" in line for line in gmmas)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not NVDISASM.exists(), reason="no nvdisasm (the CUDA toolkit's) to read the kernels' SASS")
+def test_no_forward_kernel_has_its_warpgroup_mmas_serialized(manifest):
+    """Read in the SASS of every built forward kernel: a copy into a running WGMMA's registers
+    that the compiler folds makes ptxas serialize every WGMMA of the kernel, 0.7x the speed and
+    no wrong answer (bench/NOTES.md, FP8 v5), so only the SASS shows it."""
+    kernels = _forward_kernels()
+    assert kernels, "no forward kernel among the built plans"
+    sass = disassemble(list(kernels))
+    serialized = [where for cubin, where in kernels.items() if wgmma_serialized(sass[cubin])]
+    assert not serialized, "WGMMAs serialized in: " + "; ".join(serialized)
 
 
 @pytest.mark.gpu
