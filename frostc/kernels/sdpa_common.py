@@ -190,8 +190,12 @@ def e4m3_word(x0, x1, x2, x3, *, loc=None, ip=None):
     )
 
 
-# Vᵀ's keys in P's register order (`keys_in_accumulator_order`): output word c of 16 keys (four
-# little-endian words of 4) is prmt.b32(word a, word b, selector) for the (a, b, selector) at c
+# P's register order of 16 keys: the key at each place, word c holding 2c, 2c + 1, 2c + 8, 2c + 9
+# (the keys whose probabilities lane c of a quad holds in an fp32 accumulator); vt_pack.py writes
+# Vᵀ so, `keys_in_accumulator_order` reorders it so in shared memory
+P_KEY_ORDER = tuple(2 * c + j for c in range(4) for j in (0, 1, 8, 9))
+# ... as prmt.b32 does it: output word c of 16 keys (four little-endian words of 4) is
+# prmt.b32(word a, word b, selector) for the (a, b, selector) at c
 KEY_ORDER_PRMT = ((0, 2, 0x5410), (0, 2, 0x7632), (1, 3, 0x5410), (1, 3, 0x7632))
 
 

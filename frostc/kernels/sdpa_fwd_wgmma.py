@@ -1253,19 +1253,17 @@ class SdpaForwardWgmma:
                 self._store_p(acc_S, p_next)
             else:
                 softmax.accept_fast()
-            warpgroup.wait_group(0)  # O and P_(j-1) are free again
-            self._release(v_pipe, prev_stage)
-            if moved:
-                softmax.rescale(wgmma_rows_by_cols(acc_O))
+        else:
+            moved = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked)
+        warpgroup.wait_group(0)  # O and P_(j-1) are free again
+        self._release(v_pipe, prev_stage)
+        if moved:
+            softmax.rescale(wgmma_rows_by_cols(acc_O))
+        if cutlass.const_expr(self._fast_softmax()):
             words, next_words = cute.recast_tensor(rP, cutlass.Int32), cute.recast_tensor(p_next, cutlass.Int32)
             for w in cutlass.range_constexpr(cute.size(words)):
                 words[w] = register_copy(next_words[w])
         else:
-            moved = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked)
-            warpgroup.wait_group(0)  # O and P_(j-1) are free again
-            self._release(v_pipe, prev_stage)
-            if moved:
-                softmax.rescale(wgmma_rows_by_cols(acc_O))
             self._store_p(acc_S, rP)
 
     @cute.jit

@@ -41,12 +41,10 @@ from cutlass.cute.runtime import make_fake_stream, make_ptr
 from cutlass.cute.typing import AddressSpace
 
 from frostc.kernels.row_pieces import VECTOR_BYTES
-from frostc.kernels.sdpa_common import fake_ptr
+from frostc.kernels.sdpa_common import P_KEY_ORDER, fake_ptr
 from frostc.kernels.sequence_maps import aligned_start
 
 THREADS = 128
-# `p_order`: the key stored at each of 16 places (word c: keys 2c, 2c + 1, 2c + 8, 2c + 9)
-_P_ORDER = tuple(2 * c + j for c in range(4) for j in (0, 1, 8, 9))
 KEYS = THREADS  # destination keys per CTA: one per thread while their tokens are found
 ROW_PAD = 16  # bytes after each shared row
 GROUP = 16  # keys per 16-byte store
@@ -76,7 +74,7 @@ class VtPackVariant:
     head_dim: int
     batched: bool = False
     # each 16 keys written in the order the attention's P leaves its accumulator in (2c, 2c + 1,
-    # 2c + 8, 2c + 9 at word c: `sdpa_common.KEY_ORDER_PRMT`), so that it packs P as it lies;
+    # 2c + 8, 2c + 9 at word c: `sdpa_common.P_KEY_ORDER`), so that it packs P as it lies;
     # keys outside every sequence are written as zeros (its maps then end on 16-key groups and
     # read them: P = 0 there, and 0 · NaN would be NaN)
     p_order: bool = False
@@ -269,7 +267,7 @@ class VtPack:
                 gathered = []
                 for j in cutlass.range_constexpr(GROUP):
                     gathered.append(words[self._row_word(group * GROUP + j) + quad])
-                order = _P_ORDER if cutlass.const_expr(self.v.p_order) else tuple(range(GROUP))
+                order = P_KEY_ORDER if cutlass.const_expr(self.v.p_order) else tuple(range(GROUP))
                 for byte in cutlass.range_constexpr(4):
                     out = cute.make_rmem_tensor((4,), cutlass.Uint32)
                     for q in cutlass.range_constexpr(4):

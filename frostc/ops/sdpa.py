@@ -947,7 +947,7 @@ def _schedule_launch(
 def _pack_launch(node: Sdpa, workspace: dict[str, int], ctx: ResolveContext) -> ResolvedLaunch:
     """e4m3 packed: V (t, h, d) transposed into the workspace, sequence b's keys from a 16-key
     boundary (after the scheduling kernel, whose table it reads)."""
-    variant = VtPackVariant(node.head_dim, p_order=True)
+    variant = VtPackVariant(node.head_dim, p_order=_v_in_p_order(node, ctx))
     v = ctx.slot(node.v)
     values = {
         "batch": node.batch,
