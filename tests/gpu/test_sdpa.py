@@ -94,6 +94,42 @@ def test_scores_that_outgrow_the_reference_max(runtime, manifest, case):
         buffers.assert_correct()
 
 
+def _masked_cases() -> list[dict]:
+    """One dense plan per (dtype, head dim, mask kind) of tests/gpu/cases.py's masks: moved
+    diagonals and windows leave rows that see nothing of the first key blocks walked."""
+    chosen = {}
+    for case in built_manifest_entries():
+        mask = (case["causal"], case["alignment"], case["window_left"], case["window_right"], case["softcap"])
+        if case["form"] == "dense" and mask != (case["causal"], "top_left", None, None, None):
+            chosen.setdefault((case["dtype"], case["head_dim"], mask), case)
+    return list(chosen.values())
+
+
+# every score near -150 (natural log units): its exponential against 0 underflows float32
+FAINT_SCORE = 150.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _masked_cases(), ids=lambda c: c["plan"].removesuffix(".frost"))
+def test_rows_whose_every_score_underflows(runtime, manifest, case):
+    """Every score far below 0 (q = -c + noise, k = c + noise: about -150 ± a few): a row's
+    softmax is as defined as any, but a probability taken against 0 underflows float32. At d=128
+    a row whose first keys were masked has no reference max when the fast step reaches it
+    (`OnlineSoftmax.update_fast`); its probabilities must come from its scores, not from zeros
+    taken for masked keys (FP8 v6, bench/NOTES.md, was caught by this test's e4m3 twin)."""
+    seed = zlib.crc32(b"faint" + case["plan"].encode())
+    torch.manual_seed(seed)
+    level = math.sqrt(FAINT_SCORE / math.sqrt(case["head_dim"]))  # d · level² · (1/√d) = FAINT_SCORE
+    with runtime.load(BUILT / case["plan"]) as plan:
+        buffers = Buffers(case, plan)
+        q, k = buffers.tensors["q"], buffers.tensors["k"]
+        q.copy_(torch.randn(q.shape, device="cuda") * 0.5 - level)
+        k.copy_(torch.randn(k.shape, device="cuda") * 0.5 + level)
+        buffers.execute()
+        torch.cuda.synchronize()
+        buffers.assert_correct()
+
+
 def _forward_kernels() -> dict[bytes, str]:
     """Each distinct forward-kernel cubin (sdpa_fwd_wgmma) of the built SDPA and FP8 plans, and
     where it was found."""
