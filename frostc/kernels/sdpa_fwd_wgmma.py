@@ -1242,56 +1242,77 @@ class SdpaForwardWgmma:
         warpgroup.wait_group(1)  # S_j is ready; P V may still run
         n_block = tile.n_end - 1 - step
         self._release_reads(pipes, stage, step, tile)
+        scores_of = (qk_thr, tile, n_block, masked)
         if cutlass.const_expr(self._fast_softmax() and self.fp8):
-            self._fast_tail_one_branch(acc_S, rP, acc_O, softmax, (qk_thr, tile, n_block, masked), v_pipe, prev_stage)
+            self._fast_tail_one_branch(acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage)
         else:
             if cutlass.const_expr(self._fast_softmax()):
-                # P_j is packed aside while P_(j-1) V_(j-1) still reads rP, and S_j stays whole:
-                # a warp with a thread that needs the exact step takes it from S_j by itself
-                p_next = cute.make_fragment_like(rP)
-                moved = cutlass.Boolean(False)
-                retry = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked, p_next)
-                if cute.arch.vote_any_sync(retry):
-                    moved = softmax.update(wgmma_rows_by_cols(acc_S))
-                    self._store_p(acc_S, p_next)
-                else:
-                    softmax.accept_fast()
+                self._fast_tail_two_branches(acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage)
             else:
-                moved = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked)
-            warpgroup.wait_group(0)  # O and P_(j-1) are free again
-            self._release(v_pipe, prev_stage)
-            if moved:
-                softmax.rescale(wgmma_rows_by_cols(acc_O))
-            if cutlass.const_expr(self._fast_softmax()):
-                words, next_words = cute.recast_tensor(rP, cutlass.Int32), cute.recast_tensor(p_next, cutlass.Int32)
-                for w in cutlass.range_constexpr(cute.size(words)):
-                    words[w] = register_copy(next_words[w])
-            else:
-                self._store_p(acc_S, rP)
+                self._exact_tail(acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage)
+
+    @cute.jit
+    def _exact_tail(self, acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage):
+        """`_step`'s softmax and tail with each block's max (`OnlineSoftmax.update`): P_j goes
+        into rP once P_(j-1) V_(j-1) is done, after O's rescale where the max moved."""
+        qk_thr, tile, n_block, masked = scores_of
+        moved = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked)
+        self._pv_done(v_pipe, prev_stage)
+        if moved:
+            softmax.rescale(wgmma_rows_by_cols(acc_O))
+        self._store_p(acc_S, rP)
+
+    @cute.jit
+    def _fast_tail_two_branches(self, acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage):
+        """`_step`'s fast softmax and tail for 16-bit P: P_j is packed aside while P_(j-1) V_(j-1)
+        still reads rP, and S_j stays whole; a warp with a thread that needs the exact step takes
+        it from S_j by itself before P V ends, and rescales O after."""
+        qk_thr, tile, n_block, masked = scores_of
+        p_next = cute.make_fragment_like(rP)
+        moved = cutlass.Boolean(False)
+        retry = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked, p_next)
+        if cute.arch.vote_any_sync(retry):
+            moved = softmax.update(wgmma_rows_by_cols(acc_S))
+            self._store_p(acc_S, p_next)
+        else:
+            softmax.accept_fast()
+        self._pv_done(v_pipe, prev_stage)
+        if moved:
+            softmax.rescale(wgmma_rows_by_cols(acc_O))
+        self._copy_p(p_next, rP)
 
     @cute.jit
     def _fast_tail_one_branch(self, acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage):
-        """`_step`'s fast softmax and tail for e4m3 P: P_j is packed aside while P_(j-1) V_(j-1)
-        still reads rP, S_j stays whole, and a warp with a thread that needs the exact step
-        takes it from S_j once P V is done, in the one branch that also rescales O (the fast
-        path runs straight on to P's copy). Measured against the 16-bit form's two branches
-        (exact step before P V's end, rescale after): e4m3 +1 to +4 %, bf16 -1 to -3 %, so
-        16-bit P keeps that form (bench/NOTES.md, FP8 v6)."""
+        """`_step`'s fast softmax and tail for e4m3 P: as `_fast_tail_two_branches`, but the
+        warp with a thread that needs the exact step takes it once P V is done, in the one
+        branch that also rescales O (the fast path runs straight on to P's copy). Measured
+        against the two branches: e4m3 +1 to +4 %, bf16 -1 to -3 % (bench/NOTES.md, FP8 v7)."""
         qk_thr, tile, n_block, masked = scores_of
         p_next = cute.make_fragment_like(rP)
         retry = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked, p_next)
         redo = cute.arch.vote_any_sync(retry)
-        warpgroup.wait_group(0)  # O and P_(j-1) are free again
-        self._release(v_pipe, prev_stage)
+        self._pv_done(v_pipe, prev_stage)
         if redo:
             if softmax.update(wgmma_rows_by_cols(acc_S)):
                 softmax.rescale(wgmma_rows_by_cols(acc_O))
             self._store_p(acc_S, rP)
         else:
             softmax.accept_fast()
-            words, next_words = cute.recast_tensor(rP, cutlass.Int32), cute.recast_tensor(p_next, cutlass.Int32)
-            for w in cutlass.range_constexpr(cute.size(words)):
-                words[w] = register_copy(next_words[w])
+            self._copy_p(p_next, rP)
+
+    @cute.jit
+    def _pv_done(self, v_pipe, prev_stage):
+        """Wait for P_(j-1) V_(j-1): O and rP are free again, and V_(j-1)'s stage is released."""
+        warpgroup.wait_group(0)
+        self._release(v_pipe, prev_stage)
+
+    @cute.jit
+    def _copy_p(self, p_next, rP):
+        """P packed aside into rP, word by word through `register_copy` (a plain copy lets the
+        compiler merge the two fragments' registers, and ptxas then serializes every WGMMA)."""
+        words, next_words = cute.recast_tensor(rP, cutlass.Int32), cute.recast_tensor(p_next, cutlass.Int32)
+        for w in cutlass.range_constexpr(cute.size(words)):
+            words[w] = register_copy(next_words[w])
 
     @cute.jit
     def _store_p_row(self, r, probs, rP, s_layout):
