@@ -1257,7 +1257,9 @@ class SdpaForwardWgmma:
         into rP once P_(j-1) V_(j-1) is done, after O's rescale where the max moved."""
         qk_thr, tile, n_block, masked = scores_of
         moved = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked)
-        self._pv_done(v_pipe, prev_stage, moved, softmax, acc_O)
+        self._pv_done(v_pipe, prev_stage)
+        if moved:
+            softmax.rescale(wgmma_rows_by_cols(acc_O))
         self._store_p(acc_S, rP)
 
     @cute.jit
@@ -1274,7 +1276,9 @@ class SdpaForwardWgmma:
             self._store_p(acc_S, p_next)
         else:
             softmax.accept_fast()
-        self._pv_done(v_pipe, prev_stage, moved, softmax, acc_O)
+        self._pv_done(v_pipe, prev_stage)
+        if moved:
+            softmax.rescale(wgmma_rows_by_cols(acc_O))
         self._copy_p(p_next, rP)
 
     @cute.jit
@@ -1287,7 +1291,7 @@ class SdpaForwardWgmma:
         p_next = cute.make_fragment_like(rP)
         retry = self._scores(qk_thr, acc_S, softmax, tile.mask, n_block, tile.score_scale, masked, p_next)
         redo = cute.arch.vote_any_sync(retry)
-        self._pv_done(v_pipe, prev_stage, False, softmax, acc_O)
+        self._pv_done(v_pipe, prev_stage)
         if redo:
             if softmax.update(wgmma_rows_by_cols(acc_S)):
                 softmax.rescale(wgmma_rows_by_cols(acc_O))
@@ -1297,14 +1301,10 @@ class SdpaForwardWgmma:
             self._copy_p(p_next, rP)
 
     @cute.jit
-    def _pv_done(self, v_pipe, prev_stage, moved, softmax, acc_O):
-        """Wait for P_(j-1) V_(j-1): O and rP are free again, V_(j-1)'s stage is released, and O
-        is rescaled where `moved` (a Python False: never)."""
+    def _pv_done(self, v_pipe, prev_stage):
+        """Wait for P_(j-1) V_(j-1): O and rP are free again, and V_(j-1)'s stage is released."""
         warpgroup.wait_group(0)
         self._release(v_pipe, prev_stage)
-        if cutlass.const_expr(moved is not False):
-            if moved:
-                softmax.rescale(wgmma_rows_by_cols(acc_O))
 
     @cute.jit
     def _copy_p(self, p_next, rP):
