@@ -104,6 +104,8 @@ ROWS = [
     # the layout's share: each KV head's rows of a page contiguous (vLLM/FlashInfer's HND)
     Row(32, 8192, 128, heads_outer=True),
     Row(32, 8192, 128, cache="e4m3", heads_outer=True),
+    Row(8, 32768, 128, heads_outer=True),  # issue 20's second FP8 decode shape, HND too
+    Row(8, 32768, 128, cache="e4m3", heads_outer=True),
 ]
 
 
