@@ -152,6 +152,12 @@ def targets() -> list[Target]:
         t("fp8-d256-padded", "e4m3, padded, causal bottom-right, d=256",
           fp8=Fp8Case("s", 3, 2, 2, 200, 450, 256, causal=True, alignment="bottom_right", form="padded",
                       lengths="kv")),
+        # FP8 with O summed in float32 every few key blocks (o_accumulation = "float32")
+        t("fp8-d128-f32-dynamic", "e4m3, O in float32, causal, dynamic walk",
+          fp8=Fp8Case("s", 1, 4, 2, 2000, 2000, 128, causal=True, descales="tensor", o_accumulation="float32")),
+        t("fp8-d128-f32-packed-br", "e4m3, O in float32, packed, window + softcap, bottom-right",
+          fp8=Fp8Case("s", 5, 4, 2, 300, 900, 128, causal=True, alignment="bottom_right", window_left=200,
+                      softcap=50.0, form="packed", tokens_q=901, tokens_kv=2600, o_accumulation="float32")),
         # FP8 with V given d innermost: vt_pack's batched variant re-lays it first
         t("fp8-d128-vrows", "e4m3, V re-laid (vt_pack batched), then the static walk",
           fp8=Fp8Case("s", 2, 4, 2, 333, 555, 128, v_layout="rows")),

@@ -275,6 +275,45 @@ def test_fp16_output_is_its_own_variant():
     assert ".e4m3.o_fp16.d128." in plan.kernels[0].name
 
 
+def test_float32_o_accumulation_is_its_own_variant():
+    """o_accumulation = "float32": the same launch and ABI, a kernel of its own (".o_f32")."""
+    default = resolve(check(fp8_node()))
+    chosen = resolve(check(edited(fp8_node(), **{"nodes.0.o_accumulation": "float32"})))
+    (a,), (b,) = default.launches, chosen.launches
+    assert not a.variant.o_float32 and b.variant.o_float32
+    assert b.variant.name == a.variant.name.replace(".lse", ".o_f32.lse")
+    assert a.variant.params == b.variant.params and a.args == b.args
+    explicit = resolve(check(edited(fp8_node(), **{"nodes.0.o_accumulation": "tensor_cores"})))
+    assert explicit.launches[0].variant == a.variant
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"nodes.0.o_accumulation": "fp32"}, ('unknown O accumulation "fp32"', '"tensor_cores", "float32"')),
+        ({"nodes.0.o_accumulation": True}, ("expected a string",)),
+        ({"tensors.q.dims": [B, HQ, S, 64], "tensors.k.dims": [B, HKV, S, 64], "tensors.v.dims": [B, HKV, S, 64],
+          "tensors.o.dims": [B, HQ, S, 64], "nodes.0.o_accumulation": "float32"},
+         ("built for head dim 128", "this node's is 64", '"tensor_cores"')),
+    ],
+)  # fmt: skip
+def test_bad_o_accumulation_names_the_field_and_the_fix(changes, words):
+    found = problems(edited(fp8_node(), **changes))
+    message = next(p.message for p in found if p.path == "nodes[0].o_accumulation")
+    for word in words:
+        assert word in message, message
+
+
+def test_o_accumulation_is_refused_for_16_bit_attention():
+    d = fp8_node()
+    for name in ("q", "k", "v"):
+        d = edited(d, **{f"tensors.{name}.dtype": "bf16"})
+    d = edited(d, **{"tensors.v.strides": None, "tensors.v.layout": "bshd", "nodes.0.o_accumulation": "float32"})
+    d = edited(d, **{f"nodes.0.{r}_descale": None for r in "qkv"})
+    (found,) = [p for p in problems(d) if p.path == "nodes[0].o_accumulation"]
+    assert "16-bit" in found.message and "remove it" in found.message
+
+
 def test_the_fp8_variants_add_the_descales_to_the_bf16_abi():
     plain = SdpaFwdVariant("bf16", 128, MaskFlags(), True)
     fp8 = SdpaFwdVariant("e4m3", 128, MaskFlags(), True, out_dtype="bf16")

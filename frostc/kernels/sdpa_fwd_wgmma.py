@@ -66,6 +66,7 @@ V is first re-laid into the workspace by vt_pack.py (`v_repacked`), each sequenc
 16-key boundary, and its maps point there.
 """
 
+import copy
 from dataclasses import dataclass, replace
 
 import cutlass
@@ -98,6 +99,14 @@ from frostc.kernels.sequences import Sequence, Sequences, Shape
 from frostc.kernels.tile_walks import L2_SECTION_BYTES, DenseTiles, ListedTiles, TicketWalk
 from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows, wgmma_rows_by_cols
 
+# `o_float32` variants take O out of the tensor cores' accumulator into float32 (in shared
+# memory) every this many key blocks: FP8 WGMMA adds into its accumulator with fewer bits than
+# float32, so a long sum of products of one sign loses its small terms; 4 blocks leave O's
+# mean 0.4-0.7 % low (V's channels N(1..3, 1)) where tensor-core accumulation left it 19-25 %
+# low at 16k keys, at 5-10 % of the speed; 8 blocks: 1-1.6 % low, 3-7 % slower
+# (bench/NOTES.md, "FP8 O's accumulation")
+PROMOTE_BLOCKS = 4
+
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
 # producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
 REGISTERS = {2: (40, 232), 3: (32, 160)}
@@ -105,6 +114,16 @@ SMEM_LIMIT = 227 * 1024  # sm_90's opt-in maximum per CTA
 # e4m3: the producer warpgroup's warps besides the TMA warp put each Vᵀ stage's keys in the
 # order of P's registers (`_order_v_keys`)
 V_ORDER_THREADS = 96
+
+
+def accumulating_if(mma, keep):
+    """`mma` whose accumulator is added to where `keep` (a run-time flag: WGMMA's scale-d
+    predicate) and overwritten elsewhere. `set` replaces the atom's value in place, and a value set
+    inside a loop must not outlive its iteration, so the copy carries its own."""
+    local = copy.copy(mma)
+    local._trait = copy.copy(mma._trait)
+    local.set(warpgroup.Field.ACCUMULATE, keep)
+    return local
 
 
 @dataclass(frozen=True)
@@ -234,6 +253,9 @@ class SdpaFwdVariant(TmaVariant):
     # groups (a zero fill inside a group would erase keys stored there; vt_pack wrote zeros past
     # every sequence)
     v_in_p_order: bool = False
+    # e4m3 at d=128: O summed in float32 every PROMOTE_BLOCKS key blocks (description:
+    # o_accumulation = "float32") instead of in the FP8 tensor cores' accumulator throughout
+    o_float32: bool = False
 
     @property
     def name(self) -> str:
@@ -244,6 +266,7 @@ class SdpaFwdVariant(TmaVariant):
         name += ".visits" if self.count_visits else ""
         name += ".vpack" if self.v_repacked else ""
         name += ".v_p_order" if self.v_in_p_order else ""
+        name += ".o_f32" if self.o_float32 else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
@@ -448,6 +471,8 @@ class SdpaForwardWgmma:
         self.varlen = variant.varlen
         self.tiles = tiles if tiles is not None else variant.tile_shape
         self.smem_bytes = 0
+        if variant.o_float32 and not (self.fp8 and self.head_dim == 128):
+            raise ValueError(f"{variant.name}: O in float32 is built for e4m3 at head dim 128 (its fast tail)")
 
     # ---------------------------------------------------------------- host side
     @cute.jit
@@ -539,6 +564,8 @@ class SdpaForwardWgmma:
         stages = t.stages
         dynamic = self.variant.dynamic
         v_reorder = self.tiles.v_reorder
+        promotes = self._promotes()
+        total_half = t.block_m * self.head_dim // 2  # float32: half of each thread's O; the other half is sO's
 
         @cute.struct
         class SharedStorage:
@@ -554,6 +581,8 @@ class SdpaForwardWgmma:
             if v_reorder:
                 v_ordered: cute.struct.MemRange[cutlass.Int64, stages]  # a Vᵀ stage's keys reordered
                 v_end: cute.struct.MemRange[cutlass.Int32, 1]  # the ring position after the last V
+            if promotes:
+                o_total: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, total_half], 1024]
 
         if SharedStorage.size_in_bytes() > SMEM_LIMIT:
             raise ValueError(f"{t} needs {SharedStorage.size_in_bytes()} bytes of shared memory, over {SMEM_LIMIT}")
@@ -755,6 +784,12 @@ class SdpaForwardWgmma:
         if cutlass.const_expr(self.tiles.o_buffer):
             sO_layout = self._smem_layout_o()
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        self._totals = None
+        if cutlass.const_expr(self._promotes()):
+            # O's float32 totals: each thread's first half in sO's bytes (its consumer's, free
+            # until the epilogue), the second in o_total; per consumer 128 threads x 16-byte
+            # pieces, a thread's pieces 128 pieces apart (conflict-free)
+            self._totals = (cute.recast_ptr(storage.sO.data_ptr(), dtype=cutlass.Float32), storage.o_total.data_ptr())
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -1135,11 +1170,19 @@ class SdpaForwardWgmma:
             v_full.wait(last_stage, last_phase)
             my_turn.arrive_and_wait()
             warpgroup.fence()
-            self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage)
+            keep = None
+            if cutlass.const_expr(self._promotes()):
+                keep = (count - 1) % PROMOTE_BLOCKS != 0
+            self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage, keep)
             warpgroup.commit_group()
             their_turn.arrive()
             warpgroup.wait_group(0)
             self._release(v_pipe, last_stage)
+            if cutlass.const_expr(self._promotes()):
+                if count - 1 >= PROMOTE_BLOCKS:
+                    acc_O.store(acc_O.load() + self._load_total(acc_O, cw).load())
+                # sO's bytes hold other threads' totals until every thread has taken its own
+                pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE + cw, num_threads=128).arrive_and_wait()
 
             self._epilogue(pv_mma, acc_O, tile_softmax, sO[None, None, cw], o_args, lse_args, seq, head, row_tile,
                            cw, wg_tidx, out_scale)  # fmt: skip
@@ -1211,9 +1254,11 @@ class SdpaForwardWgmma:
             cute.gemm(qk_mma, acc_S, q_k, tSrK[None, None, kk, stage], acc_S)
 
     @cute.jit
-    def _gemm_pv(self, pv_mma, acc_O, rP, tOrV, stage):
+    def _gemm_pv(self, pv_mma, acc_O, rP, tOrV, stage, keep=None):
+        """O += P V; with `keep` (a runtime flag) O = P V where it is False."""
         for kk in cutlass.range_constexpr(cute.size(rP.shape[2])):
-            cute.gemm(pv_mma, acc_O, rP[None, None, kk], tOrV[None, None, kk, stage], acc_O)
+            mma = pv_mma if cutlass.const_expr(keep is None or kk > 0) else accumulating_if(pv_mma, keep)
+            cute.gemm(mma, acc_O, rP[None, None, kk], tOrV[None, None, kk, stage], acc_O)
 
     @cute.jit
     def _step(self, operands, pipes, turns, softmax, tile: "TileSteps", step, masked: bool):
@@ -1236,7 +1281,10 @@ class SdpaForwardWgmma:
         self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, cw)
         warpgroup.commit_group()
         v_full.wait(prev_stage, prev_phase)
-        self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage)
+        keep = None
+        if cutlass.const_expr(self._promotes()):
+            keep = (step - 1) % PROMOTE_BLOCKS != 0
+        self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage, keep)
         warpgroup.commit_group()
         their_turn.arrive()
         warpgroup.wait_group(1)  # S_j is ready; P V may still run
@@ -1244,7 +1292,7 @@ class SdpaForwardWgmma:
         self._release_reads(pipes, stage, step, tile)
         scores_of = (qk_thr, tile, n_block, masked)
         if cutlass.const_expr(self._fast_softmax() and self.fp8):
-            self._fast_tail_one_branch(acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage)
+            self._fast_tail_one_branch(acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage, step, cw)
         else:
             if cutlass.const_expr(self._fast_softmax()):
                 self._fast_tail_two_branches(acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage)
@@ -1282,7 +1330,7 @@ class SdpaForwardWgmma:
         self._copy_p(p_next, rP)
 
     @cute.jit
-    def _fast_tail_one_branch(self, acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage):
+    def _fast_tail_one_branch(self, acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage, step, cw):
         """`_step`'s fast softmax and tail for e4m3 P: as `_fast_tail_two_branches`, but the
         warp with a thread that needs the exact step takes it once P V is done, in the one
         branch that also rescales O (the fast path runs straight on to P's copy). Measured
@@ -1295,10 +1343,64 @@ class SdpaForwardWgmma:
         if redo:
             if softmax.update(wgmma_rows_by_cols(acc_S)):
                 softmax.rescale(wgmma_rows_by_cols(acc_O))
+                if cutlass.const_expr(self._promotes()):
+                    if step > PROMOTE_BLOCKS:
+                        self._rescale_total(softmax, acc_O, cw)
             self._store_p(acc_S, rP)
         else:
             softmax.accept_fast()
             self._copy_p(p_next, rP)
+        if cutlass.const_expr(self._promotes()):
+            if step % PROMOTE_BLOCKS == 0:
+                self._promote(acc_O, cw, step == PROMOTE_BLOCKS)
+
+    def _total_parts(self, cw):
+        """This thread's float32 O totals (`_promotes`): two (4, pieces) shared-memory views, for the
+        first half of its accumulator's registers and the second."""
+        t = self.tiles
+        wg_tidx = cute.arch.thread_idx()[0] % 128
+        half = (t.block_m // t.consumers) * self.head_dim // 128 // 2  # floats
+        layout = cute.make_layout((4, half // 4), stride=(1, 4 * 128))
+        offset = cute.assume(cw * (128 * half) + wg_tidx * 4, divby=4)
+        return tuple(cute.make_tensor(base + offset, layout) for base in self._totals)
+
+    @cute.jit
+    def _load_total(self, acc_O, cw):
+        """O's float32 total so far, in a fragment like the accumulator."""
+        total = cute.make_fragment_like(acc_O)
+        flat = cute.make_tensor(total.iterator, cute.make_layout((4, cute.size(acc_O) // 4), stride=(1, 4)))
+        half = cute.size(acc_O) // 8
+        part_a, part_b = self._total_parts(cw)
+        cute.autovec_copy(part_a, cute.local_tile(flat, (4, half), (0, 0)))
+        cute.autovec_copy(part_b, cute.local_tile(flat, (4, half), (0, 1)))
+        return total
+
+    @cute.jit
+    def _store_total(self, total, cw):
+        """A fragment like the accumulator into this thread's float32 total."""
+        flat = cute.make_tensor(total.iterator, cute.make_layout((4, cute.size(total) // 4), stride=(1, 4)))
+        half = cute.size(total) // 8
+        part_a, part_b = self._total_parts(cw)
+        cute.autovec_copy(cute.local_tile(flat, (4, half), (0, 0)), part_a)
+        cute.autovec_copy(cute.local_tile(flat, (4, half), (0, 1)), part_b)
+
+    @cute.jit
+    def _promote(self, acc_O, cw, first):
+        """O's accumulator into its float32 total (the total becomes it on the tile's first
+        promotion); the next P V starts the accumulator from zero."""
+        if first:
+            self._store_total(acc_O, cw)
+        else:
+            total = self._load_total(acc_O, cw)
+            total.store(total.load() + acc_O.load())
+            self._store_total(total, cw)
+
+    @cute.jit
+    def _rescale_total(self, softmax, acc_O, cw):
+        """The float32 total times the rows' corrections, as O's accumulator was."""
+        total = self._load_total(acc_O, cw)
+        softmax.rescale(wgmma_rows_by_cols(total))
+        self._store_total(total, cw)
 
     @cute.jit
     def _pv_done(self, v_pipe, prev_stage):
@@ -1378,6 +1480,11 @@ class SdpaForwardWgmma:
             return ProbabilityLimits()
         p_scale_log2 = 3.0 if self._fast_softmax() else 8.0
         return ProbabilityLimits(rescale_log2=0.0, fast_sum_limit=E4M3_MAX, p_scale_log2=p_scale_log2)
+
+    def _promotes(self) -> bool:
+        """Whether O is taken out of the tensor cores' accumulator every PROMOTE_BLOCKS blocks
+        (`o_float32`: e4m3 at d=128, whose steps take the e4m3 fast tail)."""
+        return self.variant.o_float32
 
     def _fast_softmax(self) -> bool:
         """Whether the steps after a tile's first take probabilities against the reference max

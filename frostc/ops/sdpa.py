@@ -72,7 +72,8 @@ KEYS = (
     "q", "k", "v", "o", "lse",
     "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "max_seqlen_q", "max_seqlen_kv",
     "attn_scale", "causal", "diagonal_alignment", "window_left", "window_right", "softcap", "inference",
-    "page_table", "k_scale", "v_scale", "q_descale", "k_descale", "v_descale", "debug_tile_visits",
+    "page_table", "k_scale", "v_scale", "q_descale", "k_descale", "v_descale", "o_accumulation",
+    "debug_tile_visits",
 )  # fmt: skip
 
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -84,6 +85,11 @@ PADDED_KEYS = ("seq_len_q", "seq_len_kv")
 DESCALE_ROLES = {"q_descale": "hq", "k_descale": "hkv", "v_descale": "hkv"}  # role: the heads it may have
 DESCALE_EXAMPLE = "amax(|x|) / 448 of the unquantized tensor"
 OUT_DTYPES_FP8 = ATTENTION  # o of e4m3 q, k, v
+# where e4m3 attention sums O: in the FP8 tensor cores' accumulator throughout (as cuDNN's FP8
+# SDPA does: fast, but a sum of many products of one sign loses its small terms), or in
+# float32 every few key blocks (the kernel's PROMOTE_BLOCKS)
+O_ACCUMULATIONS = ("tensor_cores", "float32")
+O_FLOAT32_HEAD_DIMS = (128,)
 
 # The named dims of each role, by form; shared names must agree across roles.
 _DENSE_DIMS = {
@@ -180,6 +186,7 @@ class Sdpa:
     q_descale: str | None = None  # dense e4m3 q, k, v: x = stored · descale
     k_descale: str | None = None
     v_descale: str | None = None
+    o_accumulation: str = "tensor_cores"  # e4m3: O_ACCUMULATIONS
     # a debug build: the dynamic tile walk counts each tile's visits into the workspace
     debug_tile_visits: bool = False
 
@@ -249,6 +256,7 @@ def validate(ctx: NodeContext) -> Sdpa | None:
     default_scale = 1.0 / math.sqrt(sizes["d"]) if sizes and "d" in sizes else 1.0
     _check_float32_scales(ctx, scale, default_scale, mask)
     inference = ctx.bool("inference")
+    o_accumulation = _check_o_accumulation(ctx, fp8, form, sizes)
     debug_tile_visits = ctx.bool("debug_tile_visits")
     if debug_tile_visits and form != "dense":
         ctx.problem(
@@ -297,6 +305,7 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         q_descale=ctx.value("q_descale") if fp8 else None,
         k_descale=ctx.value("k_descale") if fp8 else None,
         v_descale=ctx.value("v_descale") if fp8 else None,
+        o_accumulation=o_accumulation or "tensor_cores",
         debug_tile_visits=bool(debug_tile_visits),
     )
 
@@ -520,6 +529,27 @@ def _check_float32_scales(ctx: NodeContext, scale: float | None, default: float,
         ctx.problem("softcap", f"attn_scale / softcap = {ratio:.3g} is beyond float32's range: use a larger softcap")
 
 
+def _check_o_accumulation(ctx: NodeContext, fp8: bool, form: str, sizes: dict | None) -> str | None:
+    """`o_accumulation`: e4m3 q, k and v of the dense, padded or packed form only, and "float32"
+    at the head dims its kernel is built for."""
+    choice = ctx.choice("o_accumulation", O_ACCUMULATIONS, "O accumulation")
+    if choice is None:
+        return None
+    if not fp8 or form == "paged":
+        kind = "a paged node" if form == "paged" else "16-bit q, k and v (their O sums in float32)"
+        ctx.problem("o_accumulation", f"chooses where e4m3 attention sums O; {kind} has no choice: remove it")
+        return None
+    d = (sizes or {}).get("d")
+    if choice == "float32" and d is not None and d not in O_FLOAT32_HEAD_DIMS:
+        dims = ", ".join(map(str, O_FLOAT32_HEAD_DIMS))
+        ctx.problem(
+            "o_accumulation",
+            f'"float32" is built for head dim {dims}, this node\'s is {d}: use "tensor_cores" (or remove it)',
+        )
+        return None
+    return choice
+
+
 def _check_paged_mask(ctx: NodeContext, alignment, left, right, softcap) -> None:
     if alignment == "top_left":
         ctx.problem(
@@ -698,6 +728,7 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
         count_visits=dynamic and node.debug_tile_visits,
         v_repacked=node.fp8 and node.form == "packed",
         v_in_p_order=_v_in_p_order(node, ctx),
+        o_float32=node.o_accumulation == "float32",
     )
 
 

@@ -34,6 +34,7 @@ class Fp8Case:
     tokens_kv: int = 0
     lengths: str = "qkv"  # padded: which sides have per-sequence lengths ("q", "kv", "qkv")
     v_layout: str = "keys"  # dense and padded e4m3 V: "keys" innermost (Vᵀ), or "rows" (d innermost: re-laid)
+    o_accumulation: str = "tensor_cores"  # "float32": O summed in float32 every few key blocks
 
 
 def cases() -> list[Fp8Case]:
@@ -46,6 +47,17 @@ def cases() -> list[Fp8Case]:
         Fp8Case("fp8-d128-causal-paired", 2, 4, 1, 1000, 1000, 128, causal=True),
         Fp8Case("fp8-d128-causal-dynamic", 1, 6, 2, 2500, 2500, 128, causal=True),
         Fp8Case("fp8-d128-causal-per_tile", 1, 2, 1, 8300, 8300, 128, causal=True),
+        # O summed in float32 every few blocks (o_accumulation): a long key run (test_fp8_v_with_a_mean),
+        # each tile walk, bottom-right rows with no reference yet, and the varlen forms with a window
+        Fp8Case("fp8-d128-full-long-f32", 1, 2, 1, 200, 16000, 128, o_accumulation="float32"),
+        Fp8Case("fp8-d128-causal-per_tile-f32", 1, 2, 1, 8300, 8300, 128, causal=True, o_accumulation="float32"),
+        Fp8Case("fp8-d128-causal-dynamic-f32", 1, 6, 2, 2500, 2500, 128, causal=True, o_accumulation="float32"),
+        Fp8Case("fp8-d128-causal-bottom_right-f32", 2, 4, 2, 200, 701, 128, causal=True, alignment="bottom_right",
+                o_accumulation="float32"),
+        Fp8Case("fp8-d128-packed-local-softcap-f32", 4, 4, 2, 900, 900, 128, causal=True, window_left=255,
+                softcap=50.0, form="packed", tokens_q=3000, tokens_kv=3000, o_accumulation="float32"),
+        Fp8Case("fp8-d128-padded-causal-vrows-f32", 6, 8, 2, 700, 801, 128, causal=True, form="padded",
+                v_layout="rows", o_accumulation="float32"),
         Fp8Case("fp8-d128-causal-bottom_right", 2, 4, 2, 200, 701, 128, causal=True, alignment="bottom_right"),
         # windows and softcap (Gemma 2's local layers)
         Fp8Case("fp8-d128-local-softcap", 1, 4, 2, 900, 900, 128, causal=True, window_left=255, softcap=50.0),
@@ -151,6 +163,7 @@ def _node(case: Fp8Case, g, lengths: dict):
         causal=case.causal or None,
         diagonal_alignment=None if case.alignment == "top_left" else case.alignment,
         window_left=case.window_left, window_right=case.window_right, softcap=case.softcap,
+        o_accumulation=None if case.o_accumulation == "tensor_cores" else case.o_accumulation,
         **descales, **lengths,
     )  # fmt: skip
     return g.build()
