@@ -106,6 +106,7 @@ from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows, wgmma_rows_b
 # low at 16k keys, at 5-10 % of the speed; 8 blocks: 1-1.6 % low, 3-7 % slower
 # (bench/NOTES.md, "FP8 O's accumulation")
 PROMOTE_BLOCKS = 4
+O_FLOAT32_HEAD_DIMS = (128,)  # the fast tail's (`_fast_tail_one_branch`), where the promotion lives
 
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
 # producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
@@ -471,8 +472,8 @@ class SdpaForwardWgmma:
         self.varlen = variant.varlen
         self.tiles = tiles if tiles is not None else variant.tile_shape
         self.smem_bytes = 0
-        if variant.o_float32 and not (self.fp8 and self.head_dim == 128):
-            raise ValueError(f"{variant.name}: O in float32 is built for e4m3 at head dim 128 (its fast tail)")
+        if variant.o_float32 and not (self.fp8 and self.head_dim in O_FLOAT32_HEAD_DIMS):
+            raise ValueError(f"{variant.name}: O in float32 is built for e4m3 at head dims {O_FLOAT32_HEAD_DIMS}")
 
     # ---------------------------------------------------------------- host side
     @cute.jit
@@ -1170,10 +1171,7 @@ class SdpaForwardWgmma:
             v_full.wait(last_stage, last_phase)
             my_turn.arrive_and_wait()
             warpgroup.fence()
-            keep = None
-            if cutlass.const_expr(self._promotes()):
-                keep = (count - 1) % PROMOTE_BLOCKS != 0
-            self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage, keep)
+            self._gemm_pv(pv_mma, acc_O, rP, tOrV, last_stage, self._pv_keeps(count - 1))
             warpgroup.commit_group()
             their_turn.arrive()
             warpgroup.wait_group(0)
@@ -1253,6 +1251,13 @@ class SdpaForwardWgmma:
             q_k = tSrQ[None, None, kk, cw] if cutlass.const_expr(self.head_dim <= 128) else q_mine[None, None, kk]
             cute.gemm(qk_mma, acc_S, q_k, tSrK[None, None, kk, stage], acc_S)
 
+    def _pv_keeps(self, block):
+        """Whether the tile's P V of key block `block` adds to O's accumulator: None (always) unless
+        O is promoted, then not on the first block after a promotion (nor the tile's first)."""
+        if cutlass.const_expr(not self._promotes()):
+            return None
+        return block % PROMOTE_BLOCKS != 0
+
     @cute.jit
     def _gemm_pv(self, pv_mma, acc_O, rP, tOrV, stage, keep=None):
         """O += P V; with `keep` (a runtime flag) O = P V where it is False."""
@@ -1281,10 +1286,7 @@ class SdpaForwardWgmma:
         self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, cw)
         warpgroup.commit_group()
         v_full.wait(prev_stage, prev_phase)
-        keep = None
-        if cutlass.const_expr(self._promotes()):
-            keep = (step - 1) % PROMOTE_BLOCKS != 0
-        self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage, keep)
+        self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage, self._pv_keeps(step - 1))
         warpgroup.commit_group()
         their_turn.arrive()
         warpgroup.wait_group(1)  # S_j is ready; P V may still run
@@ -1364,25 +1366,26 @@ class SdpaForwardWgmma:
         offset = cute.assume(cw * (128 * half) + wg_tidx * 4, divby=4)
         return tuple(cute.make_tensor(base + offset, layout) for base in self._totals)
 
+    def _total_pieces(self, fragment, cw):
+        """(shared-memory part, the fragment's registers it holds) for each half of the total."""
+        flat = cute.make_tensor(fragment.iterator, cute.make_layout((4, cute.size(fragment) // 4), stride=(1, 4)))
+        half = cute.size(fragment) // 8
+        parts = self._total_parts(cw)
+        return [(parts[i], cute.local_tile(flat, (4, half), (0, i))) for i in range(2)]
+
     @cute.jit
     def _load_total(self, acc_O, cw):
         """O's float32 total so far, in a fragment like the accumulator."""
         total = cute.make_fragment_like(acc_O)
-        flat = cute.make_tensor(total.iterator, cute.make_layout((4, cute.size(acc_O) // 4), stride=(1, 4)))
-        half = cute.size(acc_O) // 8
-        part_a, part_b = self._total_parts(cw)
-        cute.autovec_copy(part_a, cute.local_tile(flat, (4, half), (0, 0)))
-        cute.autovec_copy(part_b, cute.local_tile(flat, (4, half), (0, 1)))
+        for part, registers in self._total_pieces(total, cw):
+            cute.autovec_copy(part, registers)
         return total
 
     @cute.jit
     def _store_total(self, total, cw):
         """A fragment like the accumulator into this thread's float32 total."""
-        flat = cute.make_tensor(total.iterator, cute.make_layout((4, cute.size(total) // 4), stride=(1, 4)))
-        half = cute.size(total) // 8
-        part_a, part_b = self._total_parts(cw)
-        cute.autovec_copy(cute.local_tile(flat, (4, half), (0, 0)), part_a)
-        cute.autovec_copy(cute.local_tile(flat, (4, half), (0, 1)), part_b)
+        for part, registers in self._total_pieces(total, cw):
+            cute.autovec_copy(registers, part)
 
     @cute.jit
     def _promote(self, acc_O, cw, first):

@@ -43,7 +43,7 @@ from frost_runtime.schema import F32_MAX, MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
-from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, SdpaFwdVariant, tiles_for_head_dim
+from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, O_FLOAT32_HEAD_DIMS, SdpaFwdVariant, tiles_for_head_dim
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
 from frostc.kernels.sequence_maps import MAP_BYTES, packed_pitch
@@ -89,7 +89,6 @@ OUT_DTYPES_FP8 = ATTENTION  # o of e4m3 q, k, v
 # SDPA does: fast, but a sum of many products of one sign loses its small terms), or in
 # float32 every few key blocks (the kernel's PROMOTE_BLOCKS)
 O_ACCUMULATIONS = ("tensor_cores", "float32")
-O_FLOAT32_HEAD_DIMS = (128,)
 
 # The named dims of each role, by form; shared names must agree across roles.
 _DENSE_DIMS = {
