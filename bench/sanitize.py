@@ -142,6 +142,11 @@ def targets() -> list[Target]:
         t("fp8-d128-window-softcap-br", "e4m3, window + softcap, bottom-right, fp16 O",
           fp8=Fp8Case("s", 1, 4, 2, 300, 900, 128, causal=True, alignment="bottom_right", window_left=200,
                       softcap=50.0, out="fp16", descales="tensor")),
+        # FP8 with three consumers (192-row tiles of 96-key blocks: rows of 8k keys and more)
+        t("fp8-d128-m192-causal-br", "e4m3, 3 consumers, causal bottom-right, one CTA per tile",
+          fp8=Fp8Case("s", 1, 2, 1, 300, 8300, 128, causal=True, alignment="bottom_right")),
+        t("fp8-d128-m192-full", "e4m3, 3 consumers, static walk (89 tiles: one turn of the SMs)",
+          fp8=Fp8Case("s", 1, 1, 1, 16900, 8192, 128, descales="tensor")),
         # FP8 variable lengths: the scheduling kernel writes each sequence's Vᵀ map, V loads through it
         t("fp8-d128-padded", "e4m3, padded, causal, per-sequence Vᵀ maps",
           fp8=Fp8Case("s", 5, 4, 2, 300, 401, 128, causal=True, form="padded")),

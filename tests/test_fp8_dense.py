@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from frost_runtime.schema import decode_plan
 
+from frostc import GraphBuilder, validate
 from frostc.build import build
 from frostc.description import parse_description
 from frostc.inspect import plan_summary
@@ -333,6 +334,75 @@ def test_the_fp8_tiles_fit_shared_memory_with_a_16_bit_o_buffer(head_dim):
     o = 2 * tiles.block_m * head_dim
     ring = tiles.stages * 2 * tiles.block_n * head_dim
     assert tiles.o_buffer and q + o + ring <= 227 * 1024
+
+
+def test_three_consumer_tiles_fit_shared_memory_and_name_their_kernel():
+    tiles = tiles_for_head_dim(128, False, fp8=True, three_consumers=True)
+    assert (tiles.block_m, tiles.block_n, tiles.consumers) == (192, 96, 3)
+    assert tiles.block_m * 128 * 3 + tiles.stages * 2 * tiles.block_n * 128 <= 227 * 1024  # Q, O, ring
+    variant = SdpaFwdVariant("e4m3", 128, MaskFlags(right=True), True, out_dtype="bf16", three_consumers=True)
+    assert variant.name.endswith(".m192.lse") and variant.block == (512, 1, 1)
+
+
+def _dense_variant(batch, heads, seq_q, seq_kv, causal, dtype="e4m3", **node_keys) -> SdpaFwdVariant:
+    """The attention kernel of a dense node with V given like q and k (re-laid by the plan)."""
+    g = GraphBuilder("long")
+    for name, rows in (("q", seq_q), ("k", seq_kv), ("v", seq_kv)):
+        g.tensor(name, dtype=dtype, dims=(batch, heads, rows, 128), layout="bshd")
+    g.tensor("o", dtype="bf16", dims=(batch, heads, seq_q, 128), layout="bshd")
+    if dtype == "e4m3":
+        for role in "qkv":
+            g.tensor(f"{role}_descale", dtype="fp32", dims=(1,))
+            node_keys[f"{role}_descale"] = f"{role}_descale"
+    g.sdpa(q="q", k="k", v="v", o="o", causal=causal, **node_keys)
+    return _attention_variant(resolve(validate(g.build())))
+
+
+def _attention_variant(plan) -> SdpaFwdVariant:
+    (variant,) = [launch.variant for launch in plan.launches if isinstance(launch.variant, SdpaFwdVariant)]
+    return variant
+
+
+@pytest.mark.parametrize(
+    ("shape", "causal", "three"),
+    [
+        ((1, 16, 16384, 16384), False, True),  # 1376 tiles of 192 rows: 11 turns of 132 SMs, of 128 rows 16
+        ((1, 16, 8192, 8192), False, False),  # 688: 6 turns (8.5 tiles of 128 rows' time) against 8
+        ((1, 1, 17000, 8200), False, True),  # 89 tiles: one turn against two
+        ((2, 16, 4096, 4096), False, False),  # rows of fewer than 8192 keys
+        ((1, 16, 8192, 8192), True, True),  # causal tiles run one CTA each: any count balances
+        ((1, 4, 700, 9001), True, True),
+        ((2, 16, 4096, 4096), True, False),
+    ],
+)
+def test_three_consumers_where_rows_are_long_and_the_tiles_fill_the_sms(shape, causal, three):
+    """`frostc.ops.sdpa._three_consumers` (bench/NOTES.md, FP8 v12): +5-7 % a tile from 8k keys
+    on, so taken there, except where 192-row tiles would leave more of the SMs' last turn empty
+    than that gains (non-causal tiles all cost the same)."""
+    variant = _dense_variant(*shape, causal)
+    assert variant.three_consumers is three
+    assert variant.tile_shape.block_m == (192 if three else 128)
+    if causal and three:
+        assert variant.per_tile  # 8192 keys are 85 blocks of 96
+
+
+@pytest.mark.parametrize(
+    ("changes", "dtype"),
+    [({}, "bf16"), ({"o_accumulation": "float32"}, "e4m3"), ({"window_left": 4096}, "e4m3")],
+)
+def test_three_consumers_only_for_e4m3_with_o_in_the_tensor_cores_and_no_left_window(changes, dtype):
+    assert not _dense_variant(1, 16, 16384, 16384, True, dtype, **changes).three_consumers
+
+
+def test_the_gpu_cases_cover_three_consumers_both_ways():
+    """tests/gpu/fp8_cases.py's plans that should take three consumers do (a rule change that
+    moved them would leave the variant untested on the GPU)."""
+    from tests.gpu.fp8_cases import cases, description
+
+    chosen = {c.id: _attention_variant(resolve(validate(description(c)))) for c in cases()}
+    three = sorted(name for name, variant in chosen.items() if variant.three_consumers)
+    assert three == ["fp8-d128-causal-m192-br-vrows", "fp8-d128-causal-per_tile", "fp8-d128-full-m192"]
+    assert chosen["fp8-d128-causal-m192-br-vrows"].v_in_p_order and not chosen["fp8-d128-full-m192"].mask.right
 
 
 def _prmt(a: int, b: int, selector: int) -> int:

@@ -107,6 +107,8 @@ from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows, wgmma_rows_b
 # (bench/NOTES.md, "FP8 O's accumulation")
 PROMOTE_BLOCKS = 4
 O_FLOAT32_HEAD_DIMS = (128,)  # the fast tail's (`_fast_tail_one_branch`), where the promotion lives
+# e4m3 head dims whose variants may take three consumer warpgroups of 64 rows (`three_consumers`)
+THREE_CONSUMER_HEAD_DIMS = (128,)
 
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
 # producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
@@ -161,11 +163,13 @@ class WgmmaTiles:
         } | ({"v_reorder": 1} if self.v_reorder else {})
 
 
-def tiles_for_head_dim(head_dim: int, window_left: bool, fp8: bool = False) -> WgmmaTiles:
+def tiles_for_head_dim(
+    head_dim: int, window_left: bool, fp8: bool = False, three_consumers: bool = False
+) -> WgmmaTiles:
     """Shared memory decides (227 KiB): Q and O buffers are 128·d, a ring stage 2·block_n·d
     two-byte elements. bench/NOTES.md has the measurements behind each choice."""
     if fp8:
-        return _fp8_tiles(head_dim, window_left)
+        return _fp8_tiles(head_dim, window_left, three_consumers)
     if head_dim == 256:
         # 64 KiB Q + 2 stages of 2·32 KiB: O must go through Q's buffer
         return WgmmaTiles(block_m=128, block_n=64, consumers=2, stages=2, o_buffer=False)
@@ -182,9 +186,17 @@ def tiles_for_head_dim(head_dim: int, window_left: bool, fp8: bool = False) -> W
     return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=4, o_buffer=True)
 
 
-def _fp8_tiles(head_dim: int, window_left: bool) -> WgmmaTiles:
+def _fp8_tiles(head_dim: int, window_left: bool, three_consumers: bool) -> WgmmaTiles:
     """e4m3 Q, K, V (one byte) and a 16-bit O: O always has its own buffer (it is twice Q's
-    bytes). The consumers as at 16 bits: three at d=64 (its GEMMs are short), else two."""
+    bytes). The consumers as at 16 bits: three at d=64 (its GEMMs are short), else two, but
+    three at d=128 where the plan asks (`three_consumers`)."""
+    if three_consumers:
+        # d=128, 192 rows: 24 KiB Q + 48 KiB O + 4 stages of 2·12 KiB = 168 KiB. 96-key blocks
+        # keep a consumer's S, O and P within setmaxnreg's 160 registers (128 keys would not);
+        # a third warp on each SM sub-partition hides the step's latency: +5-7 % a tile on long
+        # rows (bench/NOTES.md, FP8 v12)
+        assert head_dim in THREE_CONSUMER_HEAD_DIMS and not window_left, "three consumers: d=128, no left window"
+        return WgmmaTiles(block_m=192, block_n=96, consumers=3, stages=4, o_buffer=True)
     if head_dim == 256:
         # 32 KiB Q + 64 KiB O + 2 stages of 2·24 KiB = 192 KiB: 96-key blocks ran 2-3 % faster
         # than 3 stages of 64 keys, 128 keys spill (bench/NOTES.md, FP8 v2)
@@ -257,6 +269,9 @@ class SdpaFwdVariant(TmaVariant):
     # e4m3 at d=128: O summed in float32 every PROMOTE_BLOCKS key blocks (description:
     # o_accumulation = "float32") instead of in the FP8 tensor cores' accumulator throughout
     o_float32: bool = False
+    # e4m3 at d=128: three consumer warpgroups (192-row tiles of 96-key blocks) instead of two;
+    # the ops pick it where the rows are long and the tiles fill the SMs' last turn (NOTES v12)
+    three_consumers: bool = False
 
     @property
     def name(self) -> str:
@@ -268,6 +283,7 @@ class SdpaFwdVariant(TmaVariant):
         name += ".vpack" if self.v_repacked else ""
         name += ".v_p_order" if self.v_in_p_order else ""
         name += ".o_f32" if self.o_float32 else ""
+        name += ".m192" if self.three_consumers else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
@@ -281,7 +297,7 @@ class SdpaFwdVariant(TmaVariant):
 
     @property
     def tile_shape(self) -> WgmmaTiles:
-        tiles = tiles_for_head_dim(self.head_dim, self.mask.left, self.fp8)
+        tiles = tiles_for_head_dim(self.head_dim, self.mask.left, self.fp8, self.three_consumers)
         if self.fp8 and not self.v_in_p_order:
             tiles = replace(tiles, v_reorder=reorders_v(self.head_dim, self.mask.right))
         if self.per_tile:
@@ -474,6 +490,9 @@ class SdpaForwardWgmma:
         self.smem_bytes = 0
         if variant.o_float32 and not (self.fp8 and self.head_dim in O_FLOAT32_HEAD_DIMS):
             raise ValueError(f"{variant.name}: O in float32 is built for e4m3 at head dims {O_FLOAT32_HEAD_DIMS}")
+        if variant.three_consumers and (variant.o_float32 or not self.fp8 or variant.varlen):
+            # measured and tested only there: the float32 total's buffer is sized for two consumers
+            raise ValueError(f"{variant.name}: three consumers are built for dense e4m3 with O in the tensor cores")
 
     # ---------------------------------------------------------------- host side
     @cute.jit

@@ -43,7 +43,13 @@ from frost_runtime.schema import F32_MAX, MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
-from frostc.kernels.sdpa_fwd_wgmma import INT_PARAMS, O_FLOAT32_HEAD_DIMS, SdpaFwdVariant, tiles_for_head_dim
+from frostc.kernels.sdpa_fwd_wgmma import (
+    INT_PARAMS,
+    O_FLOAT32_HEAD_DIMS,
+    THREE_CONSUMER_HEAD_DIMS,
+    SdpaFwdVariant,
+    tiles_for_head_dim,
+)
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
 from frostc.kernels.sequence_maps import MAP_BYTES, packed_pitch
@@ -600,6 +606,10 @@ def _check_capacities(ctx: NodeContext, form: str, sizes: dict[str, int] | None)
 
 PER_TILE_MIN_KEY_BLOCKS = 64  # causal tiles of 32 key blocks on average and more (bench/NOTES.md v16)
 PAIRED_MAX_QUERY_BLOCKS = 12  # causal heads of at most this many tiles walk in pairs (NOTES v19)
+# e4m3 d=128 dense: three consumer warpgroups (192-row tiles) where rows see this many keys or
+# more; measured per tile +5-7 % from 8k keys on, -2 to -6 % at 2k-4k (bench/NOTES.md, FP8 v12)
+THREE_CONSUMERS_MIN_KEYS = 8192
+THREE_CONSUMERS_TILE_GAIN = 1.065  # a 192-row tile's rows per second over two 128-row tiles'
 
 
 def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
@@ -701,7 +711,8 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
     between take their tiles from a counter (`dynamic`: longest first within L2 sections,
     balanced at run time; NOTES v20), which needs a zeroed word of workspace."""
     flags = node.mask.flags
-    tiles = tiles_for_head_dim(node.head_dim, flags.left, node.fp8)
+    three = _three_consumers(node, ctx)
+    tiles = tiles_for_head_dim(node.head_dim, flags.left, node.fp8, three)
     causal_dense = node.form == "dense" and flags.right and not flags.left
     per_tile = causal_dense and node.seq_kv >= PER_TILE_MIN_KEY_BLOCKS * tiles.block_n
     paired = causal_dense and not per_tile and -(-node.seq_q // tiles.block_m) <= PAIRED_MAX_QUERY_BLOCKS
@@ -728,7 +739,30 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
         v_repacked=node.fp8 and node.form == "packed",
         v_in_p_order=_v_in_p_order(node, ctx),
         o_float32=node.o_accumulation == "float32",
+        three_consumers=three,
     )
+
+
+def _three_consumers(node: Sdpa, ctx: ResolveContext) -> bool:
+    """Whether an e4m3 d=128 dense node's tiles take three consumer warpgroups (192 rows): a
+    third warp on each SM sub-partition hides the softmax step's latency, on long rows only.
+    Causal tiles run one CTA each there, so any count of them balances; tiles of equal cost
+    (no right bound) run in turns of one per SM, and 192-row tiles are taken only where their
+    turns, each a tile's time, still end sooner than the 128-row tiles' (the target's SM count)."""
+    flags = node.mask.flags
+    if not (node.fp8 and node.form == "dense" and node.head_dim in THREE_CONSUMER_HEAD_DIMS):
+        return False
+    if flags.left or node.o_accumulation == "float32" or node.seq_kv < THREE_CONSUMERS_MIN_KEYS:
+        return False
+    if flags.right:
+        return True
+    sms = sdpa_paged.TARGET_SMS[ctx.graph.target]
+
+    def turns(rows: int) -> int:  # of the persistent CTAs, one tile each a turn
+        tiles = -(-node.seq_q // rows) * node.batch * node.heads_q
+        return -(-tiles // sms)
+
+    return turns(192) * 192 / THREE_CONSUMERS_TILE_GAIN < turns(128) * 128
 
 
 def _v_in_p_order(node: Sdpa, ctx: ResolveContext) -> bool:

@@ -47,6 +47,13 @@ def cases() -> list[Fp8Case]:
         Fp8Case("fp8-d128-causal-paired", 2, 4, 1, 1000, 1000, 128, causal=True),
         Fp8Case("fp8-d128-causal-dynamic", 1, 6, 2, 2500, 2500, 128, causal=True),
         Fp8Case("fp8-d128-causal-per_tile", 1, 2, 1, 8300, 8300, 128, causal=True),
+        # three consumers (192-row tiles of 96-key blocks, rows of 8k keys and more): causal (the
+        # per_tile case above), a diagonal offset by a number of keys no block divides, V re-laid in
+        # P's order; and non-causal, where 89 tiles of 192 rows take one turn of the SMs and 133 of
+        # 128 two (the rule of frostc.ops.sdpa._three_consumers)
+        Fp8Case("fp8-d128-causal-m192-br-vrows", 1, 4, 2, 700, 9001, 128, causal=True, alignment="bottom_right",
+                v_layout="rows"),
+        Fp8Case("fp8-d128-full-m192", 1, 1, 1, 17000, 8200, 128),
         # O summed in float32 every few blocks (o_accumulation): a long key run (test_fp8_v_with_a_mean),
         # each tile walk, bottom-right rows with no reference yet, and the varlen forms with a window
         Fp8Case("fp8-d128-full-long-f32", 1, 2, 1, 200, 16000, 128, o_accumulation="float32"),
