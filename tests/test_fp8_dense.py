@@ -386,12 +386,14 @@ def test_three_consumers_where_rows_are_long_and_the_tiles_fill_the_sms(shape, c
         assert variant.per_tile  # 8192 keys are 85 blocks of 96
 
 
-@pytest.mark.parametrize(
-    ("changes", "dtype"),
-    [({}, "bf16"), ({"o_accumulation": "float32"}, "e4m3"), ({"window_left": 4096}, "e4m3")],
-)
-def test_three_consumers_only_for_e4m3_with_o_in_the_tensor_cores_and_no_left_window(changes, dtype):
+@pytest.mark.parametrize(("changes", "dtype"), [({}, "bf16"), ({"window_left": 4096}, "e4m3")])
+def test_three_consumers_only_for_e4m3_without_a_left_window(changes, dtype):
     assert not _dense_variant(1, 16, 16384, 16384, True, dtype, **changes).three_consumers
+
+
+def test_o_in_float32_takes_three_consumers_by_the_same_rule():
+    variant = _dense_variant(1, 16, 16384, 16384, True, o_accumulation="float32")
+    assert variant.three_consumers and variant.o_float32 and variant.name.endswith(".o_f32.m192")
 
 
 def test_the_gpu_cases_cover_three_consumers_both_ways():
@@ -401,7 +403,8 @@ def test_the_gpu_cases_cover_three_consumers_both_ways():
 
     chosen = {c.id: _attention_variant(resolve(validate(description(c)))) for c in cases()}
     three = sorted(name for name, variant in chosen.items() if variant.three_consumers)
-    assert three == ["fp8-d128-causal-m192-br-vrows", "fp8-d128-causal-per_tile", "fp8-d128-full-m192"]
+    assert three == ["fp8-d128-causal-m192-br-vrows", "fp8-d128-causal-per_tile", "fp8-d128-causal-per_tile-f32",
+                     "fp8-d128-full-m192"]  # fmt: skip
     assert chosen["fp8-d128-causal-m192-br-vrows"].v_in_p_order and not chosen["fp8-d128-full-m192"].mask.right
 
 

@@ -752,7 +752,7 @@ def _three_consumers(node: Sdpa, ctx: ResolveContext) -> bool:
     flags = node.mask.flags
     if not (node.fp8 and node.form == "dense" and node.head_dim in THREE_CONSUMER_HEAD_DIMS):
         return False
-    if flags.left or node.o_accumulation == "float32" or node.seq_kv < THREE_CONSUMERS_MIN_KEYS:
+    if flags.left or node.seq_kv < THREE_CONSUMERS_MIN_KEYS:
         return False
     if flags.right:
         return True

@@ -55,7 +55,8 @@ def cases() -> list[Fp8Case]:
                 v_layout="rows"),
         Fp8Case("fp8-d128-full-m192", 1, 1, 1, 17000, 8200, 128),
         # O summed in float32 every few blocks (o_accumulation): a long key run (test_fp8_v_with_a_mean),
-        # each tile walk, bottom-right rows with no reference yet, and the varlen forms with a window
+        # each tile walk (the per_tile case with three consumers, as its 16-bit-O twin above),
+        # bottom-right rows with no reference yet, and the varlen forms with a window
         Fp8Case("fp8-d128-full-long-f32", 1, 2, 1, 200, 16000, 128, o_accumulation="float32"),
         Fp8Case("fp8-d128-causal-per_tile-f32", 1, 2, 1, 8300, 8300, 128, causal=True, o_accumulation="float32"),
         Fp8Case("fp8-d128-causal-dynamic-f32", 1, 6, 2, 2500, 2500, 128, causal=True, o_accumulation="float32"),
