@@ -147,6 +147,8 @@ def targets() -> list[Target]:
           fp8=Fp8Case("s", 1, 2, 1, 300, 8300, 128, causal=True, alignment="bottom_right")),
         t("fp8-d128-m192-full", "e4m3, 3 consumers, static walk (89 tiles: one turn of the SMs)",
           fp8=Fp8Case("s", 1, 1, 1, 16900, 8192, 128, descales="tensor")),
+        t("fp8-d128-m192-packed", "e4m3, 3 consumers, packed (a key capacity of 8,300), causal",
+          fp8=Fp8Case("s", 2, 2, 1, 8300, 8300, 128, causal=True, form="packed", tokens_q=8700, tokens_kv=8700)),
         t("fp8-d128-m192-f32", "e4m3, 3 consumers, O in float32, causal bottom-right, one CTA per tile",
           fp8=Fp8Case("s", 1, 2, 1, 300, 8300, 128, causal=True, alignment="bottom_right", o_accumulation="float32")),
         # FP8 variable lengths: the scheduling kernel writes each sequence's Vᵀ map, V loads through it

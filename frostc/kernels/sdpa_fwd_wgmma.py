@@ -270,7 +270,7 @@ class SdpaFwdVariant(TmaVariant):
     # o_accumulation = "float32") instead of in the FP8 tensor cores' accumulator throughout
     o_float32: bool = False
     # e4m3 at d=128: three consumer warpgroups (192-row tiles of 96-key blocks) instead of two;
-    # the ops pick it where the rows are long and the tiles fill the SMs' last turn (NOTES v12)
+    # the ops pick it where the rows are long (dense: and the tiles fill the SMs' last turn; NOTES v12)
     three_consumers: bool = False
 
     @property
@@ -490,8 +490,8 @@ class SdpaForwardWgmma:
         self.smem_bytes = 0
         if variant.o_float32 and not (self.fp8 and self.head_dim in O_FLOAT32_HEAD_DIMS):
             raise ValueError(f"{variant.name}: O in float32 is built for e4m3 at head dims {O_FLOAT32_HEAD_DIMS}")
-        if variant.three_consumers and (not self.fp8 or variant.varlen):
-            raise ValueError(f"{variant.name}: three consumers are built for dense e4m3 (measured and tested there)")
+        if variant.three_consumers and not self.fp8:
+            raise ValueError(f"{variant.name}: three consumers are built for e4m3 (measured and tested there)")
 
     # ---------------------------------------------------------------- host side
     @cute.jit

@@ -606,8 +606,9 @@ def _check_capacities(ctx: NodeContext, form: str, sizes: dict[str, int] | None)
 
 PER_TILE_MIN_KEY_BLOCKS = 64  # causal tiles of 32 key blocks on average and more (bench/NOTES.md v16)
 PAIRED_MAX_QUERY_BLOCKS = 12  # causal heads of at most this many tiles walk in pairs (NOTES v19)
-# e4m3 d=128 dense: three consumer warpgroups (192-row tiles) where rows see this many keys or
-# more; measured per tile +5-7 % from 8k keys on, -2 to -6 % at 2k-4k (bench/NOTES.md, FP8 v12)
+# e4m3 d=128 dense and packed: three consumer warpgroups (192-row tiles) where rows see this many
+# keys or more; measured per tile +5-7 % from 8k keys on, -2 to -6 % at 2k-4k, packed mixes up to
+# 8-16k +4 to +8 % (bench/NOTES.md, FP8 v12)
 THREE_CONSUMERS_MIN_KEYS = 8192
 THREE_CONSUMERS_TILE_GAIN = 1.065  # a 192-row tile's rows per second over two 128-row tiles'
 
@@ -744,17 +745,19 @@ def _variant(node: Sdpa, ctx: ResolveContext) -> SdpaFwdVariant:
 
 
 def _three_consumers(node: Sdpa, ctx: ResolveContext) -> bool:
-    """Whether an e4m3 d=128 dense node's tiles take three consumer warpgroups (192 rows): a
-    third warp on each SM sub-partition hides the softmax step's latency, on long rows only.
-    Causal tiles run one CTA each there, so any count of them balances; tiles of equal cost
-    (no right bound) run in turns of one per SM, and 192-row tiles are taken only where their
-    turns, each a tile's time, still end sooner than the 128-row tiles' (the target's SM count)."""
+    """Whether an e4m3 d=128 node's tiles take three consumer warpgroups (192 rows): a third warp
+    on each SM sub-partition hides the softmax step's latency, on long rows only (packed: a key
+    capacity that long). Dense causal tiles run one CTA each there and packed ones come from the
+    scheduling kernel's list, so any count of them balances; dense tiles of equal cost (no right
+    bound) run in turns of one per SM, and 192-row tiles are taken only where their turns, each a
+    tile's time, still end sooner than the 128-row tiles' (the target's SM count). The padded
+    form is not measured: two consumers."""
     flags = node.mask.flags
-    if not (node.fp8 and node.form == "dense" and node.head_dim in THREE_CONSUMER_HEAD_DIMS):
+    if not (node.fp8 and node.form in ("dense", "packed") and node.head_dim in THREE_CONSUMER_HEAD_DIMS):
         return False
     if flags.left or node.seq_kv < THREE_CONSUMERS_MIN_KEYS:
         return False
-    if flags.right:
+    if flags.right or node.form == "packed":
         return True
     sms = sdpa_paged.TARGET_SMS[ctx.graph.target]
 

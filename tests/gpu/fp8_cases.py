@@ -54,6 +54,11 @@ def cases() -> list[Fp8Case]:
         Fp8Case("fp8-d128-causal-m192-br-vrows", 1, 4, 2, 700, 9001, 128, causal=True, alignment="bottom_right",
                 v_layout="rows"),
         Fp8Case("fp8-d128-full-m192", 1, 1, 1, 17000, 8200, 128),
+        # packed with a key capacity of 8k and more: three consumers, causal and not
+        Fp8Case("fp8-d128-packed-causal-m192", 3, 4, 2, 9000, 9000, 128, causal=True, form="packed",
+                tokens_q=12001, tokens_kv=12001),
+        Fp8Case("fp8-d128-packed-full-m192", 2, 2, 1, 8200, 8200, 128, form="packed", tokens_q=9000,
+                tokens_kv=9000, lse=False),
         # O summed in float32 every few blocks (o_accumulation): a long key run (test_fp8_v_with_a_mean),
         # each tile walk (the per_tile case with three consumers, as its 16-bit-O twin above),
         # bottom-right rows with no reference yet, and the varlen forms with a window
