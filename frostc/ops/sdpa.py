@@ -760,12 +760,13 @@ def _three_consumers(node: Sdpa, ctx: ResolveContext) -> bool:
     if flags.right or node.form == "packed":
         return True
     sms = sdpa_paged.TARGET_SMS[ctx.graph.target]
+    two, three = (tiles_for_head_dim(node.head_dim, False, True, wide).block_m for wide in (False, True))
 
     def turns(rows: int) -> int:  # of the persistent CTAs, one tile each a turn
         tiles = -(-node.seq_q // rows) * node.batch * node.heads_q
         return -(-tiles // sms)
 
-    return turns(192) * 192 / THREE_CONSUMERS_TILE_GAIN < turns(128) * 128
+    return turns(three) * three / THREE_CONSUMERS_TILE_GAIN < turns(two) * two
 
 
 def _v_in_p_order(node: Sdpa, ctx: ResolveContext) -> bool:
