@@ -15,9 +15,10 @@ against float64 under the tool.
 
 `run` starts one process per tool (`launch`), which runs every plan in turn and prints a marker
 line before and after each; the sanitizer's reports between two markers belong to that plan.
-The tools check only frostc's kernels (`--kernel-name kns=frostckernels`). racecheck runs with
-`--racecheck-report all` (every hazard, not only the analysed races). Full logs go to $OUT
-when it is set (the device tool's folder), else to bench/.built/sanitize.
+The tools check only frostc's kernels (`--kernel-name kns=frostc_`: every entry is named
+frostc_<variant>). racecheck runs with `--racecheck-report all` (every hazard, not only the
+analysed races). Full logs go to $OUT when it is set (the device tool's folder), else to
+bench/.built/sanitize.
 """
 
 import argparse
@@ -306,7 +307,7 @@ def run(tools: list[str], out: Path, plans: Path, only: str) -> int:
 
 
 def _run_tool(tool: str, log: Path, selection: list[str]) -> ToolResult:
-    command = [SANITIZER, "--tool", tool, "--kernel-name", "kns=frostckernels", "--print-limit", "100000"]
+    command = [SANITIZER, "--tool", tool, "--kernel-name", "kns=frostc_", "--print-limit", "100000"]
     if tool == "racecheck":
         command += ["--racecheck-report", "all"]
     command += [sys.executable, str(Path(__file__).resolve()), "launch", *selection]

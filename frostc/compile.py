@@ -70,8 +70,10 @@ def _compile(variant: KernelVariant) -> CompiledKernel:
     import cutlass.cute as cute
 
     import frostc.kernels  # noqa: F401  (sets the DSL's environment before it is first used)
+    from frostc.kernels.interface import name_entries
 
     kernel = variant.kernel()
+    name_entries(kernel, variant.name)
     try:
         compiled = cute.compile(kernel, *variant.compile_args())
     except Exception as exc:  # the DSL raises many types; the user needs the variant and the text
