@@ -44,8 +44,7 @@ class FrostcAttention:
         serving = plans.serving
         self.max_pages, self.page_size = serving.max_pages, serving.page_size
         self.max_sequences = serving.pages // serving.max_pages  # sequences the pools hold at full length
-        rows = torch.arange(self.max_sequences, dtype=torch.int32)[:, None] * self.max_pages
-        self.page_table = (rows + torch.arange(self.max_pages, dtype=torch.int32)).to(self.device)
+        self.page_table = metadata.page_table(self.max_sequences, self.max_pages).to(self.device)
 
     # ------------------------------------------------------------------ setup
     def install(self, model=None) -> FrostcAttention:

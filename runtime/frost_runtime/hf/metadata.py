@@ -3,10 +3,10 @@ of HF's 2-D padding mask once per forward — `FrostcMask`, each row's first val
 whether its valid columns are one run — and the index tensors the layers take from it: each token's
 pool slot, the packed plan's rows and spans, each row's cache length.
 
-Everything here is computed on the device, by the first layer that needs it, and shared by every
-later layer of the forward; nothing reads the device from the host, so a decode step can be captured.
-Sequence b owns the pool pages [b * max_pages, (b + 1) * max_pages) and its tokens sit there
-compacted from position 0; pad tokens go to the dump page past the plan's pages.
+Those are computed on the device, by the first layer that needs them, and shared by every later
+layer of the forward; nothing reads the device from the host, so a decode step can be captured.
+Sequence b owns the pool pages [b * max_pages, (b + 1) * max_pages) (the page table, built once) and
+its tokens sit there compacted from position 0; pad tokens go to the dump page past the plan's pages.
 """
 
 from __future__ import annotations
@@ -81,6 +81,13 @@ def build_rows(
 
 
 # ---------------------------------------------------------------------------- the pools' slots
+
+
+def page_table(sequences: int, max_pages: int) -> torch.Tensor:
+    """(sequences, max_pages) int32, on the host: sequence b's pages, b * max_pages on (the decode
+    plans' page table, the same at every step)."""
+    rows = torch.arange(sequences, dtype=torch.int32)[:, None] * max_pages
+    return rows + torch.arange(max_pages, dtype=torch.int32)
 
 
 def _sequence_starts(b: int, device, serving: ServingInfo) -> torch.Tensor:
