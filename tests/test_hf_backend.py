@@ -1,4 +1,4 @@
-"""The Hugging Face backend (runtime/frost_runtime/hf.py) on the CPU: registration, the mask
+"""The Hugging Face backend (runtime/frost_runtime/hf/) on the CPU: registration, the mask
 function, the checks of a model's calls against its plan set, and generation through the
 backend's torch reference (`launch=False`: the same pools, packing and lengths as the plan path,
 computed in torch) against HF's own attention, with left-padded batches. The plan path itself

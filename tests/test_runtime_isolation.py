@@ -19,9 +19,10 @@ from frost_runtime.schema import Kernel, Param
 
 RUNTIME_DIR = Path(frost_runtime.__file__).resolve().parent
 FORBIDDEN = ("frostc", "cutlass", "typer", "rich")  # the compiler, the DSL, the compiler's CLI libraries
-MODULES = (
-    "frost_runtime",
-    *(f"frost_runtime.{p.stem}" for p in sorted(RUNTIME_DIR.glob("*.py")) if p.stem != "__init__"),
+SOURCES = sorted(RUNTIME_DIR.rglob("*.py"))  # the subpackages' too (frost_runtime.hf)
+MODULES = tuple(
+    ".".join(("frost_runtime", *p.relative_to(RUNTIME_DIR).with_suffix("").parts)).removesuffix(".__init__")
+    for p in SOURCES
 )
 
 
@@ -48,8 +49,10 @@ def test_importing_the_runtime_loads_no_compiler_or_dsl_module() -> None:
 
 def test_the_runtime_is_the_one_in_this_repository() -> None:
     assert RUNTIME_DIR.parent.name == "runtime"
-    assert sorted(p.name for p in RUNTIME_DIR.glob("*.py")) == [
-        "__init__.py", "__main__.py", "bench.py", "check.py", "driver.py", "dtypes.py", "fp8.py", "hf.py",
+    assert [p.relative_to(RUNTIME_DIR).as_posix() for p in SOURCES] == [
+        "__init__.py", "__main__.py", "bench.py", "check.py", "driver.py", "dtypes.py", "fp8.py",
+        "hf/__init__.py", "hf/backend.py", "hf/cache.py", "hf/decode_graph.py", "hf/launches.py",
+        "hf/metadata.py", "hf/pools.py", "hf/reference.py", "hf/support.py",
         "hf_fuse.py", "integrity.py", "plan.py", "planset.py", "schema.py", "torch_ops.py", "workload.py",
     ]  # fmt: skip
 
@@ -104,7 +107,7 @@ def imported_modules(path: Path) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("path", sorted(RUNTIME_DIR.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.relative_to(RUNTIME_DIR).as_posix())
 def test_runtime_source_imports_no_compiler_or_dsl(path: Path) -> None:
     modules = imported_modules(path)
     assert modules, "every runtime module imports something; the scan found nothing"

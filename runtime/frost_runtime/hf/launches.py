@@ -1,0 +1,135 @@
+"""The launches (vLLM's impl seam): a call's q, k, v handed to the plan the backend chose, and the
+plan's output back in HF's (b, s, hq, d). Prefill runs the set's packed plan on HF's own rows in place
+where every sequence's span fits the plan, else on packed copies; decode runs its paged plan
+(kv_append into the pools, then the attention). The index tensors come from metadata.py, computed
+on the device: nothing here reads the device from the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from frost_runtime import dtypes, torch_ops
+from frost_runtime.hf import metadata
+from frost_runtime.hf.metadata import FrostcMask
+from frost_runtime.hf.pools import Pools
+
+# ------------------------------------------------------------------------------------- prefill
+
+
+def prefill(key_plan: str, rows: FrostcMask, query, key, value) -> torch.Tensor:
+    """The packed plan `key_plan` over a fresh cache's prompts (their K/V are in the pools already)."""
+    b, hq, s, d = query.shape
+    slot = _slots_by_name(key_plan)
+    tokens, offsets = slot["q"].dims[0], slot["cu_seqlens"].dims[0]
+    in_place = _prefill_in_place(key_plan, rows, query, key, value)
+    if in_place is not None:
+        return in_place
+    dest, gather, cu = metadata.packing(rows, s, tokens, offsets)
+    packed = [_pack(x, dest, tokens) for x in (query, key, value)]
+    # o's rows past the plan's: `tokens` is 0 (pad tokens read it), `tokens + 1` NaN (rows not one run)
+    o = torch.empty(tokens + 2, hq, d, dtype=query.dtype, device=query.device)
+    o[tokens].zero_()
+    o[tokens + 1].fill_(torch.nan)
+    torch.ops.frostc.execute(key_plan, [*packed, cu], [o[:tokens]], None)
+    return o.index_select(0, gather).view(b, s, hq, d)
+
+
+def _prefill_in_place(key_plan: str, rows: FrostcMask, query, key, value) -> torch.Tensor | None:
+    """The packed plan run on HF's own (b * s)-row buffers, no packing: sequence i spans
+    rows [i * s + first_i, (i + 1) * s + first_(i+1)), its valid tokens then the next row's
+    left padding (or its own right padding), which no valid query sees (they come after it,
+    and the mask is causal). Needs every span within the plan's longest sequence (2s - 1 <=
+    it); None otherwise (the packing path runs). q, k, v not in (b, s, h, d) memory (views of
+    a fused QKV buffer) are copied into it. Row 0's leading pads belong to no span: zeros; a
+    row that is not one run: NaN."""
+    r = torch_ops.registered(key_plan)
+    b, hq, s, d = query.shape
+    names = [slot.name for slot in r.data.slots]
+    contracts = {r.data.slots[c.slot].name: c.longest for c in r.data.lengths}
+    if names != ["q", "k", "v", "cu_seqlens", "o"] or 2 * s - 1 > contracts.get("cu_seqlens", 0):
+        return None
+    if r.plan is None:
+        return None
+    # HF's own rows are (b, s, h, d) memory already; views of a fused QKV buffer get one copy
+    tensors = [x.transpose(1, 2).contiguous() for x in (query, key, value)]
+    offsets = r.data.slots[3].dims[0]
+    cu = metadata.spans(rows, s, offsets)
+    o = torch.empty(b, s, hq, d, dtype=query.dtype, device=query.device)
+    o[0].zero_()
+    buffers = [_Capacity(t, slot) for t, slot in zip((*tensors, o), (*r.data.slots[:3], r.data.slots[4]))]
+    r.plan.execute(*buffers[:3], cu, buffers[3], workspace=r.workspace)
+    return o.masked_fill_(rows.broken[:, None, None, None], torch.nan)
+
+
+def _pack(x: torch.Tensor, dest: torch.Tensor, tokens: int) -> torch.Tensor:
+    """(b, h, s, d) -> the packed plan's (tokens, h, d): row dest[i] takes token i; pads go to row
+    `tokens`, a dump row past the plan's (the view handed over leaves it out)."""
+    b, h, s, d = x.shape
+    packed = torch.empty(tokens + 1, h, d, dtype=x.dtype, device=x.device)
+    packed.index_copy_(0, dest, x.transpose(1, 2).reshape(b * s, h, d))
+    return packed[:tokens]
+
+
+class _Capacity:
+    """A tensor's memory presented to a plan as its slot's whole capacity (the plan's rows past
+    the tensor's are never touched: the lengths end inside it), through __cuda_array_interface__."""
+
+    def __init__(self, t: torch.Tensor, slot):
+        from frost_runtime.plan import TYPESTR
+
+        size = t.element_size()
+        self.tensor = t  # kept alive while the plan is queued
+        self.__cuda_array_interface__ = {
+            "shape": tuple(slot.dims),
+            "typestr": TYPESTR[slot.dtype],
+            "strides": tuple(x * size for x in slot.strides),
+            "data": (t.data_ptr(), False),
+            "version": 3,
+        }
+        if tuple(t.stride()[-2:]) != tuple(slot.strides[-2:]) or dtypes.from_torch(t.dtype) != slot.dtype:
+            raise ValueError(f"{slot.name}: {tuple(t.stride())} / {t.dtype} is not the slot's row layout")
+
+
+# -------------------------------------------------------------------------------------- decode
+
+
+def decode(
+    key_plan: str, rows: FrostcMask, query, key, value, pools: Pools, page_table: torch.Tensor, pages: int
+) -> torch.Tensor:
+    """The paged plan `key_plan`: this step's K/V appended to the pools' first `pages` pages, and the
+    new tokens' attention over their sequences; `page_table` holds every sequence's pages."""
+    b, hq, s, d = query.shape
+    slot = _slots_by_name(key_plan)
+    bucket = slot["q"].dims[0]
+    q, k_new, v_new = (_rows_to(x, slot[n]) for x, n in zip((query, key, value), ("q", "k_new", "v_new")))
+    cache_len = metadata.cache_len(rows, bucket, s)
+    o = torch.empty_strided(slot["o"].dims, slot["o"].strides, dtype=query.dtype, device=query.device)
+    reads = {"q": q, "k_new": k_new, "v_new": v_new, "page_table": page_table[:bucket], "cache_len": cache_len}
+    if pools.scales is not None:
+        reads["k_scale"], reads["v_scale"] = pools.scales
+    writes = {"k_cache": pools.k[:pages], "v_cache": pools.v[:pages], "o": o}
+    names_in, names_out = torch_ops.slot_roles(key_plan)
+    torch.ops.frostc.execute(key_plan, [reads[n] for n in names_in], [writes[n] for n in names_out], None)
+    out = o[:b].transpose(1, 2)
+    return torch.where(rows.broken[:, None, None, None], torch.nan, out)
+
+
+def _rows_to(x: torch.Tensor, slot) -> torch.Tensor:
+    """(b, h, s, d) as the plan's slot (bucket, h, s, d): x itself when b is the bucket and its
+    strides are the slot's (those of extent-1 dims aside: they address nothing), as HF's own rows
+    are for a set of separate q, k, v, and fused layers' views for a set built with --qkv-layout
+    fused; else a copy in the slot's strides (rows past b: zeros)."""
+    b = x.shape[0]
+    if b == slot.dims[0] and all(n == 1 or a == want for n, a, want in zip(x.shape, x.stride(), slot.strides)):
+        return x
+    buffer = torch.empty_strided(slot.dims, slot.strides, dtype=x.dtype, device=x.device)
+    if b < slot.dims[0]:
+        buffer[b:].zero_()
+    buffer[:b].copy_(x)
+    return buffer
+
+
+def _slots_by_name(key: str) -> dict:
+    r = torch_ops.registered(key)
+    return {s.name: s for s in r.data.slots}
