@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from frost_runtime import bench, workload
 from frost_runtime.__main__ import main, parser
-from frost_runtime.check import probe_gpus
 from frost_runtime.plan import length_problem
 from frost_runtime.schema import Header, LengthContract, PlanData, TensorSlot, decode_plan
+from frost_runtime.verdict import probe_gpus
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from frost_runtime import bench, check, workload
+from frost_runtime import bench, verdict, workload
 
 
 def parser() -> argparse.ArgumentParser:
@@ -73,35 +73,35 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check(args) -> int:
-    result = check.check_plan_file(args.plan, sha256=args.sha256)
+    result = verdict.check_plan_file(args.plan, sha256=args.sha256)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         stream = sys.stdout if result["valid"] else sys.stderr
-        print("\n".join(check.check_lines(result)), file=stream)
+        print("\n".join(verdict.check_lines(result)), file=stream)
     return result["exit_code"]
 
 
 def _bench(args) -> int:
     """The file and --lengths first (exit 2), then whether this machine can run the plan (exit
     1): each an answer, not a traceback. Then measure."""
-    data, error = check.read_plan(args.plan)
+    data, error = verdict.read_plan(args.plan)
     if data is None:
-        return _fail(args, check.INVALID, error)
+        return _fail(args, verdict.INVALID, error)
     try:
         workload.make_lengths(data, args.lengths, args.seed)
     except workload.LengthSpecError as exc:
-        return _fail(args, check.INVALID, str(exc))
-    verdict = check.check_plan_file(args.plan)
-    if verdict["exit_code"] != check.RUNNABLE:
-        why = "; ".join(check.check_lines(verdict)[2:-1])
-        return _fail(args, verdict["exit_code"], f"{args.plan}: not runnable here: {why}")
+        return _fail(args, verdict.INVALID, str(exc))
+    judged = verdict.check_plan_file(args.plan)
+    if judged["exit_code"] != verdict.RUNNABLE:
+        why = "; ".join(verdict.check_lines(judged)[2:-1])
+        return _fail(args, judged["exit_code"], f"{args.plan}: not runnable here: {why}")
     from frost_runtime.plan import BindError, CompatibilityError
 
     try:
         result = bench.run(args.plan, args.duration, args.graph, args.lengths, args.seed)
     except (bench.BenchError, CompatibilityError, BindError, RuntimeError, OSError) as exc:
-        return _fail(args, check.NOT_RUNNABLE, f"{type(exc).__name__}: {exc}")
+        return _fail(args, verdict.NOT_RUNNABLE, f"{type(exc).__name__}: {exc}")
     if args.json:
         print(json.dumps(result, indent=2))
     else:

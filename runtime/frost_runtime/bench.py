@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 from frost_runtime import dtypes, workload
-from frost_runtime.check import version_text
+from frost_runtime.verdict import version_text
 
 SETTLE_S = 0.2  # bench/sdpa.py's SETTLE_S
 WINDOW_S = 0.4  # bench/sdpa.py's WINDOW_S: the default --duration
