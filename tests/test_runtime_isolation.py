@@ -50,7 +50,8 @@ def test_the_runtime_is_the_one_in_this_repository() -> None:
     assert RUNTIME_DIR.parent.name == "runtime"
     assert sorted(p.name for p in RUNTIME_DIR.glob("*.py")) == [
         "__init__.py", "__main__.py", "bench.py", "driver.py", "dtypes.py", "fp8.py", "hf.py", "hf_fuse.py",
-        "integrity.py", "plan.py", "planset.py", "schema.py", "torch_ops.py", "verdict.py", "workload.py",
+        "integrity.py", "plan.py", "planset.py", "schema.py", "timing.py", "torch_ops.py", "verdict.py",
+        "workload.py",
     ]  # fmt: skip
 
 

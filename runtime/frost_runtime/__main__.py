@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from frost_runtime import bench, verdict, workload
+from frost_runtime import bench, timing, verdict, workload
 
 
 def parser() -> argparse.ArgumentParser:
@@ -21,7 +21,7 @@ def parser() -> argparse.ArgumentParser:
         "bench",
         help="time a plan on this GPU (device time, host time, TFLOP/s or TB/s)",
         description="Time a plan on this GPU with buffers made from its slots: device time per execute (CUDA "
-        f"events over a window after {bench.SETTLE_S:g} s of settling), host time of bound.execute() beside the "
+        f"events over a window after {timing.SETTLE_S:g} s of settling), host time of bound.execute() beside the "
         "driver's launch floor, and TFLOP/s (attention) or TB/s (paged decode: KV bytes read). Exit 0 measured, "
         "1 not runnable here (no GPU, another GPU, an old driver) or failed on the GPU, 2 invalid plan or arguments.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -31,9 +31,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--duration",
         type=_positive_float,
-        default=bench.WINDOW_S,
+        default=timing.WINDOW_S,
         metavar="S",
-        help=f"seconds of the timed window, after {bench.SETTLE_S:g} s of settling (default {bench.WINDOW_S:g})",
+        help=f"seconds of the timed window, after {timing.SETTLE_S:g} s of settling (default {timing.WINDOW_S:g})",
     )
     b.add_argument("--graph", action="store_true", help="time executes replayed from a CUDA graph")
     b.add_argument(
