@@ -5,7 +5,7 @@ measured alternately in one run (GPU machine).
 
 Each DIR holds plans named as bench/sdpa.py names them (`bench/sdpa.py build` in another
 checkout, then copy its bench/.built). For every plan name present in the first DIR, each DIR's
-plan is measured `rounds` times in rotated order (bench/sdpa.py's `_alternating`: the first
+plan is measured `rounds` times in rotated order (bench/common.py's `alternating`: the first
 measurement after a pause runs faster), outputs are checked against the first DIR's, and the
 table gives TFLOP/s medians and each DIR's ratio to the first.
 """
@@ -15,17 +15,14 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "runtime"))
-
-from sdpa import SHAPES, _alternating, plan_name  # noqa: E402
+import common
+from sdpa import SHAPES, plan_name
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=common.ROUNDS)
     parser.add_argument("--only", default="", help="plan names containing this")
     args = parser.parse_args()
 
@@ -81,7 +78,7 @@ def _measure(name: str, shape, causal: bool, labels: list[str], dirs: list[Path]
 
     err = check("")
     calls = {x: bound[x].execute for x in labels}
-    times = _alternating(calls, rounds)
+    times = common.alternating(calls, rounds)
     torch.cuda.synchronize()
     check(" after the timed calls")  # every call must be right, not only the first
     flops = 4 * b * h * s * s * d / (2 if causal else 1)

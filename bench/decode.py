@@ -2,8 +2,8 @@
 caches) beside FlashAttention-4's paged path (where installed) and torch SDPA on a gathered
 dense cache, with this GPU's measured read ceiling, one run.
 
-    python bench/decode.py build                       # CPU machine: compile into bench/.built
-    python bench/decode.py run [--json FILE] [--md FILE]   # GPU machine: time everything, print a table
+    python bench/decode.py build                          # CPU machine: compile into bench/.built
+    python bench/decode.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
 
 Rows: bf16 q, hq 32, hkv 8, d 128, a bf16 cache or an e4m3 one (one scale per kv head, amax /
 448 of the row's data: the FP8 rows, beside the bf16 row of the same shape), the caches in
@@ -17,33 +17,25 @@ partial results + combine). FlashAttention-4 appends nothing: its time is attent
 torch's time counts the gather of the pages into a dense (batch, hkv, longest, d) cache, the
 length mask and SDPA.
 
-Times are device times from CUDA-graph replays (`bench/sdpa.py`'s `time_ms`: 20 steps in one
+Times are device times from CUDA-graph replays (bench/common.py's `time_ms`: 20 steps in one
 graph, replayed to settle, then timed over a window of replays). TB/s counts the KV bytes a
 step must read: Σ len · hkv · d · element bytes · 2 (K and V; e4m3: 1 byte; with a window, only
 the keys a step's tokens see: min(len, window + s_new)). The ceiling is the fastest plain
 read of a 4 GiB buffer in the same run (a torch reduction, which reads every byte once and
-writes a scalar). frostc's O is checked against
+writes a scalar; bench/common.py's `read_ceiling`). frostc's O is checked against
 float32 attention on the gathered cache before its time is reported; a row that fails prints
 "wrong" and the run exits 1.
 """
 
-import argparse
-import datetime
 import functools
-import json
 import random
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BUILT = ROOT / "bench" / ".built"
-sys.path.insert(0, str(ROOT / "bench"))
-from sdpa import time_ms  # noqa: E402
+import common
 
 HQ, HKV, D = 32, 8, 128
 LONG = 131072
-CEILING_BYTES = 4 << 30
 REPEATS = 20  # executes compared bit for bit after the timing (a race shows as a difference)
 
 
@@ -110,12 +102,8 @@ ROWS = [
 
 
 def build() -> int:
-    sys.path.insert(0, str(ROOT))
     from frostc import GraphBuilder
-    from frostc.build import build as build_plan
-    from frostc.planfile import write_atomic
 
-    BUILT.mkdir(parents=True, exist_ok=True)
     for row in ROWS:
         b, n = row.batch, row.s_new
         g = GraphBuilder(row.plan)
@@ -135,32 +123,11 @@ def build() -> int:
                page_table="page_table", seq_len_kv="cache_len", **scales)  # fmt: skip
         g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", page_table="page_table", seq_len_kv="cache_len",
                causal=row.causal or None, window_left=row.window, **scales)  # fmt: skip
-        write_atomic(BUILT / f"{row.plan}.frost", build_plan(g.build()))
-        print("built", row.plan, flush=True)
+        common.write_plan(common.BUILT / f"{row.plan}.frost", g.build())
     return 0
 
 
 # ---------------------------------------------------------------------------- the GPU side
-
-
-def read_ceiling() -> dict:
-    """Bytes per second of the fastest plain read of a 4 GiB buffer (a reduction to a scalar:
-    every byte read once, nothing written back but the result). Also the device copy (read +
-    write, both counted) for reference."""
-    import torch
-
-    x = torch.ones(CEILING_BYTES // 2, dtype=torch.bfloat16, device="cuda")
-    readers = {
-        "torch.sum of 4 GiB bf16 (fp32 accumulation)": lambda: x.sum(dtype=torch.float32),
-        "torch.sum of the same 4 GiB viewed as fp32": lambda: x.view(torch.float32).sum(),
-    }
-    rates = {name: CEILING_BYTES / (time_ms(fn) * 1e-3) for name, fn in readers.items()}
-    best = max(rates, key=rates.get)
-    half = x[: x.numel() // 2]
-    y = torch.empty_like(half)
-    # an elementwise kernel: a captured copy_ becomes a memcpy node, served by the copy engines
-    copy = 2 * half.numel() * 2 / (time_ms(lambda: torch.mul(half, 1, out=y)) * 1e-3)
-    return {"bytes_per_s": rates[best], "how": best, "all": rates, "copy_read_plus_write": copy}
 
 
 def _fa4():
@@ -248,7 +215,7 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
               "kv_bytes": kv_bytes, "us": {},
               "errors": {}}  # fmt: skip
 
-    plan = frost_runtime.load(BUILT / f"{row.plan}.frost")
+    plan = frost_runtime.load(common.BUILT / f"{row.plan}.frost")
     result["launches"] = [launch.node for launch in plan.data.launches]
     bound = plan.bind(*[logical.get(name, t.get(name)) for name in plan.slots], workspace=plan.allocate_workspace())
     t["o"].fill_(float("nan"))
@@ -264,7 +231,7 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
         result["wrong"] = True
         plan.close()
         return result
-    result["us"]["frostc"] = time_ms(bound.execute) * 1e3
+    result["us"]["frostc"] = common.time_ms(bound.execute) * 1e3
     result["repeats_differing"] = _repeats_differing(bound, t["o"])
     if result["repeats_differing"]:
         result["wrong"] = True
@@ -283,7 +250,7 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
             out = out[0] if isinstance(out, tuple) else out
             torch.cuda.synchronize()
             result["errors"]["fa4"] = _rel_err(out, want)
-            result["us"]["fa4"] = time_ms(fa4_call) * 1e3
+            result["us"]["fa4"] = common.time_ms(fa4_call) * 1e3
         except Exception as exc:  # reported in its column; the row goes on
             result["fa4_failed"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
@@ -306,7 +273,7 @@ def _measure(frost_runtime, row: Row, fa4, ceiling: float) -> dict:
             out = torch_gathered(gqa)()
             torch.cuda.synchronize()
             result["errors"]["torch"] = _rel_err(out.transpose(1, 2), want)
-            result["us"]["torch"] = time_ms(torch_gathered(gqa)) * 1e3
+            result["us"]["torch"] = common.time_ms(torch_gathered(gqa)) * 1e3
             result["torch_form"] = "enable_gqa" if gqa else "repeated heads"
             break
         except Exception as exc:  # enable_gqa with a mask may be refused: repeat the heads instead
@@ -343,14 +310,12 @@ def _repeats_differing(bound, o, repeats: int = REPEATS) -> int:
     return differing
 
 
-def run(json_path: str | None, md_path: str | None) -> int:
+def run(md=None, json_path=None) -> int:
+    import frost_runtime
     import torch
 
-    sys.path.insert(0, str(ROOT / "runtime"))
-    import frost_runtime
-
     fa4, fa4_missing = _fa4()
-    ceiling = read_ceiling()
+    ceiling = common.read_ceiling()
     torch.cuda.empty_cache()  # the 4 GiB buffer
     print(f"read ceiling: {ceiling['bytes_per_s'] / 1e12:.2f} TB/s ({ceiling['how']})", flush=True)
     rows = []
@@ -358,12 +323,8 @@ def run(json_path: str | None, md_path: str | None) -> int:
         rows.append(_measure(frost_runtime, row, fa4, ceiling["bytes_per_s"]))
         torch.cuda.empty_cache()  # the row's caches
         print(_line(rows[-1]), flush=True)
-    table = _markdown(rows, ceiling, torch.cuda.get_device_name(), torch.__version__, fa4_missing)
-    print(table)
-    if md_path:
-        Path(md_path).write_text(table)
-    if json_path:
-        Path(json_path).write_text(json.dumps({"ceiling": ceiling, "rows": rows}, indent=1))
+    table = _markdown(rows, ceiling, common.machine(), fa4_missing)
+    common.publish(table, {"ceiling": ceiling, "rows": rows}, md, json_path)
     return 1 if any(r.get("wrong") for r in rows) else 0
 
 
@@ -375,11 +336,10 @@ def _line(r: dict) -> str:
     return f"{r['row']:34} " + "  ".join(f"{k} {v:8.1f} µs" for k, v in r["us"].items())
 
 
-def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing: str | None) -> str:
-    today = datetime.date.today().isoformat()
+def _markdown(rows, ceiling: dict, machine: str, fa4_missing: str | None) -> str:
     top = ceiling["bytes_per_s"] / 1e12
     lines = [
-        f"Paged-KV decode, bf16 q, hq {HQ}, hkv {HKV}, d {D} — {device}, torch {torch_version}, {today}.",
+        f"Paged-KV decode, bf16 q, hq {HQ}, hkv {HKV}, d {D} — {machine}.",
         "µs per step from CUDA-graph replays (20 steps per graph, settled, then a timed window); TB/s = KV bytes read "
         "(Σ len · hkv · d · element bytes · 2) per second.",
         f"Read ceiling in this run: {top:.2f} TB/s ({ceiling['how']}); device copy (read + write counted): "
@@ -450,14 +410,5 @@ def _markdown(rows, ceiling: dict, device: str, torch_version: str, fa4_missing:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["build", "run"])
-    parser.add_argument("--json", help="also write the raw numbers here")
-    parser.add_argument("--md", help="also write the table (markdown) here")
-    args = parser.parse_args()
-    return build() if args.mode == "build" else run(args.json, args.md)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__doc__, build, run))

@@ -2,31 +2,26 @@
 shapes, torch's e4m3 GEMM (the FP8 tensor-core ceiling, measured in the same run) and, where
 installed, cuDNN's FP8 SDPA (nvidia-cudnn-frontend).
 
-    python bench/fp8.py build            # CPU machine: compile the plans into bench/.built/fp8
-    python bench/fp8.py run [--md FILE]  # GPU machine: time everything, print a table
+    python bench/fp8.py build                          # CPU machine: compile the plans into bench/.built/fp8
+    python bench/fp8.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
 
 Each row: one (batch, heads, seq, head dim) shape, causal or not. frostc e4m3 takes Q and K
 "bhsd", one descale per tensor and O in bf16, and V in either of two layouts, each its own plan:
 transposed ("bhds", keys innermost, as the kernel reads it) or "bhsd" like Q and K (the plan
 re-lays it with vt_pack first, in P's key order: its time is counted). frostc bf16 is the same
-shape's bf16 plan ("bhsd"). All run their serving path
-(`plan.bind` once, `bound.execute()`). Times and rounds as in bench/sdpa.py (`time_ms`,
-`_alternating`); TFLOP/s counts 4*b*h*s*s*d matmul FLOPs (half of that when causal). The e4m3
-output is checked against bf16 attention on the dequantized inputs before its time is reported.
+shape's bf16 plan ("bhsd"). All run their serving path (`plan.bind` once, `bound.execute()`).
+Times and rounds as in bench/sdpa.py (bench/common.py's `time_ms`, `alternating`); TFLOP/s counts
+4*b*h*s*s*d matmul FLOPs (half of that when causal). The e4m3 output is checked against bf16
+attention on the dequantized inputs before its time is reported.
 """
 
-import argparse
-import datetime
-import json
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sdpa import ROUNDS, SETTLE_S, WINDOW_S, _alternating, time_ms  # noqa: E402
+import common
+from frost_runtime.timing import SETTLE_S, WINDOW_S
 
-ROOT = Path(__file__).resolve().parent.parent
-BUILT = ROOT / "bench" / ".built" / "fp8"
+BUILT = common.BUILT / "fp8"
 SHAPES = [
     (4, 16, 2048, 128),
     (2, 16, 4096, 128),
@@ -54,12 +49,8 @@ def _plan_kinds() -> list[tuple[str, str]]:
 
 
 def build() -> int:
-    sys.path.insert(0, str(ROOT))
     from frostc import GraphBuilder
-    from frostc.build import build as build_plan
-    from frostc.planfile import write_atomic
 
-    BUILT.mkdir(parents=True, exist_ok=True)
     for shape in SHAPES:
         for causal in (False, True):
             for dtype, v_layout in _plan_kinds():
@@ -75,18 +66,14 @@ def build() -> int:
                         g.tensor(f"{role}_descale", dtype="fp32", dims=(1,))
                         descales[f"{role}_descale"] = f"{role}_descale"
                 g.sdpa(q="q", k="k", v="v", o="o", causal=causal, **descales)
-                write_atomic(BUILT / f"{name}.frost", build_plan(g.build()))
-                print("built", name, flush=True)
+                common.write_plan(BUILT / f"{name}.frost", g.build())
     return 0
 
 
-def run(md_path: str | None) -> int:
-    import torch
-
-    sys.path.insert(0, str(ROOT / "runtime"))
+def run(md=None, json_path=None) -> int:
     import frost_runtime
 
-    ceiling = _gemm_tflops(time_ms)
+    ceiling = _gemm_tflops()
     print(f"e4m3 GEMM {GEMM}^3: {ceiling:.0f} TFLOP/s", flush=True)
     rows = []
     for shape in SHAPES:
@@ -95,23 +82,19 @@ def run(md_path: str | None) -> int:
                      for kind in _plan_kinds()}  # fmt: skip
             rows.append(_measure(plans, shape, causal))
             print(_row(rows[-1], ceiling), flush=True)
-    table = _markdown(rows, ceiling, torch.cuda.get_device_name(), torch.__version__)
-    print(table)
-    if md_path:
-        Path(md_path).write_text(table)
-        Path(md_path).with_suffix(".json").write_text(json.dumps({"gemm_tflops": ceiling, "rows": rows}, indent=1))
+    common.publish(_markdown(rows, ceiling, common.machine()), {"gemm_tflops": ceiling, "rows": rows}, md, json_path)
     return 0
 
 
-def _gemm_tflops(time_ms) -> float:
+def _gemm_tflops() -> float:
     import torch
 
     a = torch.randn(GEMM, GEMM, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(GEMM, GEMM, device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
     one = torch.ones((), device="cuda")
     ms = statistics.median(
-        time_ms(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), calls=5)
-        for _ in range(ROUNDS)
+        common.time_ms(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), calls=5)
+        for _ in range(common.ROUNDS)
     )
     return 2 * GEMM**3 / (ms * 1e-3) / 1e12
 
@@ -165,7 +148,7 @@ def _measure(plans: dict, shape, causal: bool) -> dict:
         torch.cuda.synchronize()
         cudnn_err = ((out.float() - ref).norm() / ref.norm()).item()
         contestants["cuDNN e4m3"] = call
-    times = _alternating(contestants)
+    times = common.alternating(contestants)
     tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in times.items()}
     return {"shape": shape, "causal": causal, "rel_err": max(errors.values()), "cudnn_rel_err": cudnn_err,
             "ms": times, "tflops": tflops}  # fmt: skip
@@ -242,12 +225,11 @@ def _row(r, ceiling: float) -> str:
     )
 
 
-def _markdown(rows, ceiling: float, device: str, torch_version: str) -> str:
-    today = datetime.date.today().isoformat()
+def _markdown(rows, ceiling: float, machine: str) -> str:
     cudnn = all("cuDNN e4m3" in r["tflops"] for r in rows)
     lines = [
-        f"SDPA forward, e4m3 — {device}, torch {torch_version}, {today}. TFLOP/s from CUDA-graph replays "
-        f"({SETTLE_S:g} s settling, then a {WINDOW_S:g} s timed window), each contestant's median of {ROUNDS} "
+        f"SDPA forward, e4m3 — {machine}. TFLOP/s from CUDA-graph replays "
+        f"({SETTLE_S:g} s settling, then a {WINDOW_S:g} s timed window), each contestant's median of {common.ROUNDS} "
         f"measurements in rotated order. e4m3 GEMM ceiling ({GEMM}³, torch._scaled_mm, same run): "
         f"{ceiling:.0f} TFLOP/s. frostc e4m3 in two plans per shape: V with its keys innermost "
         '("bhds", read as it is) and V "bhsd" like Q and K (re-laid by the plan, counted); '
@@ -270,13 +252,5 @@ def _markdown(rows, ceiling: float, device: str, torch_version: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["build", "run"])
-    parser.add_argument("--md", help="also write the table (markdown) and raw numbers (json) here")
-    args = parser.parse_args()
-    return build() if args.mode == "build" else run(args.md)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__doc__, build, run))

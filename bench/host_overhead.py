@@ -4,56 +4,43 @@
     python bench/host_overhead.py run     # GPU machine: print the table
 
 Host microseconds per call, from a drained queue: the host-side time of a burst of 64 calls
-(no synchronization inside the burst), divided by 64, minimum over 25 bursts. The floor is
+(no synchronization inside the burst), divided by 64, minimum over 25 bursts
+(`frost_runtime.timing.host_us`, also `python -m frost_runtime bench`'s). The floor is
 `cuLaunchKernel` of an empty kernel through cuda-bindings with its arguments prebuilt.
 Also: CUDA-graph replay of a captured execute, and the cold `load()` of the one-kernel plan.
 """
 
-import argparse
-import datetime
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PLAN = ROOT / "bench" / ".built" / "host-b2-h8-s256-d128-causal.frost"
-VARLEN_PLAN = ROOT / "bench" / ".built" / "host-varlen-b2-h8-s256-d128-causal.frost"
-DECODE_PLAN = ROOT / "bench" / ".built" / "host-decode-b2-h8x2-p16-d128.frost"
+import common
+from frost_runtime import timing
+
+PLAN = common.BUILT / "host-b2-h8-s256-d128-causal.frost"
+VARLEN_PLAN = common.BUILT / "host-varlen-b2-h8-s256-d128-causal.frost"
+DECODE_PLAN = common.BUILT / "host-decode-b2-h8x2-p16-d128.frost"
 # a dense causal plan whose tiles come from a counter in the workspace (a zeroed region)
-COUNTER_PLAN = ROOT / "bench" / ".built" / "host-counter-b1-h8-s2048-d128-causal.frost"
+COUNTER_PLAN = common.BUILT / "host-counter-b1-h8-s2048-d128-causal.frost"
 COUNTER_SHAPE = (1, 8, 2048, 128)
 DECODE = {"batch": 2, "hq": 8, "hkv": 2, "d": 128, "page": 16, "max_pages": 256}  # split-KV: 3 launches
 SHAPE = (2, 8, 256, 128)
-BURST, REPS = 64, 25
+REPS = 25  # bursts of timing.BURST calls
 
 
 def build() -> int:
-    sys.path.insert(0, str(ROOT))
     from frostc import GraphBuilder
-    from frostc.build import build as build_plan
-    from frostc.planfile import write_atomic
 
-    def dense_causal(name: str, shape: tuple, path: Path) -> None:
-        g = GraphBuilder(name)
-        for t in ("q", "k", "v", "o"):
-            g.tensor(t, dtype="bf16", dims=shape, layout="bhsd")
-        g.sdpa(q="q", k="k", v="v", o="o", causal=True)
-        write_atomic(path, build_plan(g.build()))
-        print("built", path.name)
-
-    dense_causal("host-overhead", SHAPE, PLAN)
+    common.write_plan(PLAN, common.dense_description("host-overhead", SHAPE, causal=True))
     g = GraphBuilder("host-overhead-varlen")  # two launches: scheduling + attention kernels
     b, h, s, d = SHAPE
     for t in ("q", "k", "v", "o"):
         g.tensor(t, dtype="bf16", dims=(b * s, h, d))
     g.tensor("cu", dtype="int32", dims=(b + 1,))
     g.sdpa(q="q", k="k", v="v", o="o", cu_seqlens_q="cu", cu_seqlens_kv="cu", causal=True)
-    write_atomic(VARLEN_PLAN, build_plan(g.build()))
-    print("built", VARLEN_PLAN.name)
-    write_atomic(DECODE_PLAN, build_plan(_decode_description(GraphBuilder)))
-    print("built", DECODE_PLAN.name)
-    dense_causal("host-overhead-counter", COUNTER_SHAPE, COUNTER_PLAN)
+    common.write_plan(VARLEN_PLAN, g.build())
+    common.write_plan(DECODE_PLAN, _decode_description(GraphBuilder))
+    common.write_plan(COUNTER_PLAN, common.dense_description("host-overhead-counter", COUNTER_SHAPE, causal=True))
     return 0
 
 
@@ -93,27 +80,16 @@ def _decode_buffers(plan) -> list:
 
 
 def host_us(call) -> float:
-    import torch
-
-    best = float("inf")
-    for _ in range(REPS):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(BURST):
-            call()
-        best = min(best, time.perf_counter() - start)
-    torch.cuda.synchronize()
-    return best / BURST * 1e6
+    """The least host microseconds per call over REPS bursts."""
+    return timing.host_us(call, REPS)[1]
 
 
 def run() -> int:
+    import frost_runtime
     import torch
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    sys.path.insert(0, str(ROOT / "runtime"))
-    import frost_runtime
     from frost_runtime.bench import floor_call
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     torch.zeros(1, device="cuda")  # the primary context exists before anything is timed
     load_ms = []
@@ -178,8 +154,8 @@ def run() -> int:
     ]
     floor = rows[0][1]
     lines = [
-        f"Host µs per call, {SHAPE} bf16 causal, min over {REPS} bursts of {BURST} from a drained queue — "
-        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {datetime.date.today().isoformat()}.",
+        f"Host µs per call, {SHAPE} bf16 causal, min over {REPS} bursts of {timing.BURST} from a drained queue — "
+        f"{common.machine()}.",
         "",
         "| call | host µs | × floor |",
         "|---|---:|---:|",
@@ -198,15 +174,9 @@ def run() -> int:
     return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["build", "run"])
-    return build() if parser.parse_args().mode == "build" else run()
-
-
 def _tensor_maps(plan) -> int:
     return sum(p.kind == "tmap" for k in plan.data.kernels for p in k.params)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__doc__, build, run, outputs=False))

@@ -15,16 +15,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+import common
 import frost_runtime
 from cuda.bindings import driver as cu
 from frost_runtime.driver import check
 
-ROOT = Path(__file__).resolve().parent.parent
 SASS_OPS = ("HGMMA", "UTMALDG", "UTMASTG", "LDL", "STL")
 
 
 def main(paths: list[str]) -> None:
-    files = [Path(p) for p in paths] or sorted((ROOT / "bench" / ".built").glob("*.frost"))
+    files = [Path(p) for p in paths] or sorted(common.BUILT.glob("*.frost"))
     seen = set()
     print(f"{'kernel':44} {'regs':>4} {'local B':>7} " + " ".join(f"{op:>7}" for op in SASS_OPS))
     for path in files:

@@ -2,7 +2,7 @@
 own paths, in one run (issue 19).
 
     python bench/model.py build                   # CPU machine: the plan sets, into bench/.built/model
-    python bench/model.py run [--md F] [--json F] [--hf-compiled] [--compiled-model]   # GPU machine
+    python bench/model.py run [--md FILE] [--json FILE] [--hf-compiled] [--compiled-model]   # GPU machine
     python bench/model.py cold SET                # one process: start -> first token (run calls it)
 
 The model: Llama-3-8B's shapes (32 layers, 32 heads, 8 KV heads, d 128, vocab 128256), random
@@ -28,19 +28,16 @@ bf16 weights (no Hub), prompts of 2048 random tokens. Rows:
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BUILT = ROOT / "bench" / ".built" / "model"
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import common
+
+BUILT = common.BUILT / "model"
 
 PROMPT = 2048
 STEPS = 32  # generated tokens per timed generate() (HF) and replays per timing window (frostc)
@@ -166,6 +163,7 @@ def frostc_decode(model, backend, ids, mask, compile_model: bool = False) -> dic
     `compile_model`, the first (compiling) step's seconds too, and the graphs dynamo compiled
     over the whole row (1: one compile served every eager step, the reset and the capture)."""
     import torch
+    from frost_runtime import timing
     from frost_runtime.hf import DecodeGraph
     from torch._dynamo.utils import counters
 
@@ -186,15 +184,10 @@ def frostc_decode(model, backend, ids, mask, compile_model: bool = False) -> dic
         for _ in range(len(eager_tokens) - 1):
             replayed.append(graph.step(replayed[-1]))
         same = all(torch.equal(a, b) for a, b in zip(eager_tokens, replayed))
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(10):
             graph.graph.replay()
-        start.record()
-        for _ in range(STEPS):
-            graph.graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-    result = {"graph_ms": start.elapsed_time(end) / STEPS, "eager_ms": eager_ms, "graph_tokens_match_eager": same}
+        graph_ms = timing.elapsed_ms(graph.graph.replay, STEPS) / STEPS  # 10 replays' warm-up, no settling
+    result = {"graph_ms": graph_ms, "eager_ms": eager_ms, "graph_tokens_match_eager": same}
     if compile_model:
         extra["compiles"] = counters["stats"]["unique_graphs"] - compiled_before
     return result | extra
@@ -255,13 +248,12 @@ def cold(set_path: str) -> int:
     return 0
 
 
-def run(md: str | None, json_path: str | None, hf_compiled: bool, compiled_model: bool = False) -> int:
+def run(md=None, json_path=None, hf_compiled: bool = False, compiled_model: bool = False) -> int:
     import frost_runtime
     import torch
-    from decode import read_ceiling
     from frost_runtime import hf
 
-    ceiling = read_ceiling()["bytes_per_s"]
+    ceiling = common.read_ceiling()["bytes_per_s"]
     print(f"read ceiling {ceiling / 1e12:.2f} TB/s", flush=True)
     result: dict = {"ceiling_bytes_per_s": ceiling, "decode": [], "prefill": []}
 
@@ -333,12 +325,7 @@ def run(md: str | None, json_path: str | None, hf_compiled: bool, compiled_model
     del long_backend
     torch.cuda.empty_cache()
     fused_layers(model, result)
-    table = markdown(result, torch.cuda.get_device_name(), torch.__version__)
-    print(table)
-    if md:
-        Path(md).write_text(table)
-    if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=1))
+    common.publish(markdown(result, torch.cuda.get_device_name(), torch.__version__), result, md, json_path)
     same = [r["graph_tokens_match_eager"] and all(r.get(k, {}).get("graph_tokens_match_eager", True)
                                                   for k in ("fp8", "compiled_model", "fused", "fused_fp8"))
             for r in result["decode"]]  # fmt: skip
@@ -512,25 +499,16 @@ def _variant_table(decode: list[dict], key: str, what: str, columns: tuple[str, 
     return lines
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build")
-    run_parser = sub.add_parser("run")
-    run_parser.add_argument("--md")
-    run_parser.add_argument("--json")
+def main(argv: list[str] | None = None) -> int:
+    parser, commands = common.command_line(__doc__, cold="one process: start -> first token (run calls it)")
+    run_parser = commands["run"]
+    common.add_outputs(run_parser)
     run_parser.add_argument("--hf-compiled", action="store_true", help="also HF's compiled path (minutes of compile)")
     run_parser.add_argument(
         "--compiled-model", action="store_true", help="also frostc's step with the model through torch.compile"
     )
-    cold_parser = sub.add_parser("cold")
-    cold_parser.add_argument("set")
-    args = parser.parse_args()
-    if args.command == "build":
-        return build()
-    if args.command == "cold":
-        return cold(args.set)
-    return run(args.md, args.json, args.hf_compiled, args.compiled_model)
+    commands["cold"].add_argument("set_path", metavar="SET")
+    return common.dispatch(parser, {"build": build, "run": run, "cold": cold}, argv)
 
 
 if __name__ == "__main__":

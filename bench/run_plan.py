@@ -10,8 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "runtime"))
+import common  # noqa: F401 (runtime/ on the path)
 
 
 def main() -> int:

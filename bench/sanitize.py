@@ -31,15 +31,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BUILT = ROOT / "bench" / ".built" / "sanitize"
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "runtime"))
+import common  # first: the repository (tests.gpu) on the path
 
-from tests.gpu.cases import Case  # noqa: E402
-from tests.gpu.decode_cases import DecodeCase  # noqa: E402
-from tests.gpu.fp8_cases import Fp8Case  # noqa: E402
-from tests.gpu.glue_support import GlueCase  # noqa: E402
+from tests.gpu.cases import Case
+from tests.gpu.decode_cases import DecodeCase
+from tests.gpu.fp8_cases import Fp8Case
+from tests.gpu.glue_support import GlueCase
+
+BUILT = common.BUILT / "sanitize"
 
 TOOLS = ("memcheck", "racecheck", "synccheck")
 SANITIZER = "/usr/local/cuda/bin/compute-sanitizer"
@@ -285,7 +284,10 @@ class ToolResult:
     exit_code: int
 
 
-def run(tools: list[str], out: Path, plans: Path, only: str) -> int:
+def run(tools: list[str], plans: Path, only: str, out: Path | None = None) -> int:
+    """Every plan under each tool; the table and logs go to `out` (default: $OUT where set, else
+    the plans' folder). Exit 0 only when every count is 0 and every output check passed."""
+    out = out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else plans)
     out.mkdir(parents=True, exist_ok=True)
     labels = [e["label"] for e in _manifest(plans, only)]
     results = {}
@@ -312,7 +314,7 @@ def _run_tool(tool: str, log: Path, selection: list[str]) -> ToolResult:
         command += ["--racecheck-report", "all"]
     command += [sys.executable, str(Path(__file__).resolve()), "launch", *selection]
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=common.ROOT)
     text = done.stdout + done.stderr
     log.write_text(text)
     return _parse(text, done.returncode)
@@ -354,29 +356,27 @@ def _table(labels: list[str], tools: list[str], results: dict[str, ToolResult]) 
     return "\n".join(rows)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    commands = (
-        sub.add_parser("build", help="compile the plans (CPU machine)"),
-        sub.add_parser("launch", help="run the plans once each (what each tool's process runs)"),
-        run_parser := sub.add_parser("run", help="the plans under every tool; a table (GPU machine)"),
-    )
-    for command in commands:
-        command.add_argument("--plans", type=Path, default=BUILT, help=f"the plans' folder (default {BUILT})")
-        command.add_argument("--only", default="", help="the plans whose label contains this (default: all)")
-    run_parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated, default: all three")
-    args = parser.parse_args()
-    if args.command == "build":
-        return build(args.plans, args.only)
-    if args.command == "launch":
-        return launch(args.plans, args.only)
-    tools = [t for t in args.tools.split(",") if t]
+def _tools(text: str) -> list[str]:
+    tools = [t for t in text.split(",") if t]
     unknown = sorted(set(tools) - set(TOOLS))
     if unknown:
-        parser.error(f"unknown tool(s) {', '.join(unknown)}; choose from {', '.join(TOOLS)}")
-    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else args.plans
-    return run(tools, out, args.plans, args.only)
+        raise argparse.ArgumentTypeError(f"unknown tool(s) {', '.join(unknown)}; choose from {', '.join(TOOLS)}")
+    return tools
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, commands = common.command_line(
+        __doc__,
+        run="the plans under every tool; a table (GPU machine)",
+        launch="run the plans once each (what each tool's process runs)",
+    )
+    for command in commands.values():
+        command.add_argument("--plans", type=Path, default=BUILT, help=f"the plans' folder (default {BUILT})")
+        command.add_argument("--only", default="", help="the plans whose label contains this (default: all)")
+    commands["run"].add_argument(
+        "--tools", type=_tools, default=",".join(TOOLS), help="comma-separated, default: all three"
+    )
+    return common.dispatch(parser, {"build": build, "run": run, "launch": launch}, argv)
 
 
 if __name__ == "__main__":

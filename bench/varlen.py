@@ -2,12 +2,12 @@
 beside FlashAttention-4's varlen path (where installed) and torch SDPA's cuDNN backend with
 every sequence padded to the longest, one run.
 
-    python bench/varlen.py build            # CPU machine: compile the plans into bench/.built
-    python bench/varlen.py run [--md FILE]  # GPU machine: time everything, print a table
+    python bench/varlen.py build                          # CPU machine: compile the plans into bench/.built
+    python bench/varlen.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
 
 Useful TFLOP/s count only the real lengths: 4·d·hq·Σ(visible (query, key) pairs) FLOPs, so
 causal counts the lower triangle and a sliding window its band. Times are device times from
-CUDA-graph replays (`bench/sdpa.py`'s `time_ms`); frostc's time is both of its launches (the
+CUDA-graph replays (bench/common.py's `time_ms`); frostc's time is both of its launches (the
 scheduling kernel and the attention kernel). frostc's output is checked against cuDNN's on
 every mix before its time is reported. Also: all-equal lengths through the varlen path against
 the dense plan of the same shape, and a sliding window of 4096 on one 16k sequence against the
@@ -20,18 +20,11 @@ checked against float32 attention on the dequantized inputs (relative L2 under 4
 tests' bound: e4m3's P rounding).
 """
 
-import argparse
-import datetime
-import json
 import random
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BUILT = ROOT / "bench" / ".built"
-sys.path.insert(0, str(ROOT / "bench"))
-from sdpa import time_ms  # noqa: E402
+import common
 
 HQ, HKV, D = 32, 8, 128
 ISSUE_MIX = [37, 512, 1900, 128, 3000, 700, 64, 2048, 1024, 333, 4000, 90, 1500, 256, 800, 2500]
@@ -78,12 +71,8 @@ def dense_plan(mix: Mix) -> str:
 
 
 def build() -> int:
-    sys.path.insert(0, str(ROOT))
     from frostc import GraphBuilder
-    from frostc.build import build as build_plan
-    from frostc.planfile import write_atomic
 
-    BUILT.mkdir(parents=True, exist_ok=True)
     dense = {}
     for mix in MIXES:
         tokens, b = sum(mix.lengths), len(mix.lengths)
@@ -94,10 +83,8 @@ def build() -> int:
         g.tensor("cu_kv", dtype="int32", dims=(b + 1,))
         g.sdpa(q="q", k="k", v="v", o="o", cu_seqlens_q="cu_q", cu_seqlens_kv="cu_kv", max_seqlen_q=max(mix.lengths),
                max_seqlen_kv=max(mix.lengths), causal=mix.causal, window_left=mix.window_left)  # fmt: skip
-        write_atomic(BUILT / f"{mix.plan}.frost", build_plan(g.build()))
-        print("built", mix.plan, flush=True)
-        write_atomic(BUILT / f"{mix.fp8_plan}.frost", build_plan(_fp8_description(mix)))
-        print("built", mix.fp8_plan, flush=True)
+        common.write_plan(common.BUILT / f"{mix.plan}.frost", g.build())
+        common.write_plan(common.BUILT / f"{mix.fp8_plan}.frost", _fp8_description(mix))
         if len(set(mix.lengths)) == 1:
             dense[dense_plan(mix)] = (b, mix.lengths[0], mix.causal)
     for name, (b, s, causal) in dense.items():
@@ -105,8 +92,7 @@ def build() -> int:
         for t, heads in (("q", HQ), ("k", HKV), ("v", HKV), ("o", HQ)):
             g.tensor(t, dtype="bf16", dims=(b, heads, s, D), layout="bshd")  # the packed tensors' memory
         g.sdpa(q="q", k="k", v="v", o="o", causal=causal)
-        write_atomic(BUILT / f"{name}.frost", build_plan(g.build()))
-        print("built", name, flush=True)
+        common.write_plan(common.BUILT / f"{name}.frost", g.build())
     return 0
 
 
@@ -153,10 +139,7 @@ def block_flops(mix: Mix, block: int = 128) -> float:
     return 4.0 * D * HQ * blocks * block * block
 
 
-def run(md_path: str | None) -> int:
-    import torch
-
-    sys.path.insert(0, str(ROOT / "runtime"))
+def run(md=None, json_path=None) -> int:
     import frost_runtime
 
     fa4 = _fa4()
@@ -164,11 +147,7 @@ def run(md_path: str | None) -> int:
     for mix in MIXES:
         rows.append(_measure(frost_runtime, mix, fa4))
         print(_row(rows[-1]), flush=True)
-    table = _markdown(rows, torch.cuda.get_device_name(), torch.__version__, fa4 is not None)
-    print(table)
-    if md_path:
-        Path(md_path).write_text(table)
-        Path(md_path).with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    common.publish(_markdown(rows, common.machine(), fa4 is not None), rows, md, json_path)
     return 0
 
 
@@ -200,9 +179,9 @@ def _measure(frost_runtime, mix: Mix, fa4) -> dict:
     for n in mix.lengths:
         cu_list.append(cu_list[-1] + n)
     cu = torch.tensor(cu_list, dtype=torch.int32, device="cuda")
-    plan = frost_runtime.load(BUILT / f"{mix.plan}.frost")
+    plan = frost_runtime.load(common.BUILT / f"{mix.plan}.frost")
     bound = plan.bind(q, k, v, cu, cu, o, workspace=plan.allocate_workspace())
-    times = {"frostc": time_ms(bound.execute)}
+    times = {"frostc": common.time_ms(bound.execute)}
 
     # torch on the padded batch: every sequence padded to the longest, K and V heads repeated
     # for the query heads (cuDNN; the window row needs a mask, which takes the mem-efficient
@@ -221,7 +200,7 @@ def _measure(frost_runtime, mix: Mix, fa4) -> dict:
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(*padded, attn_mask=mask, is_causal=mix.causal and mask is None)
 
-    times["torch_padded"] = time_ms(torch_padded)
+    times["torch_padded"] = common.time_ms(torch_padded)
     padded.clear()  # free the padded copies before the next contestant
 
     o.fill_(float("nan"))
@@ -243,7 +222,7 @@ def _measure(frost_runtime, mix: Mix, fa4) -> dict:
 
     if fa4 is not None:
         window = (mix.window_left, 0) if mix.window_left is not None else (None, None)
-        times["fa4"] = time_ms(
+        times["fa4"] = common.time_ms(
             lambda: fa4(
                 q,
                 k,
@@ -257,11 +236,11 @@ def _measure(frost_runtime, mix: Mix, fa4) -> dict:
             )  # fmt: skip
         )
     dense_flops = None
-    if (BUILT / f"{dense_plan(mix)}.frost").exists():  # all-equal lengths: the dense plan of that shape
-        dense = frost_runtime.load(BUILT / f"{dense_plan(mix)}.frost")
+    if (common.BUILT / f"{dense_plan(mix)}.frost").exists():  # all-equal lengths: the dense plan of that shape
+        dense = frost_runtime.load(common.BUILT / f"{dense_plan(mix)}.frost")
         s = mix.lengths[0]
         shaped = [x.view(b, s, x.shape[1], D).transpose(1, 2) for x in (q, k, v, o)]
-        times["frostc_dense"] = time_ms(dense.bind(*shaped, workspace=dense.allocate_workspace()).execute)
+        times["frostc_dense"] = common.time_ms(dense.bind(*shaped, workspace=dense.allocate_workspace()).execute)
         dense_flops = useful_flops(Mix("dense", mix.lengths, mix.causal))
     flops = useful_flops(mix)
     tflops = {name: flops / (ms * 1e-3) / 1e12 for name, ms in times.items()}
@@ -287,9 +266,9 @@ def _measure_fp8(frost_runtime, mix: Mix, qkv: tuple, cu_list: list[int]) -> tup
     cu = torch.tensor(cu_list, dtype=torch.int32, device="cuda")
     o = torch.full((sum(mix.lengths), HQ, D), float("nan"), device="cuda", dtype=torch.bfloat16)
     buffers |= {"o": o, "cu_q": cu, "cu_kv": cu}
-    plan = frost_runtime.load(BUILT / f"{mix.fp8_plan}.frost")
+    plan = frost_runtime.load(common.BUILT / f"{mix.fp8_plan}.frost")
     bound = plan.bind(*(buffers[name] for name in plan.slots), workspace=plan.allocate_workspace())
-    ms = time_ms(bound.execute)
+    ms = common.time_ms(bound.execute)
     o.fill_(float("nan"))
     bound.execute()
     torch.cuda.synchronize()
@@ -315,10 +294,9 @@ def _row(r) -> str:
     return f"{r['plan']:34} {cols}"
 
 
-def _markdown(rows, device: str, torch_version: str, have_fa4: bool) -> str:
-    today = datetime.date.today().isoformat()
+def _markdown(rows, machine: str, have_fa4: bool) -> str:
     lines = [
-        f"Variable-length SDPA forward, bf16, hq {HQ}, hkv {HKV}, d {D} — {device}, torch {torch_version}, {today}.",
+        f"Variable-length SDPA forward, bf16, hq {HQ}, hkv {HKV}, d {D} — {machine}.",
         "Useful TFLOP/s (real lengths only) from CUDA-graph replays; frostc = scheduling + attention kernels;",
         "torch padded = SDPA on every sequence padded to the longest (cuDNN; the window row: a mask, mem-efficient).",
         "",
@@ -362,13 +340,5 @@ def _markdown(rows, device: str, torch_version: str, have_fa4: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["build", "run"])
-    parser.add_argument("--md", help="also write the table (markdown) and raw numbers (json) here")
-    args = parser.parse_args()
-    return build() if args.mode == "build" else run(args.md)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__doc__, build, run))

@@ -202,7 +202,7 @@ def check(
     """Validate a plan and say whether it can run on this machine's GPU and driver; launches
     nothing. Exit 0 runnable, 1 valid but not runnable here, 2 invalid, unreadable or not the
     pinned plan (--sha256)."""
-    from frostc.check import check_plan_file, print_check
+    from frostc.plan_verdict import check_plan_file, print_check
 
     result = check_plan_file(plan, sha256=sha256)
     if as_json:

@@ -9,9 +9,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from frostc.checks import check_bool, check_choice, check_int, check_positive_float, describe
 from frostc.description import NodeDecl, TensorDecl, key_path, node_path
 from frostc.errors import Problem
+from frostc.field_checks import check_bool, check_choice, check_int, check_positive_float, describe
 from frostc.graph import Graph, Tensor
 from frostc.resolved import WORKSPACE_ALIGN, LengthContract, Slot, WorkspaceRegion
 

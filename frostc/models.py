@@ -33,9 +33,9 @@ from typing import Any
 
 from frost_runtime import dtypes
 
-from frostc.checks import describe, is_int, is_number, quoted
 from frostc.description import read_text_file
 from frostc.errors import DescriptionError, Problem
+from frostc.field_checks import describe, is_int, is_number, quoted
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 LEGACY_LAYER_TYPES = {"attention": FULL}  # transformers' remap_legacy_layer_types

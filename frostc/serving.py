@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from frost_runtime.dtypes import DTYPES, KV_CACHE, SCALE_DTYPE
 
-from frostc.checks import quoted
 from frostc.description import Description, GraphBuilder
 from frostc.errors import DescriptionError, Problem
+from frostc.field_checks import quoted
 from frostc.models import SERVED_DTYPES, ModelAttention, ModelLayers
 
 # vLLM's default CUDA-graph capture sizes: 1, 2, 4, then 8..256 step 8, then 272..512 step 16

@@ -21,13 +21,6 @@ from typing import Any
 from frost_runtime import dtypes, schema
 
 from frostc import ops
-from frostc.checks import (
-    check_choice,
-    check_int_list,
-    check_unknown_keys,
-    describe,
-    is_int,
-)
 from frostc.contexts import CheckedTensor, NodeContext, Use
 from frostc.description import (
     FORMAT_VERSION,
@@ -39,6 +32,13 @@ from frostc.description import (
     tensor_path,
 )
 from frostc.errors import DescriptionError, Problem
+from frostc.field_checks import (
+    check_choice,
+    check_int_list,
+    check_unknown_keys,
+    describe,
+    is_int,
+)
 from frostc.graph import Graph, Node, Tensor
 
 DEFAULT_TARGET = "sm_90a"

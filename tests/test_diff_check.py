@@ -14,10 +14,10 @@ import pytest
 from frost_runtime.schema import Arg, Header, Kernel, Launch, Param, PlanData, TensorSlot, encode_plan
 from typer.testing import CliRunner, Result
 
-from frostc import check as check_module
-from frostc.check import GpuDevice, Probe, check_plan_file
+from frostc import plan_verdict
 from frostc.cli import app
 from frostc.diff import diff_files, load_summary
+from frostc.plan_verdict import GpuDevice, Probe, check_plan_file
 
 FAKE_CUBIN = b"\x7fELF" + bytes(range(256))
 
@@ -160,7 +160,7 @@ H200 = GpuDevice(0, "NVIDIA H200", (9, 0), 13000)
 
 def test_check_without_a_driver_says_so_and_exits_1(plan_a: Path) -> None:
     """This machine has no NVIDIA driver: the real probe must answer, not crash."""
-    probe = check_module.probe_gpus()
+    probe = plan_verdict.probe_gpus()
     if probe.devices:
         pytest.skip("this machine has a GPU")
     assert probe.reason and probe.reason.startswith("no GPU/driver found")
@@ -186,7 +186,7 @@ def test_check_without_a_driver_says_so_and_exits_1(plan_a: Path) -> None:
 def test_check_judges_each_gpu_with_the_runtime_rule(
     monkeypatch: pytest.MonkeyPatch, plan_a: Path, devices, runnable: bool, problem: str | None
 ) -> None:
-    monkeypatch.setattr(check_module, "probe_gpus", lambda: Probe(devices=devices, driver_version=13000))
+    monkeypatch.setattr(plan_verdict, "probe_gpus", lambda: Probe(devices=devices, driver_version=13000))
     result = frostc("check", plan_a, "--json")
     report = json.loads(result.stdout)
     assert result.exit_code == (0 if runnable else 1)
@@ -255,7 +255,7 @@ def test_check_with_another_sha256_exits_2_without_probing(
     def probe() -> Probe:
         raise AssertionError("a plan that is not the pinned one needs no GPU probe")
 
-    monkeypatch.setattr(check_module, "probe_gpus", probe)
+    monkeypatch.setattr(plan_verdict, "probe_gpus", probe)
     other = write(tmp_path / "b.frost", make_plan(workspace_bytes=64))
     result = frostc("check", plan_a, "--sha256", sha256_of(other))
     assert result.exit_code == 2

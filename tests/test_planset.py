@@ -308,14 +308,14 @@ def test_inspect_a_set(set_files) -> None:
 def test_check_a_set(set_files) -> None:
     import json
 
-    from frost_runtime import check
+    from frost_runtime import verdict
 
     from tests.test_cli import frostc
 
     whole, _ = set_files
-    verdict = json.loads(frostc("check", whole, "--json").stdout)
-    assert verdict["valid"] and verdict["header"]["kind"] == "set" and verdict["exit_code"] in (0, 1)
-    assert "a valid plan set llama3-8b (format 4" in check.check_lines(verdict)[0]
+    judged = json.loads(frostc("check", whole, "--json").stdout)
+    assert judged["valid"] and judged["header"]["kind"] == "set" and judged["exit_code"] in (0, 1)
+    assert "a valid plan set llama3-8b (format 4" in verdict.check_lines(judged)[0]
     result = frostc("check", whole, "--sha256", "0" * 64)
     assert result.exit_code == 2 and "not the pinned plan" in result.stderr
     assert frostc("check", whole, "--sha256", read_set(whole).sha256).exit_code in (0, 1)

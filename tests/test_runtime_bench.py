@@ -12,11 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from frost_runtime import bench, workload
+from frost_runtime import bench, timing, workload
 from frost_runtime.__main__ import main, parser
-from frost_runtime.check import probe_gpus
 from frost_runtime.plan import length_problem
 from frost_runtime.schema import Header, LengthContract, PlanData, TensorSlot, decode_plan
+from frost_runtime.verdict import probe_gpus
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -116,7 +116,7 @@ def named(plan: PlanData, values: dict[int, list[int]]) -> dict[str, list[int]]:
 def test_bench_arguments_and_their_defaults() -> None:
     args = parser().parse_args(["bench", "p.frost"])
     assert (args.plan, args.duration, args.graph, args.lengths, args.seed, args.json) == (
-        "p.frost", bench.WINDOW_S, False, None, 0, False,
+        "p.frost", timing.WINDOW_S, False, None, 0, False,
     )  # fmt: skip
     args = parser().parse_args(
         ["bench", "p.frost", "--duration", "0.2", "--graph", "--lengths", "random", "cu_q=1,2", "--seed", "7", "--json"]
@@ -506,6 +506,50 @@ def test_bench_of_an_invalid_plan_or_bad_lengths_exits_2(plans, tmp_path: Path, 
     assert "bench:" in capsys.readouterr().err
     assert main(["bench", str(plans["packed"]), "--lengths", "cu_q=999"]) == 2
     assert "--lengths cu_q" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ timing
+
+
+@pytest.fixture
+def fake_device(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Device time without a GPU: each call takes 0.5 ms; the log holds every call made."""
+    torch = pytest.importorskip("torch")
+    log: list[str] = []
+
+    def elapsed_ms(step, times: int = 1) -> float:
+        before = len(log)
+        for _ in range(times):
+            step()
+        return (len(log) - before) * 0.5
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing, "elapsed_ms", elapsed_ms)
+    return log
+
+
+def test_device_time_settles_then_times_the_steps_that_fill_the_window(fake_device: list[str]) -> None:
+    us, timed = timing.device_us(lambda: fake_device.append("x"), window_s=0.0301, calls=4, settle_s=0.0101, warmup=3)
+    # a step of 4 calls takes 2 ms: 3 calls of warm-up, one step to learn its length, ceil(10.1 / 2) = 6
+    # steps of settling, then ceil(30.1 / 2) = 16 steps timed
+    assert (us, timed) == (500.0, 64)
+    assert len(fake_device) == 3 + 4 + 6 * 4 + 64
+
+
+def test_a_short_window_still_times_ten_steps(fake_device: list[str]) -> None:
+    assert timing.device_us(lambda: fake_device.append("x"), window_s=0.001, calls=2, settle_s=0.0)[1] == 20
+    assert len(fake_device) == timing.WARMUP + 2 + 20
+
+
+def test_host_time_is_per_call_over_bursts_from_a_drained_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    log: list[str] = []
+    clock = iter([0, 4, 10, 22, 30, 38])  # perf_counter at each burst's start and end: 4, 12 and 8 s
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: log.append("drain"))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    median, least = timing.host_us(lambda: log.append("call"), bursts=3, burst=4)
+    assert (median, least) == (2e6, 1e6)  # µs per call
+    assert log == (["drain"] + ["call"] * 4) * 3 + ["drain"]
 
 
 # ------------------------------------------------------------------------------- the report

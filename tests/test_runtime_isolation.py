@@ -50,10 +50,11 @@ def test_importing_the_runtime_loads_no_compiler_or_dsl_module() -> None:
 def test_the_runtime_is_the_one_in_this_repository() -> None:
     assert RUNTIME_DIR.parent.name == "runtime"
     assert [p.relative_to(RUNTIME_DIR).as_posix() for p in SOURCES] == [
-        "__init__.py", "__main__.py", "bench.py", "check.py", "driver.py", "dtypes.py", "fp8.py",
+        "__init__.py", "__main__.py", "bench.py", "driver.py", "dtypes.py", "fp8.py",
         "hf/__init__.py", "hf/backend.py", "hf/cache.py", "hf/decode_graph.py", "hf/launches.py",
         "hf/metadata.py", "hf/pools.py", "hf/reference.py", "hf/support.py",
-        "hf_fuse.py", "integrity.py", "plan.py", "planset.py", "schema.py", "torch_ops.py", "workload.py",
+        "hf_fuse.py", "integrity.py", "plan.py", "planset.py", "schema.py", "timing.py", "torch_ops.py",
+        "verdict.py", "workload.py",
     ]  # fmt: skip
 
 

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def sanitize():
+    sys.path.insert(0, str(ROOT / "bench"))  # as when run as a script: bench/common.py importable
     spec = importlib.util.spec_from_file_location("sanitize", ROOT / "bench" / "sanitize.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["sanitize"] = module
@@ -70,6 +71,6 @@ def test_the_table_and_the_verdict(sanitize, tmp_path, monkeypatch) -> None:
     }
     monkeypatch.setattr(sanitize, "_manifest", lambda plans, only: [{"label": "dense-a"}])
     monkeypatch.setattr(sanitize, "_run_tool", lambda tool, log, selection: sanitize._parse(logs[tool], 0))
-    assert sanitize.run(["memcheck"], tmp_path, tmp_path, "") == 0
+    assert sanitize.run(["memcheck"], tmp_path, "", out=tmp_path) == 0
     assert "| dense-a |" in (tmp_path / "sanitize.md").read_text()
-    assert sanitize.run(["memcheck", "racecheck"], tmp_path, tmp_path, "") == 1
+    assert sanitize.run(["memcheck", "racecheck"], tmp_path, "", out=tmp_path) == 1

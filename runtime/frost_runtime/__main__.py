@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from frost_runtime import bench, check, workload
+from frost_runtime import bench, timing, verdict, workload
 
 
 def parser() -> argparse.ArgumentParser:
@@ -21,7 +21,7 @@ def parser() -> argparse.ArgumentParser:
         "bench",
         help="time a plan on this GPU (device time, host time, TFLOP/s or TB/s)",
         description="Time a plan on this GPU with buffers made from its slots: device time per execute (CUDA "
-        f"events over a window after {bench.SETTLE_S:g} s of settling), host time of bound.execute() beside the "
+        f"events over a window after {timing.SETTLE_S:g} s of settling), host time of bound.execute() beside the "
         "driver's launch floor, and TFLOP/s (attention) or TB/s (paged decode: KV bytes read). Exit 0 measured, "
         "1 not runnable here (no GPU, another GPU, an old driver) or failed on the GPU, 2 invalid plan or arguments.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -31,9 +31,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--duration",
         type=_positive_float,
-        default=bench.WINDOW_S,
+        default=timing.WINDOW_S,
         metavar="S",
-        help=f"seconds of the timed window, after {bench.SETTLE_S:g} s of settling (default {bench.WINDOW_S:g})",
+        help=f"seconds of the timed window, after {timing.SETTLE_S:g} s of settling (default {timing.WINDOW_S:g})",
     )
     b.add_argument("--graph", action="store_true", help="time executes replayed from a CUDA graph")
     b.add_argument(
@@ -73,35 +73,35 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check(args) -> int:
-    result = check.check_plan_file(args.plan, sha256=args.sha256)
+    result = verdict.check_plan_file(args.plan, sha256=args.sha256)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         stream = sys.stdout if result["valid"] else sys.stderr
-        print("\n".join(check.check_lines(result)), file=stream)
+        print("\n".join(verdict.check_lines(result)), file=stream)
     return result["exit_code"]
 
 
 def _bench(args) -> int:
     """The file and --lengths first (exit 2), then whether this machine can run the plan (exit
     1): each an answer, not a traceback. Then measure."""
-    data, error = check.read_plan(args.plan)
+    data, error = verdict.read_plan(args.plan)
     if data is None:
-        return _fail(args, check.INVALID, error)
+        return _fail(args, verdict.INVALID, error)
     try:
         workload.make_lengths(data, args.lengths, args.seed)
     except workload.LengthSpecError as exc:
-        return _fail(args, check.INVALID, str(exc))
-    verdict = check.check_plan_file(args.plan)
-    if verdict["exit_code"] != check.RUNNABLE:
-        why = "; ".join(check.check_lines(verdict)[2:-1])
-        return _fail(args, verdict["exit_code"], f"{args.plan}: not runnable here: {why}")
+        return _fail(args, verdict.INVALID, str(exc))
+    judged = verdict.check_plan_file(args.plan)
+    if judged["exit_code"] != verdict.RUNNABLE:
+        why = "; ".join(verdict.check_lines(judged)[2:-1])
+        return _fail(args, judged["exit_code"], f"{args.plan}: not runnable here: {why}")
     from frost_runtime.plan import BindError, CompatibilityError
 
     try:
         result = bench.run(args.plan, args.duration, args.graph, args.lengths, args.seed)
     except (bench.BenchError, CompatibilityError, BindError, RuntimeError, OSError) as exc:
-        return _fail(args, check.NOT_RUNNABLE, f"{type(exc).__name__}: {exc}")
+        return _fail(args, verdict.NOT_RUNNABLE, f"{type(exc).__name__}: {exc}")
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -4,30 +4,23 @@ Buffers follow each slot's dtype, dims and strides: inputs random normal, output
 NaN (an output a launch also reads through a tensor map, such as a KV cache appended in place,
 is random like an input), length slots filled by `workload.make_lengths`, page tables with a
 seeded shuffle of the cache's pages, the workspace from `plan.allocate_workspace()`. The plan is
-bound once and timed three ways:
+bound once and timed three ways, by `frost_runtime.timing` (the bench/ scripts' timing too):
 
-- device time per execute: CUDA events around a settled window (bench/sdpa.py's method): SETTLE_S
-  seconds of back-to-back executes first, so the power-capped clocks reach their steady state
-  under this load, then as many executes as fill the window (`--duration`), with no pause
-  between the two; with `--graph` the executes are replayed from a CUDA graph of GRAPH_CALLS;
-- host time of `bound.execute()`: perf_counter around bursts of BURST calls from a drained
-  queue, the median (and the least) per call;
+- device time per execute: CUDA events around a settled window: `timing.SETTLE_S` seconds of
+  back-to-back executes first, so the power-capped clocks reach their steady state under this
+  load, then as many executes as fill the window (`--duration`), with no pause between the two;
+  with `--graph` the executes are replayed from a CUDA graph of `timing.GRAPH_CALLS`;
+- host time of `bound.execute()`: perf_counter around bursts of `timing.BURST` calls from a
+  drained queue, the median (and the least) per call;
 - the driver's floor: `cuLaunchKernel` of an empty kernel, timed the same way, per launch.
 """
 
 import math
-import statistics
-import time
 from dataclasses import dataclass
 
-from frost_runtime import dtypes, workload
-from frost_runtime.check import version_text
+from frost_runtime import dtypes, timing, workload
+from frost_runtime.verdict import version_text
 
-SETTLE_S = 0.2  # bench/sdpa.py's SETTLE_S
-WINDOW_S = 0.4  # bench/sdpa.py's WINDOW_S: the default --duration
-GRAPH_CALLS = 20  # executes per graph (bench/sdpa.py's time_ms)
-WARMUP = 10
-BURST = 64
 EMPTY_PTX = """
 .version {version}
 .target sm_{cc}
@@ -112,59 +105,7 @@ def _write_ints(view, values: list[int]) -> None:
     view.copy_(torch.tensor(values, dtype=torch.int32).view(view.shape))
 
 
-# ------------------------------------------------------------------------------------- timing
-
-
-def device_us(execute, window_s: float = WINDOW_S, graph: bool = False) -> tuple[float, int]:
-    """Device microseconds per execute over a settled window, and how many executes it timed."""
-    import torch
-
-    for _ in range(WARMUP):
-        execute()
-    torch.cuda.synchronize()
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(GRAPH_CALLS):
-                execute()
-        step = g.replay
-    else:
-
-        def step():
-            for _ in range(GRAPH_CALLS):
-                execute()
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    step()
-    end.record()
-    torch.cuda.synchronize()
-    step_s = max(start.elapsed_time(end) * 1e-3, 1e-6)
-    for _ in range(math.ceil(SETTLE_S / step_s)):
-        step()
-    steps = max(10, math.ceil(window_s / step_s))
-    start.record()
-    for _ in range(steps):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (steps * GRAPH_CALLS), steps * GRAPH_CALLS
-
-
-def host_us(call, bursts: int) -> tuple[float, float]:
-    """(median, least) host microseconds per call over `bursts` bursts of BURST calls, each
-    from a drained queue."""
-    import torch
-
-    samples = []
-    for _ in range(bursts):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(BURST):
-            call()
-        samples.append((time.perf_counter() - start) / BURST * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples), min(samples)
+# ------------------------------------------------------------------------ the driver's floor
 
 
 def floor_call(compute_capability: tuple[int, int]):
@@ -198,7 +139,7 @@ def floor_call(compute_capability: tuple[int, int]):
 # ------------------------------------------------------------------------------------- the run
 
 
-def run(path, duration: float = WINDOW_S, graph: bool = False, lengths=None, seed: int = 0) -> dict:
+def run(path, duration: float = timing.WINDOW_S, graph: bool = False, lengths=None, seed: int = 0) -> dict:
     """Load, prepare, time; the report as a dict (what `bench --json` prints)."""
     try:
         import torch
@@ -214,11 +155,11 @@ def run(path, duration: float = WINDOW_S, graph: bool = False, lengths=None, see
         values = workload.make_lengths(plan.data, lengths, seed)
         amount = workload.work(plan.data, values)
         setup = prepare(plan, values, seed)
-        dev_us, timed = device_us(setup.bound.execute, duration, graph)
-        bursts = max(5, min(25, math.ceil(duration / max(BURST * dev_us * 1e-6, 1e-9))))
-        host_median, host_min = host_us(setup.bound.execute, bursts)
+        dev_us, timed = timing.device_us(setup.bound.execute, duration, graph)
+        bursts = max(5, min(25, math.ceil(duration / max(timing.BURST * dev_us * 1e-6, 1e-9))))
+        host_median, host_min = timing.host_us(setup.bound.execute, bursts)
         floor = floor_call(plan.device.compute_capability)
-        floor_median = host_us(floor, bursts)[0] if floor is not None else None
+        floor_median = timing.host_us(floor, bursts)[0] if floor is not None else None
     finally:
         plan.close()
     d = plan.device
@@ -243,12 +184,12 @@ def run(path, duration: float = WINDOW_S, graph: bool = False, lengths=None, see
         "notes": setup.notes,
         "method": {
             "graph": graph,
-            "calls_per_graph": GRAPH_CALLS if graph else None,
-            "settle_s": SETTLE_S,
+            "calls_per_graph": timing.GRAPH_CALLS if graph else None,
+            "settle_s": timing.SETTLE_S,
             "window_s": duration,
             "executes_timed": timed,
             "host_bursts": bursts,
-            "burst": BURST,
+            "burst": timing.BURST,
         },
         "flops": amount.flops,
         "bytes": amount.bytes,

@@ -1,6 +1,6 @@
 """`frostc check PLAN`: is the file a valid plan, and can it run on this machine?
 
-The verdict is the runtime's own (`frost_runtime.check`, also `python -m frost_runtime check`
+The verdict is the runtime's own (`frost_runtime.verdict`, also `python -m frost_runtime check`
 where only the runtime is installed); this module renders it with rich.
 
 Exit codes: 0 runnable here, 1 valid but not runnable here, 2 invalid, unreadable or not the
@@ -10,9 +10,9 @@ pinned plan (`--sha256`).
 from collections.abc import Callable
 from pathlib import Path
 
-from frost_runtime import check as runtime_check
-from frost_runtime.check import INVALID, NOT_RUNNABLE, RUNNABLE, Probe, probe_gpus, version_text
+from frost_runtime import verdict as runtime_verdict
 from frost_runtime.driver import Device as GpuDevice  # what compatibility_problems reads
+from frost_runtime.verdict import INVALID, NOT_RUNNABLE, RUNNABLE, Probe, probe_gpus, version_text
 
 __all__ = ["INVALID", "NOT_RUNNABLE", "RUNNABLE", "GpuDevice", "Probe", "check_plan_file", "print_check", "probe_gpus"]
 
@@ -20,7 +20,7 @@ __all__ = ["INVALID", "NOT_RUNNABLE", "RUNNABLE", "GpuDevice", "Probe", "check_p
 def check_plan_file(path: str | Path, probe: Callable[[], Probe] | None = None, sha256=None) -> dict:
     """The whole verdict, as the JSON `frostc check --json` prints; `exit_code` included.
     `sha256`: the pin (`frost_runtime.load`'s forms), or None."""
-    return runtime_check.check_plan_file(path, probe or probe_gpus, sha256)
+    return runtime_verdict.check_plan_file(path, probe or probe_gpus, sha256)
 
 
 def print_check(result: dict, console) -> None:
