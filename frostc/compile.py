@@ -128,12 +128,13 @@ _encoders: dict[KernelVariant, Callable] = {}
 def encode_tensor_maps(launch: ResolvedLaunch) -> dict[str, bytes]:
     """The launch's 128-byte tensor maps with global address zero (patched per call by the
     runtime), keyed by parameter name (`q.tmap`, ...); empty for a kernel that takes none."""
-    if launch.tensor_map_shape is None:
-        return {}
     variant = launch.variant
+    shape = launch.tensor_map_shape if launch.record is None else launch.record
+    if shape is None or not getattr(variant, "tensor_map_params", ()):
+        return {}
     names = variant.tensor_map_params
     bases = (0x10000, 0x7F00_0000_0000)
-    blobs = [_encode(variant, launch.tensor_map_shape, base) for base in bases]
+    blobs = [_encode(variant, shape, base) for base in bases]
     address, rest = TMAP_ADDRESS_BYTES, slice(TMAP_ADDRESS_BYTES.stop, None)
     maps = {}
     for i, name in enumerate(names):

@@ -88,6 +88,38 @@ def launch_args(
     return tuple(args)
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """A pointer into the caller's workspace, `offset` bytes from its base: a kernel record's
+    pointer (or TMA base) that an op binds to one of the plan's workspace regions."""
+
+    offset: int
+
+
+def bind(variant: KernelVariant, record: Any) -> tuple[Arg, ...]:
+    """Every parameter of `variant` bound from `record`, the kernel's `Args` as its op filled
+    them: a pointer (or a tensor map's base) is a slot, a `Workspace` region or None (null: an
+    absent tensor the variant never touches); any other parameter is the constant given."""
+    from frostc.kernels.interface import leaves
+
+    args = []
+    for param, value in leaves(variant, record):
+        if param.kind in ("ptr", "tmap"):
+            if isinstance(value, Slot):
+                args.append(Arg(param.name, param.kind, slot=value.index))
+            elif isinstance(value, Workspace):
+                args.append(Arg(param.name, param.kind, workspace=value.offset))
+            elif value is None:
+                args.append(Arg(param.name, param.kind, value=0))
+            else:
+                raise ValueError(f"{variant.name}: {param.name} is bound to {value!r}, not a slot or the workspace")
+        elif value is None:
+            raise ValueError(f"{variant.name}: parameter {param.name} ({param.kind}) has no value; give it one")
+        else:
+            args.append(Arg(param.name, param.kind, value=value))
+    return tuple(args)
+
+
 class KernelVariant(Protocol):
     """One compiled kernel's compile key and launch facts; each op's kernels provide these."""
 
@@ -129,6 +161,13 @@ class ResolvedLaunch:
     # what the variant encodes this launch's TMA tensor maps from (None: the kernel takes none)
     tensor_map_shape: Any = None
     early: bool = False  # starts before the launch ahead of it ends (`frostc.resolve.mark_early_starts`)
+    record: Any = None  # the kernel's Args as its op filled them (`launch`)
+
+
+def launch(node: str, variant: KernelVariant, grid: tuple[int, int, int], record: Any) -> ResolvedLaunch:
+    """A launch of `variant` whose parameters are `record`, the kernel's Args as the op filled
+    them by name (`bind`); the build encodes its TMA tensor maps from the same record."""
+    return ResolvedLaunch(node, variant, grid, bind(variant, record), record=record)
 
 
 @dataclass(frozen=True)

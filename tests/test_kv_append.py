@@ -18,7 +18,7 @@ from frostc.contexts import ResolveContext
 from frostc.description import parse_description
 from frostc.errors import DescriptionError
 from frostc.inspect import plan_summary
-from frostc.kernels.kv_append import INT_PARAMS, STRIDE_PARAMS, KvAppendVariant
+from frostc.kernels.kv_append import KvAppendVariant
 from frostc.resolve import resolve
 from frostc.resolved import LengthContract
 from tests.descriptions import check, edited, only, problems
@@ -328,8 +328,12 @@ def test_launch_and_arguments() -> None:
         "seq_len_kv": "cache_len",
     }  # fmt: skip
     values = {a.param: a.value for a in launch.args if a.slot < 0}
-    assert set(values) == set(INT_PARAMS + STRIDE_PARAMS)
-    assert [values[p] for p in INT_PARAMS] == [HKV, 2, PAGES, PAGE, MAX_PAGES]
+    sizes = ("heads_kv", "s_new", "pages", "page_size", "max_pages")
+    strides = [
+        f"{t}.stride_{x}" for t, xs in (("k", "bhs"), ("v", "bhs"), ("k_cache", "psh"), ("v_cache", "psh")) for x in xs
+    ]
+    assert list(values) == [*sizes, *strides, "page_table.stride_b"]
+    assert [values[p] for p in sizes] == [HKV, 2, PAGES, PAGE, MAX_PAGES]
     assert [values[f"k.stride_{x}"] for x in "bhs"] == [2 * HKV * D, D, HKV * D]  # bshd
     assert [values[f"v_cache.stride_{x}"] for x in "psh"] == [PAGE * HKV * D, HKV * D, D]
     assert values["page_table.stride_b"] == MAX_PAGES

@@ -23,49 +23,99 @@ is stored as x * (1 / scale), rounded to nearest even and saturated to +-448 (Na
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream, make_ptr
-from cutlass.cute.typing import AddressSpace
 
+from frostc.kernels.interface import (
+    I32,
+    I64,
+    BhsStrides,
+    Facets,
+    Group,
+    Kernel,
+    Ptr,
+    Variant,
+    abi,
+    facets,
+    pointer,
+    when,
+)
 from frostc.kernels.sdpa_common import dsl_dtype
 
 THREADS = 128
 VECTOR_BYTES = 16
-POINTERS = ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv")
-INT_PARAMS = ("heads_kv", "s_new", "pages", "page_size", "max_pages")
-STRIDE_PARAMS = (
-    "k.stride_b", "k.stride_h", "k.stride_s", "v.stride_b", "v.stride_h", "v.stride_s",
-    "k_cache.stride_p", "k_cache.stride_s", "k_cache.stride_h",
-    "v_cache.stride_p", "v_cache.stride_s", "v_cache.stride_h",
-    "page_table.stride_b",
-)  # fmt: skip
-SCALE_POINTERS = ("k_scale", "v_scale")  # a quantized cache's, after POINTERS
-SCALE_STRIDES = ("k_scale.stride_h", "v_scale.stride_h")  # after STRIDE_PARAMS
+
+
+def _quantized(variant) -> bool:
+    return variant.cache is not None
 
 
 @dataclass(frozen=True)
-class KvAppendVariant:
+class PshStrides(Facets):
+    """A paged cache's (page, row, head) element strides."""
+
+    stride_p: I64
+    stride_s: I64
+    stride_h: I64
+
+
+@dataclass(frozen=True)
+class CacheScales(Group):
+    """A quantized cache's float32 scales: one per KV head, or one for all."""
+
+    k_scale: Ptr = pointer("fp32", align=4)
+    v_scale: Ptr = pointer("fp32", align=4)
+
+
+@dataclass(frozen=True)
+class CacheScaleStrides(Group):
+    """The scales' head strides: 1 per KV head, 0 one for all."""
+
+    k_scale: I64 = abi("k_scale.stride_h")
+    v_scale: I64 = abi("v_scale.stride_h")
+
+
+@dataclass(frozen=True)
+class KvAppendArgs:
+    k: Ptr = pointer()
+    v: Ptr = pointer()
+    k_cache: Ptr = pointer(of="cache_dtype")
+    v_cache: Ptr = pointer(of="cache_dtype")
+    page_table: Ptr = pointer("int32", align=4)
+    seq_len_kv: Ptr = pointer("int32", align=4)
+    scales: CacheScales | None = when(_quantized)
+    heads_kv: I32
+    s_new: I32
+    pages: I32
+    page_size: I32
+    max_pages: I32
+    k_strides: BhsStrides = facets("k")
+    v_strides: BhsStrides = facets("v")
+    k_cache_strides: PshStrides = facets("k_cache")
+    v_cache_strides: PshStrides = facets("v_cache")
+    page_table_stride: I64 = abi("page_table.stride_b")
+    scale_strides: CacheScaleStrides | None = when(_quantized)
+
+
+@dataclass(frozen=True)
+class KvAppendVariant(Variant):
     """Compile key of the append kernel; every shape and stride is an argument."""
 
+    ARGS: ClassVar[type] = KvAppendArgs
     dtype: str  # the new rows': "bf16" | "fp16"
     head_dim: int
     cache: str | None = None  # a quantized cache's dtype ("e4m3"); None: the caches are `dtype`
 
     @property
+    def cache_dtype(self) -> str:
+        return self.cache or self.dtype
+
+    @property
     def name(self) -> str:
         kv = f".kv_{self.cache}" if self.cache else ""
         return f"kv_append.{self.dtype}{kv}.d{self.head_dim}"
-
-    @property
-    def params(self) -> tuple[tuple[str, str], ...]:
-        scaled = self.cache is not None
-        return (
-            tuple((p, "ptr") for p in POINTERS + (SCALE_POINTERS if scaled else ()))
-            + tuple((p, "i32") for p in INT_PARAMS)
-            + tuple((p, "i64") for p in STRIDE_PARAMS + (SCALE_STRIDES if scaled else ()))
-        )
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -79,159 +129,69 @@ class KvAppendVariant:
     def grid_rule(self) -> str:
         return "(batch, s_new, 1): one CTA per new token of each sequence"
 
-    @property
-    def ctas_per_sm(self) -> int:
-        return 0
-
-    def kernel(self) -> "KvAppend":
-        return KvAppend(self)
+    def kernel(self) -> "KvAppendKernel":
+        return KvAppendKernel(self)
 
     # what it writes: only these caches' rows of the step's new tokens (a decode attention that
     # reads the caches may start early behind it: frostc.resolve.mark_early_starts)
     appends_to_caches = ("k_cache", "v_cache")
 
-    def compile_args(self) -> tuple:
-        new, cache = dsl_dtype(self.dtype), dsl_dtype(self.cache or self.dtype)
-        data = [make_ptr(t, 0x10000, AddressSpace.gmem, assumed_align=16) for t in (new, new, cache, cache)]
-        ints = [make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=4) for _ in range(2)]
-        strides = STRIDE_PARAMS
-        if self.cache is not None:
-            ints += [make_ptr(cutlass.Float32, 0x10000, AddressSpace.gmem, assumed_align=4) for _ in SCALE_POINTERS]
-            strides += SCALE_STRIDES
-        return (
-            *data,
-            *ints,
-            tuple(cutlass.Int32(1) for _ in INT_PARAMS),
-            tuple(cutlass.Int64(8) for _ in strides),
-            make_fake_stream(),
-        )
+
+def _offset(i, i_stride, j, j_stride):
+    """Elements to (i, j) along two strides, in 64 bits (a cache may hold more than 2**31
+    elements); whole 16-byte pieces (the build checks every stride)."""
+    return cute.assume(cutlass.Int64(i) * i_stride + cutlass.Int64(j) * j_stride, divby=8)
 
 
-class KvAppend:
+class KvAppendKernel(Kernel):
     def __init__(self, variant: KvAppendVariant):
+        super().__init__(variant)
         self.v = variant
         self.dtype = dsl_dtype(variant.dtype)
-        self.cache_dtype = dsl_dtype(variant.cache or variant.dtype)
+        self.cache_dtype = dsl_dtype(variant.cache_dtype)
         self.elems = VECTOR_BYTES * 8 // self.dtype.width  # per 16-byte vector of the new rows
-        self.smem_bytes = 0
-
-    @cute.jit
-    def __call__(self, k, v, k_cache, v_cache, page_table, seq_len_kv, *rest):
-        # the plan's launch gives the grid, (batch, s_new, 1); only the cubin is kept from here
-        if cutlass.const_expr(self.v.cache is None):
-            ints, strides, stream = rest
-            kernel = self.kernel(k, v, k_cache, v_cache, page_table, seq_len_kv, *ints, *strides)
-        else:
-            k_scale, v_scale, ints, strides, stream = rest
-            kernel = self.kernel_scaled(k, v, k_cache, v_cache, page_table, seq_len_kv, k_scale, v_scale, *ints,
-                                        *strides)  # fmt: skip
-        kernel.launch(grid=(1, 1, 1), block=[THREADS, 1, 1], smem=0, stream=stream)
 
     @cute.kernel
-    def kernel(
-        self,
-        k: cute.Pointer,
-        v: cute.Pointer,
-        k_cache: cute.Pointer,
-        v_cache: cute.Pointer,
-        page_table: cute.Pointer,
-        seq_len_kv: cute.Pointer,
-        heads_kv: cutlass.Int32,
-        s_new: cutlass.Int32,
-        pages: cutlass.Int32,
-        page_size: cutlass.Int32,
-        max_pages: cutlass.Int32,
-        k_sb: cutlass.Int64,
-        k_sh: cutlass.Int64,
-        k_ss: cutlass.Int64,
-        v_sb: cutlass.Int64,
-        v_sh: cutlass.Int64,
-        v_ss: cutlass.Int64,
-        kc_sp: cutlass.Int64,
-        kc_ss: cutlass.Int64,
-        kc_sh: cutlass.Int64,
-        vc_sp: cutlass.Int64,
-        vc_ss: cutlass.Int64,
-        vc_sh: cutlass.Int64,
-        pt_sb: cutlass.Int64,
-    ):
-        self._main(
-            k, v, k_cache, v_cache, page_table, seq_len_kv, heads_kv, s_new, pages, page_size, max_pages,
-            (k_sb, k_sh, k_ss, v_sb, v_sh, v_ss), (kc_sp, kc_ss, kc_sh, vc_sp, vc_ss, vc_sh), pt_sb, None,
-        )  # fmt: skip
-
-    @cute.kernel
-    def kernel_scaled(
-        self,
-        k: cute.Pointer,
-        v: cute.Pointer,
-        k_cache: cute.Pointer,
-        v_cache: cute.Pointer,
-        page_table: cute.Pointer,
-        seq_len_kv: cute.Pointer,
-        k_scale: cute.Pointer,
-        v_scale: cute.Pointer,
-        heads_kv: cutlass.Int32,
-        s_new: cutlass.Int32,
-        pages: cutlass.Int32,
-        page_size: cutlass.Int32,
-        max_pages: cutlass.Int32,
-        k_sb: cutlass.Int64,
-        k_sh: cutlass.Int64,
-        k_ss: cutlass.Int64,
-        v_sb: cutlass.Int64,
-        v_sh: cutlass.Int64,
-        v_ss: cutlass.Int64,
-        kc_sp: cutlass.Int64,
-        kc_ss: cutlass.Int64,
-        kc_sh: cutlass.Int64,
-        vc_sp: cutlass.Int64,
-        vc_ss: cutlass.Int64,
-        vc_sh: cutlass.Int64,
-        pt_sb: cutlass.Int64,
-        k_scale_sh: cutlass.Int64,
-        v_scale_sh: cutlass.Int64,
-    ):
-        self._main(
-            k, v, k_cache, v_cache, page_table, seq_len_kv, heads_kv, s_new, pages, page_size, max_pages,
-            (k_sb, k_sh, k_ss, v_sb, v_sh, v_ss), (kc_sp, kc_ss, kc_sh, vc_sp, vc_ss, vc_sh), pt_sb,
-            ((k_scale, k_scale_sh), (v_scale, v_scale_sh)),
-        )  # fmt: skip
-
-    @cute.jit
-    def _main(self, k, v, k_cache, v_cache, page_table, seq_len_kv, heads_kv, s_new, pages, page_size, max_pages,
-              new_strides, cache_strides, pt_sb, scales):  # fmt: skip
-        """`scales`: None, or a quantized cache's ((k_scale, head stride), (v_scale, head stride))."""
-        k_sb, k_sh, k_ss, v_sb, v_sh, v_ss = new_strides
-        kc_sp, kc_ss, kc_sh, vc_sp, vc_ss, vc_sh = cache_strides
+    def kernel(self, args: KvAppendArgs):
+        k_strides, v_strides = args.k_strides, args.v_strides
+        kc_strides, vc_strides = args.k_cache_strides, args.v_cache_strides
         tidx, _, _ = cute.arch.thread_idx()
         b, t, _ = cute.arch.block_idx()
         # the next launch (the step's attention) may start now: it waits for these rows itself
         cute.arch.griddepcontrol_launch_dependents()
         # a negative length (a broken contract) appends nothing, and cannot overflow below
-        length = cutlass.max(cute.make_tensor(seq_len_kv + b, cute.make_layout(1))[0], 0)
-        p = length - s_new + t
+        length = cutlass.max(cute.make_tensor(args.seq_len_kv + b, cute.make_layout(1))[0], 0)
+        p = length - args.s_new + t
         if p >= 0:
-            if p < max_pages * page_size:  # fits int32 (checked at build)
-                row_of_table = page_table + cutlass.Int64(b) * pt_sb
-                page = cute.make_tensor(row_of_table + p // page_size, cute.make_layout(1))[0]
+            if p < args.max_pages * args.page_size:  # fits int32 (checked at build)
+                row_of_table = args.page_table + cutlass.Int64(b) * args.page_table_stride
+                page = cute.make_tensor(row_of_table + p // args.page_size, cute.make_layout(1))[0]
                 if page >= 0:
-                    if page < pages:
-                        row = p % page_size
+                    if page < args.pages:
+                        row = p % args.page_size
                         sources = (
-                            k + cute.assume(cutlass.Int64(b) * k_sb + cutlass.Int64(t) * k_ss, divby=8),
-                            v + cute.assume(cutlass.Int64(b) * v_sb + cutlass.Int64(t) * v_ss, divby=8),
+                            args.k + _offset(b, k_strides.stride_b, t, k_strides.stride_s),
+                            args.v + _offset(b, v_strides.stride_b, t, v_strides.stride_s),
                         )
                         targets = (
-                            k_cache + cute.assume(cutlass.Int64(page) * kc_sp + cutlass.Int64(row) * kc_ss, divby=8),
-                            v_cache + cute.assume(cutlass.Int64(page) * vc_sp + cutlass.Int64(row) * vc_ss, divby=8),
+                            args.k_cache + _offset(page, kc_strides.stride_p, row, kc_strides.stride_s),
+                            args.v_cache + _offset(page, vc_strides.stride_p, row, vc_strides.stride_s),
                         )
-                        if cutlass.const_expr(scales is None):
-                            self._copy_heads(sources[0], targets[0], k_sh, kc_sh, heads_kv, tidx)
-                            self._copy_heads(sources[1], targets[1], v_sh, vc_sh, heads_kv, tidx)
+                        heads = args.heads_kv
+                        if cutlass.const_expr(args.scales is None):
+                            self._copy_heads(
+                                sources[0], targets[0], k_strides.stride_h, kc_strides.stride_h, heads, tidx
+                            )
+                            self._copy_heads(
+                                sources[1], targets[1], v_strides.stride_h, vc_strides.stride_h, heads, tidx
+                            )
                         else:
-                            self._quantize_heads(sources[0], targets[0], k_sh, kc_sh, heads_kv, tidx, scales[0])
-                            self._quantize_heads(sources[1], targets[1], v_sh, vc_sh, heads_kv, tidx, scales[1])
+                            k_scale = (args.scales.k_scale, args.scale_strides.k_scale)
+                            v_scale = (args.scales.v_scale, args.scale_strides.v_scale)
+                            self._quantize_heads(sources[0], targets[0], k_strides.stride_h, kc_strides.stride_h, heads,
+                                                 tidx, k_scale)  # fmt: skip
+                            self._quantize_heads(sources[1], targets[1], v_strides.stride_h, vc_strides.stride_h, heads,
+                                                 tidx, v_scale)  # fmt: skip
 
     @cute.jit
     def _copy_heads(self, src, dst, src_sh, dst_sh, heads_kv, tidx):

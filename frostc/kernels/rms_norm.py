@@ -17,25 +17,41 @@ Tensors, in elements (row strides multiples of 8: rows move in 16-byte pieces):
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream
 
+from frostc.kernels.interface import F32, I64, Kernel, Ptr, Variant, abi, pointer
 from frostc.kernels.row_pieces import VECTOR_BYTES, load_piece, piece_elems, store_piece
-from frostc.kernels.sdpa_common import dsl_dtype, fake_ptr
+from frostc.kernels.sdpa_common import dsl_dtype
 
 THREADS = 256
 WARPS = THREADS // 32
-POINTERS = ("x", "residual", "weight", "out", "residual_out")
-STRIDE_PARAMS = ("x.stride_m", "residual.stride_m", "out.stride_m", "residual_out.stride_m")
 MAX_PIECES = 8  # 16-byte pieces a thread keeps: rows of up to THREADS * MAX_PIECES pieces
 
 
 @dataclass(frozen=True)
-class RmsNormVariant:
+class RmsNormArgs:
+    """Without a residual, `residual` and `residual_out` are null (never touched)."""
+
+    x: Ptr = pointer()
+    residual: Ptr = pointer()
+    weight: Ptr = pointer()
+    out: Ptr = pointer()
+    residual_out: Ptr = pointer()
+    x_stride: I64 = abi("x.stride_m")
+    residual_stride: I64 = abi("residual.stride_m")
+    out_stride: I64 = abi("out.stride_m")
+    residual_out_stride: I64 = abi("residual_out.stride_m")
+    eps: F32
+
+
+@dataclass(frozen=True)
+class RmsNormVariant(Variant):
     """Compile key: the dtype, the row length and whether a residual is added first."""
 
+    ARGS: ClassVar[type] = RmsNormArgs
     dtype: str  # "bf16" | "fp16"
     n: int  # the row's elements (a multiple of a 16-byte piece's)
     residual: bool
@@ -54,10 +70,6 @@ class RmsNormVariant:
         return -(-self.n // self.elems // THREADS)
 
     @property
-    def params(self) -> tuple[tuple[str, str], ...]:
-        return tuple((p, "ptr") for p in POINTERS) + tuple((p, "i64") for p in STRIDE_PARAMS) + (("eps", "f32"),)
-
-    @property
     def block(self) -> tuple[int, int, int]:
         return (THREADS, 1, 1)
 
@@ -69,60 +81,34 @@ class RmsNormVariant:
     def grid_rule(self) -> str:
         return "(m, 1, 1): one CTA per row"
 
-    @property
-    def ctas_per_sm(self) -> int:
-        return 0
-
-    def kernel(self) -> "RmsNorm":
-        return RmsNorm(self)
-
-    def compile_args(self) -> tuple:
-        data = dsl_dtype(self.dtype)
-        pointers = [fake_ptr(data, 16) for _ in POINTERS]
-        return (*pointers, tuple(cutlass.Int64(8) for _ in STRIDE_PARAMS), cutlass.Float32(1e-6), make_fake_stream())
+    def kernel(self) -> "RmsNormKernel":
+        return RmsNormKernel(self)
 
 
-class RmsNorm:
+class RmsNormKernel(Kernel):
     def __init__(self, variant: RmsNormVariant):
+        super().__init__(variant)
         self.v = variant
         self.dtype = dsl_dtype(variant.dtype)
         self.elems = variant.elems
         self.row_pieces = variant.n // self.elems
-        self.smem_bytes = 0
 
-    @cute.jit
-    def __call__(self, x, residual, weight, out, residual_out, strides: tuple, eps, stream):
+    def prepare(self) -> None:
         @cute.struct
         class SharedStorage:
             reduce: cute.struct.MemRange[cutlass.Float32, WARPS]
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
-        # the plan's launch gives the grid, (m, 1, 1); only the cubin is kept from here
-        self.kernel(x, residual, weight, out, residual_out, *strides, eps).launch(
-            grid=(1, 1, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream
-        )
 
     @cute.kernel
-    def kernel(
-        self,
-        x: cute.Pointer,
-        residual: cute.Pointer,
-        weight: cute.Pointer,
-        out: cute.Pointer,
-        residual_out: cute.Pointer,
-        x_sm: cutlass.Int64,
-        r_sm: cutlass.Int64,
-        o_sm: cutlass.Int64,
-        ro_sm: cutlass.Int64,
-        eps: cutlass.Float32,
-    ):
+    def kernel(self, args: RmsNormArgs):
         tidx, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         scratch = storage.reduce.get_tensor(cute.make_layout(WARPS))
         r = cutlass.Int64(row)
-        x_row = x + cute.assume(r * x_sm, divby=8)
+        x_row = args.x + cute.assume(r * args.x_stride, divby=8)
         values = []  # this thread's pieces, float32
         total = cutlass.Float32(0.0)
         for j in cutlass.range_constexpr(self.v.pieces):
@@ -131,24 +117,23 @@ class RmsNorm:
             col = cutlass.min(piece, self.row_pieces - 1) * self.elems
             value = self._load(x_row, col).to(cutlass.Float32)
             if cutlass.const_expr(self.v.residual):
-                summed = (value + self._load(residual + cute.assume(r * r_sm, divby=8), col).to(cutlass.Float32)).to(
-                    self.dtype
-                )
+                residual_row = args.residual + cute.assume(r * args.residual_stride, divby=8)
+                summed = (value + self._load(residual_row, col).to(cutlass.Float32)).to(self.dtype)
                 if piece < self.row_pieces:
-                    self._store(residual_out + cute.assume(r * ro_sm, divby=8), col, summed)
+                    self._store(args.residual_out + cute.assume(r * args.residual_out_stride, divby=8), col, summed)
                 value = summed.to(cutlass.Float32)
             values.append(value)
             squares = (value * value).reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             total = total + cutlass.select_(piece < self.row_pieces, squares, cutlass.Float32(0.0))
         total = self._cta_sum(total, scratch, tidx)
-        scale = cute.math.rsqrt(total / cutlass.Float32(self.v.n) + eps)
-        out_row = out + cute.assume(r * o_sm, divby=8)
+        scale = cute.math.rsqrt(total / cutlass.Float32(self.v.n) + args.eps)
+        out_row = args.out + cute.assume(r * args.out_stride, divby=8)
         for j in cutlass.range_constexpr(self.v.pieces):
             piece = tidx + j * THREADS
             if piece < self.row_pieces:
                 col = piece * self.elems
                 normed = (values[j] * scale).to(self.dtype).to(cutlass.Float32)
-                w = self._load(weight, col).to(cutlass.Float32)
+                w = self._load(args.weight, col).to(cutlass.Float32)
                 self._store(out_row, col, (normed * w).to(self.dtype))
 
     def _load(self, base, col):

@@ -14,23 +14,31 @@ Tensors, in elements (row strides multiples of 8: rows move in 16-byte pieces):
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream
 
+from frostc.kernels.interface import I64, Kernel, Ptr, Variant, abi, pointer
 from frostc.kernels.row_pieces import VECTOR_BYTES, load_piece, piece_elems, store_piece
-from frostc.kernels.sdpa_common import dsl_dtype, fake_ptr
+from frostc.kernels.sdpa_common import dsl_dtype
 
 THREADS = 128
-POINTERS = ("x", "out")
-STRIDE_PARAMS = ("x.stride_m", "out.stride_m")
 
 
 @dataclass(frozen=True)
-class SiluMulVariant:
+class SiluMulArgs:
+    x: Ptr = pointer()
+    out: Ptr = pointer()
+    x_stride: I64 = abi("x.stride_m")
+    out_stride: I64 = abi("out.stride_m")
+
+
+@dataclass(frozen=True)
+class SiluMulVariant(Variant):
     """Compile key: the dtype and the half row's length."""
 
+    ARGS: ClassVar[type] = SiluMulArgs
     dtype: str  # "bf16" | "fp16"
     n: int  # out's row: half of x's (a multiple of a 16-byte piece's elements)
 
@@ -48,10 +56,6 @@ class SiluMulVariant:
         return -(-self.n // self.elems // THREADS)
 
     @property
-    def params(self) -> tuple[tuple[str, str], ...]:
-        return tuple((p, "ptr") for p in POINTERS) + tuple((p, "i64") for p in STRIDE_PARAMS)
-
-    @property
     def block(self) -> tuple[int, int, int]:
         return (THREADS, 1, 1)
 
@@ -63,45 +67,31 @@ class SiluMulVariant:
     def grid_rule(self) -> str:
         return f"(m, {self.row_ctas}, 1): one CTA per {THREADS} 16-byte pieces of each row"
 
-    @property
-    def ctas_per_sm(self) -> int:
-        return 0
-
-    def kernel(self) -> "SiluMul":
-        return SiluMul(self)
-
-    def compile_args(self) -> tuple:
-        data = dsl_dtype(self.dtype)
-        return (fake_ptr(data, 16), fake_ptr(data, 16), tuple(cutlass.Int64(8) for _ in STRIDE_PARAMS),
-                make_fake_stream())  # fmt: skip
+    def kernel(self) -> "SiluMulKernel":
+        return SiluMulKernel(self)
 
 
-class SiluMul:
+class SiluMulKernel(Kernel):
     def __init__(self, variant: SiluMulVariant):
+        super().__init__(variant)
         self.v = variant
         self.dtype = dsl_dtype(variant.dtype)
         self.elems = variant.elems
         self.row_pieces = variant.n // self.elems
-        self.smem_bytes = 0
-
-    @cute.jit
-    def __call__(self, x, out, strides: tuple, stream):
-        # the plan's launch gives the grid, (m, row_ctas, 1); only the cubin is kept from here
-        self.kernel(x, out, *strides).launch(grid=(1, 1, 1), block=[THREADS, 1, 1], smem=0, stream=stream)
 
     @cute.kernel
-    def kernel(self, x: cute.Pointer, out: cute.Pointer, x_sm: cutlass.Int64, o_sm: cutlass.Int64):
+    def kernel(self, args: SiluMulArgs):
         tidx, _, _ = cute.arch.thread_idx()
         row, part, _ = cute.arch.block_idx()
         piece = part * THREADS + tidx
         if piece < self.row_pieces:
             r = cutlass.Int64(row)
             col = piece * self.elems
-            x_row = x + cute.assume(r * x_sm, divby=8)
+            x_row = args.x + cute.assume(r * args.x_stride, divby=8)
             gate = self._load(x_row, col).to(cutlass.Float32)
             up = self._load(x_row, col + self.v.n).to(cutlass.Float32)
             silu = (gate / (cute.math.exp(-gate) + 1.0)).to(self.dtype).to(cutlass.Float32)
-            self._store(out + cute.assume(r * o_sm, divby=8), col, (silu * up).to(self.dtype))
+            self._store(args.out + cute.assume(r * args.out_stride, divby=8), col, (silu * up).to(self.dtype))
 
     def _load(self, base, col):
         return load_piece(base, col, self.elems)

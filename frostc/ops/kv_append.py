@@ -26,7 +26,8 @@ from frost_runtime.dtypes import ATTENTION
 from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
-from frostc.kernels.kv_append import INT_PARAMS, STRIDE_PARAMS, KvAppendVariant
+from frostc.kernels.interface import BhsStrides
+from frostc.kernels.kv_append import CacheScales, CacheScaleStrides, KvAppendArgs, KvAppendVariant, PshStrides
 from frostc.ops.paged_cache import (
     cache_dtype_problem,
     check_cache_scales,
@@ -35,7 +36,7 @@ from frostc.ops.paged_cache import (
     page_size_problem,
 )
 from frostc.ops.rows import INT32_MAX, agreeing_sizes, check_head_dim, check_row_layout
-from frostc.resolved import ResolvedLaunch, launch_args
+from frostc.resolved import ResolvedLaunch, launch
 
 KEYS = ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv", "k_scale", "v_scale")
 
@@ -186,26 +187,33 @@ def resolve(node: KvAppend, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     cache = ctx.slot(node.k_cache).dtype
     variant = KvAppendVariant(ctx.slot(node.k).dtype, node.head_dim, cache if is_scaled(cache) else None)
     slots = {role: ctx.slot(name) for role, name in node.inputs + node.outputs}
-    values = {
-        "heads_kv": node.heads_kv,
-        "s_new": node.s_new,
-        "pages": node.pages,
-        "page_size": node.page_size,
-        "max_pages": node.max_pages,
-    }
-    assert tuple(values) == INT_PARAMS
-    for role, names in (("k", "bhs"), ("v", "bhs"), ("k_cache", "psh"), ("v_cache", "psh")):
-        # a dim of extent 1 is never stepped along: its stride (any value) becomes 0, which the
-        # kernel's 16-byte assumption holds for
-        slot = slots[role]
-        values |= {f"{role}.stride_{x}": st if n > 1 else 0 for x, st, n in zip(names, slot.strides, slot.dims)}
-    values["page_table.stride_b"] = slots["page_table"].strides[0]
-    for role in ("k_scale", "v_scale"):  # one scale per kv head, or one for all (stride 0)
-        if role in slots:
-            values[f"{role}.stride_h"] = slots[role].strides[0] if slots[role].dims[0] > 1 else 0
-    assert all(p in values for p in STRIDE_PARAMS)
-    args = launch_args(variant, slots, {}, values)
-    return (ResolvedLaunch(node.name, variant, (node.batch, node.s_new, 1), args),)
+    k, v, k_cache, v_cache = (slots[role] for role in ("k", "v", "k_cache", "v_cache"))
+    scales = strides = None
+    if "k_scale" in slots:  # one scale per kv head, or one for all (stride 0)
+        scales = CacheScales(slots["k_scale"], slots["v_scale"])
+        strides = CacheScaleStrides(*(_head_stride(slots[role]) for role in ("k_scale", "v_scale")))
+    args = KvAppendArgs(
+        k, v, k_cache, v_cache, slots["page_table"], slots["seq_len_kv"], scales,
+        heads_kv=node.heads_kv, s_new=node.s_new, pages=node.pages, page_size=node.page_size,
+        max_pages=node.max_pages,
+        k_strides=BhsStrides(*_stepped_strides(k)), v_strides=BhsStrides(*_stepped_strides(v)),
+        k_cache_strides=PshStrides(*_stepped_strides(k_cache)), v_cache_strides=PshStrides(*_stepped_strides(v_cache)),
+        page_table_stride=slots["page_table"].strides[0], scale_strides=strides,
+    )  # fmt: skip
+    return (launch(node.name, variant, (node.batch, node.s_new, 1), args),)
+
+
+def _stepped_strides(slot) -> tuple[int, int, int]:
+    """The strides of a (b, h, s, d) row tensor's b, h, s or a cache's (pages, page_size, hkv, d)
+    p, s, h dims, in the order the kernel takes them: (b, h, s) and (p, s, h). A dim of extent 1 is
+    never stepped along: its stride (any value) becomes 0, which the kernel's 16-byte assumption
+    holds for."""
+    stepped = [stride if extent > 1 else 0 for stride, extent in zip(slot.strides[:3], slot.dims[:3])]
+    return (stepped[0], stepped[1], stepped[2])
+
+
+def _head_stride(slot) -> int:
+    return slot.strides[0] if slot.dims[0] > 1 else 0
 
 
 def _check_supported(node: KvAppend, ctx: ResolveContext) -> None:

@@ -21,9 +21,9 @@ from frost_runtime.dtypes import ATTENTION
 from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
-from frostc.kernels.rms_norm import MAX_PIECES, STRIDE_PARAMS, THREADS, RmsNormVariant
+from frostc.kernels.rms_norm import MAX_PIECES, THREADS, RmsNormArgs, RmsNormVariant
 from frostc.ops.rows import agreeing_sizes, check_row_layout, row_align_elems
-from frostc.resolved import ResolvedLaunch, launch_args
+from frostc.resolved import ResolvedLaunch, launch
 
 KEYS = ("x", "weight", "out", "residual", "residual_out", "eps")
 DATA_DTYPES = ATTENTION
@@ -121,12 +121,17 @@ def resolve(node: RmsNorm, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         return ()
     variant = RmsNormVariant(ctx.slot(node.x).dtype, node.n, node.residual is not None)
     slots = {role: ctx.slot(name) for role, name in node.inputs + node.outputs}
-    values: dict = {"eps": node.eps}
-    for role in ("x", "residual", "out", "residual_out"):
-        slot = slots.get(role)
-        values[f"{role}.stride_m"] = slot.strides[0] if slot is not None and node.rows > 1 else 0
-    assert all(p in values for p in STRIDE_PARAMS)
-    return (ResolvedLaunch(node.name, variant, (node.rows, 1, 1), launch_args(variant, slots, {}, values)),)
+    x, residual, out, residual_out = (slots.get(role) for role in ("x", "residual", "out", "residual_out"))
+
+    def row_stride(slot) -> int:  # 0 for one row, or an absent tensor: never stepped
+        return slot.strides[0] if slot is not None and node.rows > 1 else 0
+
+    args = RmsNormArgs(
+        x, residual, slots["weight"], out, residual_out,
+        x_stride=row_stride(x), residual_stride=row_stride(residual), out_stride=row_stride(out),
+        residual_out_stride=row_stride(residual_out), eps=node.eps,
+    )  # fmt: skip
+    return (launch(node.name, variant, (node.rows, 1, 1), args),)
 
 
 def _check_supported(node: RmsNorm, ctx: ResolveContext) -> None:

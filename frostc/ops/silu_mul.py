@@ -17,9 +17,9 @@ from frost_runtime.dtypes import ATTENTION
 from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
-from frostc.kernels.silu_mul import STRIDE_PARAMS, SiluMulVariant
+from frostc.kernels.silu_mul import SiluMulArgs, SiluMulVariant
 from frostc.ops.rows import check_row_layout, row_align_elems
-from frostc.resolved import ResolvedLaunch, launch_args
+from frostc.resolved import ResolvedLaunch, launch
 
 KEYS = ("x", "out")
 DATA_DTYPES = ATTENTION
@@ -100,8 +100,11 @@ def resolve(node: SiluMul, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         ctx.problem(f"{x.path}.dims[0]", f"{node.rows} rows are over {MAX_GRID[0]}, a launch's grid x; split them")
     if len(ctx.problems) > before:
         return ()
-    slots = {"x": ctx.slot(node.x), "out": ctx.slot(node.out)}
-    values = {f"{role}.stride_m": slot.strides[0] if node.rows > 1 else 0 for role, slot in slots.items()}
-    assert tuple(values) == STRIDE_PARAMS
-    grid = (node.rows, variant.row_ctas, 1)
-    return (ResolvedLaunch(node.name, variant, grid, launch_args(variant, slots, {}, values)),)
+    x, out = ctx.slot(node.x), ctx.slot(node.out)
+    args = SiluMulArgs(x, out, x_stride=_row_stride(x, node), out_stride=_row_stride(out, node))
+    return (launch(node.name, variant, (node.rows, variant.row_ctas, 1), args),)
+
+
+def _row_stride(slot, node: SiluMul) -> int:
+    """A row's stride; 0 for one row (never stepped: any value passes the kernel's assumption)."""
+    return slot.strides[0] if node.rows > 1 else 0
