@@ -17,25 +17,43 @@ CTA, then O is summed with 16-byte loads, each thread a 4-float piece of d for e
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream, make_ptr
-from cutlass.cute.typing import AddressSpace
 
+from frostc.kernels.interface import I32, BhsStrides, Kernel, Ptr, Variant, facets, pointer
 from frostc.kernels.launch_order import WAITS_AT_ENTRY
 from frostc.kernels.sdpa_common import LN_2, LOG2_E, dsl_dtype, key_origin
 
 THREADS = 256
 WARPS = THREADS // 32
 VECTOR = 4  # fp32 elements per 16-byte load
-INT_PARAMS = ("heads_kv", "group", "rows", "capacity", "chunk", "splits", "s_new", "window_left", "block_n")
-STRIDE_PARAMS = ("o.stride_b", "o.stride_h", "o.stride_s", "lse.stride_b", "lse.stride_h", "lse.stride_s")
-POINTERS = ("o_partial", "lse_partial", "seq_len_kv", "o", "lse")
 
 
 @dataclass(frozen=True)
-class DecodeCombineVariant:
+class DecodeCombineArgs:
+    o_partial: Ptr = pointer("fp32")  # the attention's partial results, in the workspace
+    lse_partial: Ptr = pointer("fp32")
+    seq_len_kv: Ptr = pointer("int32", align=4)
+    o: Ptr = pointer()
+    lse: Ptr = pointer("fp32", align=4)  # null without an LSE
+    heads_kv: I32
+    group: I32
+    rows: I32  # query rows per (sequence, KV head): s_new * group
+    capacity: I32  # the most keys a sequence holds
+    chunk: I32  # keys per split
+    splits: I32
+    s_new: I32
+    window_left: I32  # -1: no window
+    block_n: I32  # the attention's key blocks: where a window's first split starts
+    o_strides: BhsStrides = facets("o")
+    lse_strides: BhsStrides = facets("lse")
+
+
+@dataclass(frozen=True)
+class DecodeCombineVariant(Variant):
+    ARGS: ClassVar[type] = DecodeCombineArgs
     dtype: str
     head_dim: int
     has_lse: bool
@@ -43,14 +61,6 @@ class DecodeCombineVariant:
     @property
     def name(self) -> str:
         return f"sdpa_decode_combine.{self.dtype}.d{self.head_dim}" + (".lse" if self.has_lse else "")
-
-    @property
-    def params(self) -> tuple[tuple[str, str], ...]:
-        return (
-            tuple((p, "ptr") for p in POINTERS)
-            + tuple((p, "i32") for p in INT_PARAMS)
-            + tuple((p, "i64") for p in STRIDE_PARAMS)
-        )
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -64,35 +74,21 @@ class DecodeCombineVariant:
     def grid_rule(self) -> str:
         return "(s_new * group, heads_kv, batch): one CTA per query row"
 
-    @property
-    def ctas_per_sm(self) -> int:
-        return 0
-
     def kernel(self) -> "DecodeCombine":
         return DecodeCombine(self)
 
     early_start = WAITS_AT_ENTRY  # it may launch during the attention's last wave
 
-    def compile_args(self) -> tuple:
-        f32 = [make_ptr(cutlass.Float32, 0x10000, AddressSpace.gmem, assumed_align=16) for _ in range(2)]
-        lengths = make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=4)
-        o = make_ptr(dsl_dtype(self.dtype), 0x10000, AddressSpace.gmem, assumed_align=16)
-        lse = make_ptr(cutlass.Float32, 0x10000, AddressSpace.gmem, assumed_align=4)
-        ints = tuple(cutlass.Int32(1) for _ in INT_PARAMS)
-        strides = tuple(cutlass.Int64(8) for _ in STRIDE_PARAMS)
-        return (*f32, lengths, o, lse, ints, strides, make_fake_stream())
 
-
-class DecodeCombine:
+class DecodeCombine(Kernel):
     def __init__(self, variant: DecodeCombineVariant):
+        super().__init__(variant)
         self.v = variant
         self.dtype = dsl_dtype(variant.dtype)
         self.lanes = variant.head_dim // VECTOR  # threads per split's row
         self.groups = THREADS // self.lanes  # splits summed at once
-        self.smem_bytes = 0
 
-    @cute.jit
-    def __call__(self, o_partial, lse_partial, seq_len_kv, o, lse, ints: tuple, strides: tuple, stream):
+    def prepare(self) -> None:
         groups, d = self.groups, self.v.head_dim
 
         @cute.struct
@@ -102,35 +98,17 @@ class DecodeCombine:
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
-        heads_kv, rows = ints[0], ints[2]
-        self.kernel(o_partial, lse_partial, seq_len_kv, o, lse, *ints, *strides).launch(
-            grid=(rows, heads_kv, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream
-        )
 
     @cute.kernel
-    def kernel(
-        self,
-        o_partial: cute.Pointer,
-        lse_partial: cute.Pointer,
-        seq_len_kv: cute.Pointer,
-        o: cute.Pointer,
-        lse: cute.Pointer,
-        heads_kv: cutlass.Int32,
-        group: cutlass.Int32,
-        rows: cutlass.Int32,
-        capacity: cutlass.Int32,
-        chunk: cutlass.Int32,
-        splits: cutlass.Int32,
-        s_new: cutlass.Int32,
-        window_left: cutlass.Int32,
-        block_n: cutlass.Int32,
-        o_sb: cutlass.Int64,
-        o_sh: cutlass.Int64,
-        o_ss: cutlass.Int64,
-        lse_sb: cutlass.Int64,
-        lse_sh: cutlass.Int64,
-        lse_ss: cutlass.Int64,
-    ):
+    def kernel(self, args: DecodeCombineArgs):
+        o_partial, lse_partial, rows, splits, group = (
+            args.o_partial,
+            args.lse_partial,
+            args.rows,
+            args.splits,
+            args.group,
+        )
+        o_sb, o_sh, o_ss = args.o_strides.stride_b, args.o_strides.stride_h, args.o_strides.stride_s
         # launched early (during the attention's last CTAs): the partials are complete and
         # visible once the attention has finished; nothing global is read before
         cute.arch.griddepcontrol_wait()
@@ -141,18 +119,18 @@ class DecodeCombine:
         reduce = storage.reduce.get_tensor(cute.make_layout(WARPS))
         pieces = storage.pieces.get_tensor(cute.make_layout((d, self.groups)))
 
-        first = (cutlass.Int64(b) * heads_kv + head_kv) * splits * rows + row  # split 0's (row) index
+        first = (cutlass.Int64(b) * args.heads_kv + head_kv) * splits * rows + row  # split 0's (row) index
         lses = cute.make_tensor(lse_partial + first, cute.make_layout(splits, stride=rows))
         lane, grp = tidx % self.lanes, tidx // self.lanes
 
         # Loads that do not wait for the length: this thread's first LSE and first O piece (of
         # splits that exist; used only if the sequence has them), beside the length itself.
-        length = cute.make_tensor(seq_len_kv + b, cute.make_layout(1))[0]
+        length = cute.make_tensor(args.seq_len_kv + b, cute.make_layout(1))[0]
         my_lse = lses[cutlass.min(tidx, splits - 1)]
         my_piece = self._piece(o_partial, first, cutlass.min(grp, splits - 1), rows, lane).load()
-        kv_len = cutlass.min(cutlass.max(length, 0), capacity)
-        keys = kv_len - key_origin(kv_len, s_new, window_left, block_n)  # what the splits cover
-        active = cutlass.min((keys + chunk - 1) // chunk, splits)
+        kv_len = cutlass.min(cutlass.max(length, 0), args.capacity)
+        keys = kv_len - key_origin(kv_len, args.s_new, args.window_left, args.block_n)  # what the splits cover
+        active = cutlass.min((keys + args.chunk - 1) // args.chunk, splits)
 
         # the largest LSE, then the sum of the weights
         largest = cutlass.select_(tidx < active, my_lse, -cutlass.Float32.inf)
@@ -182,7 +160,7 @@ class DecodeCombine:
         inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
         token, head = row // group, head_kv * group + row % group
         at = cutlass.Int64(b) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
-        out = cute.make_tensor(o + at, cute.make_layout(d))
+        out = cute.make_tensor(args.o + at, cute.make_layout(d))
         for first in cutlass.range_constexpr(0, d, THREADS):  # d may be more or fewer than the threads
             col = first + tidx
             if col < d:
@@ -192,11 +170,13 @@ class DecodeCombine:
                 out[col] = (value * inv).to(self.dtype)
         if cutlass.const_expr(self.v.has_lse):
             if tidx == 0:
-                at = cutlass.Int64(b) * lse_sb + cutlass.Int64(head) * lse_sh + cutlass.Int64(token) * lse_ss
+                lse_strides = args.lse_strides
+                at = cutlass.Int64(b) * lse_strides.stride_b + cutlass.Int64(head) * lse_strides.stride_h
+                at = at + cutlass.Int64(token) * lse_strides.stride_s
                 value = -cutlass.Float32.inf
                 if total > 0.0:
                     value = shift + cute.math.log2(total) * LN_2
-                cute.make_tensor(lse + at, cute.make_layout(1))[0] = value
+                cute.make_tensor(args.lse + at, cute.make_layout(1))[0] = value
 
     def _piece(self, o_partial, first, split, rows, lane):
         """Split `split`'s 4-float piece `lane` of the row's partial O."""

@@ -8,11 +8,21 @@ from frost_runtime.dtypes import DTYPES
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.graph import Tensor
+from frostc.kernels.interface import BhsStrides
+from frostc.resolved import Slot
 
 HEAD_DIMS = (64, 128, 256)
 ROW_PIECE_BYTES = 16  # rows move in 16-byte pieces
 TMA_STRIDE_LIMIT = 1 << 40  # bytes: the largest global stride a tensor map can hold, exclusive
 INT32_MAX = (1 << 31) - 1
+
+
+def bhs_strides(slot: Slot | None) -> BhsStrides:
+    """A (b, h, s, ...) tensor's first three strides, as the kernels take them; zeros for an
+    absent tensor (its pointer is null: the kernel never reads them)."""
+    if slot is None:
+        return BhsStrides(0, 0, 0)
+    return BhsStrides(*slot.strides[:3])
 
 
 def check_head_dim(head_dim: int, path: str, ctx: ResolveContext) -> None:

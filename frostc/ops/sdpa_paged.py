@@ -18,12 +18,11 @@ from frost_runtime.schema import MAX_GRID
 from frostc.contexts import ResolveContext
 from frostc.graph import Tensor
 from frostc.kernels.sdpa_common import LOG2_E
-from frostc.kernels.sdpa_decode_combine import INT_PARAMS as COMBINE_INT_PARAMS
-from frostc.kernels.sdpa_decode_combine import DecodeCombineVariant
+from frostc.kernels.sdpa_decode_combine import DecodeCombineArgs, DecodeCombineVariant
 from frostc.kernels.sdpa_decode_paged import FEW_ROWS, INT_PARAMS, DecodeTiles, PagedDecodeVariant, decode_tiles
 from frostc.ops.paged_cache import is_scaled
-from frostc.ops.rows import INT32_MAX, check_head_dim, check_row_layout, check_tma_strides, tma_stride
-from frostc.resolved import ResolvedLaunch, launch_args
+from frostc.ops.rows import INT32_MAX, bhs_strides, check_head_dim, check_row_layout, check_tma_strides, tma_stride
+from frostc.resolved import ResolvedLaunch, Workspace, launch, launch_args
 
 if TYPE_CHECKING:
     from frostc.ops.sdpa import Sdpa  # sdpa imports this module
@@ -221,22 +220,14 @@ def _combine_launch(
     o = ctx.slot(node.o)
     lse = ctx.slot(node.lse) if node.lse else None
     variant = DecodeCombineVariant(o.dtype, node.head_dim, lse is not None)
-    ints = {
-        "heads_kv": node.heads_kv,
-        "group": node.heads_q // node.heads_kv,
-        "rows": _rows(node),
-        "capacity": node.seq_kv,
-        "chunk": chunk,
-        "splits": splits,
-        "s_new": node.seq_q,
-        "window_left": -1 if node.mask.window_left is None else node.mask.window_left,
-        "block_n": block_n,  # the attention's key blocks: where a window's first split starts
-    }
-    assert tuple(ints) == COMBINE_INT_PARAMS
-    values: dict[str, int] = dict(ints)
-    for role, slot in (("o", o), ("lse", lse)):
-        for i, s in enumerate(("stride_b", "stride_h", "stride_s")):
-            values[f"{role}.{s}"] = slot.strides[i] if slot is not None else 0
-    slots = {"o": o, "lse": lse, "seq_len_kv": ctx.slot(node.kv_lengths)}
-    args = launch_args(variant, slots, workspace, values)
-    return ResolvedLaunch(node.name, variant, (_rows(node), node.heads_kv, node.batch), args)
+    args = DecodeCombineArgs(
+        Workspace(workspace["o_partial"]), Workspace(workspace["lse_partial"]), ctx.slot(node.kv_lengths), o, lse,
+        heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=_rows(node), capacity=node.seq_kv,
+        chunk=chunk, splits=splits, s_new=node.seq_q, window_left=_window_left(node), block_n=block_n,
+        o_strides=bhs_strides(o), lse_strides=bhs_strides(lse),
+    )  # fmt: skip
+    return launch(node.name, variant, (_rows(node), node.heads_kv, node.batch), args)
+
+
+def _window_left(node: Sdpa) -> int:
+    return -1 if node.mask.window_left is None else node.mask.window_left
