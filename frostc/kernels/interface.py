@@ -134,6 +134,9 @@ class BhsStrides(Facets):
     stride_h: I64
     stride_s: I64
 
+    def bhs(self) -> tuple:
+        return (self.stride_b, self.stride_h, self.stride_s)
+
 
 @dataclass(frozen=True)
 class TmaTensor(Facets):

@@ -28,12 +28,11 @@ from typing import ClassVar
 import cutlass
 import cutlass.cute as cute
 
+from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, PshStrides, quantized
 from frostc.kernels.interface import (
     I32,
     I64,
     BhsStrides,
-    Facets,
-    Group,
     Kernel,
     Ptr,
     Variant,
@@ -48,35 +47,6 @@ THREADS = 128
 VECTOR_BYTES = 16
 
 
-def _quantized(variant) -> bool:
-    return variant.cache is not None
-
-
-@dataclass(frozen=True)
-class PshStrides(Facets):
-    """A paged cache's (page, row, head) element strides."""
-
-    stride_p: I64
-    stride_s: I64
-    stride_h: I64
-
-
-@dataclass(frozen=True)
-class CacheScales(Group):
-    """A quantized cache's float32 scales: one per KV head, or one for all."""
-
-    k_scale: Ptr = pointer("fp32", align=4)
-    v_scale: Ptr = pointer("fp32", align=4)
-
-
-@dataclass(frozen=True)
-class CacheScaleStrides(Group):
-    """The scales' head strides: 1 per KV head, 0 one for all."""
-
-    k_scale: I64 = abi("k_scale.stride_h")
-    v_scale: I64 = abi("v_scale.stride_h")
-
-
 @dataclass(frozen=True)
 class KvAppendArgs:
     k: Ptr = pointer()
@@ -85,7 +55,7 @@ class KvAppendArgs:
     v_cache: Ptr = pointer(of="cache_dtype")
     page_table: Ptr = pointer("int32", align=4)
     seq_len_kv: Ptr = pointer("int32", align=4)
-    scales: CacheScales | None = when(_quantized)
+    scales: CacheScales | None = when(quantized)
     heads_kv: I32
     s_new: I32
     pages: I32
@@ -96,7 +66,7 @@ class KvAppendArgs:
     k_cache_strides: PshStrides = facets("k_cache")
     v_cache_strides: PshStrides = facets("v_cache")
     page_table_stride: I64 = abi("page_table.stride_b")
-    scale_strides: CacheScaleStrides | None = when(_quantized)
+    scale_strides: CacheScaleStrides | None = when(quantized)
 
 
 @dataclass(frozen=True)

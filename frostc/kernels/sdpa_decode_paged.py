@@ -36,6 +36,7 @@ Modes the kernel sees (element strides; the innermost head-dim stride is 1, chec
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
@@ -43,12 +44,27 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.nvgpu import warp as warp_mma
-from cutlass.cute.runtime import make_fake_stream, make_ptr
-from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
 from frost_runtime.dtypes import DTYPES
 
 from frostc.kernels.barriers import Barrier
+from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, quantized
+from frostc.kernels.interface import (
+    F32,
+    I32,
+    I64,
+    BhsStrides,
+    Group,
+    Kernel,
+    Ptr,
+    TmaTensor,
+    Variant,
+    abi,
+    facets,
+    pointer,
+    tma,
+    when,
+)
 from frostc.kernels.launch_order import WAITS_FOR_NEW_ROWS
 from frostc.kernels.online_softmax import OnlineSoftmax
 from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
@@ -59,10 +75,8 @@ from frostc.kernels.sdpa_common import (
     QUAD_LANES,
     KeyRange,
     MaskFlags,
-    TmaVariant,
     byte_interleave,
     dsl_dtype,
-    fake_ptr,
     key_origin,
     transpose_8x8,
 )
@@ -129,29 +143,68 @@ def decode_tiles(
 
 # ------------------------------------------------------------------------------ the variant
 
-LOADED = ("k", "v")  # through TMA tensor maps
-# i32 arguments, in order
-INT_PARAMS = (
-    "batch", "heads_kv", "group", "s_new", "rows", "row_blocks", "max_pages", "pages",
-    "rows_per_page", "chunk", "splits", "window_left",
-)  # fmt: skip
-FLOAT_PARAMS = ("scale_log2", "score_scale")
-# a quantized cache's: the scale factors (float32, per tensor or per KV head: stride 0 or 1), and
-# the softmax scale, applied to Q before its conversion to the MMA's fp16
-SCALE_POINTERS = ("k_scale", "v_scale")
-SCALE_STRIDES = ("k_scale.stride_h", "v_scale.stride_h")
-QUANTIZED_FLOATS = ("q_scale",)
 MMA_DTYPE_OF_SCALED = "fp16"  # e4m3 converts to fp16 exactly in one instruction per pair (bf16: five)
 MMA_FINITE_MAX = 65504.0  # fp16's largest finite: Q times the softmax scale saturates there
-STRIDE_PARAMS = ("q.stride_b", "q.stride_h", "q.stride_s", "o.stride_b", "o.stride_h", "o.stride_s",
-                 "lse.stride_b", "lse.stride_h", "lse.stride_s", "page_table.stride_b")  # fmt: skip
-POINTERS = ("q", "o", "lse", "page_table", "seq_len_kv", "o_partial", "lse_partial")
 
 
 @dataclass(frozen=True)
-class PagedDecodeVariant(TmaVariant):
+class DecodeTensors(Group):
+    q: Ptr = pointer()
+    o: Ptr = pointer()
+    lse: Ptr = pointer("fp32", align=4)  # null without an LSE
+    page_table: Ptr = pointer("int32", align=4)
+    seq_len_kv: Ptr = pointer("int32", align=4)
+    o_partial: Ptr = pointer("fp32")  # split: the partial results (workspace); else null
+    lse_partial: Ptr = pointer("fp32", align=4)
+
+
+@dataclass(frozen=True)
+class DecodeSizes(Group):
+    batch: I32
+    heads_kv: I32
+    group: I32
+    s_new: I32
+    rows: I32  # query rows per (sequence, KV head): s_new * group
+    row_blocks: I32  # CTAs over them
+    max_pages: I32
+    pages: I32
+    rows_per_page: I32  # the cache's rows from one page to the next
+    chunk: I32  # keys per split
+    splits: I32
+    window_left: I32  # -1: no window
+
+
+@dataclass(frozen=True)
+class SoftmaxScales(Group):
+    scale_log2: F32
+    score_scale: F32
+
+
+@dataclass(frozen=True)
+class PagedDecodeArgs:
+    """The K and V caches through tensor maps (ragged: each sequence's pages read as rows), the
+    rest by pointer; a quantized cache's scales, their strides and the softmax scale (applied to
+    Q before its conversion to the MMA's fp16) only in its variants."""
+
+    k: TmaTensor = tma(extents="i32", of="tma_dtype")
+    v: TmaTensor = tma(extents="i32", of="tma_dtype")
+    tensors: DecodeTensors
+    scales: CacheScales | None = when(quantized)
+    sizes: DecodeSizes
+    q_strides: BhsStrides = facets("q")
+    o_strides: BhsStrides = facets("o")
+    lse_strides: BhsStrides = facets("lse")
+    page_table_stride: I64 = abi("page_table.stride_b")
+    scale_strides: CacheScaleStrides | None = when(quantized)
+    softmax: SoftmaxScales
+    q_scale: F32 | None = when(quantized)
+
+
+@dataclass(frozen=True)
+class PagedDecodeVariant(Variant):
     """Compile key of the paged attention kernel: declaration facts only (shapes are arguments)."""
 
+    ARGS: ClassVar[type] = PagedDecodeArgs
     dtype: str
     head_dim: int
     page_size: int
@@ -195,23 +248,8 @@ class PagedDecodeVariant(TmaVariant):
         return (THREADS, 1, 1)
 
     @property
-    def ctas_per_sm(self) -> int:
-        return 0  # one CTA per work item, not persistent
-
-    @property
     def grid_rule(self) -> str:
         return f"(splits, heads_kv * ceil(s_new * group / {self.tile_shape.rows}), batch)"
-
-    @property
-    def params(self) -> tuple[tuple[str, str], ...]:
-        params: list[tuple[str, str]] = []
-        for name in LOADED:
-            params += [(f"{name}.tmap", "tmap"), (f"{name}.extents", "i32")]
-        params += [(name, "ptr") for name in POINTERS + (SCALE_POINTERS if self.quantized else ())]
-        params += [(name, "i32") for name in INT_PARAMS]
-        params += [(name, "i64") for name in STRIDE_PARAMS + (SCALE_STRIDES if self.quantized else ())]
-        params += [(name, "f32") for name in FLOAT_PARAMS + (QUANTIZED_FLOATS if self.quantized else ())]
-        return tuple(params)
 
     def kernel(self) -> "PagedDecode":
         return PagedDecodeScaledCache(self) if self.quantized else PagedDecode(self)
@@ -220,48 +258,7 @@ class PagedDecodeVariant(TmaVariant):
     # blocks holding the new rows (every other cache row is the caller's, written before the
     # plan: a row the step writes is read, by any sequence, only as the position it appends)
     early_start = WAITS_FOR_NEW_ROWS
-    reads_caches = tuple(f"{name}.tmap" for name in LOADED)  # the parameters that read the caches
-
-    def compile_args(self) -> tuple:
-        dtype = dsl_dtype(self.dtype)
-        pointers = [fake_ptr(dsl_dtype(self.tma_dtype), 16) for _ in LOADED]
-        pointers += [fake_ptr(dtype, 16), fake_ptr(dtype, 16), fake_ptr(cutlass.Float32, 4)]
-        pointers += [fake_ptr(cutlass.Int32, 4), fake_ptr(cutlass.Int32, 4)]
-        pointers += [fake_ptr(cutlass.Float32, 16), fake_ptr(cutlass.Float32, 4)]
-        if self.quantized:
-            pointers += [fake_ptr(cutlass.Float32, 4) for _ in SCALE_POINTERS]
-        return (*pointers, *_fake_scalars(self.quantized), make_fake_stream())
-
-    # tensor maps (TmaVariant): the build encodes them on the CPU with the same code the kernel uses
-    TMA_SLOTS = LOADED
-
-    def fake_scalars(self) -> tuple:
-        return _fake_scalars(self.quantized)
-
-    def tensor_map_args(self, shape, addresses: list[int], out: int) -> tuple:
-        """`shape`: (ints, strides): INT_PARAMS values and the caches' (page, row, head) strides."""
-        ints, strides = shape
-        dtype = dsl_dtype(self.tma_dtype)
-        pointers = [make_ptr(dtype, a, AddressSpace.gmem, assumed_align=16) for a in addresses]
-        out_ptr = make_ptr(cutlass.Uint8, out, AddressSpace.gmem, assumed_align=64)
-        return (
-            *pointers,
-            out_ptr,
-            tuple(cutlass.Int32(x) for x in ints),
-            tuple(cutlass.Int64(x) for x in strides),
-        )
-
-
-def _fake_scalars(quantized: bool = False) -> tuple:
-    """Stand-ins for the integer, cache-stride, stride and float argument tuples."""
-    strides = STRIDE_PARAMS + (SCALE_STRIDES if quantized else ())
-    floats = FLOAT_PARAMS + (QUANTIZED_FLOATS if quantized else ())
-    return (
-        tuple(cutlass.Int32(1) for _ in INT_PARAMS),
-        tuple(cutlass.Int64(8) for _ in range(6)),  # (page, row, head) strides of the K and V caches
-        tuple(cutlass.Int64(8) for _ in strides),
-        tuple(cutlass.Float32(1.0) for _ in floats),
-    )
+    reads_caches = ("k.tmap", "v.tmap")  # the parameters that read the caches
 
 
 # ------------------------------------------------------------------------------ device helpers
@@ -333,74 +330,47 @@ class DecodeMask:
 # ------------------------------------------------------------------------------ the kernel
 
 
-class PagedDecode:
-    """One variant's kernel: host entry (`__call__`), tensor maps, device code."""
+class PagedDecode(Kernel):
+    """One variant's kernel: its tensor maps' host code and its device code."""
 
     def __init__(self, variant: PagedDecodeVariant):
-        self.variant = variant
+        super().__init__(variant)
         self.dtype = dsl_dtype(variant.dtype)  # Q's and O's
         self.cache_dtype = dsl_dtype(variant.tma_dtype)  # what TMA loads
         self.mma_dtype = self.dtype  # the MMAs' operands in shared memory and P
         self.head_dim = variant.head_dim
         self.page_size = variant.page_size
         self.tiles = variant.tile_shape
-        self.smem_bytes = 0
+        # preferred_smem_carveout: else the DSL asks a GPU for its shared memory per SM
+        self.launch_options = dict(min_blocks_per_mp=self.tiles.ctas_per_sm, preferred_smem_carveout=100)
 
     # ---------------------------------------------------------------- host side
-    @cute.jit
-    def __call__(
-        self, k, v, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
-        ints: tuple, cache_strides: tuple, strides: tuple, floats: tuple, stream,
-    ):  # fmt: skip
+    def prepare(self) -> None:
         self.shared_storage = self._shared_storage()
         self.smem_bytes = self.shared_storage.size_in_bytes()
-        (k_tma, mK), (v_tma, mV) = self.tma_loads(k, v, ints, cache_strides)
-        kernel = self.kernel(
-            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
-            *ints, *strides, *floats,
-        )  # fmt: skip
-        self._launch(kernel, ints, stream)
-
-    def _launch(self, kernel, ints: tuple, stream):
-        batch, heads_kv, row_blocks, splits = ints[0], ints[1], ints[5], ints[10]
-        kernel.launch(
-            grid=(splits, heads_kv * row_blocks, batch),
-            block=[THREADS, 1, 1],
-            smem=self.smem_bytes,
-            stream=stream,
-            min_blocks_per_mp=self.tiles.ctas_per_sm,
-            preferred_smem_carveout=100,  # else the DSL asks a GPU for its shared memory per SM
-        )  # fmt: skip
 
     @cute.jit
-    def tma_loads(self, k, v, ints: tuple, cache_strides: tuple):
+    def tma_atoms(self, args: PagedDecodeArgs) -> dict:
         """TMA atoms and ragged coordinate tensors of the K and V caches: (rows, d, h_kv, wrap,
         start), V viewed d-major to match its shared-memory tile; a box is (box_rows, 64) of K,
-        (64, box_rows) of V. The build runs this on the CPU to write the plan's tensor maps."""
+        (64, box_rows) of V. The build also runs this on the CPU to write the plan's tensor maps."""
         t = self.tiles
         d = self.head_dim
-        heads_kv = ints[1]
-        _, k_ss, k_sh, _, v_ss, v_sh = (cute.assume(x, divby=8) for x in cache_strides)
+        heads_kv = args.sizes.heads_kv
+        _, k_ss, k_sh, _, v_ss, v_sh = (cute.assume(x, divby=8) for x in args.k.strides + args.v.strides)
         rows, wrap = RAGGED_ROWS, RAGGED_EXTENT
         k_wrap, v_wrap = (cute.assume(RAGGED_WRAP - x, divby=8) for x in (k_ss, v_ss))
         gK = cute.make_tensor(
-            k, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(k_ss, 1, k_sh, k_wrap, k_ss))
+            args.k.base, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(k_ss, 1, k_sh, k_wrap, k_ss))
         )
         gV = cute.make_tensor(
-            v, cute.make_layout((d, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
+            args.v.base, cute.make_layout((d, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
         )
         k_box, v_box = self._box_layouts()
         op = cpasync.CopyBulkTensorTileG2SOp()
         k_info = cpasync.make_tiled_tma_atom(op, gK, k_box, (t.box_rows, D_CHUNK))
         v_info = cpasync.make_tiled_tma_atom(op, gV, v_box, (D_CHUNK, t.box_rows))
-        return (k_info[0], k_info[1]), (v_info[0], v_info[1])
-
-    @cute.jit
-    def encode_tensor_maps(self, k, v, out, ints: tuple, cache_strides: tuple):
-        """Host only, at build time: write the K and V tensor maps (128 bytes each) to `out`."""
-        (k_tma, _), (v_tma, _) = self.tma_loads(k, v, ints, cache_strides)
-        cpasync.copy_tensormap(k_tma, out)
-        cpasync.copy_tensormap(v_tma, out + 128)
+        return {"k": TmaTensor(*k_info), "v": TmaTensor(*v_info)}
 
     def _smem_layouts(self):
         """Q (rows, d), K (keys, d, stage), V (d, keys, stage), in WGMMA's swizzles. For each
@@ -476,104 +446,64 @@ class PagedDecode:
 
     # ---------------------------------------------------------------- device side
     @cute.kernel
-    def kernel(
-        self,
-        k_tma: cute.CopyAtom,
-        mK: cute.Tensor,
-        v_tma: cute.CopyAtom,
-        mV: cute.Tensor,
-        q: cute.Pointer,
-        o: cute.Pointer,
-        lse: cute.Pointer,
-        page_table: cute.Pointer,
-        seq_len_kv: cute.Pointer,
-        o_partial: cute.Pointer,
-        lse_partial: cute.Pointer,
-        batch: cutlass.Int32,
-        heads_kv: cutlass.Int32,
-        group: cutlass.Int32,
-        s_new: cutlass.Int32,
-        rows: cutlass.Int32,
-        row_blocks: cutlass.Int32,
-        max_pages: cutlass.Int32,
-        pages: cutlass.Int32,
-        rows_per_page: cutlass.Int32,
-        chunk: cutlass.Int32,
-        splits: cutlass.Int32,
-        window_left: cutlass.Int32,
-        q_sb: cutlass.Int64,
-        q_sh: cutlass.Int64,
-        q_ss: cutlass.Int64,
-        o_sb: cutlass.Int64,
-        o_sh: cutlass.Int64,
-        o_ss: cutlass.Int64,
-        lse_sb: cutlass.Int64,
-        lse_sh: cutlass.Int64,
-        lse_ss: cutlass.Int64,
-        pt_sb: cutlass.Int64,
-        scale_log2: cutlass.Float32,
-        score_scale: cutlass.Float32,
-    ):
-        self._main(
-            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
-            batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
-            window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
-            None,
-        )  # fmt: skip
-
-    @cute.jit
-    def _main(
-        self, k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
-        batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
-        window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
-        scaled,
-    ):  # fmt: skip
-        """The kernel's body; `scaled`: None, or a quantized cache's (k_scale, v_scale, their head
-        strides, q_scale)."""
+    def kernel(self, args: PagedDecodeArgs):
+        tensors, sizes = args.tensors, args.sizes
+        scale_log2, score_scale = args.softmax.scale_log2, args.softmax.score_scale
         # the combine (launched early) may take the SMs' free room as this grid's last CTAs start
         cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
-        split, head_rows, b = self._work_of(cute.arch.block_idx(), heads_kv * row_blocks, splits)
+        split, head_rows, b = self._work_of(cute.arch.block_idx(), sizes.heads_kv * sizes.row_blocks, sizes.splits)
         t = self.tiles
 
-        capacity = max_pages * self.page_size
-        kv_len = cutlass.min(cutlass.max(cute.make_tensor(seq_len_kv + b, cute.make_layout(1))[0], 0), capacity)
+        capacity = sizes.max_pages * self.page_size
+        length = cute.make_tensor(tensors.seq_len_kv + b, cute.make_layout(1))[0]
+        kv_len = cutlass.min(cutlass.max(length, 0), capacity)
         origin = cutlass.Int32(0)
         if cutlass.const_expr(self.variant.window):
-            origin = key_origin(kv_len, s_new, window_left, t.block_n)
-        key_first = origin + split * chunk
-        key_end = cutlass.min(key_first + chunk, kv_len)
+            origin = key_origin(kv_len, sizes.s_new, sizes.window_left, t.block_n)
+        key_first = origin + split * sizes.chunk
+        key_end = cutlass.min(key_first + sizes.chunk, kv_len)
         blocks = cutlass.max(key_end - key_first + (t.block_n - 1), 0) // t.block_n
+        row_blocks = sizes.row_blocks
         work = Work(
-            b, head_rows // row_blocks, head_rows % row_blocks, kv_len, capacity, key_first, blocks, kv_len - s_new
+            b,
+            head_rows // row_blocks,
+            head_rows % row_blocks,
+            kv_len,
+            capacity,
+            key_first,
+            blocks,
+            kv_len - sizes.s_new,
         )
         dequant = None
-        if cutlass.const_expr(scaled is not None):
+        if cutlass.const_expr(args.scales is not None):
             # K's scale joins the scores' (in the tanh with softcap), V's multiplies O at the end
-            k_scale, v_scale, k_scale_sh, v_scale_sh, q_scale = scaled
-            k_descale = cute.make_tensor(k_scale + cutlass.Int64(work.head_kv) * k_scale_sh, cute.make_layout(1))[0]
-            v_descale = cute.make_tensor(v_scale + cutlass.Int64(work.head_kv) * v_scale_sh, cute.make_layout(1))[0]
+            scales, strides, one = args.scales, args.scale_strides, cute.make_layout(1)
+            k_descale = cute.make_tensor(scales.k_scale + cutlass.Int64(work.head_kv) * strides.k_scale, one)[0]
+            v_descale = cute.make_tensor(scales.v_scale + cutlass.Int64(work.head_kv) * strides.v_scale, one)[0]
             if cutlass.const_expr(self.variant.softcap):
                 score_scale = score_scale * k_descale
             else:
                 scale_log2 = scale_log2 * k_descale
-            dequant = (v_descale, q_scale)
+            dequant = (v_descale, args.q_scale)
         # the first block's page ids do not depend on the length: their loads overlap its load
-        pt_row = page_table + cutlass.Int64(b) * pt_sb
-        first_pages = self._block_pages(pt_row, work, 0, pages)
+        pt_row = tensors.page_table + cutlass.Int64(b) * args.page_table_stride
+        first_pages = self._block_pages(pt_row, work, 0, sizes.pages)
         # a split past the sequence's end has nothing to add (the combine kernel counts the
         # splits from the lengths); with one split the CTA writes the rows even without keys
-        args = (
-            work, (k_tma, mK), (v_tma, mV), q, (q_sb, q_sh, q_ss), (o, o_sb, o_sh, o_ss), (lse, lse_sb, lse_sh, lse_ss),
-            (o_partial, lse_partial), (pt_row, first_pages), (group, s_new, rows, splits, split, window_left),
-            (heads_kv, pages, rows_per_page), (scale_log2, score_scale, dequant), tidx, warp,
+        run = (
+            work, (args.k.tmap, args.k.extents), (args.v.tmap, args.v.extents), tensors.q, args.q_strides.bhs(),
+            (tensors.o, *args.o_strides.bhs()), (tensors.lse, *args.lse_strides.bhs()),
+            (tensors.o_partial, tensors.lse_partial), (pt_row, first_pages),
+            (sizes.group, sizes.s_new, sizes.rows, sizes.splits, split, sizes.window_left),
+            (sizes.heads_kv, sizes.pages, sizes.rows_per_page), (scale_log2, score_scale, dequant), tidx, warp,
         )  # fmt: skip
         if cutlass.const_expr(self.variant.split):
             if blocks > 0:
-                self._run(*args)
+                self._run(*run)
         else:
-            self._run(*args)
+            self._run(*run)
 
     @staticmethod
     def _work_of(cta, head_rows: int, splits: int):
@@ -888,40 +818,26 @@ class PagedDecodeScaledCache(PagedDecode):
         self.mma_dtype = dsl_dtype(MMA_DTYPE_OF_SCALED)
 
     @cute.jit
-    def __call__(
-        self, k, v, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, k_scale, v_scale,
-        ints: tuple, cache_strides: tuple, strides: tuple, floats: tuple, stream,
-    ):  # fmt: skip
-        self.shared_storage = self._shared_storage()
-        self.smem_bytes = self.shared_storage.size_in_bytes()
-        (k_tma, mK), (v_tma, mV) = self.tma_loads(k, v, ints, cache_strides)
-        kernel = self.kernel_scaled(
-            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial, k_scale, v_scale,
-            *ints, *strides, *floats,
-        )  # fmt: skip
-        self._launch(kernel, ints, stream)
-
-    @cute.jit
-    def tma_loads(self, k, v, ints: tuple, cache_strides: tuple):
+    def tma_atoms(self, args: PagedDecodeArgs) -> dict:
         """Both caches seen like K in the base kernel, (rows, d, h_kv, wrap, start), a box being
         (box_rows, d) of plain rows: the warps read them into registers."""
         t = self.tiles
         d = self.head_dim
-        heads_kv = ints[1]
-        _, k_ss, k_sh, _, v_ss, v_sh = (cute.assume(x, divby=16) for x in cache_strides)
+        heads_kv = args.sizes.heads_kv
+        _, k_ss, k_sh, _, v_ss, v_sh = (cute.assume(x, divby=16) for x in args.k.strides + args.v.strides)
         rows, wrap = RAGGED_ROWS, RAGGED_EXTENT
         k_wrap, v_wrap = (cute.assume(RAGGED_WRAP - x, divby=16) for x in (k_ss, v_ss))
         gK = cute.make_tensor(
-            k, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(k_ss, 1, k_sh, k_wrap, k_ss))
+            args.k.base, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(k_ss, 1, k_sh, k_wrap, k_ss))
         )
         gV = cute.make_tensor(
-            v, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(v_ss, 1, v_sh, v_wrap, v_ss))
+            args.v.base, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(v_ss, 1, v_sh, v_wrap, v_ss))
         )
         box = cute.make_layout((t.box_rows, d), stride=(d, 1))
         op = cpasync.CopyBulkTensorTileG2SOp()
         k_info = cpasync.make_tiled_tma_atom(op, gK, box, (t.box_rows, d))
         v_info = cpasync.make_tiled_tma_atom(op, gV, box, (t.box_rows, d))
-        return (k_info[0], k_info[1]), (v_info[0], v_info[1])
+        return {"k": TmaTensor(*k_info), "v": TmaTensor(*v_info)}
 
     def _ring_layout(self):
         """The cache's ring: `stages` blocks of (block_n, d) plain rows."""
@@ -1373,54 +1289,3 @@ class PagedDecodeScaledCache(PagedDecode):
                         at = cutlass.Int64(work.batch) * lse_sb + cutlass.Int64(head) * lse_sh
                         at = at + cutlass.Int64(token) * lse_ss
                         cute.make_tensor(lse + at, cute.make_layout(1))[0] = lse_value
-
-    @cute.kernel
-    def kernel_scaled(
-        self,
-        k_tma: cute.CopyAtom,
-        mK: cute.Tensor,
-        v_tma: cute.CopyAtom,
-        mV: cute.Tensor,
-        q: cute.Pointer,
-        o: cute.Pointer,
-        lse: cute.Pointer,
-        page_table: cute.Pointer,
-        seq_len_kv: cute.Pointer,
-        o_partial: cute.Pointer,
-        lse_partial: cute.Pointer,
-        k_scale: cute.Pointer,
-        v_scale: cute.Pointer,
-        batch: cutlass.Int32,
-        heads_kv: cutlass.Int32,
-        group: cutlass.Int32,
-        s_new: cutlass.Int32,
-        rows: cutlass.Int32,
-        row_blocks: cutlass.Int32,
-        max_pages: cutlass.Int32,
-        pages: cutlass.Int32,
-        rows_per_page: cutlass.Int32,
-        chunk: cutlass.Int32,
-        splits: cutlass.Int32,
-        window_left: cutlass.Int32,
-        q_sb: cutlass.Int64,
-        q_sh: cutlass.Int64,
-        q_ss: cutlass.Int64,
-        o_sb: cutlass.Int64,
-        o_sh: cutlass.Int64,
-        o_ss: cutlass.Int64,
-        lse_sb: cutlass.Int64,
-        lse_sh: cutlass.Int64,
-        lse_ss: cutlass.Int64,
-        pt_sb: cutlass.Int64,
-        k_scale_sh: cutlass.Int64,
-        v_scale_sh: cutlass.Int64,
-        scale_log2: cutlass.Float32,
-        score_scale: cutlass.Float32,
-        q_scale: cutlass.Float32,
-    ):
-        self._main(
-            k_tma, mK, v_tma, mV, q, o, lse, page_table, seq_len_kv, o_partial, lse_partial,
-            batch, heads_kv, group, s_new, rows, row_blocks, max_pages, pages, rows_per_page, chunk, splits,
-            window_left, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss, pt_sb, scale_log2, score_scale,
-            (k_scale, v_scale, k_scale_sh, v_scale_sh, q_scale),
-        )  # fmt: skip

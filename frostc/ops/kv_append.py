@@ -26,8 +26,9 @@ from frost_runtime.dtypes import ATTENTION
 from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
+from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, PshStrides
 from frostc.kernels.interface import BhsStrides
-from frostc.kernels.kv_append import CacheScales, CacheScaleStrides, KvAppendArgs, KvAppendVariant, PshStrides
+from frostc.kernels.kv_append import KvAppendArgs, KvAppendVariant
 from frostc.ops.paged_cache import (
     cache_dtype_problem,
     check_cache_scales,

@@ -17,12 +17,23 @@ from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import ResolveContext
 from frostc.graph import Tensor
+from frostc.kernels.cache_args import CacheScales, CacheScaleStrides
+from frostc.kernels.interface import TmaSource
 from frostc.kernels.sdpa_common import LOG2_E
 from frostc.kernels.sdpa_decode_combine import DecodeCombineArgs, DecodeCombineVariant
-from frostc.kernels.sdpa_decode_paged import FEW_ROWS, INT_PARAMS, DecodeTiles, PagedDecodeVariant, decode_tiles
+from frostc.kernels.sdpa_decode_paged import (
+    FEW_ROWS,
+    DecodeSizes,
+    DecodeTensors,
+    DecodeTiles,
+    PagedDecodeArgs,
+    PagedDecodeVariant,
+    SoftmaxScales,
+    decode_tiles,
+)
 from frostc.ops.paged_cache import is_scaled
 from frostc.ops.rows import INT32_MAX, bhs_strides, check_head_dim, check_row_layout, check_tma_strides, tma_stride
-from frostc.resolved import ResolvedLaunch, Workspace, launch, launch_args
+from frostc.resolved import ResolvedLaunch, Workspace, launch
 
 if TYPE_CHECKING:
     from frostc.ops.sdpa import Sdpa  # sdpa imports this module
@@ -161,57 +172,46 @@ def _check_cache(k: Tensor, ctx: ResolveContext) -> None:
 
 
 def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chunk: int, workspace, ctx):
-    q, o, k = ctx.slot(node.q), ctx.slot(node.o), ctx.slot(node.k)
+    q, o, k, v = ctx.slot(node.q), ctx.slot(node.o), ctx.slot(node.k), ctx.slot(node.v)
     lse = ctx.slot(node.lse) if node.lse else None
     table = ctx.slot(node.page_table)
     rows = _rows(node)
     row_blocks = -(-rows // variant.tile_shape.rows)
     row_stride = tma_stride(k.dims[1], k.strides[1], k.dtype)
-    ints = {
-        "batch": node.batch,
-        "heads_kv": node.heads_kv,
-        "group": node.heads_q // node.heads_kv,
-        "s_new": node.seq_q,
-        "rows": rows,
-        "row_blocks": row_blocks,
-        "max_pages": table.dims[1],
-        "pages": node.pages,
-        "rows_per_page": k.strides[0] // row_stride if node.pages > 1 else node.page_size,
-        "chunk": chunk,
-        "splits": splits,
-        "window_left": -1 if node.mask.window_left is None else node.mask.window_left,
-    }
-    assert tuple(ints) == INT_PARAMS
-    values: dict[str, int | float] = dict(ints)
-    for role, slot in (("q", q), ("o", o), ("lse", lse)):
-        for i, s in enumerate(("stride_b", "stride_h", "stride_s")):
-            values[f"{role}.{s}"] = slot.strides[i] if slot is not None else 0
-    values["page_table.stride_b"] = table.strides[0]
+    sizes = DecodeSizes(
+        batch=node.batch, heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, s_new=node.seq_q, rows=rows,
+        row_blocks=row_blocks, max_pages=table.dims[1], pages=node.pages,
+        rows_per_page=k.strides[0] // row_stride if node.pages > 1 else node.page_size, chunk=chunk, splits=splits,
+        window_left=_window_left(node),
+    )  # fmt: skip
     # a quantized cache's kernel scales Q by attn_scale itself (before fp16), and the scores by
     # k_scale (read on the device): the scales below then leave attn_scale out
     scale = 1.0 if variant.quantized else node.attn_scale
     if node.mask.softcap is None:
-        values["scale_log2"], values["score_scale"] = scale * LOG2_E, 0.0
+        softmax = SoftmaxScales(scale_log2=scale * LOG2_E, score_scale=0.0)
     else:  # s -> softcap * tanh(s * scale / softcap): the tanh's argument, then the softmax's scale
-        values["scale_log2"], values["score_scale"] = node.mask.softcap * LOG2_E, scale / node.mask.softcap
-    values["k.extents"] = values["v.extents"] = node.heads_kv
-    slots = {"k": k, "v": ctx.slot(node.v), "q": q, "o": o, "lse": lse, "page_table": table}
-    if variant.quantized:
-        values["q_scale"] = node.attn_scale
-        for role, name in (("k_scale", node.k_scale), ("v_scale", node.v_scale)):
-            slots[role] = ctx.slot(name)
-            values[f"{role}.stride_h"] = slots[role].strides[0] if slots[role].dims[0] > 1 else 0
-    slots["seq_len_kv"] = ctx.slot(node.kv_lengths)
+        softmax = SoftmaxScales(scale_log2=node.mask.softcap * LOG2_E, score_scale=scale / node.mask.softcap)
+    scales = scale_strides = None
+    if variant.quantized:  # one scale per KV head, or one for all (stride 0)
+        k_scale, v_scale = ctx.slot(node.k_scale), ctx.slot(node.v_scale)
+        scales = CacheScales(k_scale, v_scale)
+        scale_strides = CacheScaleStrides(*(s.strides[0] if s.dims[0] > 1 else 0 for s in (k_scale, v_scale)))
     # the partial results: workspace with several splits, unused (null) with one
-    args = launch_args(variant, slots, workspace or {}, values)
-    cache_strides = tuple(
-        tma_stride(extent, stride, cache.dtype)
-        for cache in (k, slots["v"])
-        for extent, stride in zip(cache.dims[:3], cache.strides[:3])
-    )
-    shape = (tuple(ints.values()), cache_strides)
-    grid = (splits, node.heads_kv * row_blocks, node.batch)
-    return ResolvedLaunch(node.name, variant, grid, args, shape)
+    partials = [Workspace(workspace[name]) if workspace else None for name in ("o_partial", "lse_partial")]
+    args = PagedDecodeArgs(
+        k=TmaSource(k, _cache_tma_strides(k), extents=node.heads_kv),
+        v=TmaSource(v, _cache_tma_strides(v), extents=node.heads_kv),
+        tensors=DecodeTensors(q, o, lse, table, ctx.slot(node.kv_lengths), *partials),
+        scales=scales, sizes=sizes, q_strides=bhs_strides(q), o_strides=bhs_strides(o), lse_strides=bhs_strides(lse),
+        page_table_stride=table.strides[0], scale_strides=scale_strides, softmax=softmax,
+        q_scale=node.attn_scale if variant.quantized else None,
+    )  # fmt: skip
+    return launch(node.name, variant, (splits, node.heads_kv * row_blocks, node.batch), args)
+
+
+def _cache_tma_strides(cache) -> tuple[int, int, int]:
+    """A cache's (page, row, head) strides as its tensor map takes them."""
+    return tuple(tma_stride(extent, stride, cache.dtype) for extent, stride in zip(cache.dims[:3], cache.strides[:3]))
 
 
 def _combine_launch(
