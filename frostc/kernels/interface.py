@@ -76,8 +76,11 @@ _DSL_SCALARS = {"i32": cutlass.Int32, "i64": cutlass.Int64, "f32": cutlass.Float
 _ADDRESS = 0x10000  # a stand-in pointer's (its type and alignment are what a compile uses)
 
 
+_BYTES = {"uint8": "Uint8", "uint32": "Uint32"}  # raw bytes and words (workspace regions)
+
+
 def _dsl_pointer(dtype: str, address: int, align: int):
-    name = "Uint8" if dtype == "uint8" else DTYPES[dtype].dsl
+    name = _BYTES.get(dtype) or DTYPES[dtype].dsl
     return make_ptr(getattr(cutlass, name), address, AddressSpace.gmem, assumed_align=align)
 
 
@@ -85,8 +88,9 @@ def _dsl_pointer(dtype: str, address: int, align: int):
 
 
 def pointer(dtype: str | None = None, *, of: str = "dtype", align: int = 16) -> Any:
-    """A pointer field: to elements of `dtype` (a frost dtype, or "uint8" for bytes), or of the
-    dtype the variant's attribute `of` holds; `align`: what the kernel may assume of it."""
+    """A pointer field: to elements of `dtype` (a frost dtype, or "uint8" / "uint32" for raw bytes
+    and words), or of the dtype the variant's attribute `of` holds; `align`: what the kernel may
+    assume of it."""
     return field(metadata={"dtype": dtype, "of": of, "align": align})
 
 

@@ -34,14 +34,14 @@ key k of sequence b is row k of V[b] (keys past s copy row s - 1: no map's exten
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream, make_ptr
-from cutlass.cute.typing import AddressSpace
 
+from frostc.kernels.interface import I32, I64, Group, Kernel, Ptr, Variant, abi, pointer, when
 from frostc.kernels.row_pieces import VECTOR_BYTES
-from frostc.kernels.sdpa_common import P_KEY_ORDER, fake_ptr
+from frostc.kernels.sdpa_common import P_KEY_ORDER
 from frostc.kernels.sequence_maps import aligned_start
 
 THREADS = 128
@@ -54,11 +54,6 @@ LANES_PER_ROW = 8  # lanes that load one token's row together (8 pieces of 16 by
 # binary search reads shared memory (a search through global memory is a chain of dependent
 # loads, the kernel's critical path); sequences past it are searched in the table itself
 SHARED_STARTS = 1024
-INT_PARAMS = ("batch", "tokens")
-I64_PARAMS = ("v.stride_t", "v.stride_h", "pitch")
-# the batched variant's: V (b, h, s, d) by its strides
-BATCHED_INT_PARAMS = ("seq_kv",)
-BATCHED_I64_PARAMS = ("v.stride_b", "v.stride_s", "v.stride_h", "pitch")
 
 
 def relaid_pitch(seq_kv: int) -> int:
@@ -66,11 +61,50 @@ def relaid_pitch(seq_kv: int) -> int:
     return -(-seq_kv // KEYS) * KEYS
 
 
+def _packed(variant) -> bool:
+    return not variant.batched
+
+
+def _batched(variant) -> bool:
+    return variant.batched
+
+
 @dataclass(frozen=True)
-class VtPackVariant:
+class PackedV(Group):
+    """Packed V (t, h, d): the sequences' count and tokens, and V's strides."""
+
+    batch: I32
+    tokens: I32
+    stride_t: I64 = abi("v.stride_t")
+    stride_h: I64 = abi("v.stride_h")
+
+
+@dataclass(frozen=True)
+class BatchedV(Group):
+    """V (b, h, s, d) of the dense or padded form: its rows and strides."""
+
+    seq_kv: I32
+    stride_b: I64 = abi("v.stride_b")
+    stride_s: I64 = abi("v.stride_s")
+    stride_h: I64 = abi("v.stride_h")
+
+
+@dataclass(frozen=True)
+class VtPackArgs:
+    v: Ptr = pointer("uint8")
+    sequences: Ptr | None = when(_packed, dtype="int32")  # the scheduling kernel's table
+    v_packed: Ptr = pointer("uint32")  # Vᵀ in the workspace
+    packed: PackedV | None = when(_packed)
+    batched: BatchedV | None = when(_batched)
+    pitch: I64  # keys per Vᵀ row
+
+
+@dataclass(frozen=True)
+class VtPackVariant(Variant):
     """Compile key: the head dim (the bytes of a row); `batched`: V (b, h, s, d) of the dense or
     padded form, else packed V (t, h, d) with the scheduling kernel's table."""
 
+    ARGS: ClassVar[type] = VtPackArgs
     head_dim: int
     batched: bool = False
     # each 16 keys written in the order the attention's P leaves its accumulator in (2c, 2c + 1,
@@ -85,16 +119,6 @@ class VtPackVariant:
         return name + (".p_order" if self.p_order else "")
 
     @property
-    def params(self) -> tuple[tuple[str, str], ...]:
-        if self.batched:
-            ints, wide = BATCHED_INT_PARAMS, BATCHED_I64_PARAMS
-            pointers: tuple[tuple[str, str], ...] = (("v", "ptr"), ("v_packed", "ptr"))
-        else:
-            ints, wide = INT_PARAMS, I64_PARAMS
-            pointers = (("v", "ptr"), ("sequences", "ptr"), ("v_packed", "ptr"))
-        return pointers + tuple((p, "i32") for p in ints) + tuple((p, "i64") for p in wide)
-
-    @property
     def block(self) -> tuple[int, int, int]:
         return (THREADS, 1, 1)
 
@@ -107,41 +131,26 @@ class VtPackVariant:
         batches = "b" if self.batched else "1"
         return f"(ceil(pitch / {KEYS}), hkv, {batches}): {KEYS} destination keys of one KV head per CTA"
 
-    @property
-    def ctas_per_sm(self) -> int:
-        return 0
-
     def grid(self, pitch: int, heads_kv: int, batch: int = 1) -> tuple[int, int, int]:
         return (-(-pitch // KEYS), heads_kv, batch if self.batched else 1)
 
     def kernel(self) -> "VtPack":
         return VtPack(self)
 
-    def compile_args(self) -> tuple:
-        if self.batched:
-            pointers = (fake_ptr(cutlass.Uint8, 16), None, fake_ptr(cutlass.Uint32, 16))
-            ints = (cutlass.Int32(1),) + tuple(cutlass.Int64(16) for _ in BATCHED_I64_PARAMS)
-            return (*pointers, ints, make_fake_stream())
-        table = make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=16)
-        pointers = (fake_ptr(cutlass.Uint8, 16), table, fake_ptr(cutlass.Uint32, 16))
-        ints = tuple(cutlass.Int32(1) for _ in INT_PARAMS) + tuple(cutlass.Int64(16) for _ in I64_PARAMS)
-        return (*pointers, ints, make_fake_stream())
 
-
-class VtPack:
+class VtPack(Kernel):
     def __init__(self, variant: VtPackVariant):
+        super().__init__(variant)
         self.v = variant
         self.d = variant.head_dim
         self.row_words = (variant.head_dim + ROW_PAD) // 4
-        self.smem_bytes = 0
 
     def _row_word(self, row):
         """The shared word where key row `row` starts: rows ROW_WORDS apart, each group of 16 rows
         4 words further, so that 8 rows 16 apart fall in 8 distinct banks (of a word's 4)."""
         return row * self.row_words + (row // GROUP) * 4
 
-    @cute.jit
-    def __call__(self, v, sequences, v_packed, ints: tuple, stream):
+    def prepare(self) -> None:
         row_storage = (KEYS * self.row_words + GROUPS * 4) * 4
         # the batched variant finds its tokens without the sequences' starts
         start_words = 1 if self.v.batched else SHARED_STARTS
@@ -154,25 +163,17 @@ class VtPack:
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
-        # the plan's launch gives the grid; only the cubin is kept from here
-        if cutlass.const_expr(self.v.batched):
-            kernel = self.kernel_batched(v, v_packed, *ints)
-        else:
-            kernel = self.kernel(v, sequences, v_packed, *ints)
-        kernel.launch(grid=(1, 1, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream)
 
     @cute.kernel
-    def kernel(
-        self,
-        v: cute.Pointer,
-        sequences: cute.Pointer,
-        v_packed: cute.Pointer,
-        batch: cutlass.Int32,
-        tokens_total: cutlass.Int32,
-        v_st: cutlass.Int64,
-        v_sh: cutlass.Int64,
-        pitch: cutlass.Int64,
-    ):
+    def kernel(self, args: VtPackArgs):
+        if cutlass.const_expr(self.v.batched):
+            self._batched(args.v, args.v_packed, args.batched, args.pitch)
+        else:
+            self._packed(args.v, args.sequences, args.v_packed, args.packed, args.pitch)
+
+    @cute.jit
+    def _packed(self, v, sequences, v_packed, packed: PackedV, pitch):
+        batch, tokens_total, v_st, v_sh = packed.batch, packed.tokens, packed.stride_t, packed.stride_h
         tidx, _, _ = cute.arch.thread_idx()
         block, head, _ = cute.arch.block_idx()
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
@@ -197,17 +198,9 @@ class VtPack:
         self._transpose(tidx, rows, tokens, v + cute.assume(cutlass.Int64(head) * v_sh, divby=16), v_st,
                         v_packed, cutlass.Int64(head * self.d), pitch, first_key)  # fmt: skip
 
-    @cute.kernel
-    def kernel_batched(
-        self,
-        v: cute.Pointer,
-        v_packed: cute.Pointer,
-        seq_kv: cutlass.Int32,
-        v_sb: cutlass.Int64,
-        v_ss: cutlass.Int64,
-        v_sh: cutlass.Int64,
-        pitch: cutlass.Int64,
-    ):
+    @cute.jit
+    def _batched(self, v, v_packed, batched: BatchedV, pitch):
+        seq_kv, v_sb, v_ss, v_sh = batched.seq_kv, batched.stride_b, batched.stride_s, batched.stride_h
         tidx, _, _ = cute.arch.thread_idx()
         block, head, b = cute.arch.block_idx()
         _, heads_kv, _ = cute.arch.grid_dim()

@@ -53,7 +53,7 @@ from frostc.kernels.sdpa_fwd_wgmma import (
 from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
 from frostc.kernels.sdpa_schedule import ScheduleVariant
 from frostc.kernels.sequence_maps import MAP_BYTES, packed_pitch
-from frostc.kernels.vt_pack import VtPackVariant, relaid_pitch
+from frostc.kernels.vt_pack import BatchedV, PackedV, VtPackArgs, VtPackVariant, relaid_pitch
 from frostc.ops import sdpa_paged
 from frostc.ops.paged_cache import (
     SCALE_ROLES,
@@ -72,7 +72,7 @@ from frostc.ops.rows import (
     check_whole_pieces,
     tma_stride,
 )
-from frostc.resolved import ResolvedLaunch, launch_args
+from frostc.resolved import ResolvedLaunch, Workspace, launch, launch_args
 
 KEYS = (
     "q", "k", "v", "o", "lse",
@@ -681,15 +681,9 @@ def _relay_launch(node: Sdpa, offset: int, ctx: ResolveContext) -> ResolvedLaunc
     variant = VtPackVariant(node.head_dim, batched=True, p_order=_v_in_p_order(node, ctx))
     v = ctx.slot(node.v)
     pitch = relaid_pitch(node.seq_kv)
-    values = {
-        "seq_kv": node.seq_kv,
-        "v.stride_b": v.strides[0],
-        "v.stride_s": v.strides[2],
-        "v.stride_h": v.strides[1],
-        "pitch": pitch,
-    }
-    args = launch_args(variant, {"v": v}, {"v_packed": offset}, values)
-    return ResolvedLaunch(node.name, variant, variant.grid(pitch, node.heads_kv, node.batch), args)
+    batched = BatchedV(node.seq_kv, stride_b=v.strides[0], stride_s=v.strides[2], stride_h=v.strides[1])
+    args = VtPackArgs(v, None, Workspace(offset), packed=None, batched=batched, pitch=pitch)
+    return launch(node.name, variant, variant.grid(pitch, node.heads_kv, node.batch), args)
 
 
 def _record_length_contracts(node: Sdpa, ctx: ResolveContext) -> None:
@@ -1017,17 +1011,11 @@ def _pack_launch(node: Sdpa, workspace: dict[str, int], ctx: ResolveContext) -> 
     boundary (after the scheduling kernel, whose table it reads)."""
     variant = VtPackVariant(node.head_dim, p_order=_v_in_p_order(node, ctx))
     v = ctx.slot(node.v)
-    values = {
-        "batch": node.batch,
-        "tokens": node.tokens_kv,
-        "v.stride_t": v.strides[0],
-        "v.stride_h": v.strides[1],
-        "pitch": packed_pitch(node.tokens_kv, node.batch),
-    }
-    spaces = {"sequences": workspace["sequences"], "v_packed": workspace["v_packed"]}
-    args = launch_args(variant, {"v": v}, spaces, values)
-    grid = variant.grid(packed_pitch(node.tokens_kv, node.batch), node.heads_kv)
-    return ResolvedLaunch(node.name, variant, grid, args)
+    pitch = packed_pitch(node.tokens_kv, node.batch)
+    packed = PackedV(node.batch, node.tokens_kv, stride_t=v.strides[0], stride_h=v.strides[1])
+    regions = (Workspace(workspace["sequences"]), Workspace(workspace["v_packed"]))
+    args = VtPackArgs(v, *regions, packed=packed, batched=None, pitch=pitch)
+    return launch(node.name, variant, variant.grid(pitch, node.heads_kv), args)
 
 
 def _bhs_strides(slot, form: str) -> tuple[int, int, int]:
