@@ -70,10 +70,10 @@ def _compile(variant: KernelVariant) -> CompiledKernel:
     import cutlass.cute as cute
 
     import frostc.kernels  # noqa: F401  (sets the DSL's environment before it is first used)
-    from frostc.kernels.interface import name_entries
+    from frostc.kernels.interface import name_entry
 
     kernel = variant.kernel()
-    name_entries(kernel, variant.name)
+    name_entry(kernel, variant.name)
     try:
         compiled = cute.compile(kernel, *variant.compile_args())
     except Exception as exc:  # the DSL raises many types; the user needs the variant and the text
@@ -129,12 +129,11 @@ def encode_tensor_maps(launch: ResolvedLaunch) -> dict[str, bytes]:
     """The launch's 128-byte tensor maps with global address zero (patched per call by the
     runtime), keyed by parameter name (`q.tmap`, ...); empty for a kernel that takes none."""
     variant = launch.variant
-    shape = launch.tensor_map_shape if launch.record is None else launch.record
-    if shape is None or not getattr(variant, "tensor_map_params", ()):
-        return {}
     names = variant.tensor_map_params
+    if not names:
+        return {}
     bases = (0x10000, 0x7F00_0000_0000)
-    blobs = [_encode(variant, shape, base) for base in bases]
+    blobs = [_encode(variant, launch.record, base) for base in bases]
     address, rest = TMAP_ADDRESS_BYTES, slice(TMAP_ADDRESS_BYTES.stop, None)
     maps = {}
     for i, name in enumerate(names):
@@ -149,7 +148,7 @@ def encode_tensor_maps(launch: ResolvedLaunch) -> dict[str, bytes]:
     return maps
 
 
-def _encode(variant, shape, base: int) -> bytes:
+def _encode(variant, record, base: int) -> bytes:
     import cutlass.cute as cute
 
     if variant not in _encoders:  # compiled once per variant, called for every launch
@@ -162,7 +161,7 @@ def _encode(variant, shape, base: int) -> bytes:
     out = (ctypes.addressof(raw) + 63) // 64 * 64
     addresses = [base + i * 0x1000 for i in range(count)]
     try:
-        _encoders[variant](*variant.tensor_map_args(shape, addresses, out))
+        _encoders[variant](*variant.tensor_map_args(record, addresses, out))
     except Exception as exc:
         raise CompileError(f"{variant.name}: encoding the tensor maps failed: {exc}") from exc
     return bytes((ctypes.c_uint8 * (count * TMAP_BYTES)).from_address(out))

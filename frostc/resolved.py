@@ -4,7 +4,6 @@ scratch is an offset into the caller's workspace, and every kernel parameter is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,34 +57,6 @@ class Arg:
     slot: int = -1
     workspace: int = -1
     value: int | float | tuple[int, ...] = 0
-
-
-def launch_args(
-    variant: KernelVariant,
-    slots: Mapping[str, Slot | None],
-    workspace: Mapping[str, int],
-    values: Mapping[str, int | float | tuple[int, ...]],
-) -> tuple[Arg, ...]:
-    """Every parameter of `variant` bound, in its order. A pointer or tensor map takes the slot of
-    its role in `slots` (the name before any ".": "q.tmap" is q's), else its byte offset in
-    `workspace`; one in neither, or whose slot is None (an absent tensor, such as an LSE not
-    asked for), is a null constant: the variant never touches it. Any other parameter takes its
-    constant from `values`."""
-    args = []
-    for param, kind in variant.params:
-        if kind in ("ptr", "tmap"):
-            slot = slots.get(param.split(".")[0])
-            if slot is not None:
-                args.append(Arg(param, kind, slot=slot.index))
-            elif param in workspace:
-                args.append(Arg(param, kind, workspace=workspace[param]))
-            else:
-                args.append(Arg(param, kind, value=0))
-        elif param in values:
-            args.append(Arg(param, kind, value=values[param]))
-        else:
-            raise ValueError(f"{variant.name}: parameter {param} ({kind}) has no value; give it one in the launch")
-    return tuple(args)
 
 
 @dataclass(frozen=True)
@@ -157,17 +128,15 @@ class ResolvedLaunch:
     node: str
     variant: KernelVariant
     grid: tuple[int, int, int]
-    args: tuple[Arg, ...]
-    # what the variant encodes this launch's TMA tensor maps from (None: the kernel takes none)
-    tensor_map_shape: Any = None
+    args: tuple[Arg, ...]  # `bind(variant, record)`
+    record: Any  # the kernel's Args as its op filled them: the build encodes the TMA maps from it
     early: bool = False  # starts before the launch ahead of it ends (`frostc.resolve.mark_early_starts`)
-    record: Any = None  # the kernel's Args as its op filled them (`launch`)
 
 
 def launch(node: str, variant: KernelVariant, grid: tuple[int, int, int], record: Any) -> ResolvedLaunch:
     """A launch of `variant` whose parameters are `record`, the kernel's Args as the op filled
     them by name (`bind`); the build encodes its TMA tensor maps from the same record."""
-    return ResolvedLaunch(node, variant, grid, bind(variant, record), record=record)
+    return ResolvedLaunch(node, variant, grid, bind(variant, record), record)
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,9 @@ from frostc.field_checks import (
     is_int,
 )
 from frostc.graph import Graph, Node, Tensor
+from frostc.target import DEFAULT_TARGET, TARGETS
 
-DEFAULT_TARGET = "sm_90a"
-SUPPORTED_TARGETS = ("sm_90a",)
+SUPPORTED_TARGETS = tuple(TARGETS)
 DTYPES = dtypes.NAMES
 IO_KINDS = ("input", "output")
 

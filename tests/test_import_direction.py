@@ -98,16 +98,43 @@ def test_the_scan_sees_nested_and_guarded_imports(tmp_path: Path, monkeypatch: p
 
 
 KERNELS = ROOT / "frostc" / "kernels"
-KERNEL_FILES = ("sdpa_fwd_wgmma", "sdpa_decode_paged", "sdpa_decode_combine", "sdpa_schedule", "kv_append", "vt_pack")
+
+
+def defines_a_kernel(path: Path) -> bool:
+    """A kernel's module: it defines a class of `frostc.kernels.interface.Kernel` (by name)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return any(
+        isinstance(node, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id == "Kernel" for b in node.bases)
+        for node in ast.walk(tree)
+    )
+
+
+KERNEL_FILES = sorted(p.stem for p in KERNELS.glob("*.py") if defines_a_kernel(p))
+
+
+def test_the_rule_finds_every_kernel() -> None:
+    assert {"sdpa_fwd_wgmma", "sdpa_decode_paged", "sdpa_decode_combine", "sdpa_schedule", "kv_append"} <= set(
+        KERNEL_FILES
+    )
+    assert {"vt_pack", "rms_norm", "silu_mul"} <= set(KERNEL_FILES)
+    assert "interface" not in KERNEL_FILES and "sdpa_common" not in KERNEL_FILES
 
 
 @pytest.mark.parametrize("kernel", KERNEL_FILES)
 def test_a_kernel_takes_shared_parts_from_their_modules_not_from_another_kernel(kernel: str) -> None:
-    """The parts the kernels share (softmax, rings, tile walks, sequences, barriers, layouts)
-    live in modules of their own: no kernel's file imports another kernel's, or the ops or stages."""
+    """The parts the kernels share (the interface, softmax, rings, tile walks, sequences, barriers,
+    layouts, argument groups) live in modules of their own: no kernel's file imports another
+    kernel's, or the ops or stages."""
     found = reachable(f"frostc.kernels.{kernel}")
     others = {f"frostc.kernels.{k}" for k in KERNEL_FILES} - {f"frostc.kernels.{kernel}"}
     assert {m: by for m, by in found.items() if m in others or is_under(m, ("frostc.ops", *STAGES))} == {}
+
+
+@pytest.mark.parametrize("part", sorted(p.stem for p in KERNELS.glob("*.py") if p.stem not in KERNEL_FILES))
+def test_the_kernels_parts_import_no_kernel_op_or_stage(part: str) -> None:
+    found = reachable(f"frostc.kernels.{part}")
+    kernels = {f"frostc.kernels.{k}" for k in KERNEL_FILES}
+    assert {m: by for m, by in found.items() if m in kernels or is_under(m, ("frostc.ops", *STAGES))} == {}
 
 
 def test_the_decode_kernel_shares_the_forward_kernels_parts() -> None:

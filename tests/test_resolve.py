@@ -4,15 +4,17 @@ and the kernel-support checks that decline a graph with the user's field paths. 
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 
 from frostc import DescriptionError, GraphBuilder, Problem, validate
+from frostc.kernels.interface import F32, Ptr, TmaSource, TmaTensor, Variant, pointer, tma
 from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
 from frostc.kernels.sdpa_fwd_wgmma import SdpaFwdVariant
 from frostc.resolve import resolve
-from frostc.resolved import Arg, ResolvedLaunch, ResolvedPlan, Slot, launch_args
+from frostc.resolved import Arg, ResolvedLaunch, ResolvedPlan, Slot, Workspace, bind
 
 
 def graph_builder(
@@ -223,14 +225,17 @@ def test_stride_args_are_the_slot_strides_of_b_h_s() -> None:
         if slot.name in ("o", "lse"):
             got = tuple(values[f"{slot.name}.stride_{x}"] for x in "bhs")
             assert got == slot.strides[:3], slot.name
-    # every slot's strides reach the tensor-map encoder, in role order q, k, v, o, lse
-    assert launch.tensor_map_shape[1] == tuple(s.strides[:3] for s in plan.slots)
+    # q's, k's and v's strides reach the tensor-map encoder through their sources
+    loaded = {"q": launch.record.q, "k": launch.record.k, "v": launch.record.v}
+    for slot in plan.slots:
+        if slot.name in loaded:
+            assert loaded[slot.name].base == slot and loaded[slot.name].strides == slot.strides[:3], slot.name
 
 
 def test_strides_of_extent_one_dims_become_sixteen_bytes_for_tma() -> None:
     launch = only_launch(resolved(graph_builder(b=1, hq=8, hkv=1)))
-    assert launch.tensor_map_shape[1][1][0] == 8  # K: batch of one
-    assert launch.tensor_map_shape[1][1][1] == 8  # K: one head (MQA)
+    assert launch.record.k.strides[0] == 8  # K: batch of one
+    assert launch.record.k.strides[1] == 8  # K: one head (MQA)
 
 
 def test_extents_are_rows_heads_batch_of_each_loaded_tensor() -> None:
@@ -410,13 +415,26 @@ def test_a_debug_build_of_a_variable_length_node_is_refused_at_validation() -> N
 # ------------------------------------------------------------------------------ launch arguments
 
 
-def test_launch_args_bind_slots_by_role_the_workspace_and_constants_in_the_kernels_order() -> None:
-    params = (("q.tmap", "tmap"), ("q.extents", "i32"), ("lse", "ptr"), ("tiles", "ptr"), ("unused", "ptr"))
-    params += (("scale", "f32"),)
-    variant = SimpleNamespace(name="toy", params=params)
+@dataclass(frozen=True)
+class _ToyArgs:
+    q: TmaTensor = tma(extents="i32")
+    lse: Ptr = pointer("fp32", align=4)
+    tiles: Ptr = pointer("int32", align=4)
+    unused: Ptr = pointer()
+    scale: F32
+
+
+@dataclass(frozen=True)
+class _Toy(Variant):
+    ARGS: ClassVar[type] = _ToyArgs
+    name: str = "toy"
+    dtype: str = "bf16"
+
+
+def test_bind_takes_slots_the_workspace_nulls_and_constants_in_the_kernels_order() -> None:
     q = Slot(3, "q", 1, "bf16", (1, 8), (8, 1), False, 16)
-    args = launch_args(variant, {"q": q, "lse": None}, {"tiles": 512}, {"q.extents": 8, "scale": 0.5})
-    assert args == (
+    record = _ToyArgs(TmaSource(q, (8, 8, 8), extents=8), lse=None, tiles=Workspace(512), unused=None, scale=0.5)
+    assert bind(_Toy(), record) == (
         Arg("q.tmap", "tmap", slot=3),
         Arg("q.extents", "i32", value=8),
         Arg("lse", "ptr", value=0),  # an absent tensor: a null pointer the kernel never touches
@@ -426,7 +444,7 @@ def test_launch_args_bind_slots_by_role_the_workspace_and_constants_in_the_kerne
     )
 
 
-def test_launch_args_name_a_constant_parameter_given_no_value() -> None:
-    variant = SimpleNamespace(name="toy", params=(("batch", "i32"), ("seq_q", "i32")))
-    with pytest.raises(ValueError, match=r"toy: parameter seq_q \(i32\) has no value"):
-        launch_args(variant, {}, {}, {"batch": 2})
+def test_bind_names_a_constant_parameter_given_no_value() -> None:
+    record = _ToyArgs(TmaSource(None, (8, 8, 8), extents=8), lse=None, tiles=None, unused=None, scale=None)
+    with pytest.raises(ValueError, match=r"toy: parameter scale \(f32\) has no value"):
+        bind(_Toy(), record)

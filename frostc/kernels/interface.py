@@ -113,6 +113,13 @@ def when(present: Callable[[Any], bool], **facts: Any) -> Any:
     return field(metadata=meta)
 
 
+def host_only(variant_of: Callable[[Any], Any]) -> Any:
+    """A field the kernel's host code reads and its device code never takes (no parameter): the
+    record of another kernel, `variant_of(variant)`, whose host code makes what this kernel takes
+    (the scheduling kernel writes each sequence's V map from the attention's). None on the device."""
+    return field(metadata={"host_only": variant_of})
+
+
 def tma(*, extents: Callable[[Any], str | None] | str | None, of: str = "dtype", strides: int = 3) -> Any:
     """A `TmaTensor` field: loaded through a tensor map of elements of the variant's `of` dtype,
     made by the host code from the base pointer and `strides` element strides; `extents`: the
@@ -187,7 +194,7 @@ def _group_type(hint) -> type | None:
     return None
 
 
-def _leaf_kind(hint, meta: dict, variant) -> str:
+def _leaf_kind(hint) -> str:
     options = typing.get_args(hint) or (hint,)
     for option in options:
         if isinstance(option, type) and issubclass(option, Leaf):
@@ -209,7 +216,7 @@ def _walk(cls: type, variant, path: tuple[str, ...], tensor: str | None) -> Iter
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         meta = dict(f.metadata)
-        if not _present(meta, variant):
+        if not _present(meta, variant) or "host_only" in meta:
             continue
         where = (*path, f.name)
         group = _group_type(hints[f.name])
@@ -225,7 +232,7 @@ def _walk(cls: type, variant, path: tuple[str, ...], tensor: str | None) -> Iter
             yield from _walk(group, variant, where, inner)
         else:
             name = meta.get("abi") or (f"{tensor}.{f.name}" if tensor else f.name)
-            yield Param(name, _leaf_kind(hints[f.name], meta, variant), where, meta)
+            yield Param(name, _leaf_kind(hints[f.name]), where, meta)
 
 
 def params(variant) -> tuple[tuple[str, str], ...]:
@@ -233,17 +240,8 @@ def params(variant) -> tuple[tuple[str, str], ...]:
     return tuple((p.name, p.kind) for p in declared(variant))
 
 
-def tma_fields(variant) -> tuple[str, ...]:
-    """The record's `TmaTensor` fields (top level), in order."""
-    hints = _hints(variant.ARGS)
-    return tuple(
-        f.name
-        for f in dataclasses.fields(variant.ARGS)
-        if _group_type(hints[f.name]) is TmaTensor and _present(dict(f.metadata), variant)
-    )
-
-
 def tensor_map_params(variant) -> tuple[str, ...]:
+    """The tensor-map parameters ("q.tmap", ...), in order."""
     return tuple(p.name for p in declared(variant) if p.kind == "tmap")
 
 
@@ -251,9 +249,9 @@ def _dtype(meta: dict, variant) -> str:
     return meta.get("dtype") or getattr(variant, meta.get("of", "dtype"))
 
 
-def _record(cls: type, variant, value_of: Callable[[Any, dict, str], Any]):
-    """An instance of `cls` (a record or group type) for `variant`, each leaf `value_of(hint,
-    meta, name)`, each TMA field a `TmaSource` of its own values, absent fields None."""
+def stand_ins(variant, args_type: type | None = None):
+    """The record a compile traces `variant`'s kernel with (`args_type`: a group of it)."""
+    cls = args_type or variant.ARGS
     hints = _hints(cls)
     values = {}
     for f in dataclasses.fields(cls):
@@ -261,28 +259,18 @@ def _record(cls: type, variant, value_of: Callable[[Any, dict, str], Any]):
         group = _group_type(hints[f.name])
         if not _present(meta, variant):
             values[f.name] = None
+        elif "host_only" in meta:
+            values[f.name] = stand_ins(meta["host_only"](variant))
         elif group is TmaTensor:
-            values[f.name] = value_of(TmaSource, meta, f.name)
-        elif group is not None:
-            values[f.name] = _record(group, variant, value_of)
-        else:
-            values[f.name] = value_of(hints[f.name], meta, f.name)
-    return cls(**values)
-
-
-def stand_ins(variant):
-    """The record a compile traces `variant`'s kernel with."""
-
-    def value(hint, meta: dict, name: str):
-        if hint is TmaSource:
             base = _dsl_pointer(_dtype(meta, variant), _ADDRESS, 16)
-            return TmaSource(base, tuple(STAND_IN_SCALARS["i64"] for _ in range(meta["strides"])))
-        kind = _leaf_kind(hint, meta, variant)
-        if kind == "ptr":
-            return _dsl_pointer(_dtype(meta, variant), _ADDRESS, meta.get("align", 16))
-        return STAND_IN_SCALARS[kind]
-
-    return _record(variant.ARGS, variant, value)
+            values[f.name] = TmaSource(base, tuple(STAND_IN_SCALARS["i64"] for _ in range(meta["strides"])))
+        elif group is not None:
+            values[f.name] = stand_ins(variant, group)
+        elif (kind := _leaf_kind(hints[f.name])) == "ptr":
+            values[f.name] = _dsl_pointer(_dtype(meta, variant), _ADDRESS, meta.get("align", 16))
+        else:
+            values[f.name] = STAND_IN_SCALARS[kind]
+    return cls(**values)
 
 
 def compile_args(variant) -> tuple:
@@ -302,34 +290,42 @@ def leaves(variant, record) -> Iterator[tuple[Param, Any]]:
         yield param, value
 
 
-def host_values(variant, record, addresses: dict[str, int]):
+def host_values(variant, record, addresses: dict[str, int], args_type: type | None = None):
     """`record` (an op's filled record) as the kernel's host code takes it: scalars as DSL
-    values, each TMA field's base a pointer at `addresses[field]`, other pointers stand-ins."""
+    values, the base of the TMA tensor named t a pointer at `addresses[t]` (any other a
+    stand-in), every other pointer a stand-in (the host code only makes tensor maps)."""
+    cls = args_type or variant.ARGS
+    hints = _hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        meta = dict(f.metadata)
+        group = _group_type(hints[f.name])
+        value = getattr(record, f.name)
+        if not _present(meta, variant):
+            values[f.name] = None
+        elif "host_only" in meta:
+            values[f.name] = host_values(meta["host_only"](variant), value, addresses)
+        elif group is TmaTensor:
+            address = addresses.get(meta.get("tensor", f.name), _ADDRESS)
+            base = _dsl_pointer(_dtype(meta, variant), address, 16)
+            values[f.name] = TmaSource(base, tuple(cutlass.Int64(x) for x in value.strides))
+        elif group is not None:
+            values[f.name] = host_values(variant, value, addresses, group)
+        elif (kind := _leaf_kind(hints[f.name])) == "ptr":
+            values[f.name] = _dsl_pointer(_dtype(meta, variant), _ADDRESS, meta.get("align", 16))
+        else:
+            values[f.name] = _DSL_SCALARS[kind](value)
+    return cls(**values)
 
-    def value(hint, meta: dict, name: str):
-        if hint is TmaSource:
-            source = getattr(record, name)
-            base = _dsl_pointer(_dtype(meta, variant), addresses[name], 16)
-            return TmaSource(base, tuple(cutlass.Int64(x) for x in source.strides))
-        kind = _leaf_kind(hint, meta, variant)
-        if kind == "ptr":
-            return _dsl_pointer(_dtype(meta, variant), _ADDRESS, meta.get("align", 16))
-        return STAND_IN_SCALARS[kind]
 
-    host = _record(variant.ARGS, variant, value)
-    return _with_scalars(host, record)
-
-
-def _with_scalars(host, record):
-    """`host` with every scalar leaf replaced by `record`'s value as a DSL value."""
-    changes = {}
-    for f in dataclasses.fields(host):
-        mine, theirs = getattr(host, f.name), getattr(record, f.name)
-        if isinstance(mine, Group):
-            changes[f.name] = _with_scalars(mine, theirs)
-        elif isinstance(mine, (cutlass.Int32, cutlass.Int64, cutlass.Float32)):
-            changes[f.name] = type(mine)(theirs)
-    return dataclasses.replace(host, **changes)
+def tma_values(record) -> Iterator[TmaTensor]:
+    """The TmaTensor values of a device record, in declaration order."""
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, TmaTensor):
+            yield value
+        elif isinstance(value, Group):
+            yield from tma_values(value)
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -343,17 +339,10 @@ def entry_name(variant_name: str) -> str:
     return ENTRY_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", variant_name)
 
 
-# the kernel methods a kernel class may trace as its entry (until each kernel has one, `kernel`)
-ENTRY_METHODS = ("kernel", "kernel_scaled", "kernel_fp8", "kernel_v_maps", "kernel_batched")
-
-
-def name_entries(kernel: object, variant_name: str) -> None:
+def name_entry(kernel: "Kernel", variant_name: str) -> None:
     """Name the entry that compiling `kernel` traces after the variant. The DSL keeps the name
     on the method's function, shared by every instance: set right before each compile."""
-    for method in ENTRY_METHODS:
-        entry = getattr(type(kernel), method, None)
-        if entry is not None:
-            entry.set_name_prefix(entry_name(variant_name), remove_cutlass_symbol=True, keep_mangled_name=False)
+    type(kernel).kernel.set_name_prefix(entry_name(variant_name), remove_cutlass_symbol=True, keep_mangled_name=False)
 
 
 class Kernel:
@@ -373,7 +362,8 @@ class Kernel:
         """At trace time, before the entry: shared memory and the like."""
 
     def tma_atoms(self, args) -> dict:
-        """{TmaTensor field: TmaTensor(atom, coordinate tensor)} from the record's sources."""
+        """{top-level field: its device value} for the fields holding TMA tensors: each source a
+        TmaTensor(atom, coordinate tensor)."""
         return {}
 
     @cute.jit
@@ -387,7 +377,8 @@ class Kernel:
     @cute.jit
     def encode_tensor_maps(self, args, out):
         """Host only, at build time: the record's tensor maps, 128 bytes each, in order, to `out`."""
-        for i, loaded in enumerate(self.tma_atoms(args).values()):
+        device = dataclasses.replace(args, **self.tma_atoms(args))
+        for i, loaded in enumerate(tma_values(device)):
             cute.nvgpu.cpasync.copy_tensormap(loaded.tmap, out + PARAM_KINDS["tmap"] * i)
 
 
@@ -423,5 +414,5 @@ class Variant:
     def tensor_map_args(self, record, addresses: list[int], out: int) -> tuple:
         """The encoder's arguments for a launch's filled `record`, its TMA fields' bases at
         `addresses` (in order), the maps written to `out`."""
-        at = dict(zip(tma_fields(self), addresses))
-        return (host_values(self, record, at), _dsl_pointer("uint8", out, 64))
+        tensors = (name.rsplit(".", 1)[0] for name in self.tensor_map_params)
+        return (host_values(self, record, dict(zip(tensors, addresses))), _dsl_pointer("uint8", out, 64))

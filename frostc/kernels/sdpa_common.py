@@ -7,15 +7,14 @@ of a tile sees and to mask the blocks some rows see only in part) and by the sch
 """
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
-from cutlass.cute.runtime import make_ptr
-from cutlass.cute.typing import AddressSpace
 from cutlass.cutlass_dsl import T, dsl_user_op
 from frost_runtime.dtypes import DTYPES
+
+from frostc.kernels.interface import F32, Group
 
 LOG2_E = 1.4426950408889634
 LN_2 = 0.6931471805599453
@@ -25,35 +24,13 @@ def dsl_dtype(name: str):
     return getattr(cutlass, DTYPES[name].dsl)
 
 
-def fake_ptr(dtype, align: int):
-    """A stand-in global pointer for compiling without a GPU: its type and alignment are all the
-    DSL uses."""
-    return make_ptr(dtype, 0x10000, AddressSpace.gmem, assumed_align=align)
+@dataclass(frozen=True)
+class SoftmaxScales(Group):
+    """The attention kernels' score scales: the softmax's, in log2 units (with softcap: the
+    cap's), and with softcap the tanh's argument's (else 0)."""
 
-
-class TmaVariant:
-    """For a kernel variant whose kernel takes TMA tensor maps of the slots in TMA_SLOTS: the build
-    encodes each launch's maps on the CPU with the kernel's own `encode_tensor_maps` (frostc.compile).
-    A subclass (a frozen dataclass) provides `dtype`, `kernel()`, `fake_scalars()` (stand-ins for
-    the argument tuples, the first two being what the encoder takes) and `tensor_map_args`."""
-
-    TMA_SLOTS: ClassVar[tuple[str, ...]]
-
-    @property
-    def tma_dtype(self) -> str:
-        """The loaded tensors' dtype (a quantized cache's differs from the variant's `dtype`)."""
-        return self.dtype
-
-    @property
-    def tensor_map_params(self) -> tuple[str, ...]:
-        return tuple(f"{name}.tmap" for name in self.TMA_SLOTS)
-
-    def tensor_map_encoder(self):
-        return self.kernel().encode_tensor_maps
-
-    def tensor_map_compile_args(self) -> tuple:
-        pointers = [fake_ptr(dsl_dtype(self.tma_dtype), 16) for _ in self.TMA_SLOTS]
-        return (*pointers, fake_ptr(cutlass.Uint8, 64), *self.fake_scalars()[:2])
+    scale_log2: F32
+    score_scale: F32
 
 
 @dataclass(frozen=True)

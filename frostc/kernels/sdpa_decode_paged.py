@@ -75,6 +75,7 @@ from frostc.kernels.sdpa_common import (
     QUAD_LANES,
     KeyRange,
     MaskFlags,
+    SoftmaxScales,
     byte_interleave,
     dsl_dtype,
     key_origin,
@@ -172,12 +173,6 @@ class DecodeSizes(Group):
     chunk: I32  # keys per split
     splits: I32
     window_left: I32  # -1: no window
-
-
-@dataclass(frozen=True)
-class SoftmaxScales(Group):
-    scale_log2: F32
-    score_scale: F32
 
 
 @dataclass(frozen=True)

@@ -68,33 +68,45 @@ V is first re-laid into the workspace by vt_pack.py (`v_repacked`), each sequenc
 
 import copy
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cute.runtime import make_fake_stream, make_ptr
-from cutlass.cute.typing import AddressSpace
 from cutlass.tensor_utils import LayoutEnum
 from frost_runtime.dtypes import DTYPES, E4M3_MAX
 
 from frostc.kernels.barriers import Barrier
+from frostc.kernels.interface import (
+    I32,
+    BhsStrides,
+    Group,
+    Kernel,
+    Ptr,
+    TmaTensor,
+    Variant,
+    abi,
+    facets,
+    pointer,
+    tma,
+    when,
+)
 from frostc.kernels.online_softmax import OnlineSoftmax, ProbabilityLimits
 from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
 from frostc.kernels.ring import Ring, StageBarriers
 from frostc.kernels.sdpa_common import (
     KeyRange,
     MaskFlags,
-    TmaVariant,
+    SoftmaxScales,
     dsl_dtype,
     e4m3_quad_word,
     e4m3_word,
-    fake_ptr,
     keys_in_accumulator_order,
     register_copy,
 )
-from frostc.kernels.sequence_maps import aligned_start, sequence_map
+from frostc.kernels.sequence_maps import MAP_BYTES, aligned_start, sequence_map
 from frostc.kernels.sequences import Sequence, Sequences, Shape
 from frostc.kernels.tile_walks import L2_SECTION_BYTES, DenseTiles, ListedTiles, TicketWalk
 from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows, wgmma_rows_by_cols
@@ -219,26 +231,101 @@ def reorders_v(head_dim: int, diagonal: bool) -> bool:
     return head_dim == 64 or (head_dim == 128 and diagonal)
 
 
-# ------------------------------------------------------------------------------ the variant
+# ------------------------------------------------------------------------------ the arguments
 
-LOADED = ("q", "k", "v")  # read through TMA tensor maps
-STRIDE_NAMES = ("stride_b", "stride_h", "stride_s")
-# i32 arguments, in order (rows_per_batch: a padded variable-length tensor's rows per sequence)
-INT_PARAMS = (
-    "batch", "heads_q", "seq_q", "seq_kv", "group", "window_left", "window_right",
-    "q.rows_per_batch", "k.rows_per_batch", "v.rows_per_batch",
-)  # fmt: skip
-# workspace regions: the scheduling kernel's table, list and count (variable lengths); the
-# dynamic walk's counter (`TicketWalk`)
-WORKSPACE_POINTERS = ("sequences", "tiles", "tile_count", "tile_counter")
-# e4m3 variants: Q, K and V's float32 dequantization factors, each per tensor (its stride 0) or
-# per head (stride 1)
-DESCALES = ("q_descale", "k_descale", "v_descale")
+
+def _fp8(variant) -> bool:
+    return variant.fp8
+
+
+def _extents(variant) -> str:
+    """A coordinate tensor's dynamic extents: (rows, heads, batch), or heads alone for the
+    ragged maps of variable lengths."""
+    return "i32" if variant.varlen else "i32x3"
 
 
 @dataclass(frozen=True)
-class SdpaFwdVariant(TmaVariant):
+class Outputs(Group):
+    o: Ptr = pointer(of="o_dtype")
+    lse: Ptr = pointer("fp32", align=4)  # null without an LSE
+
+
+@dataclass(frozen=True)
+class TileWorkspace(Group):
+    """Workspace regions: the scheduling kernel's table, list and count (variable lengths); the
+    dynamic walk's counter (`TicketWalk`); debug builds bind `tiles` to the visit table."""
+
+    sequences: Ptr = pointer("int32", align=4)
+    tiles: Ptr = pointer("int32", align=4)
+    tile_count: Ptr = pointer("int32", align=4)
+    tile_counter: Ptr = pointer("int32", align=4)
+
+
+@dataclass(frozen=True)
+class ForwardShape(Group):
+    """The plan's sizes (variable lengths: capacities); rows_per_batch: a padded variable-length
+    tensor's rows per sequence (else 0)."""
+
+    batch: I32
+    heads_q: I32
+    seq_q: I32
+    seq_kv: I32
+    group: I32
+    window_left: I32
+    window_right: I32
+    q_rows: I32 = abi("q.rows_per_batch")
+    k_rows: I32 = abi("k.rows_per_batch")
+    v_rows: I32 = abi("v.rows_per_batch")
+
+
+@dataclass(frozen=True)
+class Descales(Group):
+    """An e4m3 variant's float32 dequantization factors of Q, K and V: one per tensor (stride 0)
+    or one per head (stride 1; K's and V's per KV head)."""
+
+    q_descale: Ptr = pointer("fp32", align=4)
+    k_descale: Ptr = pointer("fp32", align=4)
+    v_descale: Ptr = pointer("fp32", align=4)
+    q_stride: I32 = abi("q_descale.stride")
+    k_stride: I32 = abi("k_descale.stride")
+    v_stride: I32 = abi("v_descale.stride")
+
+    def of_head(self, head, head_kv):
+        """(descale_q · descale_k, descale_v) of query head `head`."""
+        one = cute.make_layout(1)
+        dq = cute.make_tensor(self.q_descale + head * self.q_stride, one)[0]
+        dk = cute.make_tensor(self.k_descale + head_kv * self.k_stride, one)[0]
+        dv = cute.make_tensor(self.v_descale + head_kv * self.v_stride, one)[0]
+        return dq * dk, dv
+
+
+@dataclass(frozen=True)
+class SdpaForwardArgs:
+    """Q, K and V through tensor maps (their host code: `SdpaForwardWgmma.tma_atoms`), O and LSE
+    by pointer with their (b, h, s) strides; an e4m3 variant's descales and, with variable
+    lengths, each sequence's Vᵀ map (`v_maps`, written by the scheduling kernel)."""
+
+    q: TmaTensor = tma(extents=_extents)
+    k: TmaTensor = tma(extents=_extents)
+    v: TmaTensor = tma(extents=_extents)
+    outputs: Outputs
+    workspace: TileWorkspace
+    shape: ForwardShape
+    o_strides: BhsStrides = facets("o")
+    lse_strides: BhsStrides = facets("lse")
+    softmax: SoftmaxScales
+    descales: Descales | None = when(_fp8)
+    v_maps: Ptr | None = when(_fp8, dtype="int32", align=MAP_BYTES)
+
+
+# ------------------------------------------------------------------------------ the variant
+
+
+@dataclass(frozen=True)
+class SdpaFwdVariant(Variant):
     """The compile key of one attention kernel: declaration facts only (shapes are arguments)."""
+
+    ARGS: ClassVar[type] = SdpaForwardArgs
 
     dtype: str  # Q, K and V's
     head_dim: int
@@ -332,66 +419,8 @@ class SdpaFwdVariant(TmaVariant):
             walk = "persistent over the tiles"
         return f"(min({tiles}, SMs * {t.ctas_per_sm}), 1, 1), {walk}"
 
-    @property
-    def params(self) -> tuple[tuple[str, str], ...]:
-        """The parameter ABI. `x.tmap`: the TMA tensor map of slot x (address patched per call);
-        `x.extents`: the dynamic extents of its coordinate tensor (rows, heads, batch; heads
-        only for ragged maps). Pointers and scalars a variant does not use are bound to zero."""
-        params: list[tuple[str, str]] = []
-        for name in LOADED:
-            params += [(f"{name}.tmap", "tmap"), (f"{name}.extents", "i32" if self.varlen else "i32x3")]
-        params += [("o", "ptr"), ("lse", "ptr")] + [(name, "ptr") for name in WORKSPACE_POINTERS]
-        params += [(name, "i32") for name in INT_PARAMS]
-        for name in ("o", "lse"):
-            params += [(f"{name}.{s}", "i64") for s in STRIDE_NAMES]
-        params += [("scale_log2", "f32"), ("score_scale", "f32")]
-        if self.fp8:
-            params += [(name, "ptr") for name in DESCALES] + [(f"{name}.stride", "i32") for name in DESCALES]
-            params += [("v_maps", "ptr")]  # variable lengths: each sequence's Vᵀ map (sequence_maps.py)
-        return tuple(params)
-
     def kernel(self) -> "SdpaForwardWgmma":
-        return SdpaForwardWgmmaFp8(self) if self.fp8 else SdpaForwardWgmma(self)
-
-    def compile_args(self) -> tuple:
-        dtype = dsl_dtype(self.dtype)
-        pointers = [fake_ptr(dtype, 16) for _ in range(3)] + [fake_ptr(dsl_dtype(self.o_dtype), 16)]
-        pointers += [fake_ptr(cutlass.Float32, 4)] + [fake_ptr(cutlass.Int32, 4) for _ in WORKSPACE_POINTERS]
-        if not self.fp8:
-            return (*pointers, *_fake_scalars(), make_fake_stream())
-        descales = (*(fake_ptr(cutlass.Float32, 4) for _ in DESCALES), *(cutlass.Int32(0) for _ in DESCALES))
-        fp8_args = (*descales, fake_ptr(cutlass.Int32, 128))
-        return (*pointers, *_fake_scalars(), fp8_args, make_fake_stream())
-
-    # tensor maps (TmaVariant): the build encodes them on the CPU with the same code the kernel uses
-    TMA_SLOTS = LOADED
-
-    @staticmethod
-    def fake_scalars() -> tuple:
-        return _fake_scalars()
-
-    def tensor_map_args(self, shape, addresses: list[int], out: int) -> tuple:
-        """`shape`: (ints, strides) as resolved for the launch (INT_PARAMS order; (b, h, s) of
-        q, k, v, o, lse; an e4m3 variant's V: (b, h, d), its keys being innermost)."""
-        ints, strides = shape
-        dtype = dsl_dtype(self.dtype)
-        pointers = [make_ptr(dtype, a, AddressSpace.gmem, assumed_align=16) for a in addresses]
-        out_ptr = make_ptr(cutlass.Uint8, out, AddressSpace.gmem, assumed_align=64)
-        return (
-            *pointers,
-            out_ptr,
-            tuple(cutlass.Int32(x) for x in ints),
-            tuple(cutlass.Int64(x) for triple in strides for x in triple),
-        )
-
-
-def _fake_scalars() -> tuple:
-    """Stand-ins for the integer, stride and float argument tuples."""
-    return (
-        tuple(cutlass.Int32(1) for _ in INT_PARAMS),
-        tuple(cutlass.Int64(8) for _ in range(15)),  # (b, h, s) strides of q, k, v, o, lse
-        (cutlass.Float32(1.0), cutlass.Float32(1.0)),
-    )
+        return SdpaForwardWgmma(self)
 
 
 # ------------------------------------------------------------------------------ device helpers
@@ -450,35 +479,14 @@ class ConsumerMask:
                     s_mn[r, c] = -cutlass.Float32.inf
 
 
-@dataclass(frozen=True)
-class Descales:
-    """An e4m3 variant's float32 dequantization factors of Q, K and V: one per tensor (stride 0)
-    or one per head (stride 1; K's and V's per KV head)."""
-
-    q: cute.Pointer
-    k: cute.Pointer
-    v: cute.Pointer
-    q_stride: cutlass.Int32
-    k_stride: cutlass.Int32
-    v_stride: cutlass.Int32
-
-    def of_head(self, head, head_kv):
-        """(descale_q · descale_k, descale_v) of query head `head`."""
-        one = cute.make_layout(1)
-        dq = cute.make_tensor(self.q + head * self.q_stride, one)[0]
-        dk = cute.make_tensor(self.k + head_kv * self.k_stride, one)[0]
-        dv = cute.make_tensor(self.v + head_kv * self.v_stride, one)[0]
-        return dq * dk, dv
-
-
 # ------------------------------------------------------------------------------ the kernel
 
 
-class SdpaForwardWgmma:
+class SdpaForwardWgmma(Kernel):
     """One variant's kernel: host entry (`__call__`), tensor maps, device code."""
 
     def __init__(self, variant: SdpaFwdVariant, tiles: WgmmaTiles | None = None):
-        self.variant = variant
+        super().__init__(variant)
         self.dtype = dsl_dtype(variant.dtype)
         self.out_dtype = dsl_dtype(variant.o_dtype)
         self.fp8 = variant.fp8
@@ -487,41 +495,19 @@ class SdpaForwardWgmma:
         self.has_lse = variant.has_lse
         self.varlen = variant.varlen
         self.tiles = tiles if tiles is not None else variant.tile_shape
-        self.smem_bytes = 0
+        self.launch_options = dict(min_blocks_per_mp=1)
         if variant.o_float32 and not (self.fp8 and self.head_dim in O_FLOAT32_HEAD_DIMS):
             raise ValueError(f"{variant.name}: O in float32 is built for e4m3 at head dims {O_FLOAT32_HEAD_DIMS}")
         if variant.three_consumers and not self.fp8:
             raise ValueError(f"{variant.name}: three consumers are built for e4m3 (measured and tested there)")
 
     # ---------------------------------------------------------------- host side
-    @cute.jit
-    def __call__(self, q, k, v, o, lse, sequences, units, tile_count, tile_counter, ints: tuple, strides: tuple,
-                 floats: tuple, stream):  # fmt: skip
-        self._launch((q, k, v, o, lse, sequences, units, tile_count, tile_counter), ints, strides, floats, (), stream)
-
-    @cute.jit
-    def _launch(self, pointers: tuple, ints: tuple, strides: tuple, floats: tuple, fp8_args: tuple, stream):
-        """`fp8_args`: an e4m3 variant's q, k, v descale pointers, their three strides and the
-        sequences' Vᵀ maps (variable lengths), else ()."""
-        q, k, v, o, lse, sequences, units, tile_count, tile_counter = pointers
+    def prepare(self) -> None:
         self.shared_storage = self._shared_storage()
         self.smem_bytes = self.shared_storage.size_in_bytes()
-        (q_tma, mQ), (k_tma, mK), (v_tma, mV) = self.tma_loads(q, k, v, ints, strides)
-        batch, heads_q, seq_q = ints[0], ints[1], ints[2]
-        # the plan's grid is what runs (the runtime caps it at the device's SMs); this one is
-        # the DSL's own launcher's, which frostc never uses
-        grid = (cute.ceil_div(seq_q, self.tiles.block_m) * heads_q * batch, 1, 1)
-        launch = dict(grid=grid, block=[self.tiles.num_threads, 1, 1], smem=self.smem_bytes, stream=stream,
-                      min_blocks_per_mp=1)  # fmt: skip
-        args = (q_tma, mQ, k_tma, mK, v_tma, mV, o, lse, sequences, units, tile_count, tile_counter, *ints,
-                *strides[9:], *floats)  # fmt: skip
-        if cutlass.const_expr(self.fp8):
-            self.kernel_fp8(*args, *fp8_args).launch(**launch)
-        else:
-            self.kernel(*args).launch(**launch)
 
     @cute.jit
-    def tma_loads(self, q, k, v, ints: tuple, strides: tuple):
+    def tma_atoms(self, args: SdpaForwardArgs) -> dict:
         """TMA atoms (their tensor maps are kernel parameters) and coordinate tensors for Q, K
         and V as (rows, d, heads, batch), or ragged (rows, d, heads, wrap, start) for variable
         lengths; V is viewed d-major to match its shared-memory tile. The build also runs this
@@ -529,8 +515,11 @@ class SdpaForwardWgmma:
         t = self.tiles
         d = self.head_dim
         wg_m = t.block_m // t.consumers
-        batch, heads_q, seq_q, seq_kv, group = ints[0], ints[1], ints[2], ints[3], ints[4]
-        q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss = (cute.assume(x, divby=8) for x in strides[:9])
+        shape = args.shape
+        batch, heads_q, seq_q, seq_kv, group = shape.batch, shape.heads_q, shape.seq_q, shape.seq_kv, shape.group
+        strides = args.q.strides + args.k.strides + args.v.strides
+        q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss = (cute.assume(x, divby=8) for x in strides)
+        q, k, v = args.q.base, args.k.base, args.v.base
         heads_kv = heads_q // group
         if cutlass.const_expr(self.varlen):
             rows, wrap = RAGGED_ROWS, RAGGED_EXTENT
@@ -564,15 +553,7 @@ class SdpaForwardWgmma:
         q_info = cpasync.make_tiled_tma_atom(op, gQ, cute.select(sQ, mode=[0, 1]), (wg_m, d))
         k_info = cpasync.make_tiled_tma_atom(op, gK, cute.select(sK, mode=[0, 1]), (t.block_n, d))
         v_info = cpasync.make_tiled_tma_atom(op, gV, cute.select(sV, mode=[0, 1]), (d, t.block_n))
-        return (q_info[0], q_info[1]), (k_info[0], k_info[1]), (v_info[0], v_info[1])
-
-    @cute.jit
-    def encode_tensor_maps(self, q, k, v, out, ints: tuple, strides: tuple):
-        """Host only, at build time: write the Q, K and V tensor maps (128 bytes each) to `out`."""
-        (q_tma, _), (k_tma, _), (v_tma, _) = self.tma_loads(q, k, v, ints, strides)
-        cpasync.copy_tensormap(q_tma, out)
-        cpasync.copy_tensormap(k_tma, out + 128)
-        cpasync.copy_tensormap(v_tma, out + 256)
+        return {"q": TmaTensor(*q_info), "k": TmaTensor(*k_info), "v": TmaTensor(*v_info)}
 
     def _shared_storage(self):
         t = self.tiles
@@ -671,113 +652,20 @@ class SdpaForwardWgmma:
 
     # ---------------------------------------------------------------- device side
     @cute.kernel
-    def kernel(
-        self,
-        q_tma: cute.CopyAtom,
-        mQ: cute.Tensor,
-        k_tma: cute.CopyAtom,
-        mK: cute.Tensor,
-        v_tma: cute.CopyAtom,
-        mV: cute.Tensor,
-        o: cute.Pointer,
-        lse: cute.Pointer,
-        sequences: cute.Pointer,
-        units: cute.Pointer,
-        tile_count: cute.Pointer,
-        tile_counter: cute.Pointer,
-        batch: cutlass.Int32,
-        heads_q: cutlass.Int32,
-        seq_q: cutlass.Int32,
-        seq_kv: cutlass.Int32,
-        group: cutlass.Int32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-        q_rows: cutlass.Int32,
-        k_rows: cutlass.Int32,
-        v_rows: cutlass.Int32,
-        o_sb: cutlass.Int64,
-        o_sh: cutlass.Int64,
-        o_ss: cutlass.Int64,
-        lse_sb: cutlass.Int64,
-        lse_sh: cutlass.Int64,
-        lse_ss: cutlass.Int64,
-        scale_log2: cutlass.Float32,
-        score_scale: cutlass.Float32,
-    ):
-        self._run(
-            (q_tma, mQ, k_tma, mK, v_tma, mV),
-            (o, lse, sequences, units, tile_count, tile_counter),
-            (batch, heads_q, seq_q, seq_kv, group, window_left, window_right, q_rows, k_rows, v_rows),
-            (o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss),
-            scale_log2,
-            score_scale,
-            None,
-            None,
-        )
-
-    @cute.kernel
-    def kernel_fp8(
-        self,
-        q_tma: cute.CopyAtom,
-        mQ: cute.Tensor,
-        k_tma: cute.CopyAtom,
-        mK: cute.Tensor,
-        v_tma: cute.CopyAtom,
-        mV: cute.Tensor,
-        o: cute.Pointer,
-        lse: cute.Pointer,
-        sequences: cute.Pointer,
-        units: cute.Pointer,
-        tile_count: cute.Pointer,
-        tile_counter: cute.Pointer,
-        batch: cutlass.Int32,
-        heads_q: cutlass.Int32,
-        seq_q: cutlass.Int32,
-        seq_kv: cutlass.Int32,
-        group: cutlass.Int32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-        q_rows: cutlass.Int32,
-        k_rows: cutlass.Int32,
-        v_rows: cutlass.Int32,
-        o_sb: cutlass.Int64,
-        o_sh: cutlass.Int64,
-        o_ss: cutlass.Int64,
-        lse_sb: cutlass.Int64,
-        lse_sh: cutlass.Int64,
-        lse_ss: cutlass.Int64,
-        scale_log2: cutlass.Float32,
-        score_scale: cutlass.Float32,
-        q_descale: cute.Pointer,
-        k_descale: cute.Pointer,
-        v_descale: cute.Pointer,
-        q_descale_stride: cutlass.Int32,
-        k_descale_stride: cutlass.Int32,
-        v_descale_stride: cutlass.Int32,
-        v_maps: cute.Pointer,
-    ):
-        """The e4m3 variants' entry: the bf16 one's parameters, the descales (`DESCALES`) and,
-        for variable lengths, the sequences' Vᵀ maps."""
-        descales = Descales(q_descale, k_descale, v_descale, q_descale_stride, k_descale_stride, v_descale_stride)
-        self._run(
-            (q_tma, mQ, k_tma, mK, v_tma, mV),
-            (o, lse, sequences, units, tile_count, tile_counter),
-            (batch, heads_q, seq_q, seq_kv, group, window_left, window_right, q_rows, k_rows, v_rows),
-            (o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss),
-            scale_log2,
-            score_scale,
-            descales,
-            v_maps,
-        )
-
-    @cute.jit
-    def _run(self, loads: tuple, pointers: tuple, ints: tuple, out_strides: tuple, scale_log2, score_scale, descales,
-             v_maps):  # fmt: skip
-        """Both entries' body (`descales`, `v_maps`: None for 16-bit variants)."""
-        q_tma, mQ, k_tma, mK, v_tma, mV = loads
-        o, lse, sequences, units, tile_count, tile_counter = pointers
-        batch, heads_q, seq_q, seq_kv, group, window_left, window_right, q_rows, k_rows, v_rows = ints
-        o_sb, o_sh, o_ss, lse_sb, lse_sh, lse_ss = out_strides
+    def kernel(self, args: SdpaForwardArgs):
+        q_tma, mQ, k_tma, mK = args.q.tmap, args.q.extents, args.k.tmap, args.k.extents
+        v_tma, mV = args.v.tmap, args.v.extents
+        o, lse = args.outputs.o, args.outputs.lse
+        sequences, units = args.workspace.sequences, args.workspace.tiles
+        tile_count, tile_counter = args.workspace.tile_count, args.workspace.tile_counter
+        shape_args = args.shape
+        batch, heads_q, seq_q, seq_kv = shape_args.batch, shape_args.heads_q, shape_args.seq_q, shape_args.seq_kv
+        group, window_left, window_right = shape_args.group, shape_args.window_left, shape_args.window_right
+        q_rows, k_rows, v_rows = shape_args.q_rows, shape_args.k_rows, shape_args.v_rows
+        o_sb, o_sh, o_ss = args.o_strides.bhs()
+        lse_sb, lse_sh, lse_ss = args.lse_strides.bhs()
+        scale_log2, score_scale = args.softmax.scale_log2, args.softmax.score_scale
+        descales, v_maps = args.descales, args.v_maps
         tidx, _, _ = cute.arch.thread_idx()
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_tidx = tidx % 128
@@ -1599,13 +1487,3 @@ class SdpaForwardWgmma:
         lse, lse_sh, lse_ss = lse_args
         base = lse + (seq.lse_offset + cutlass.Int64(head) * lse_sh)
         return cute.make_tensor(base, cute.make_layout(seq.q_len, stride=lse_ss))
-
-
-class SdpaForwardWgmmaFp8(SdpaForwardWgmma):
-    """The e4m3 variants' host entry: the 16-bit one's arguments and the descales."""
-
-    @cute.jit
-    def __call__(self, q, k, v, o, lse, sequences, units, tile_count, tile_counter, ints: tuple, strides: tuple,
-                 floats: tuple, fp8_args: tuple, stream):  # fmt: skip
-        pointers = (q, k, v, o, lse, sequences, units, tile_count, tile_counter)
-        self._launch(pointers, ints, strides, floats, fp8_args, stream)

@@ -17,45 +17,87 @@ order within one cost is whichever the atomics give; each tile's result does not
 it. Nothing is read back to the host and nothing needs zeroing beforehand.
 """
 
+import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import cpasync
-from cutlass.cute.runtime import make_fake_stream, make_ptr
-from cutlass.cute.typing import AddressSpace
 
-from frostc.kernels.sdpa_common import KeyRange, MaskFlags, TmaVariant
+from frostc.kernels.interface import (
+    I32,
+    Group,
+    Kernel,
+    Ptr,
+    TmaTensor,
+    Variant,
+    abi,
+    host_only,
+    pointer,
+    tma,
+    when,
+)
+from frostc.kernels.sdpa_common import KeyRange, MaskFlags
 from frostc.kernels.sequence_maps import MAP_BYTES, aligned_start, release_sequence_maps, write_sequence_map
 
 THREADS = 1024
 BUCKETS = THREADS  # costs of 0 .. BUCKETS - 1 key blocks (more share the last bucket)
 WARPS = THREADS // 32
-INT_PARAMS = (
-    "batch", "q_capacity", "kv_capacity", "max_seqlen_q", "max_seqlen_kv", "unit_capacity", "heads_q",
-    "window_left", "window_right",
-)  # fmt: skip
+
+
+def _writes_v_maps(variant) -> bool:
+    return variant.v_maps_of is not None
 
 
 @dataclass(frozen=True)
-class ScheduleVariant(TmaVariant):
+class VMaps(Group):
+    """e4m3 plans: each sequence's Vᵀ tensor map, written into the workspace from a template, the
+    attention launch's own V map (which its host code makes: `attention`, the attention
+    launch's record, never on the device)."""
+
+    v: TmaTensor = tma(extents=None, of="v_dtype")
+    v_maps: Ptr = pointer("int32", align=MAP_BYTES)
+    v_rows: I32 = abi("v.rows_per_batch")  # V's rows per padded sequence
+    v_packed: Ptr = pointer("uint8")  # the packed form's re-laid Vᵀ (vt_pack.py)
+    attention: Any = host_only(lambda variant: variant.v_maps_of)
+
+
+@dataclass(frozen=True)
+class ScheduleArgs:
+    q_lengths: Ptr = pointer("int32", align=4)  # seq_len_q or cu_seqlens_q; null: every sequence full
+    kv_lengths: Ptr = pointer("int32", align=4)
+    sequences: Ptr = pointer("int32", align=4)  # the workspace's table, list and count
+    units: Ptr = pointer("int32", align=4)
+    tile_count: Ptr = pointer("int32", align=4)
+    batch: I32
+    q_capacity: I32  # tokens (packed) or rows (padded)
+    kv_capacity: I32
+    max_seqlen_q: I32
+    max_seqlen_kv: I32
+    unit_capacity: I32
+    heads_q: I32
+    window_left: I32
+    window_right: I32
+    maps: VMaps | None = when(_writes_v_maps)
+
+
+@dataclass(frozen=True)
+class ScheduleVariant(Variant):
     """Compile key of the scheduling kernel. `packed`: lengths from cu_seqlens (batch + 1 prefix
     sums, capacities in tokens); else padded: per-sequence lengths, capacities in rows, where
     either side may have none (then every sequence has the capacity's length). `v_maps_of`:
-    the e4m3 attention variant whose sequences' Vᵀ maps this kernel writes (its V tensor map,
-    the third its kernel's `tma_loads` makes, is this kernel's template), else None; taken as
-    any `TmaVariant`, so that this kernel does not import another kernel's module."""
+    the e4m3 attention variant whose sequences' Vᵀ maps this kernel writes (its V tensor map is
+    this kernel's template), else None; taken as any variant, so that this kernel does not
+    import another kernel's module."""
 
+    ARGS: ClassVar[type] = ScheduleArgs
     packed: bool
     q_lengths: bool
     kv_lengths: bool
     mask: MaskFlags
     block_m: int
     block_n: int
-    v_maps_of: TmaVariant | None = None
-
-    TMA_SLOTS: ClassVar[tuple[str, ...]] = ("v",)
+    v_maps_of: Variant | None = None
 
     @property
     def name(self) -> str:
@@ -70,12 +112,8 @@ class ScheduleVariant(TmaVariant):
         return f"sdpa_schedule.{form}.m{self.block_m}n{self.block_n}.{mask}{maps}"
 
     @property
-    def params(self) -> tuple[tuple[str, str], ...]:
-        pointers = ("q_lengths", "kv_lengths", "sequences", "units", "tile_count")
-        params = tuple((p, "ptr") for p in pointers) + tuple((p, "i32") for p in INT_PARAMS)
-        if self.v_maps_of:
-            params += (("v.tmap", "tmap"), ("v_maps", "ptr"), ("v.rows_per_batch", "i32"), ("v_packed", "ptr"))
-        return params
+    def v_dtype(self) -> str:
+        return self.v_maps_of.dtype
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -89,57 +127,16 @@ class ScheduleVariant(TmaVariant):
     def grid_rule(self) -> str:
         return "(1, 1, 1): one CTA lists every tile"
 
-    @property
-    def ctas_per_sm(self) -> int:
-        return 0
-
     def kernel(self) -> "SdpaSchedule":
-        return SdpaScheduleVMaps(self) if self.v_maps_of else SdpaSchedule(self)
-
-    def compile_args(self) -> tuple:
-        pointers = [make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=4) for _ in range(5)]
-        ints = tuple(cutlass.Int32(1) for _ in INT_PARAMS)
-        if not self.v_maps_of:
-            return (*pointers, ints, make_fake_stream())
-        v = self.tensor_map_compile_args()[0]
-        maps = make_ptr(cutlass.Int32, 0x10000, AddressSpace.gmem, assumed_align=MAP_BYTES)
-        packed = make_ptr(cutlass.Uint8, 0x10000, AddressSpace.gmem, assumed_align=16)
-        v_maps = (v, maps, *self.v_maps_of.fake_scalars()[:2], cutlass.Int32(0), packed)
-        return (*pointers, ints, v_maps, make_fake_stream())
-
-    # the Vᵀ template (TmaVariant): the attention variant's own V tensor map, encoded by its code
-    @property
-    def dtype(self) -> str:
-        return self.v_maps_of.dtype if self.v_maps_of else "int32"
-
-    @property
-    def tensor_map_params(self) -> tuple[str, ...]:
-        return super().tensor_map_params if self.v_maps_of else ()
-
-    def fake_scalars(self) -> tuple:
-        return self.v_maps_of.fake_scalars()
-
-    def tensor_map_args(self, shape, addresses: list[int], out: int) -> tuple:
-        """The attention launch's `shape`; V's map is the third of the attention kernel's."""
-        *pointers, out_ptr, ints, strides = self.v_maps_of.tensor_map_args(shape, addresses * 3, out)
-        return pointers[2], out_ptr, ints, strides
+        return SdpaSchedule(self)
 
 
-class SdpaSchedule:
+class SdpaSchedule(Kernel):
     def __init__(self, variant: ScheduleVariant):
+        super().__init__(variant)
         self.v = variant
-        self.smem_bytes = 0
 
-    @cute.jit
-    def __call__(self, q_lengths, kv_lengths, sequences, units, tile_count, ints: tuple, stream):
-        self._launch((q_lengths, kv_lengths, sequences, units, tile_count), ints, (), stream)
-
-    @cute.jit
-    def _launch(self, pointers: tuple, ints: tuple, v_maps: tuple, stream):
-        """`v_maps`: (V, the maps' region, the attention launch's ints and strides, V's rows per
-        padded sequence, the re-laid packed Vᵀ) when the kernel writes the sequences' Vᵀ maps,
-        else ()."""
-
+    def prepare(self) -> None:
         @cute.struct
         class SharedStorage:
             counts: cute.struct.MemRange[cutlass.Int32, BUCKETS]
@@ -147,74 +144,22 @@ class SdpaSchedule:
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
-        launch = dict(grid=(1, 1, 1), block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream)
-        if cutlass.const_expr(self.v.v_maps_of is not None):
-            v, maps, attention_ints, attention_strides, v_rows, v_packed = v_maps
-            v_tma = self._v_template(v, attention_ints, attention_strides)
-            self.kernel_v_maps(*pointers, *ints, v_tma, maps, v_rows, v_packed).launch(**launch)
-        else:
-            self.kernel(*pointers, *ints).launch(**launch)
 
-    def _v_template(self, v, ints: tuple, strides: tuple) -> cute.CopyAtom:
-        """The attention kernel's V tensor map (the plan holds its bytes; this is its type)."""
-        _, _, (v_tma, _) = self.v.v_maps_of.kernel().tma_loads(v, v, v, ints, strides)
-        return v_tma
-
-    @cute.jit
-    def encode_tensor_maps(self, v, out, ints: tuple, strides: tuple):
-        """Host only, at build time: the template, exactly the attention launch's V map."""
-        cpasync.copy_tensormap(self._v_template(v, ints, strides), out)
+    def tma_atoms(self, args: ScheduleArgs) -> dict:
+        """The template: the attention launch's V tensor map, made by its own host code."""
+        if args.maps is None:
+            return {}
+        template = self.v.v_maps_of.kernel().tma_atoms(args.maps.attention)["v"].tmap
+        return {"maps": dataclasses.replace(args.maps, v=TmaTensor(template, None), attention=None)}
 
     @cute.kernel
-    def kernel(
-        self,
-        q_lengths: cute.Pointer,
-        kv_lengths: cute.Pointer,
-        sequences: cute.Pointer,
-        units: cute.Pointer,
-        tile_count: cute.Pointer,
-        batch: cutlass.Int32,
-        q_capacity: cutlass.Int32,
-        kv_capacity: cutlass.Int32,
-        max_seqlen_q: cutlass.Int32,
-        max_seqlen_kv: cutlass.Int32,
-        unit_capacity: cutlass.Int32,
-        heads_q: cutlass.Int32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-    ):
-        ints = (batch, q_capacity, kv_capacity, max_seqlen_q, max_seqlen_kv, unit_capacity, heads_q, window_left,
-                window_right)  # fmt: skip
-        self._schedule(q_lengths, kv_lengths, sequences, units, tile_count, ints, None)
-
-    @cute.kernel
-    def kernel_v_maps(
-        self,
-        q_lengths: cute.Pointer,
-        kv_lengths: cute.Pointer,
-        sequences: cute.Pointer,
-        units: cute.Pointer,
-        tile_count: cute.Pointer,
-        batch: cutlass.Int32,
-        q_capacity: cutlass.Int32,
-        kv_capacity: cutlass.Int32,
-        max_seqlen_q: cutlass.Int32,
-        max_seqlen_kv: cutlass.Int32,
-        unit_capacity: cutlass.Int32,
-        heads_q: cutlass.Int32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-        v_tma: cute.CopyAtom,
-        v_maps: cute.Pointer,
-        v_rows: cutlass.Int32,
-        v_packed: cute.Pointer,
-    ):
-        """The e4m3 plans' entry: the schedule, and each sequence's Vᵀ map (over V, or the packed
-        form's re-laid Vᵀ in the workspace)."""
-        ints = (batch, q_capacity, kv_capacity, max_seqlen_q, max_seqlen_kv, unit_capacity, heads_q, window_left,
-                window_right)  # fmt: skip
-        maps = (v_tma, v_maps, v_rows, v_packed)
-        self._schedule(q_lengths, kv_lengths, sequences, units, tile_count, ints, maps)
+    def kernel(self, args: ScheduleArgs):
+        ints = (args.batch, args.q_capacity, args.kv_capacity, args.max_seqlen_q, args.max_seqlen_kv,
+                args.unit_capacity, args.heads_q, args.window_left, args.window_right)  # fmt: skip
+        maps = None
+        if cutlass.const_expr(args.maps is not None):
+            maps = (args.maps.v.tmap, args.maps.v_maps, args.maps.v_rows, args.maps.v_packed)
+        self._schedule(args.q_lengths, args.kv_lengths, args.sequences, args.units, args.tile_count, ints, maps)
 
     @cute.jit
     def _schedule(self, q_lengths, kv_lengths, sequences, units, tile_count, ints: tuple, v_maps):

@@ -42,16 +42,20 @@ from frost_runtime.dtypes import ATTENTION, SCALE_DTYPE
 from frost_runtime.schema import F32_MAX, MAX_GRID
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
-from frostc.kernels.sdpa_common import LOG2_E, MaskFlags
+from frostc.kernels.interface import BhsStrides, TmaSource
+from frostc.kernels.sdpa_common import LOG2_E, MaskFlags, SoftmaxScales
 from frostc.kernels.sdpa_fwd_wgmma import (
-    INT_PARAMS,
     O_FLOAT32_HEAD_DIMS,
     THREE_CONSUMER_HEAD_DIMS,
+    Descales,
+    ForwardShape,
+    Outputs,
+    SdpaForwardArgs,
     SdpaFwdVariant,
+    TileWorkspace,
     tiles_for_head_dim,
 )
-from frostc.kernels.sdpa_schedule import INT_PARAMS as SCHEDULE_INT_PARAMS
-from frostc.kernels.sdpa_schedule import ScheduleVariant
+from frostc.kernels.sdpa_schedule import ScheduleArgs, ScheduleVariant, VMaps
 from frostc.kernels.sequence_maps import MAP_BYTES, packed_pitch
 from frostc.kernels.vt_pack import BatchedV, PackedV, VtPackArgs, VtPackVariant, relaid_pitch
 from frostc.ops import sdpa_paged
@@ -72,7 +76,7 @@ from frostc.ops.rows import (
     check_whole_pieces,
     tma_stride,
 )
-from frostc.resolved import ResolvedLaunch, Workspace, launch, launch_args
+from frostc.resolved import ResolvedLaunch, Workspace, launch
 
 KEYS = (
     "q", "k", "v", "o", "lse",
@@ -630,8 +634,8 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
             visits = _tile_capacity(node, variant.tile_shape.block_m) * variant.tile_shape.consumers
             regions["tiles"] = ctx.workspace(f"{node.name}.tile_visits", 4 * visits)
         if relaid:
-            regions["v.tmap"] = _relaid_region(node, ctx)
-            return (_relay_launch(node, regions["v.tmap"], ctx), _attention_launch(node, variant, ctx, regions))
+            regions["v_relaid"] = _relaid_region(node, ctx)
+            return (_relay_launch(node, regions["v_relaid"], ctx), _attention_launch(node, variant, ctx, regions))
         return (_attention_launch(node, variant, ctx, regions),)
     _record_length_contracts(node, ctx)
     tiles = variant.tile_shape
@@ -647,13 +651,13 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         rows = node.heads_kv * node.head_dim
         workspace["v_packed"] = ctx.workspace(f"{node.name}.v_packed", rows * packed_pitch(node.tokens_kv, node.batch))
     if relaid:  # padded V's rows, transposed: both launches' V maps address the workspace
-        workspace["v.tmap"] = _relaid_region(node, ctx)
+        workspace["v_relaid"] = _relaid_region(node, ctx)
     attention = _attention_launch(node, variant, ctx, workspace)
     schedule = _schedule_launch(node, variant, units, workspace, attention, ctx)
     if variant.v_repacked:
         return (schedule, _pack_launch(node, workspace, ctx), attention)
     if relaid:
-        return (schedule, _relay_launch(node, workspace["v.tmap"], ctx), attention)
+        return (schedule, _relay_launch(node, workspace["v_relaid"], ctx), attention)
     return (schedule, attention)
 
 
@@ -901,10 +905,9 @@ def _check_padded_rows(node: Sdpa, ctx: ResolveContext) -> None:
 
 def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, workspace) -> ResolvedLaunch:
     slots = {role: ctx.slot(name) for role, name in (node.inputs + node.outputs)}
-    group = node.heads_q // node.heads_kv
     varlen = node.form != "dense"
     strides = {role: _bhs_strides(slots.get(role), node.form) for role in ("q", "k", "v", "o", "lse")}
-    relaid = "v.tmap" in workspace  # V's map addresses the re-laid Vᵀ in the workspace, not V's slot
+    relaid = "v_relaid" in workspace  # V's map addresses the re-laid Vᵀ in the workspace, not V's slot
     if relaid:
         strides["v"] = _relaid_strides(node)
     rows_per_batch = {
@@ -912,51 +915,55 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
     }
     mask = node.mask
     if mask.softcap is not None:  # s -> softcap * tanh(s / softcap): tanh(raw * scale / cap), then * cap
-        scale_log2, score_scale = mask.softcap * LOG2_E, node.attn_scale / mask.softcap
+        softmax = SoftmaxScales(scale_log2=mask.softcap * LOG2_E, score_scale=node.attn_scale / mask.softcap)
     else:
-        scale_log2, score_scale = node.attn_scale * LOG2_E, 0.0
-    ints = {
-        "batch": node.batch,
-        "heads_q": node.heads_q,
-        "seq_q": node.seq_q,
-        "seq_kv": node.seq_kv,
-        "group": group,
-        "window_left": mask.window_left or 0,
-        "window_right": mask.window_right or 0,
-        **{f"{role}.rows_per_batch": rows for role, rows in rows_per_batch.items()},
-    }
-    values: dict[str, int | float | tuple[int, ...]] = dict(ints)
-    values |= {"scale_log2": scale_log2, "score_scale": score_scale}
-    for role in DESCALE_ROLES:  # e4m3: per tensor (stride 0) or per head (1)
-        if role in slots:
-            values[f"{role}.stride"] = 1 if slots[role].dims[0] > 1 else 0
-    for role in ("o", "lse"):
-        b_stride = 0 if node.form == "packed" else strides[role][0]
-        values |= {
-            f"{role}.stride_b": b_stride,
-            f"{role}.stride_h": strides[role][1],
-            f"{role}.stride_s": strides[role][2],
-        }
-    for role, rows, heads in (("q", node.seq_q, node.heads_q), ("k", node.seq_kv, node.heads_kv)):
-        values[f"{role}.extents"] = heads if varlen else (rows, heads, node.batch)
-    values["v.extents"] = values["k.extents"]
-    v_slot = slots.pop("v") if relaid else slots["v"]
-    args = launch_args(variant, slots, workspace or {}, values)
-    tma_strides = {role: _tma_strides(slots[role], strides[role]) for role in ("q", "k")}
-    tma_strides["v"] = _tma_strides(v_slot, strides["v"])
+        softmax = SoftmaxScales(scale_log2=node.attn_scale * LOG2_E, score_scale=0.0)
+    shape = ForwardShape(
+        batch=node.batch, heads_q=node.heads_q, seq_q=node.seq_q, seq_kv=node.seq_kv,
+        group=node.heads_q // node.heads_kv, window_left=mask.window_left or 0, window_right=mask.window_right or 0,
+        q_rows=rows_per_batch["q"], k_rows=rows_per_batch["k"], v_rows=rows_per_batch["v"],
+    )  # fmt: skip
+    q_extents = node.heads_q if varlen else (node.seq_q, node.heads_q, node.batch)
+    kv_extents = node.heads_kv if varlen else (node.seq_kv, node.heads_kv, node.batch)
+    tma = {role: _tma_strides(slots[role], strides[role]) for role in ("q", "k", "v")}
+    v_base = Workspace(workspace["v_relaid"]) if relaid else slots["v"]
     if relaid:  # (b, h, d) strides of Vᵀ (b, h, d, pitch)
-        pitch = relaid_pitch(node.seq_kv)
-        tma_strides["v"] = (*tma_strides["v"][:2], tma_stride(node.head_dim, pitch, "e4m3"))
+        tma["v"] = (*tma["v"][:2], tma_stride(node.head_dim, relaid_pitch(node.seq_kv), "e4m3"))
     elif variant.v_repacked:  # the re-laid Vᵀ (h, d, pitch) in the workspace: (b, h, d) strides
         pitch = packed_pitch(node.tokens_kv, node.batch)
-        tma_strides["v"] = (0, node.head_dim * pitch, pitch)
+        tma["v"] = (0, node.head_dim * pitch, pitch)
     elif variant.fp8:  # V's keys are innermost: its tensor map steps over (b, h, d)
         v = slots["v"]
-        tma_strides["v"] = (*tma_strides["v"][:2], tma_stride(v.dims[-1], v.strides[-1], v.dtype))
-    tile_strides = (*tma_strides.values(), strides["o"], strides["lse"])
-    shape = (tuple(ints[p] for p in INT_PARAMS), tile_strides)
+        tma["v"] = (*tma["v"][:2], tma_stride(v.dims[-1], v.strides[-1], v.dtype))
+    descales = v_maps = None
+    if node.fp8:  # per tensor (stride 0) or per head (1); each sequence's Vᵀ map (variable lengths)
+        q_descale, k_descale, v_descale = (slots[role] for role in DESCALE_ROLES)
+        strides_of = (1 if s.dims[0] > 1 else 0 for s in (q_descale, k_descale, v_descale))
+        descales = Descales(q_descale, k_descale, v_descale, *strides_of)
+        v_maps = Workspace(workspace["v_maps"]) if "v_maps" in workspace else None
+    b_stride = {role: 0 if node.form == "packed" else strides[role][0] for role in ("o", "lse")}
+    args = SdpaForwardArgs(
+        q=TmaSource(slots["q"], tma["q"], q_extents),
+        k=TmaSource(slots["k"], tma["k"], kv_extents),
+        v=TmaSource(v_base, tma["v"], kv_extents),
+        outputs=Outputs(slots["o"], slots.get("lse")),
+        workspace=TileWorkspace(
+            *(_region(workspace, name) for name in ("sequences", "tiles", "tile_count", "tile_counter"))
+        ),
+        shape=shape,
+        o_strides=BhsStrides(b_stride["o"], *strides["o"][1:]),
+        lse_strides=BhsStrides(b_stride["lse"], *strides["lse"][1:]),
+        softmax=softmax,
+        descales=descales,
+        v_maps=v_maps,
+    )
     grid = (_tile_capacity(node, variant.tile_shape.block_m), 1, 1)
-    return ResolvedLaunch(node.name, variant, grid, args, shape)
+    return launch(node.name, variant, grid, args)
+
+
+def _region(workspace: dict[str, int], name: str) -> Workspace | None:
+    """A workspace region the op carved for `name`, or None (a null pointer) where it has none."""
+    return Workspace(workspace[name]) if name in workspace else None
 
 
 def _schedule_launch(
@@ -964,7 +971,7 @@ def _schedule_launch(
     ctx: ResolveContext,
 ) -> ResolvedLaunch:  # fmt: skip
     """The scheduling kernel's launch; an e4m3 node's also writes the sequences' Vᵀ maps, from
-    the attention launch's V map (the same tensor-map shape, so the same bytes)."""
+    the attention launch's V map (its record: the same host code, so the same bytes)."""
     tiles = attention_variant.tile_shape
     variant = ScheduleVariant(
         packed=node.form == "packed",
@@ -976,34 +983,28 @@ def _schedule_launch(
         v_maps_of=attention_variant if node.fp8 else None,
     )
     packed = node.form == "packed"
-    values = {
-        "batch": node.batch,
-        "q_capacity": node.tokens_q if packed else node.seq_q,
-        "kv_capacity": node.tokens_kv if packed else node.seq_kv,
-        "max_seqlen_q": node.seq_q,
-        "max_seqlen_kv": node.seq_kv,
-        "unit_capacity": units,
-        "heads_q": node.heads_q,
-        "window_left": node.mask.window_left or 0,
-        "window_right": node.mask.window_right or 0,
-    }
-    assert tuple(values) == SCHEDULE_INT_PARAMS
-    lengths = {"q_lengths": node.q_lengths, "kv_lengths": node.kv_lengths}
-    slots = {param: ctx.slot(name) for param, name in lengths.items() if name is not None}
-    workspace_params = {
-        "sequences": workspace["sequences"],
-        "units": workspace["tiles"],
-        "tile_count": workspace["tile_count"],
-    }
-    shape = None
+    maps = None
     if node.fp8:
-        if "v.tmap" not in workspace:  # else the map template addresses the re-laid Vᵀ
-            slots["v"] = ctx.slot(node.v)
-        workspace_params |= {name: workspace[name] for name in ("v_maps", "v_packed", "v.tmap") if name in workspace}
-        values["v.rows_per_batch"] = next(a.value for a in attention.args if a.param == "v.rows_per_batch")
-        shape = attention.tensor_map_shape
-    args = launch_args(variant, slots, workspace_params, values)
-    return ResolvedLaunch(node.name, variant, (1, 1, 1), args, shape)
+        record = attention.record
+        maps = VMaps(
+            v=record.v, v_maps=Workspace(workspace["v_maps"]), v_rows=record.shape.v_rows,
+            v_packed=_region(workspace, "v_packed"), attention=record,
+        )  # fmt: skip
+    lengths = (ctx.slot(name) if name is not None else None for name in (node.q_lengths, node.kv_lengths))
+    args = ScheduleArgs(
+        *lengths, Workspace(workspace["sequences"]), Workspace(workspace["tiles"]), Workspace(workspace["tile_count"]),
+        batch=node.batch,
+        q_capacity=node.tokens_q if packed else node.seq_q,
+        kv_capacity=node.tokens_kv if packed else node.seq_kv,
+        max_seqlen_q=node.seq_q,
+        max_seqlen_kv=node.seq_kv,
+        unit_capacity=units,
+        heads_q=node.heads_q,
+        window_left=node.mask.window_left or 0,
+        window_right=node.mask.window_right or 0,
+        maps=maps,
+    )  # fmt: skip
+    return launch(node.name, variant, (1, 1, 1), args)
 
 
 def _pack_launch(node: Sdpa, workspace: dict[str, int], ctx: ResolveContext) -> ResolvedLaunch:

@@ -19,7 +19,7 @@ from frostc.contexts import ResolveContext
 from frostc.graph import Tensor
 from frostc.kernels.cache_args import CacheScales, CacheScaleStrides
 from frostc.kernels.interface import TmaSource
-from frostc.kernels.sdpa_common import LOG2_E
+from frostc.kernels.sdpa_common import LOG2_E, SoftmaxScales
 from frostc.kernels.sdpa_decode_combine import DecodeCombineArgs, DecodeCombineVariant
 from frostc.kernels.sdpa_decode_paged import (
     FEW_ROWS,
@@ -28,7 +28,6 @@ from frostc.kernels.sdpa_decode_paged import (
     DecodeTiles,
     PagedDecodeArgs,
     PagedDecodeVariant,
-    SoftmaxScales,
     decode_tiles,
 )
 from frostc.ops.paged_cache import is_scaled
