@@ -384,9 +384,14 @@ class Kernel:
 
 class Variant:
     """What every kernel variant shares (mixed into each variant's frozen dataclass, which
-    sets `ARGS`, `name`, `block`, `tiles`, `grid_rule` and `kernel()`)."""
+    sets `ARGS`, `THREADS` or `block`, `name`, `tiles`, `grid_rule` and `kernel()`)."""
 
     ARGS: ClassVar[type]
+    THREADS: ClassVar[int]  # a CTA's (block (THREADS, 1, 1))
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.THREADS, 1, 1)
 
     @property
     def params(self) -> tuple[tuple[str, str], ...]:

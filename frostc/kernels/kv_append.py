@@ -74,6 +74,7 @@ class KvAppendVariant(Variant):
     """Compile key of the append kernel; every shape and stride is an argument."""
 
     ARGS: ClassVar[type] = KvAppendArgs
+    THREADS: ClassVar[int] = THREADS
     dtype: str  # the new rows': "bf16" | "fp16"
     head_dim: int
     cache: str | None = None  # a quantized cache's dtype ("e4m3"); None: the caches are `dtype`
@@ -86,10 +87,6 @@ class KvAppendVariant(Variant):
     def name(self) -> str:
         kv = f".kv_{self.cache}" if self.cache else ""
         return f"kv_append.{self.dtype}{kv}.d{self.head_dim}"
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (THREADS, 1, 1)
 
     @property
     def tiles(self) -> dict[str, int]:

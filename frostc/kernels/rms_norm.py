@@ -52,6 +52,7 @@ class RmsNormVariant(Variant):
     """Compile key: the dtype, the row length and whether a residual is added first."""
 
     ARGS: ClassVar[type] = RmsNormArgs
+    THREADS: ClassVar[int] = THREADS
     dtype: str  # "bf16" | "fp16"
     n: int  # the row's elements (a multiple of a 16-byte piece's)
     residual: bool
@@ -68,10 +69,6 @@ class RmsNormVariant(Variant):
     def pieces(self) -> int:
         """16-byte pieces per thread (the last threads may hold fewer)."""
         return -(-self.n // self.elems // THREADS)
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (THREADS, 1, 1)
 
     @property
     def tiles(self) -> dict[str, int]:

@@ -54,6 +54,7 @@ class DecodeCombineArgs:
 @dataclass(frozen=True)
 class DecodeCombineVariant(Variant):
     ARGS: ClassVar[type] = DecodeCombineArgs
+    THREADS: ClassVar[int] = THREADS
     dtype: str
     head_dim: int
     has_lse: bool
@@ -61,10 +62,6 @@ class DecodeCombineVariant(Variant):
     @property
     def name(self) -> str:
         return f"sdpa_decode_combine.{self.dtype}.d{self.head_dim}" + (".lse" if self.has_lse else "")
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (THREADS, 1, 1)
 
     @property
     def tiles(self) -> dict[str, int]:

@@ -57,6 +57,7 @@ from frostc.kernels.interface import (
     Group,
     Kernel,
     Ptr,
+    TmaSource,
     TmaTensor,
     Variant,
     abi,
@@ -82,11 +83,10 @@ from frostc.kernels.sdpa_common import (
     transpose_8x8,
 )
 from frostc.kernels.wgmma_layouts import c_to_a_layout, mma_rows_by_cols, wgmma_rows_by_cols
+from frostc.target import SM90A
 
 ROWS = 64  # query rows per CTA: one consumer warpgroup's WGMMA M
 BLOCK_N = 64  # keys per pipeline stage
-SMEM_PER_SM = 228 * 1024  # bytes; each resident CTA also takes 1 KiB of it
-SMEM_LIMIT = 227 * 1024  # per CTA
 D_CHUNK = 64  # head-dim elements per TMA box row (128 bytes: the swizzle's width)
 THREADS = 160  # one consumer warpgroup and one producer warp
 PRODUCER_WARP = 4
@@ -131,7 +131,7 @@ def decode_tiles(
     ctas = 2 if head_dim <= 128 else 1
     if cache is not None and few_rows and head_dim <= 128:
         ctas = FEW_ROWS_CTAS_PER_SM
-    budget = SMEM_PER_SM // ctas - 1024 - 1024  # the CTA's reserved KiB, barriers and alignment
+    budget = SM90A.smem_for(ctas) - 1024  # a KiB for the barriers and alignment
     if cache is None:
         size = DTYPES[dtype].bytes
         stages = min((budget - ROWS * head_dim * size) // (2 * BLOCK_N * head_dim * size), 6)
@@ -200,6 +200,7 @@ class PagedDecodeVariant(Variant):
     """Compile key of the paged attention kernel: declaration facts only (shapes are arguments)."""
 
     ARGS: ClassVar[type] = PagedDecodeArgs
+    THREADS: ClassVar[int] = THREADS
     dtype: str
     head_dim: int
     page_size: int
@@ -237,10 +238,6 @@ class PagedDecodeVariant(Variant):
     @property
     def tiles(self) -> dict[str, int]:
         return self.tile_shape.as_dict()
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (THREADS, 1, 1)
 
     @property
     def grid_rule(self) -> str:
@@ -350,22 +347,26 @@ class PagedDecode(Kernel):
         start), V viewed d-major to match its shared-memory tile; a box is (box_rows, 64) of K,
         (64, box_rows) of V. The build also runs this on the CPU to write the plan's tensor maps."""
         t = self.tiles
-        d = self.head_dim
-        heads_kv = args.sizes.heads_kv
-        _, k_ss, k_sh, _, v_ss, v_sh = (cute.assume(x, divby=8) for x in args.k.strides + args.v.strides)
-        rows, wrap = RAGGED_ROWS, RAGGED_EXTENT
-        k_wrap, v_wrap = (cute.assume(RAGGED_WRAP - x, divby=8) for x in (k_ss, v_ss))
-        gK = cute.make_tensor(
-            args.k.base, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(k_ss, 1, k_sh, k_wrap, k_ss))
-        )
-        gV = cute.make_tensor(
-            args.v.base, cute.make_layout((d, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
-        )
+        gK = self._ragged_cache(args.k, args.sizes.heads_kv, divby=8)
+        gV = self._ragged_cache(args.v, args.sizes.heads_kv, divby=8, d_major=True)
         k_box, v_box = self._box_layouts()
         op = cpasync.CopyBulkTensorTileG2SOp()
         k_info = cpasync.make_tiled_tma_atom(op, gK, k_box, (t.box_rows, D_CHUNK))
         v_info = cpasync.make_tiled_tma_atom(op, gV, v_box, (D_CHUNK, t.box_rows))
         return {"k": TmaTensor(*k_info), "v": TmaTensor(*v_info)}
+
+    def _ragged_cache(self, cache: TmaSource, heads_kv, divby: int, d_major: bool = False):
+        """A cache's pages as ragged rows, (rows, d, h_kv, wrap, start) (`d_major`: (d, rows, ...)):
+        a box from row `start` of head h sees the rows before `start` of its extent as out of
+        bounds (ragged.py). `divby`: what the row and head strides are a multiple of."""
+        _, row_stride, head_stride = (cute.assume(x, divby=divby) for x in cache.strides)
+        wrap = cute.assume(RAGGED_WRAP - row_stride, divby=divby)
+        modes = (RAGGED_ROWS, self.head_dim, heads_kv, RAGGED_EXTENT, RAGGED_EXTENT)
+        strides = (row_stride, 1, head_stride, wrap, row_stride)
+        if d_major:
+            modes, strides = (modes[1], modes[0], *modes[2:]), (strides[1], strides[0], *strides[2:])
+        layout = cute.make_layout(modes, stride=strides)
+        return cute.make_tensor(cache.base, layout)
 
     def _smem_layouts(self):
         """Q (rows, d), K (keys, d, stage), V (d, keys, stage), in WGMMA's swizzles. For each
@@ -403,7 +404,7 @@ class PagedDecode(Kernel):
             k_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             v_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
 
-        limit = min(SMEM_LIMIT, SMEM_PER_SM // t.ctas_per_sm - 1024)
+        limit = SM90A.smem_for(t.ctas_per_sm)
         if SharedStorage.size_in_bytes() > limit:
             raise ValueError(f"{t} needs {SharedStorage.size_in_bytes()} bytes of shared memory, over {limit}")
         return SharedStorage
@@ -818,16 +819,8 @@ class PagedDecodeScaledCache(PagedDecode):
         (box_rows, d) of plain rows: the warps read them into registers."""
         t = self.tiles
         d = self.head_dim
-        heads_kv = args.sizes.heads_kv
-        _, k_ss, k_sh, _, v_ss, v_sh = (cute.assume(x, divby=16) for x in args.k.strides + args.v.strides)
-        rows, wrap = RAGGED_ROWS, RAGGED_EXTENT
-        k_wrap, v_wrap = (cute.assume(RAGGED_WRAP - x, divby=16) for x in (k_ss, v_ss))
-        gK = cute.make_tensor(
-            args.k.base, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(k_ss, 1, k_sh, k_wrap, k_ss))
-        )
-        gV = cute.make_tensor(
-            args.v.base, cute.make_layout((rows, d, heads_kv, wrap, wrap), stride=(v_ss, 1, v_sh, v_wrap, v_ss))
-        )
+        gK = self._ragged_cache(args.k, args.sizes.heads_kv, divby=16)
+        gV = self._ragged_cache(args.v, args.sizes.heads_kv, divby=16)
         box = cute.make_layout((t.box_rows, d), stride=(d, 1))
         op = cpasync.CopyBulkTensorTileG2SOp()
         k_info = cpasync.make_tiled_tma_atom(op, gK, box, (t.box_rows, d))
@@ -856,7 +849,7 @@ class PagedDecodeScaledCache(PagedDecode):
             row_max: cute.struct.MemRange[cutlass.Float32, stats]  # each warp's, log2 units
             row_sum: cute.struct.MemRange[cutlass.Float32, stats]
 
-        limit = min(SMEM_LIMIT, SMEM_PER_SM // t.ctas_per_sm - 1024)
+        limit = SM90A.smem_for(t.ctas_per_sm)
         if SharedStorage.size_in_bytes() > limit:
             raise ValueError(f"{t} needs {SharedStorage.size_in_bytes()} bytes of shared memory, over {limit}")
         return SharedStorage

@@ -110,6 +110,7 @@ from frostc.kernels.sequence_maps import MAP_BYTES, aligned_start, sequence_map
 from frostc.kernels.sequences import Sequence, Sequences, Shape
 from frostc.kernels.tile_walks import L2_SECTION_BYTES, DenseTiles, ListedTiles, TicketWalk
 from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows, wgmma_rows_by_cols
+from frostc.target import SM90A
 
 # `o_float32` variants take O out of the tensor cores' accumulator into float32 (in shared
 # memory) every this many key blocks: FP8 WGMMA adds into its accumulator with fewer bits than
@@ -125,7 +126,6 @@ THREE_CONSUMER_HEAD_DIMS = (128,)
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
 # producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
 REGISTERS = {2: (40, 232), 3: (32, 160)}
-SMEM_LIMIT = 227 * 1024  # sm_90's opt-in maximum per CTA
 # e4m3: the producer warpgroup's warps besides the TMA warp put each Vᵀ stage's keys in the
 # order of P's registers (`_order_v_keys`)
 V_ORDER_THREADS = 96
@@ -584,8 +584,9 @@ class SdpaForwardWgmma(Kernel):
             if promotes:
                 o_total: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, total_half], 1024]
 
-        if SharedStorage.size_in_bytes() > SMEM_LIMIT:
-            raise ValueError(f"{t} needs {SharedStorage.size_in_bytes()} bytes of shared memory, over {SMEM_LIMIT}")
+        if SharedStorage.size_in_bytes() > SM90A.smem_per_cta:
+            limit = SM90A.smem_per_cta
+            raise ValueError(f"{t} needs {SharedStorage.size_in_bytes()} bytes of shared memory, over {limit}")
         return SharedStorage
 
     def _mmas(self):

@@ -91,6 +91,7 @@ class ScheduleVariant(Variant):
     import another kernel's module."""
 
     ARGS: ClassVar[type] = ScheduleArgs
+    THREADS: ClassVar[int] = THREADS
     packed: bool
     q_lengths: bool
     kv_lengths: bool
@@ -114,10 +115,6 @@ class ScheduleVariant(Variant):
     @property
     def v_dtype(self) -> str:
         return self.v_maps_of.dtype
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (THREADS, 1, 1)
 
     @property
     def tiles(self) -> dict[str, int]:

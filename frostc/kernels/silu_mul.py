@@ -39,6 +39,7 @@ class SiluMulVariant(Variant):
     """Compile key: the dtype and the half row's length."""
 
     ARGS: ClassVar[type] = SiluMulArgs
+    THREADS: ClassVar[int] = THREADS
     dtype: str  # "bf16" | "fp16"
     n: int  # out's row: half of x's (a multiple of a 16-byte piece's elements)
 
@@ -54,10 +55,6 @@ class SiluMulVariant(Variant):
     def row_ctas(self) -> int:
         """CTAs along one row."""
         return -(-self.n // self.elems // THREADS)
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (THREADS, 1, 1)
 
     @property
     def tiles(self) -> dict[str, int]:

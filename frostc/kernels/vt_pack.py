@@ -105,6 +105,7 @@ class VtPackVariant(Variant):
     padded form, else packed V (t, h, d) with the scheduling kernel's table."""
 
     ARGS: ClassVar[type] = VtPackArgs
+    THREADS: ClassVar[int] = THREADS
     head_dim: int
     batched: bool = False
     # each 16 keys written in the order the attention's P leaves its accumulator in (2c, 2c + 1,
@@ -117,10 +118,6 @@ class VtPackVariant(Variant):
     def name(self) -> str:
         name = f"vt_pack.e4m3.d{self.head_dim}" + (".batched" if self.batched else "")
         return name + (".p_order" if self.p_order else "")
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (THREADS, 1, 1)
 
     @property
     def tiles(self) -> dict[str, int]:
