@@ -7,7 +7,7 @@ data = build(desc)                            # plan-file bytes (frostc.build.bu
 from frostc.description import Description, GraphBuilder, load_description, parse_description, to_toml
 from frostc.errors import DescriptionError, FrostcError, Problem
 from frostc.graph import Graph, Tensor
-from frostc.ops.sdpa import Sdpa
+from frostc.ops.sdpa_node import Sdpa
 from frostc.validate import validate
 
 __version__ = "0.1.0"

@@ -21,7 +21,7 @@ from frostc.kernels.sdpa_fwd_wgmma import SdpaFwdVariant
 from frostc.planfile import build_key
 
 DEFAULT = Path(__file__).resolve().parent.parent / "plans" / "examples" / "default.toml"
-VARIANT = SdpaFwdVariant("bf16", 128, MaskFlags(right=True), has_lse=True, paired=True)
+VARIANT = SdpaFwdVariant("bf16", 128, MaskFlags(right=True), has_lse=True, walk="paired")
 
 
 @pytest.fixture(scope="module")

@@ -141,3 +141,38 @@ def test_the_decode_kernel_shares_the_forward_kernels_parts() -> None:
     found = reachable("frostc.kernels.sdpa_decode_paged")
     for part in ("online_softmax", "ring", "ragged", "wgmma_layouts", "barriers", "sdpa_common"):
         assert f"frostc.kernels.{part}" in found, part
+
+
+def all_modules() -> list[str]:
+    return sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in (ROOT / "frostc").rglob("*.py")
+    )
+
+
+def circles() -> dict[str, str]:
+    """Each module that reaches itself through its imports: {module: the module importing it back}."""
+    found = {}
+    for module in all_modules():
+        back = next((other for other in sorted(reachable(module)) if module in imports(other)), None)
+        if back is not None:
+            found[module] = back
+    return found
+
+
+def test_no_module_of_frostc_is_in_an_import_circle_even_for_types_only() -> None:
+    """Every import counts, TYPE_CHECKING and function-level ones too."""
+    assert circles() == {}
+
+
+def test_the_circle_scan_finds_a_guarded_circle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "frostc" / "ops"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from frostc.ops import b\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from frostc.ops.a import X\n"
+    )
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert circles() == {"frostc.ops.a": "frostc.ops.b", "frostc.ops.b": "frostc.ops.a"}

@@ -127,7 +127,7 @@ def test_an_entry_is_named_after_its_variant() -> None:
 
 def _variants() -> list:
     fwd = SdpaFwdVariant("bf16", 128, MaskFlags(right=True), True)
-    fp8 = SdpaFwdVariant("e4m3", 128, MaskFlags(), False, out_dtype="bf16", varlen=True, v_repacked=True)
+    fp8 = SdpaFwdVariant("e4m3", 128, MaskFlags(), False, out_dtype="bf16", varlen=True, v_layout="packed")
     return [
         SiluMulVariant("bf16", 4096),
         RmsNormVariant("bf16", 4096, True),

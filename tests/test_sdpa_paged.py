@@ -5,6 +5,7 @@ Numerics are tests/gpu's business."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,8 +16,9 @@ from frostc.description import parse_description
 from frostc.errors import DescriptionError
 from frostc.inspect import plan_summary
 from frostc.kernels.sdpa_decode_paged import BLOCK_N, decode_tiles
-from frostc.ops.sdpa_paged import TARGET_SMS, split_plan
+from frostc.ops.sdpa_choice import choose_decode
 from frostc.resolve import resolve
+from frostc.target import SM90A
 from tests.descriptions import check, edited, only, problems
 
 TILES = decode_tiles(128, 16, "bf16")  # blocks of BLOCK_N keys, two CTAs per SM
@@ -156,23 +158,28 @@ def test_many_sequences_run_unsplit_with_no_workspace():
 
 def test_the_split_count_follows_the_sm_count_and_the_residency():
     node = check(base(batch=32, max_pages=4096)).nodes[0]  # 64 (sequence, KV head) pairs, 65536 keys
-    tiles = decode_tiles(D, PAGE, "bf16")
-    ctas = tiles.ctas_per_sm
-    few, _ = split_plan(node, tiles, 66)
-    many, chunk = split_plan(node, tiles, TARGET_SMS["sm_90a"])
+    ctas = decode_tiles(D, PAGE, "bf16").ctas_per_sm
+    few = splits(node, 66)
+    config = choose_decode(node, "bf16", None, SM90A)
+    many, chunk = config.splits, config.chunk
     assert 1 < few < many
-    assert 32 * HKV * many >= 4 * TARGET_SMS["sm_90a"] * ctas  # waves of CTAs at full capacity
+    assert 32 * HKV * many >= 4 * SM90A.sms * ctas  # waves of CTAs at full capacity
     assert chunk >= 2048 and chunk % BLOCK_N == 0
+
+
+def splits(node, sms: int = SM90A.sms) -> int:
+    """The split count for a bf16 cache on a target of `sms` SMs."""
+    return choose_decode(node, "bf16", None, replace(SM90A, sms=sms)).splits
 
 
 def test_short_capacities_and_full_grids_are_not_split():
     assert TILES.ctas_per_sm == 2
-    assert split_plan(check(base(batch=2, max_pages=32)).nodes[0], TILES, 132)[0] == 1  # 512 keys: one chunk
-    assert split_plan(check(base(batch=2, max_pages=64)).nodes[0], TILES, 132)[0] == 2  # 1024 keys: two of 512
+    assert splits(check(base(batch=2, max_pages=32)).nodes[0]) == 1  # 512 keys: one chunk
+    assert splits(check(base(batch=2, max_pages=64)).nodes[0]) == 2  # 1024 keys: two of 512
     # CTAs filling half the slots or more: chunks of 2048 keys at least
-    assert split_plan(check(base(batch=66, max_pages=144)).nodes[0], TILES, 132)[0] == 1  # 132 CTAs
-    assert split_plan(check(base(batch=65, max_pages=144)).nodes[0], TILES, 132)[0] == 4  # 130: chunks of 576
-    assert split_plan(check(base(batch=512, max_pages=4096)).nodes[0], TILES, 132)[0] == 1  # 1024 CTAs already
+    assert splits(check(base(batch=66, max_pages=144)).nodes[0]) == 1  # 132 CTAs
+    assert splits(check(base(batch=65, max_pages=144)).nodes[0]) == 4  # 130: chunks of 576
+    assert splits(check(base(batch=512, max_pages=4096)).nodes[0]) == 1  # 1024 CTAs already
 
 
 def test_more_rows_than_one_warpgroup_make_row_blocks():

@@ -233,6 +233,27 @@ def reorders_v(head_dim: int, diagonal: bool) -> bool:
 
 # ------------------------------------------------------------------------------ the arguments
 
+# How a variant's CTAs take the tiles (`DenseTiles`, `TicketWalk`; variable lengths walk the
+# scheduling kernel's list):
+# - static: persistent, CTA b takes tiles b, b + grid, ...;
+# - per_tile: one CTA per tile, the hardware handing each freed SM the next (longest first
+#   within L2 sections of heads): long causal tiles, where a static persistent order loses more
+#   to imbalance and L2 misses than a CTA's exposed start costs (bench/NOTES.md v16);
+# - paired: persistent, a diagonal's tiles walked in pairs of equal cost, head by head (short
+#   causal tiles, whose K and V a longest-first walk over all heads keeps missing in L2; NOTES v19);
+# - dynamic: persistent, CTAs taking the next tile of a longest-first walk within L2 sections of
+#   heads from a counter in the workspace: balance and L2 reuse at once.
+WALKS = ("static", "per_tile", "paired", "dynamic")
+# How V lies where the kernel reads it:
+# - given: as the caller gave it (16-bit: d innermost; e4m3: keys innermost, or re-laid so from
+#   a padded V by vt_pack.py, its padding rows the caller's);
+# - p_order: e4m3, re-laid by vt_pack.py with each 16 keys already in P's register order, so P
+#   is packed as it lies (no quad swap, no reordering in shared memory); V's maps end on 16-key
+#   groups (a zero fill inside a group would erase keys stored there; vt_pack wrote zeros past
+#   every sequence);
+# - packed: e4m3 packed, re-laid by vt_pack.py in P's order, sequence b's keys from `aligned_start`.
+V_LAYOUTS = ("given", "p_order", "packed")
+
 
 def _fp8(variant) -> bool:
     return variant.fp8
@@ -333,32 +354,37 @@ class SdpaFwdVariant(Variant):
     has_lse: bool
     out_dtype: str = ""  # O's, when it differs from `dtype` (e4m3 Q, K, V: bf16 or fp16 O)
     varlen: bool = False  # lengths from the scheduling kernel's table, ragged tensor maps
-    # one CTA per tile, the hardware handing each freed SM the next (longest first within L2
-    # sections of heads): long causal tiles, where a static persistent order loses more to
-    # imbalance and L2 misses than a CTA's exposed start costs (bench/NOTES.md v16)
-    per_tile: bool = False
-    # persistent, a diagonal's tiles walked in pairs of equal cost, head by head (short causal
-    # tiles, whose K and V a longest-first walk over all heads keeps missing in L2; NOTES v19)
-    paired: bool = False
-    # persistent, CTAs taking the next tile of a longest-first walk within L2 sections of heads
-    # from a counter in the workspace (`TicketWalk`): balance and L2 reuse at once
-    dynamic: bool = False
+    walk: str = "static"  # how the CTAs take the tiles (WALKS)
     # debug builds of the dynamic walk: each consumer counts its visits of each tile into the
     # workspace (the stress test: every tile exactly once per launch)
     count_visits: bool = False
-    # e4m3 packed: V was re-laid by vt_pack.py, sequence b's keys from `aligned_start`
-    v_repacked: bool = False
-    # e4m3, V re-laid by vt_pack.py (`p_order`): each 16 keys already in P's register order, so P
-    # is packed as it lies (no quad swap, no reordering in shared memory); V's maps end on 16-key
-    # groups (a zero fill inside a group would erase keys stored there; vt_pack wrote zeros past
-    # every sequence)
-    v_in_p_order: bool = False
+    v_layout: str = "given"  # how V lies (V_LAYOUTS)
     # e4m3 at d=128: O summed in float32 every PROMOTE_BLOCKS key blocks (description:
     # o_accumulation = "float32") instead of in the FP8 tensor cores' accumulator throughout
     o_float32: bool = False
     # e4m3 at d=128: three consumer warpgroups (192-row tiles of 96-key blocks) instead of two;
     # the ops pick it where the rows are long (dense: and the tiles fill the SMs' last turn; NOTES v12)
     three_consumers: bool = False
+
+    @property
+    def per_tile(self) -> bool:
+        return self.walk == "per_tile"
+
+    @property
+    def paired(self) -> bool:
+        return self.walk == "paired"
+
+    @property
+    def dynamic(self) -> bool:
+        return self.walk == "dynamic"
+
+    @property
+    def v_repacked(self) -> bool:
+        return self.v_layout == "packed"
+
+    @property
+    def v_in_p_order(self) -> bool:
+        return self.v_layout in ("p_order", "packed")
 
     @property
     def name(self) -> str:

@@ -2,16 +2,15 @@
 node becomes launches. `frostc.ops.sdpa` validates the node (all forms) and hands paged nodes
 here.
 
-Split-KV is decided here, at build, from the capacities and the target's SM count: with few
-(sequence, KV head) pairs a cache read by one CTA per pair would leave most SMs idle, so each
-sequence's keys are cut into chunks of `chunk` keys, one CTA each; the chunks' partial results
-go to the workspace and a combine launch merges them. The plan records the split count (the
-attention launch's grid x) and the chunk (an argument of both launches).
+Split-KV is decided at build, from the capacities and the target's SM count
+(`frostc.ops.sdpa_choice.choose_decode`): with few (sequence, KV head) pairs a cache read by one
+CTA per pair would leave most SMs idle, so each sequence's keys are cut into chunks of `chunk`
+keys, one CTA each; the chunks' partial results go to the workspace and a combine launch merges
+them. The plan records the split count (the attention launch's grid x) and the chunk (an
+argument of both launches).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from frost_runtime.schema import MAX_GRID
 
@@ -22,32 +21,18 @@ from frostc.kernels.interface import TmaSource
 from frostc.kernels.sdpa_common import LOG2_E, SoftmaxScales
 from frostc.kernels.sdpa_decode_combine import DecodeCombineArgs, DecodeCombineVariant
 from frostc.kernels.sdpa_decode_paged import (
-    FEW_ROWS,
     DecodeSizes,
     DecodeTensors,
-    DecodeTiles,
     PagedDecodeArgs,
     PagedDecodeVariant,
     decode_tiles,
 )
 from frostc.ops.paged_cache import is_scaled
 from frostc.ops.rows import INT32_MAX, bhs_strides, check_head_dim, check_row_layout, check_tma_strides, tma_stride
+from frostc.ops.sdpa_choice import choose_decode, decode_rows
+from frostc.ops.sdpa_node import Sdpa
 from frostc.resolved import ResolvedLaunch, Workspace, launch
-
-if TYPE_CHECKING:
-    from frostc.ops.sdpa import Sdpa  # sdpa imports this module
-
-TARGET_SMS = {"sm_90a": 132}  # H100 SXM and H200
-WAVES = 5  # CTAs per resident slot the splits aim for at full capacity: lengths vary, the tail stays short
-UNSPLIT_WAVES = 3  # as many (sequence, KV head) CTAs as this many waves: no split needed
-# keys per split at least: long chunks (2048 keys), or short ones (512) when
-# long ones leave more than half the resident slots idle (a short cache at a small batch:
-# Llama-3-8B at batch 8 and 2k tokens ran 64 CTAs on 132 SMs, 52 % of the read ceiling; 4 splits:
-# 0.71 ms from 0.92). Not otherwise: at batch 32 (256 CTAs) 4 splits took 2.30 ms against 2.16
-# unsplit, and a 128k-token sequence split in 165 short chunks instead of 64 long ones ran 7 %
-# slower (bench/NOTES.md, "decode in a model")
-MIN_CHUNK_KEYS, SHORT_CHUNK_KEYS = 2048, 512
-# (bench/NOTES.md: decode v1 measured 2, 3, 5 and 8 waves on the issue's rows)
+from frostc.target import TARGETS
 
 
 def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
@@ -58,17 +43,16 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     ctx.length_contract(node.kv_lengths, "lengths", node.seq_kv)
     dtype, cache = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
     cache = cache if is_scaled(cache) else None
-    few_rows = cache is not None and _rows(node) <= FEW_ROWS
-    tiles = decode_tiles(node.head_dim, node.page_size, dtype, cache, few_rows)
-    splits, chunk = split_plan(node, tiles, TARGET_SMS[ctx.graph.target])
+    config = choose_decode(node, dtype, cache, TARGETS[ctx.graph.target])
+    splits, chunk, tiles = config.splits, config.chunk, config.tiles
     variant = PagedDecodeVariant(
         dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, cache=cache,
-        few_rows=few_rows,
+        few_rows=config.few_rows,
     )  # fmt: skip
     if splits == 1:
         return (_attention_launch(node, variant, splits, chunk, None, ctx),)
-    partials = node.batch * node.heads_kv * splits * _rows(node)
+    partials = node.batch * node.heads_kv * splits * decode_rows(node)
     workspace = {
         "o_partial": ctx.workspace(f"{node.name}.o_partial", partials * node.head_dim * 4),
         "lse_partial": ctx.workspace(f"{node.name}.lse_partial", partials * 4),
@@ -79,42 +63,9 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     )
 
 
-def _rows(node: Sdpa) -> int:
-    """Query rows per (sequence, KV head): the new tokens of every query head of the group."""
-    return node.seq_q * (node.heads_q // node.heads_kv)
-
-
-def split_plan(node: Sdpa, tiles: DecodeTiles, sms: int) -> tuple[int, int]:
-    """(splits, chunk keys): one split when the (sequence, KV head) CTAs already fill
-    UNSPLIT_WAVES waves of the resident slots; else enough splits for WAVES waves at full
-    capacity, each at least MIN_CHUNK_KEYS keys (SHORT_CHUNK_KEYS when those would fill less
-    than half the slots). The chunk is a whole number of the variant's key blocks (an e4m3
-    cache's chunks of twice the keys were tried, bench/NOTES.md decode v5)."""
-    units = node.batch * node.heads_kv * -(-_rows(node) // tiles.rows)
-    slots = sms * tiles.ctas_per_sm
-    blocks = -(-_keys_seen(node, tiles.block_n) // tiles.block_n)
-    wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
-    splits = max(1, min(wanted, blocks // (MIN_CHUNK_KEYS // tiles.block_n)))
-    if 2 * units * splits < slots:  # long chunks leave most of the GPU idle: shorter ones
-        splits = max(1, min(wanted, blocks // (SHORT_CHUNK_KEYS // tiles.block_n)))
-    chunk_blocks = -(-blocks // splits)
-    return -(-blocks // chunk_blocks), chunk_blocks * tiles.block_n
-
-
-def _keys_seen(node: Sdpa, block_n: int) -> int:
-    """The most keys one sequence's new tokens see: the capacity, or with a window the window
-    of the first token through the last one, plus a block of alignment (the splits start at the
-    window's first block)."""
-    if node.mask.window_left is None:
-        return node.seq_kv
-    return min(node.seq_kv, node.mask.window_left + node.seq_q + block_n)
-
-
 def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     q, k, v = ctx.tensor(node.q), ctx.tensor(node.k), ctx.tensor(node.v)
     check_head_dim(node.head_dim, f"{q.path}.dims[3]", ctx)
-    if ctx.graph.target not in TARGET_SMS:
-        ctx.problem("target", f"the paged form is built for {', '.join(TARGET_SMS)} (its SM count sets the splits)")
     for name in (node.q, node.o):
         check_row_layout(ctx.tensor(name), "bhsd", '"bshd" or "bhsd"', ctx)
     for cache in (k, v):
@@ -139,7 +90,7 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
         )
     cache = k.dtype if is_scaled(k.dtype) else None
     rows_per_cta = decode_tiles(node.head_dim, node.page_size, q.dtype, cache).rows
-    row_blocks = -(-_rows(node) // rows_per_cta)
+    row_blocks = -(-decode_rows(node) // rows_per_cta)
     if node.heads_kv * row_blocks > MAX_GRID[1]:
         ctx.problem(
             f"{q.path}.dims[1]",
@@ -174,7 +125,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     q, o, k, v = ctx.slot(node.q), ctx.slot(node.o), ctx.slot(node.k), ctx.slot(node.v)
     lse = ctx.slot(node.lse) if node.lse else None
     table = ctx.slot(node.page_table)
-    rows = _rows(node)
+    rows = decode_rows(node)
     row_blocks = -(-rows // variant.tile_shape.rows)
     row_stride = tma_stride(k.dims[1], k.strides[1], k.dtype)
     sizes = DecodeSizes(
@@ -221,11 +172,11 @@ def _combine_launch(
     variant = DecodeCombineVariant(o.dtype, node.head_dim, lse is not None)
     args = DecodeCombineArgs(
         Workspace(workspace["o_partial"]), Workspace(workspace["lse_partial"]), ctx.slot(node.kv_lengths), o, lse,
-        heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=_rows(node), capacity=node.seq_kv,
+        heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=decode_rows(node), capacity=node.seq_kv,
         chunk=chunk, splits=splits, s_new=node.seq_q, window_left=_window_left(node), block_n=block_n,
         o_strides=bhs_strides(o), lse_strides=bhs_strides(lse),
     )  # fmt: skip
-    return launch(node.name, variant, (_rows(node), node.heads_kv, node.batch), args)
+    return launch(node.name, variant, (decode_rows(node), node.heads_kv, node.batch), args)
 
 
 def _window_left(node: Sdpa) -> int:
