@@ -50,7 +50,7 @@ def model_text(model: ModelAttention, dep: Deployment) -> str:
     return (
         f"{model.model_type}: {model.layers} layers, {model.heads} heads, {model.kv_heads} KV heads, head dim "
         f"{model.head_dim}, scale {model.scale:.6g}{window}{softcap}; served {dep.dtype}, tp {dep.tp}, batch sizes "
-        f"{sizes}, prefill {dep.max_prompt_tokens} tokens, {dep.cache_dtype} cache {dep.max_cache_len} tokens in "
+        f"{sizes}, prefill {dep.max_prompt_tokens} tokens, {dep.kv_cache_dtype} cache {dep.max_cache_len} tokens in "
         f"pages of {dep.page_size} ({dep.pages} pages), {dep.new_tokens} new {tokens} per decode step"
         + (f"; q, k, v {dep.qkv_layout}" if dep.qkv_layout != "separate" else "")
         + (f"; glue: hidden {dep.glue.hidden_size}, MLP {dep.glue.intermediate_size}" if dep.glue else "")
@@ -132,7 +132,7 @@ def kind_info(kind: LayerKind) -> planset.KindInfo:
 
 def serving_info(dep: Deployment) -> planset.ServingInfo:
     return planset.ServingInfo(
-        dep.max_cache_len, dep.page_size, dep.pages, dep.max_prompt_tokens, dep.new_tokens, dep.tp, dep.cache_dtype
+        dep.max_cache_len, dep.page_size, dep.pages, dep.max_prompt_tokens, dep.new_tokens, dep.tp, dep.kv_cache_dtype
     )
 
 

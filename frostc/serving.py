@@ -51,17 +51,13 @@ class Deployment:
     pages: int  # the pool's, shared by every sequence
     speculative: int  # decode's new tokens per sequence: 1 + speculative
     tp: int
-    kv_cache_dtype: str = ""  # the paged pools': the dtype's, or a scaled one (e4m3); "" for dtype
+    kv_cache_dtype: str  # the paged pools': `dtype`, or a quantized one (e4m3) with scales
     qkv_layout: str = "separate"  # one of QKV_LAYOUTS: how decode plans take q, k_new, v_new
     glue: ModelLayers | None = None  # the decoder layers, when the set holds the decode step's glue plans
 
     @property
-    def cache_dtype(self) -> str:
-        return self.kv_cache_dtype or self.dtype
-
-    @property
-    def scaled_cache(self) -> bool:
-        return DTYPES[self.cache_dtype].scaled
+    def quantized_cache(self) -> bool:
+        return DTYPES[self.kv_cache_dtype].scaled
 
     @property
     def max_pages(self) -> int:
@@ -155,9 +151,9 @@ def deployment(
         message = f"{pages}: fewer than one sequence of {max_cache_len} tokens needs: give at least {max_pages}"
         bad("--pages", message)
         raise DescriptionError(problems)
-    cache = "" if kv_cache_dtype in (None, dtype) else kv_cache_dtype
     return Deployment(
-        dtype, tuple(batch_sizes), max_prompt_tokens, max_cache_len, page_size, pages, speculative, tp, cache,
+        dtype, tuple(batch_sizes), max_prompt_tokens, max_cache_len, page_size, pages, speculative, tp,
+        kv_cache_dtype or dtype,
         qkv_layout, glue,
     )  # fmt: skip
 
@@ -277,9 +273,9 @@ def decode_description(name: str, kind: LayerKind, dep: Deployment, batch: int) 
     g.tensor("k_new", dims=[batch, kind.kv_heads, dep.new_tokens, kind.head_dim], **new)
     g.tensor("v_new", dims=[batch, kind.kv_heads, dep.new_tokens, kind.head_dim], **new)
     for cache in ("k_cache", "v_cache"):
-        g.tensor(cache, dtype=dep.cache_dtype, dims=[dep.pages, dep.page_size, kind.kv_heads, kind.head_dim])
+        g.tensor(cache, dtype=dep.kv_cache_dtype, dims=[dep.pages, dep.page_size, kind.kv_heads, kind.head_dim])
     scales = {}
-    if dep.scaled_cache:  # one per KV head of the layer
+    if dep.quantized_cache:  # one per KV head of the layer
         scales = {name: g.tensor(name, dtype=SCALE_DTYPE, dims=[kind.kv_heads]) for name in ("k_scale", "v_scale")}
     g.tensor("page_table", dtype="int32", dims=[batch, dep.max_pages])
     g.tensor("cache_len", dtype="int32", dims=[batch])
@@ -416,7 +412,7 @@ def dry_run_summary(model: ModelAttention, dep: Deployment, kinds: tuple[LayerKi
     """The model, the deployment, the layer kinds and every plan with its status, as plain data
     (`--json`); deterministic: the same inputs give the same text."""
     entries = plan_list(kinds, dep)
-    dtype_bytes = DTYPES[dep.cache_dtype].bytes
+    dtype_bytes = DTYPES[dep.kv_cache_dtype].bytes
     pool_bytes = 2 * dep.pages * dep.page_size * kinds[0].kv_heads * kinds[0].head_dim * dtype_bytes
     notes = [note for note in [dropped_windows(model, dep)] if note]
     return {
@@ -434,7 +430,7 @@ def dry_run_summary(model: ModelAttention, dep: Deployment, kinds: tuple[LayerKi
         },
         "deployment": {
             "dtype": dep.dtype,
-            "kv_cache_dtype": dep.cache_dtype,
+            "kv_cache_dtype": dep.kv_cache_dtype,
             "tp": dep.tp,
             "batch_sizes": list(dep.batch_sizes),
             "max_prompt_tokens": dep.max_prompt_tokens,

@@ -142,7 +142,7 @@ def test_softcap_keeps_its_scale_inside_the_tanh_without_attn_scale():
 
 
 def test_the_ring_holds_more_stages_of_half_the_bytes():
-    bf16, e4m3 = decode_tiles(128, 16, "bf16"), decode_tiles(128, 16, "bf16", "e4m3")
+    bf16, e4m3 = decode_tiles(128, 16, "bf16", "bf16"), decode_tiles(128, 16, "bf16", "e4m3")
     assert e4m3.ctas_per_sm == bf16.ctas_per_sm == 2
     assert e4m3.stages * 1 > bf16.stages * 1 and e4m3.stages >= 3
     assert decode_tiles(256, 32, "bf16", "e4m3").stages >= 3
@@ -161,7 +161,7 @@ def test_few_rows_run_three_ctas_an_sm_up_to_d128():
 def test_the_e4m3_kernel_takes_16_rows_per_cta_and_more_row_blocks():
     """The warp-level kernel's CTA holds one m16 tile of (token, head) rows: a group of 4 by one
     token is one row block, by 5 tokens two; the bf16 cache's kernel keeps 64 rows."""
-    assert decode_tiles(128, 16, "bf16", "e4m3").rows == 16 and decode_tiles(128, 16, "bf16").rows == 64
+    assert decode_tiles(128, 16, "bf16", "e4m3").rows == 16 and decode_tiles(128, 16, "bf16", "bf16").rows == 64
     for s_new, row_blocks in ((1, 1), (2, 1), (3, 1), (5, 2)):
         d = edited(step(), **{f"tensors.{name}.dims": [B, HQ, s_new, D] for name in ("q", "o")})
         d = edited(d, **{f"tensors.{name}.dims": [B, HKV, s_new, D] for name in ("k_new", "v_new")})
@@ -187,13 +187,14 @@ def test_the_e4m3_variants_keep_the_bf16_names_and_abi_apart():
     from frostc.kernels.kv_append import KvAppendVariant
     from frostc.kernels.sdpa_decode_paged import PagedDecodeVariant
 
-    plain = PagedDecodeVariant("bf16", 128, 16, True, True, False)
-    scaled = PagedDecodeVariant("bf16", 128, 16, True, True, False, cache="e4m3")
+    plain = PagedDecodeVariant("bf16", "bf16", 128, 16, True, True, False)
+    scaled = PagedDecodeVariant("bf16", "e4m3", 128, 16, True, True, False)
     assert plain.name != scaled.name and ".kv_e4m3." in scaled.name
     extra = [p for p in scaled.params if p not in plain.params]
     assert extra == [("k_scale", "ptr"), ("v_scale", "ptr"), ("k_scale.stride_h", "i64"),
                      ("v_scale.stride_h", "i64"), ("q_scale", "f32")]  # fmt: skip
-    assert [p for p in KvAppendVariant("bf16", 64, "e4m3").params if p not in KvAppendVariant("bf16", 64).params] == [
+    plain = KvAppendVariant("bf16", 64, "bf16").params
+    assert [p for p in KvAppendVariant("bf16", 64, "e4m3").params if p not in plain] == [
         ("k_scale", "ptr"), ("v_scale", "ptr"), ("k_scale.stride_h", "i64"), ("v_scale.stride_h", "i64")
     ]  # fmt: skip
 
@@ -210,7 +211,7 @@ def test_the_e4m3_kernel_fences_its_ring_reads_before_each_release(head_dim):
     import frostc.kernels  # noqa: F401  (imported above already: it sets the DSL to keep the PTX)
     from frostc.kernels.sdpa_decode_paged import PagedDecodeVariant
 
-    variant = PagedDecodeVariant("bf16", head_dim, 32, True, True, False, cache="e4m3")
+    variant = PagedDecodeVariant("bf16", "e4m3", head_dim, 32, True, True, False)
     ptx = cute.compile(variant.kernel(), *variant.compile_args()).__ptx__
     releases, unfenced_read = 0, False
     for line in ptx.splitlines():

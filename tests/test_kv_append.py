@@ -321,7 +321,7 @@ def test_launch_and_arguments() -> None:
     assert [s.is_output for s in plan.slots] == [False, False, False, False, True, True]
     (launch,) = plan.launches
     assert launch.node == "append" and launch.grid == (B, 2, 1)  # one CTA per (sequence, new token)
-    assert launch.variant == KvAppendVariant("bf16", D) and launch.variant.name == "kv_append.bf16.d64"
+    assert launch.variant == KvAppendVariant("bf16", D, "bf16") and launch.variant.name == "kv_append.bf16.d64"
     slots = {a.param: plan.slots[a.slot].name for a in launch.args if a.slot >= 0}
     assert slots == {
         "k": "k_new", "v": "v_new", "k_cache": "k_cache", "v_cache": "v_cache", "page_table": "page_table",
@@ -345,7 +345,7 @@ def test_fp16_and_head_dim_pick_the_variant() -> None:
     d = tweak(**{f"tensors.{t}.dtype": "fp16" for t in ("k_new", "v_new", "k_cache", "v_cache")})
     for t in ("k_new", "v_new", "k_cache", "v_cache"):
         d["tensors"][t]["dims"][3] = 256
-    assert resolved(d).launches[0].variant == KvAppendVariant("fp16", 256)
+    assert resolved(d).launches[0].variant == KvAppendVariant("fp16", 256, "fp16")
 
 
 def test_nodes_sharing_lengths_keep_one_contract() -> None:
@@ -421,7 +421,7 @@ def test_build_gives_one_kernel_one_launch(plan) -> None:
     (kernel,) = plan.kernels
     assert kernel.name == "kv_append.bf16.d128" and kernel.cubin.startswith(b"\x7fELF")
     assert kernel.entry.encode() in kernel.cubin
-    assert tuple((p.name, p.kind) for p in kernel.params) == KvAppendVariant("bf16", 128).params
+    assert tuple((p.name, p.kind) for p in kernel.params) == KvAppendVariant("bf16", 128, "bf16").params
     assert kernel.block == (128, 1, 1) and kernel.smem_bytes == 0 and kernel.ctas_per_sm == 0
     assert kernel.grid_rule.startswith("(batch, s_new, 1)")
     (launch,) = plan.launches
@@ -442,6 +442,6 @@ def test_inspect_shows_the_node(plan) -> None:
 
 @pytest.mark.parametrize("dtype, head_dim", [("fp16", 64), ("bf16", 256)])
 def test_other_variants_compile(dtype: str, head_dim: int) -> None:
-    variant = KvAppendVariant(dtype, head_dim)
+    variant = KvAppendVariant(dtype, head_dim, dtype)
     (compiled,) = compile_kernels([variant]).values()  # the ABI is checked against the PTX
     assert compiled.params == variant.params and compiled.cubin.startswith(b"\x7fELF")

@@ -21,7 +21,7 @@ from frostc.resolve import resolve
 from frostc.target import SM90A
 from tests.descriptions import check, edited, only, problems
 
-TILES = decode_tiles(128, 16, "bf16")  # blocks of BLOCK_N keys, two CTAs per SM
+TILES = decode_tiles(128, 16, "bf16", "bf16")  # blocks of BLOCK_N keys, two CTAs per SM
 
 B, HQ, HKV, D, PAGE, MAX_PAGES, PAGES = 4, 8, 2, 128, 16, 64, 300
 
@@ -158,9 +158,9 @@ def test_many_sequences_run_unsplit_with_no_workspace():
 
 def test_the_split_count_follows_the_sm_count_and_the_residency():
     node = check(base(batch=32, max_pages=4096)).nodes[0]  # 64 (sequence, KV head) pairs, 65536 keys
-    ctas = decode_tiles(D, PAGE, "bf16").ctas_per_sm
+    ctas = decode_tiles(D, PAGE, "bf16", "bf16").ctas_per_sm
     few = splits(node, 66)
-    config = choose_decode(node, "bf16", None, SM90A)
+    config = choose_decode(node, "bf16", "bf16", SM90A)
     many, chunk = config.splits, config.chunk
     assert 1 < few < many
     assert 32 * HKV * many >= 4 * SM90A.sms * ctas  # waves of CTAs at full capacity
@@ -169,7 +169,7 @@ def test_the_split_count_follows_the_sm_count_and_the_residency():
 
 def splits(node, sms: int = SM90A.sms) -> int:
     """The split count for a bf16 cache on a target of `sms` SMs."""
-    return choose_decode(node, "bf16", None, replace(SM90A, sms=sms)).splits
+    return choose_decode(node, "bf16", "bf16", replace(SM90A, sms=sms)).splits
 
 
 def test_short_capacities_and_full_grids_are_not_split():

@@ -228,7 +228,7 @@ def test_a_decode_plans_shapes() -> None:
 
 def test_an_fp8_cache_makes_the_decode_plans_e4m3_with_scales_per_kv_head() -> None:
     _, dep, kinds = planned(LLAMA3_8B, batch_sizes=(8,), kv_cache_dtype="e4m3", tp=2)
-    assert (dep.cache_dtype, dep.scaled_cache) == ("e4m3", True)
+    assert (dep.kv_cache_dtype, dep.quantized_cache) == ("e4m3", True)
     prefill, decode = plan_list(kinds, dep)
     graph = validate(decode.description)
     tensors = {t.name: (t.dtype, t.dims) for t in graph.tensors}
@@ -238,7 +238,7 @@ def test_an_fp8_cache_makes_the_decode_plans_e4m3_with_scales_per_kv_head() -> N
     assert {n.k_scale for n in graph.nodes} == {"k_scale"}
     assert "k_scale" not in {t.name for t in validate(prefill.description).tensors}  # prefill reads no cache
     _, dep_bf16, _ = planned(LLAMA3_8B, batch_sizes=(8,), kv_cache_dtype="bf16")
-    assert dep_bf16.kv_cache_dtype == "" and dep_bf16.cache_dtype == "bf16"
+    assert dep_bf16.kv_cache_dtype == "bf16" and not dep_bf16.quantized_cache
 
 
 def test_a_prefill_plans_shapes() -> None:

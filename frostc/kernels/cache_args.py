@@ -3,12 +3,14 @@ sdpa_decode_paged.py): the caches' strides and a quantized cache's scales."""
 
 from dataclasses import dataclass
 
+from frost_runtime.dtypes import DTYPES
+
 from frostc.kernels.interface import I64, Facets, Group, Ptr, abi, pointer
 
 
 def quantized(variant) -> bool:
     """Whether the variant's caches are quantized (e4m3, with float32 scales)."""
-    return variant.cache is not None
+    return DTYPES[variant.kv_cache_dtype].scaled
 
 
 @dataclass(frozen=True)

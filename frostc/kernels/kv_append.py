@@ -51,8 +51,8 @@ VECTOR_BYTES = 16
 class KvAppendArgs:
     k: Ptr = pointer()
     v: Ptr = pointer()
-    k_cache: Ptr = pointer(of="cache_dtype")
-    v_cache: Ptr = pointer(of="cache_dtype")
+    k_cache: Ptr = pointer(of="kv_cache_dtype")
+    v_cache: Ptr = pointer(of="kv_cache_dtype")
     page_table: Ptr = pointer("int32", align=4)
     seq_len_kv: Ptr = pointer("int32", align=4)
     scales: CacheScales | None = when(quantized)
@@ -77,15 +77,11 @@ class KvAppendVariant(Variant):
     THREADS: ClassVar[int] = THREADS
     dtype: str  # the new rows': "bf16" | "fp16"
     head_dim: int
-    cache: str | None = None  # a quantized cache's dtype ("e4m3"); None: the caches are `dtype`
-
-    @property
-    def cache_dtype(self) -> str:
-        return self.cache or self.dtype
+    kv_cache_dtype: str  # the caches': `dtype`, or a quantized one (e4m3) with scales
 
     @property
     def name(self) -> str:
-        kv = f".kv_{self.cache}" if self.cache else ""
+        kv = f".kv_{self.kv_cache_dtype}" if quantized(self) else ""
         return f"kv_append.{self.dtype}{kv}.d{self.head_dim}"
 
     @property
@@ -115,7 +111,7 @@ class KvAppendKernel(Kernel):
         super().__init__(variant)
         self.v = variant
         self.dtype = dsl_dtype(variant.dtype)
-        self.cache_dtype = dsl_dtype(variant.cache_dtype)
+        self.kv_cache_type = dsl_dtype(variant.kv_cache_dtype)
         self.elems = VECTOR_BYTES * 8 // self.dtype.width  # per 16-byte vector of the new rows
 
     @cute.kernel
@@ -189,7 +185,7 @@ class KvAppendKernel(Kernel):
             col = (i % per_row) * self.elems
             inverse = cutlass.Float32(1.0) / cute.make_tensor(scale_ptr + h * scale_sh, cute.make_layout(1))[0]
             piece = cute.make_tensor(src + cute.assume(h * src_sh + col, divby=8), cute.make_layout(self.elems))
-            narrow = cute.make_rmem_tensor(cute.make_layout(self.elems), self.cache_dtype)
-            narrow.store((piece.load().to(cutlass.Float32) * inverse).to(self.cache_dtype))
+            narrow = cute.make_rmem_tensor(cute.make_layout(self.elems), self.kv_cache_type)
+            narrow.store((piece.load().to(cutlass.Float32) * inverse).to(self.kv_cache_type))
             out = cute.make_tensor(dst + cute.assume(h * dst_sh + col, divby=8), cute.make_layout(self.elems))
             out.store(narrow.load())

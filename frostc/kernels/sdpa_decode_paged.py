@@ -119,26 +119,26 @@ class DecodeTiles:
         }
 
 
-def decode_tiles(
-    head_dim: int, page_size: int, dtype: str, cache: str | None = None, few_rows: bool = False
-) -> DecodeTiles:
+def decode_tiles(head_dim: int, page_size: int, dtype: str, kv_cache_dtype: str, few_rows: bool = False) -> DecodeTiles:
     """Two CTAs per SM where they fit (one streams while the other starts or ends), then as
     many stages as the shared memory holds: Q is 64·d and a stage 2·block_n·d elements. A
     quantized cache's kernel keeps only its ring (Q and the operands live in registers), and
     takes ROWS_SCALED rows per CTA; with few rows (its transposed MMAs: ~100 registers a
     thread) three CTAs fit an SM, whose twelve consumer warps hide each other's latency better
     than eight with six stages each (bench/NOTES.md, decode v14; four CTAs of three stages lost)."""
+    quantized = DTYPES[kv_cache_dtype].scaled
     ctas = 2 if head_dim <= 128 else 1
-    if cache is not None and few_rows and head_dim <= 128:
+    if quantized and few_rows and head_dim <= 128:
         ctas = FEW_ROWS_CTAS_PER_SM
     budget = SM90A.smem_for(ctas) - 1024  # a KiB for the barriers and alignment
-    if cache is None:
+    if not quantized:
         size = DTYPES[dtype].bytes
         stages = min((budget - ROWS * head_dim * size) // (2 * BLOCK_N * head_dim * size), 6)
         return DecodeTiles(BLOCK_N, stages, math.gcd(page_size, BLOCK_N), ctas)
-    stages = min(budget // (2 * BLOCK_N * head_dim * DTYPES[cache].bytes), 6)
+    size = DTYPES[kv_cache_dtype].bytes
+    stages = min(budget // (2 * BLOCK_N * head_dim * size), 6)
     # the warps' partial outputs (fp32) are merged in the K ring once every block is read
-    assert stages * BLOCK_N * DTYPES[cache].bytes >= CONSUMER_WARPS * ROWS_SCALED * 4, "merge area over the ring"
+    assert stages * BLOCK_N * size >= CONSUMER_WARPS * ROWS_SCALED * 4, "merge area over the ring"
     return DecodeTiles(BLOCK_N, stages, math.gcd(page_size, BLOCK_N), ctas, ROWS_SCALED)
 
 
@@ -181,8 +181,8 @@ class PagedDecodeArgs:
     rest by pointer; a quantized cache's scales, their strides and the softmax scale (applied to
     Q before its conversion to the MMA's fp16) only in its variants."""
 
-    k: TmaTensor = tma(extents="i32", of="tma_dtype")
-    v: TmaTensor = tma(extents="i32", of="tma_dtype")
+    k: TmaTensor = tma(extents="i32", of="kv_cache_dtype")
+    v: TmaTensor = tma(extents="i32", of="kv_cache_dtype")
     tensors: DecodeTensors
     scales: CacheScales | None = when(quantized)
     sizes: DecodeSizes
@@ -201,7 +201,8 @@ class PagedDecodeVariant(Variant):
 
     ARGS: ClassVar[type] = PagedDecodeArgs
     THREADS: ClassVar[int] = THREADS
-    dtype: str
+    dtype: str  # Q's and O's
+    kv_cache_dtype: str  # the caches': `dtype`, or a quantized one (e4m3) with scales
     head_dim: int
     page_size: int
     causal: bool  # bottom-right: the new tokens are the cache's last
@@ -209,31 +210,26 @@ class PagedDecodeVariant(Variant):
     has_lse: bool
     window: bool = False  # a sliding window: each token sees window_left keys before its own
     softcap: bool = False  # scores s -> softcap * tanh(s / softcap)
-    cache: str | None = None  # a quantized cache's dtype ("e4m3"); None: the caches are `dtype`
     # a quantized cache's kernel whose query rows per (sequence, KV head) fit an m16n8 tile's 8
     # columns: its MMAs run transposed (keys as rows, no padding rows), three CTAs an SM
     few_rows: bool = False
 
     @property
     def quantized(self) -> bool:
-        return self.cache is not None
-
-    @property
-    def tma_dtype(self) -> str:
-        return self.cache or self.dtype
+        return quantized(self)
 
     @property
     def name(self) -> str:
         mask = "causal_br" if self.causal else "full"
         mask += (".local" if self.window else "") + (".softcap" if self.softcap else "")
-        kv = f".kv_{self.cache}" if self.cache else ""
+        kv = f".kv_{self.kv_cache_dtype}" if self.quantized else ""
         kv += ".r8" if self.few_rows else ""
         name = f"sdpa_decode_paged.{self.dtype}{kv}.d{self.head_dim}.p{self.page_size}.{mask}"
         return name + (".split" if self.split else "") + (".lse" if self.has_lse and not self.split else "")
 
     @property
     def tile_shape(self) -> DecodeTiles:
-        return decode_tiles(self.head_dim, self.page_size, self.dtype, self.cache, self.few_rows)
+        return decode_tiles(self.head_dim, self.page_size, self.dtype, self.kv_cache_dtype, self.few_rows)
 
     @property
     def tiles(self) -> dict[str, int]:
@@ -328,7 +324,7 @@ class PagedDecode(Kernel):
     def __init__(self, variant: PagedDecodeVariant):
         super().__init__(variant)
         self.dtype = dsl_dtype(variant.dtype)  # Q's and O's
-        self.cache_dtype = dsl_dtype(variant.tma_dtype)  # what TMA loads
+        self.kv_cache_type = dsl_dtype(variant.kv_cache_dtype)  # what TMA loads
         self.mma_dtype = self.dtype  # the MMAs' operands in shared memory and P
         self.head_dim = variant.head_dim
         self.page_size = variant.page_size
@@ -434,7 +430,7 @@ class PagedDecode(Kernel):
                 num_stages=t.stages,
                 producer_group=producer,
                 consumer_group=consumers,
-                tx_count=t.block_n * self.head_dim * (self.cache_dtype.width // 8),
+                tx_count=t.block_n * self.head_dim * (self.kv_cache_type.width // 8),
                 defer_sync=True,
             )
 
@@ -837,7 +833,7 @@ class PagedDecodeScaledCache(PagedDecode):
         t = self.tiles
         ring_elems = cute.cosize(self._ring_layout())
         stages = t.stages
-        cache = self.cache_dtype
+        cache = self.kv_cache_type
         stats = CONSUMER_WARPS * ROWS_SCALED
 
         @cute.struct
@@ -1175,7 +1171,7 @@ class PagedDecodeScaledCache(PagedDecode):
         fp16 halves move after the conversion (half the prmt of converting each key's row
         first: bench/NOTES.md, decode v8)."""
         span = self.head_dim // 8
-        raw = cute.make_rmem_tensor(4 * span, self.cache_dtype)  # key i's span bytes at i * span
+        raw = cute.make_rmem_tensor(4 * span, self.kv_cache_type)  # key i's span bytes at i * span
         for i in cutlass.range_constexpr(4):
             key = warp * WARP_KEYS + 2 * pair + i % 2 + 8 * (i // 2)
             row = cute.local_tile(tile, (1, span), (key, quad))
@@ -1188,7 +1184,7 @@ class PagedDecodeScaledCache(PagedDecode):
                 a, b = words[2 * half * quarter + dt4], words[(2 * half + 1) * quarter + dt4]
                 paired[4 * dt4 + half] = byte_interleave(a, b, 0x5140)  # d 4·dt4, 4·dt4 + 1
                 paired[4 * dt4 + 2 + half] = byte_interleave(a, b, 0x7362)  # d 4·dt4 + 2, + 3
-        pairs = cute.make_tensor(cute.recast_ptr(paired.iterator, dtype=self.cache_dtype), cute.make_layout(4 * span))
+        pairs = cute.make_tensor(cute.recast_ptr(paired.iterator, dtype=self.kv_cache_type), cute.make_layout(4 * span))
         frag = cute.make_rmem_tensor(4 * span, self.mma_dtype)
         frag.store(pairs.load().to(self.mma_dtype))
         # paired word 4·dt4 + 2j + half became fp16 words 2·(4·dt4 + 2j + half) + (0, 1): key pair

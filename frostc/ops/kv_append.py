@@ -32,7 +32,6 @@ from frostc.kernels.kv_append import KvAppendArgs, KvAppendVariant
 from frostc.ops.paged_cache import (
     cache_dtype_problem,
     check_cache_scales,
-    is_scaled,
     new_tokens_problem,
     page_size_problem,
 )
@@ -185,8 +184,7 @@ def resolve(node: KvAppend, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         return ()
     # the kernel clamps to this (never writing outside the caches); check_lengths checks it
     ctx.length_contract(node.seq_len_kv, "lengths", node.capacity)
-    cache = ctx.slot(node.k_cache).dtype
-    variant = KvAppendVariant(ctx.slot(node.k).dtype, node.head_dim, cache if is_scaled(cache) else None)
+    variant = KvAppendVariant(ctx.slot(node.k).dtype, node.head_dim, ctx.slot(node.k_cache).dtype)
     slots = {role: ctx.slot(name) for role, name in node.inputs + node.outputs}
     k, v, k_cache, v_cache = (slots[role] for role in ("k", "v", "k_cache", "v_cache"))
     scales = strides = None

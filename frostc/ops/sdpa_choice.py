@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from frost_runtime.dtypes import DTYPES
+
 from frostc.kernels.sdpa_decode_paged import FEW_ROWS, DecodeTiles, decode_tiles
 from frostc.kernels.sdpa_fwd_wgmma import THREE_CONSUMER_HEAD_DIMS, WgmmaTiles, tiles_for_head_dim
 from frostc.ops.sdpa_node import Sdpa
@@ -132,16 +134,16 @@ class DecodeConfig:
     chunk: int  # keys per split, a whole number of key blocks
 
 
-def choose_decode(node: Sdpa, dtype: str, cache: str | None, target: Target) -> DecodeConfig:
-    """The paged attention's tiles and key splits. `cache`: a quantized cache's dtype, else None.
+def choose_decode(node: Sdpa, dtype: str, kv_cache_dtype: str, target: Target) -> DecodeConfig:
+    """The paged attention's tiles and key splits (`dtype`: Q's; `kv_cache_dtype`: the caches').
 
     Splits: one when the (sequence, KV head) CTAs already fill UNSPLIT_WAVES waves of the
     resident slots; else enough splits for WAVES waves at full capacity, each at least
     MIN_CHUNK_KEYS keys (SHORT_CHUNK_KEYS when those would fill less than half the slots). The
     chunk is a whole number of the variant's key blocks (an e4m3 cache's chunks of twice the keys
     were tried, bench/NOTES.md decode v5)."""
-    few_rows = cache is not None and decode_rows(node) <= FEW_ROWS
-    tiles = decode_tiles(node.head_dim, node.page_size, dtype, cache, few_rows)
+    few_rows = DTYPES[kv_cache_dtype].scaled and decode_rows(node) <= FEW_ROWS
+    tiles = decode_tiles(node.head_dim, node.page_size, dtype, kv_cache_dtype, few_rows)
     units = node.batch * node.heads_kv * -(-decode_rows(node) // tiles.rows)
     slots = target.sms * tiles.ctas_per_sm
     blocks = -(-_keys_seen(node, tiles.block_n) // tiles.block_n)

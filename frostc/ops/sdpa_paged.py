@@ -27,7 +27,6 @@ from frostc.kernels.sdpa_decode_paged import (
     PagedDecodeVariant,
     decode_tiles,
 )
-from frostc.ops.paged_cache import is_scaled
 from frostc.ops.rows import INT32_MAX, bhs_strides, check_head_dim, check_row_layout, check_tma_strides, tma_stride
 from frostc.ops.sdpa_choice import choose_decode, decode_rows
 from frostc.ops.sdpa_node import Sdpa
@@ -41,14 +40,12 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     if len(ctx.problems) > before:
         return ()
     ctx.length_contract(node.kv_lengths, "lengths", node.seq_kv)
-    dtype, cache = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
-    cache = cache if is_scaled(cache) else None
-    config = choose_decode(node, dtype, cache, TARGETS[ctx.graph.target])
+    dtype, kv_cache_dtype = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
+    config = choose_decode(node, dtype, kv_cache_dtype, TARGETS[ctx.graph.target])
     splits, chunk, tiles = config.splits, config.chunk, config.tiles
     variant = PagedDecodeVariant(
-        dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
-        window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, cache=cache,
-        few_rows=config.few_rows,
+        dtype, kv_cache_dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
+        window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, few_rows=config.few_rows,
     )  # fmt: skip
     if splits == 1:
         return (_attention_launch(node, variant, splits, chunk, None, ctx),)
@@ -88,8 +85,7 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
         ctx.problem(
             f"{q.path}.dims[0]", f"batch {node.batch} is over {MAX_GRID[2]}, a launch's grid z; split the batch"
         )
-    cache = k.dtype if is_scaled(k.dtype) else None
-    rows_per_cta = decode_tiles(node.head_dim, node.page_size, q.dtype, cache).rows
+    rows_per_cta = decode_tiles(node.head_dim, node.page_size, q.dtype, k.dtype).rows
     row_blocks = -(-decode_rows(node) // rows_per_cta)
     if node.heads_kv * row_blocks > MAX_GRID[1]:
         ctx.problem(
