@@ -956,7 +956,7 @@ class SdpaForwardWgmma(Kernel):
         return cute.make_tiled_copy_tv(atom, layout, cute.make_layout((1, elems)))
 
     @cute.jit
-    def _consume(self, q_pipe, k_pipe, v_pipes, sQ, sK, sV, sO, tiles, seqs, shape, window, o_args, lse_args, cw,
+    def _consume(self, q_pipe, k_pipe, v_pipes, sQ, sK, sV, sO, tiles, seqs, shape, window, o_args, lse_args, consumer,
                  wg_tidx, scale_log2, score_scale, ticket, descales):  # fmt: skip
         """`v_pipes`: V's pipeline and the barrier its stages are read after (e4m3: once reordered)."""
         v_pipe, v_full = v_pipes
@@ -981,12 +981,12 @@ class SdpaForwardWgmma(Kernel):
         # Every turn hands over to the next consumer; the last hand-over (to consumer 0) is
         # taken after the tile loop, so every arrive meets a wait whatever the tiles were.
         consumers = t.consumers
-        my_turn = pipeline.NamedBarrier(barrier_id=Barrier.TURN + cw, num_threads=256)
-        their_turn = pipeline.NamedBarrier(barrier_id=Barrier.TURN + (cw + 1) % consumers, num_threads=256)
-        if cw == consumers - 1:
+        my_turn = pipeline.NamedBarrier(barrier_id=Barrier.TURN + consumer, num_threads=256)
+        their_turn = pipeline.NamedBarrier(barrier_id=Barrier.TURN + (consumer + 1) % consumers, num_threads=256)
+        if consumer == consumers - 1:
             their_turn.arrive()  # consumer 0 goes first
         turns = (my_turn, their_turn)
-        operands = (qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, cw)
+        operands = (qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, consumer)
 
         first, num_tiles, grid = self._schedule(tiles)
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
@@ -999,7 +999,7 @@ class SdpaForwardWgmma(Kernel):
             while tile < num_tiles:
                 m_block, head, batch = tiles.work(tile)
                 if cutlass.const_expr(self.variant.count_visits):
-                    self._count_visit(ticket.visits, tile, cw, wg_tidx)
+                    self._count_visit(ticket.visits, tile, consumer, wg_tidx)
                 n_blocks = self._consume_tile(args, m_block, head, batch, seqs.get(batch), consumed, q_loads)
                 consumed += n_blocks
                 q_loads += cutlass.min(n_blocks, 1)
@@ -1025,7 +1025,7 @@ class SdpaForwardWgmma(Kernel):
                 n_blocks = self._consume_tile(args, m_block, head, batch, seq, consumed, q_loads)
                 consumed += n_blocks
                 q_loads += cutlass.min(n_blocks, 1)
-        if cw == 0:
+        if consumer == 0:
             my_turn.arrive_and_wait()  # the last consumer's last hand-over
 
     @cute.jit
@@ -1036,12 +1036,12 @@ class SdpaForwardWgmma(Kernel):
         wg_m = t.block_m // t.consumers
         ring = Ring(t.stages)
         operands, pipes, turns, softmax, sO, o_args, lse_args, window, wg_tidx, score_scale, (descales, group) = args
-        qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, cw = operands
+        qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, consumer = operands
         q_pipe, k_pipe, v_pipe, v_full = pipes
         my_turn, their_turn = turns
         keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
         n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
-        row_tile = m_block * t.consumers + cw
+        row_tile = m_block * t.consumers + consumer
         mask = ConsumerMask.of(keys, seq, row_tile, wg_m, t.block_n)
         n_blocks = cutlass.max(n_end - n_first, 0)
         if n_blocks > 0:
@@ -1072,7 +1072,7 @@ class SdpaForwardWgmma(Kernel):
             k_pipe.sync_object_full.wait(stage, phase)
             my_turn.arrive_and_wait()
             warpgroup.fence()
-            self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, cw)
+            self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, consumer)
             warpgroup.commit_group()
             their_turn.arrive()
             warpgroup.wait_group(0)
@@ -1111,12 +1111,12 @@ class SdpaForwardWgmma(Kernel):
             self._release(v_pipe, last_stage)
             if cutlass.const_expr(self._promotes()):
                 if count - 1 >= PROMOTE_BLOCKS:
-                    acc_O.store(acc_O.load() + self._load_total(acc_O, cw).load())
+                    acc_O.store(acc_O.load() + self._load_total(acc_O, consumer).load())
                 # sO's bytes hold other threads' totals until every thread has taken its own
-                pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE + cw, num_threads=128).arrive_and_wait()
+                pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE + consumer, num_threads=128).arrive_and_wait()
 
-            self._epilogue(pv_mma, acc_O, tile_softmax, sO[None, None, cw], o_args, lse_args, seq, head, row_tile,
-                           cw, wg_tidx, out_scale)  # fmt: skip
+            self._epilogue(pv_mma, acc_O, tile_softmax, sO[None, None, consumer], o_args, lse_args, seq, head, row_tile,
+                           consumer, wg_tidx, out_scale)  # fmt: skip
             if cutlass.const_expr(not t.o_buffer):
                 # O has left the Q buffer. Its st/ld.shared are the generic proxy and the next
                 # tile's Q arrives by TMA (the async proxy): PTX orders the two only through a
@@ -1129,11 +1129,11 @@ class SdpaForwardWgmma(Kernel):
         return n_blocks
 
     @cute.jit
-    def _count_visit(self, visits, tile, cw, wg_tidx):
-        """Debug builds (`count_visits`): one more visit of `tile` by consumer `cw`, in the
+    def _count_visit(self, visits, tile, consumer, wg_tidx):
+        """Debug builds (`count_visits`): one more visit of `tile` by consumer `consumer`, in the
         workspace's int32 table (tile, consumer), for the stress test of the dynamic walk."""
         if wg_tidx == 0:
-            cute.arch.atomic_add(visits + (tile * self.tiles.consumers + cw), cutlass.Int32(1), scope="gpu")
+            cute.arch.atomic_add(visits + (tile * self.tiles.consumers + consumer), cutlass.Int32(1), scope="gpu")
 
     def _may_skip_unseen(self) -> bool:
         """Whether a consumer's rows can miss the top key block of a tile: rows of a tile that
@@ -1175,13 +1175,13 @@ class SdpaForwardWgmma(Kernel):
             pipe.sync_object_empty.arrive(stage, None)
 
     @cute.jit
-    def _gemm_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage, cw):
+    def _gemm_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage, consumer):
         # Q's descriptors: indexing the consumer's buffer at each issue lets ptxas keep them in
         # uniform registers at d <= 128; at d=256 it moves them from general registers instead
         # (bench/NOTES.md v18), so there the consumer's slice is taken once
-        q_mine = tSrQ[None, None, None, cw]
+        q_mine = tSrQ[None, None, None, consumer]
         for kk in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
-            q_k = tSrQ[None, None, kk, cw] if cutlass.const_expr(self.head_dim <= 128) else q_mine[None, None, kk]
+            q_k = tSrQ[None, None, kk, consumer] if cutlass.const_expr(self.head_dim <= 128) else q_mine[None, None, kk]
             cute.gemm(qk_mma, acc_S, q_k, tSrK[None, None, kk, stage], acc_S)
 
     def _pv_keeps(self, block):
@@ -1206,7 +1206,7 @@ class SdpaForwardWgmma(Kernel):
         consumer's rows see in part (a separate loop, so each loop's body is straight-line).
         K_j (and Q after the tile's last S) are released as soon as S_j is complete: nothing
         reads them again (a warp that needs the exact step takes it from S_j, `_fast_softmax`)."""
-        qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, cw = operands
+        qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, consumer = operands
         q_pipe, k_pipe, v_pipe, v_full = pipes
         my_turn, their_turn = turns
         stage, phase = tile.ring.at(tile.consumed + step)
@@ -1216,7 +1216,7 @@ class SdpaForwardWgmma(Kernel):
         k_pipe.sync_object_full.wait(stage, phase)
         my_turn.arrive_and_wait()
         warpgroup.fence()
-        self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, cw)
+        self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, consumer)
         warpgroup.commit_group()
         v_full.wait(prev_stage, prev_phase)
         self._gemm_pv(pv_mma, acc_O, rP, tOrV, prev_stage, self._pv_keeps(step - 1))
@@ -1227,7 +1227,7 @@ class SdpaForwardWgmma(Kernel):
         self._release_reads(pipes, stage, step, tile)
         scores_of = (qk_thr, tile, n_block, masked)
         if cutlass.const_expr(self._fast_softmax() and self.fp8):
-            self._fast_tail_one_branch(acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage, step, cw)
+            self._fast_tail_one_branch(acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage, step, consumer)
         else:
             if cutlass.const_expr(self._fast_softmax()):
                 self._fast_tail_two_branches(acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage)
@@ -1265,7 +1265,7 @@ class SdpaForwardWgmma(Kernel):
         self._copy_p(p_next, rP)
 
     @cute.jit
-    def _fast_tail_one_branch(self, acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage, step, cw):
+    def _fast_tail_one_branch(self, acc_S, rP, acc_O, softmax, scores_of, v_pipe, prev_stage, step, consumer):
         """`_step`'s fast softmax and tail for e4m3 P: as `_fast_tail_two_branches`, but the
         warp with a thread that needs the exact step takes it once P V is done, in the one
         branch that also rescales O (the fast path runs straight on to P's copy). Measured
@@ -1280,63 +1280,63 @@ class SdpaForwardWgmma(Kernel):
                 softmax.rescale(wgmma_rows_by_cols(acc_O))
                 if cutlass.const_expr(self._promotes()):
                     if step > PROMOTE_BLOCKS:
-                        self._rescale_total(softmax, acc_O, cw)
+                        self._rescale_total(softmax, acc_O, consumer)
             self._store_p(acc_S, rP)
         else:
             softmax.accept_fast()
             self._copy_p(p_next, rP)
         if cutlass.const_expr(self._promotes()):
             if step % PROMOTE_BLOCKS == 0:
-                self._promote(acc_O, cw, step == PROMOTE_BLOCKS)
+                self._promote(acc_O, consumer, step == PROMOTE_BLOCKS)
 
-    def _total_parts(self, cw):
+    def _total_parts(self, consumer):
         """This thread's float32 O totals (`_promotes`): two (4, pieces) shared-memory views, for the
         first half of its accumulator's registers and the second."""
         t = self.tiles
         wg_tidx = cute.arch.thread_idx()[0] % 128
         half = (t.block_m // t.consumers) * self.head_dim // 128 // 2  # floats
         layout = cute.make_layout((4, half // 4), stride=(1, 4 * 128))
-        offset = cute.assume(cw * (128 * half) + wg_tidx * 4, divby=4)
+        offset = cute.assume(consumer * (128 * half) + wg_tidx * 4, divby=4)
         return tuple(cute.make_tensor(base + offset, layout) for base in self._totals)
 
-    def _total_pieces(self, fragment, cw):
+    def _total_pieces(self, fragment, consumer):
         """(shared-memory part, the fragment's registers it holds) for each half of the total."""
         flat = cute.make_tensor(fragment.iterator, cute.make_layout((4, cute.size(fragment) // 4), stride=(1, 4)))
         half = cute.size(fragment) // 8
-        parts = self._total_parts(cw)
+        parts = self._total_parts(consumer)
         return [(parts[i], cute.local_tile(flat, (4, half), (0, i))) for i in range(2)]
 
     @cute.jit
-    def _load_total(self, acc_O, cw):
+    def _load_total(self, acc_O, consumer):
         """O's float32 total so far, in a fragment like the accumulator."""
         total = cute.make_fragment_like(acc_O)
-        for part, registers in self._total_pieces(total, cw):
+        for part, registers in self._total_pieces(total, consumer):
             cute.autovec_copy(part, registers)
         return total
 
     @cute.jit
-    def _store_total(self, total, cw):
+    def _store_total(self, total, consumer):
         """A fragment like the accumulator into this thread's float32 total."""
-        for part, registers in self._total_pieces(total, cw):
+        for part, registers in self._total_pieces(total, consumer):
             cute.autovec_copy(registers, part)
 
     @cute.jit
-    def _promote(self, acc_O, cw, first):
+    def _promote(self, acc_O, consumer, first):
         """O's accumulator into its float32 total (the total becomes it on the tile's first
         promotion); the next P V starts the accumulator from zero."""
         if first:
-            self._store_total(acc_O, cw)
+            self._store_total(acc_O, consumer)
         else:
-            total = self._load_total(acc_O, cw)
+            total = self._load_total(acc_O, consumer)
             total.store(total.load() + acc_O.load())
-            self._store_total(total, cw)
+            self._store_total(total, consumer)
 
     @cute.jit
-    def _rescale_total(self, softmax, acc_O, cw):
+    def _rescale_total(self, softmax, acc_O, consumer):
         """The float32 total times the rows' corrections, as O's accumulator was."""
-        total = self._load_total(acc_O, cw)
+        total = self._load_total(acc_O, consumer)
         softmax.rescale(wgmma_rows_by_cols(total))
-        self._store_total(total, cw)
+        self._store_total(total, consumer)
 
     @cute.jit
     def _pv_done(self, v_pipe, prev_stage):
@@ -1452,7 +1452,9 @@ class SdpaForwardWgmma(Kernel):
         return cute.make_tensor(base, cute.make_layout((seq.q_len, self.head_dim), stride=(o_ss, 1)))
 
     @cute.jit
-    def _epilogue(self, pv_mma, acc_O, softmax, sO, o_args, lse_args, seq, head, row_tile, cw, wg_tidx, out_scale):
+    def _epilogue(
+        self, pv_mma, acc_O, softmax, sO, o_args, lse_args, seq, head, row_tile, consumer, wg_tidx, out_scale
+    ):
         """Normalize O (times `out_scale`, V's descale, unless None), stage it through shared
         memory (its own buffer, or this warpgroup's Q buffer, whose last S = Q Kᵀ is done) and
         store whole 16-byte row pieces; write the LSE."""
@@ -1465,7 +1467,7 @@ class SdpaForwardWgmma(Kernel):
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype), pv_mma)
         r2s_thr = r2s.get_slice(wg_tidx)
         cute.copy(r2s, r2s_thr.retile(rO), r2s_thr.partition_D(sO))
-        pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE + cw, num_threads=128).arrive_and_wait()
+        pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE + consumer, num_threads=128).arrive_and_wait()
 
         s2g = self._row_copy().get_slice(wg_tidx)
         mO = self._out_rows(o_args, seq, head)
