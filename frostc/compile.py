@@ -2,9 +2,10 @@
 and encode each launch's TMA tensor maps.
 
 Nothing real is needed: pointers and scalars are stand-ins whose types (and alignment) are all
-the DSL uses; each variant provides its own (`compile_args`). The parameter ABI the runtime
-will pack is checked against the PTX entry's own signature, so a kernel edit that changes its
-parameters fails here, not on the GPU.
+the DSL uses, derived from the kernel's argument record (frostc.kernels.interface). The
+parameter ABI the runtime will pack is checked against the PTX entry's own signature, so a kernel
+edit that changes its parameters fails here, not on the GPU. Each entry is named after its
+variant, so its cubin does not depend on the Python that traced it.
 
 Tensor maps: the DSL's host code encodes a TMA descriptor itself (no driver call), so it runs
 here, on the CPU, for each launch's extents and strides. Only the global address differs from
