@@ -383,7 +383,7 @@ def test_three_consumers_where_rows_are_long_and_the_tiles_fill_the_sms(shape, c
     assert variant.three_consumers is three
     assert variant.tile_shape.block_m == (192 if three else 128)
     if causal and three:
-        assert variant.per_tile  # 8192 keys are 85 blocks of 96
+        assert variant.walk == "per_tile"  # 8192 keys are 85 blocks of 96
 
 
 @pytest.mark.parametrize(("changes", "dtype"), [({}, "bf16"), ({"window_left": 4096}, "e4m3")])

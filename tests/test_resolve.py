@@ -167,7 +167,7 @@ def test_variant_holds_only_declaration_facts() -> None:
 def test_causal_tile_walk_follows_the_measured_rules(d: int, sq: int, skv: int, walk: str) -> None:
     plan = resolved(graph_builder(d=d, sq=sq, skv=skv, causal=True))
     (variant,) = plan.variants
-    assert (variant.paired, variant.per_tile, variant.dynamic) == tuple(walk == w for w in WALKS)
+    assert variant.walk == walk
     assert variant.name.endswith(".lse") and f".{walk}" in variant.name
     # only the dynamic walk has a counter: one zeroed word of workspace, bound to tile_counter
     counters = [(r.name, r.bytes, r.zeroed) for r in plan.workspace]
@@ -176,18 +176,15 @@ def test_causal_tile_walk_follows_the_measured_rules(d: int, sq: int, skv: int, 
     assert counter_arg.workspace == (0 if walk == "dynamic" else -1)
 
 
-WALKS = ("paired", "per_tile", "dynamic")
-
-
 def test_non_causal_and_masked_dense_plans_have_no_counter() -> None:
     for causal in (None, False):
         plan = resolved(graph_builder(sq=4096, skv=4096, causal=causal))
-        assert plan.workspace == () and not plan.variants[0].dynamic
+        assert plan.workspace == () and plan.variants[0].walk == "static"
 
 
 def test_non_causal_plans_walk_neither_in_pairs_nor_per_tile() -> None:
     (variant,) = resolved(graph_builder(d=128, sq=200, skv=256, causal=None)).variants
-    assert not variant.paired and not variant.per_tile
+    assert variant.walk == "static"
 
 
 def test_args_follow_the_kernel_abi_in_order() -> None:
@@ -382,7 +379,7 @@ def test_a_debug_build_counts_the_dynamic_walks_visits_in_the_workspace() -> Non
     unused; the counter is still there."""
     plan = resolved(_with_visit_counts(2000))
     (variant,) = plan.variants
-    assert variant.dynamic and variant.count_visits and variant.name.endswith(".dynamic.visits.lse")
+    assert variant.walk == "dynamic" and variant.count_visits and variant.name.endswith(".dynamic.visits.lse")
     tiles = 16 * 8 * 2  # 16 query blocks x 8 heads x batch 2
     regions = {r.name: (r.offset, r.bytes, r.zeroed) for r in plan.workspace}
     assert regions["attn.tile_counter"][1:] == (4, True)

@@ -249,28 +249,9 @@ def _dtype(meta: dict, variant) -> str:
     return meta.get("dtype") or getattr(variant, meta.get("of", "dtype"))
 
 
-def stand_ins(variant, args_type: type | None = None):
-    """The record a compile traces `variant`'s kernel with (`args_type`: a group of it)."""
-    cls = args_type or variant.ARGS
-    hints = _hints(cls)
-    values = {}
-    for f in dataclasses.fields(cls):
-        meta = dict(f.metadata)
-        group = _group_type(hints[f.name])
-        if not _present(meta, variant):
-            values[f.name] = None
-        elif "host_only" in meta:
-            values[f.name] = stand_ins(meta["host_only"](variant))
-        elif group is TmaTensor:
-            base = _dsl_pointer(_dtype(meta, variant), _ADDRESS, 16)
-            values[f.name] = TmaSource(base, tuple(STAND_IN_SCALARS["i64"] for _ in range(meta["strides"])))
-        elif group is not None:
-            values[f.name] = stand_ins(variant, group)
-        elif (kind := _leaf_kind(hints[f.name])) == "ptr":
-            values[f.name] = _dsl_pointer(_dtype(meta, variant), _ADDRESS, meta.get("align", 16))
-        else:
-            values[f.name] = STAND_IN_SCALARS[kind]
-    return cls(**values)
+def stand_ins(variant):
+    """The record a compile traces `variant`'s kernel with."""
+    return _host_record(variant, variant.ARGS, None, {})
 
 
 def compile_args(variant) -> tuple:
@@ -290,31 +271,40 @@ def leaves(variant, record) -> Iterator[tuple[Param, Any]]:
         yield param, value
 
 
-def host_values(variant, record, addresses: dict[str, int], args_type: type | None = None):
+def host_values(variant, record, addresses: dict[str, int]):
     """`record` (an op's filled record) as the kernel's host code takes it: scalars as DSL
     values, the base of the TMA tensor named t a pointer at `addresses[t]` (any other a
     stand-in), every other pointer a stand-in (the host code only makes tensor maps)."""
-    cls = args_type or variant.ARGS
+    return _host_record(variant, variant.ARGS, record, addresses)
+
+
+def _host_record(variant, cls: type, record, addresses: dict[str, int]):
+    """An instance of `cls` (the record or one of its groups) of DSL values: `record`'s, or
+    stand-ins where it is None (the compile's)."""
     hints = _hints(cls)
     values = {}
     for f in dataclasses.fields(cls):
         meta = dict(f.metadata)
         group = _group_type(hints[f.name])
-        value = getattr(record, f.name)
+        value = None if record is None else getattr(record, f.name)
         if not _present(meta, variant):
             values[f.name] = None
         elif "host_only" in meta:
-            values[f.name] = host_values(meta["host_only"](variant), value, addresses)
+            inner = meta["host_only"](variant)
+            values[f.name] = _host_record(inner, inner.ARGS, value, addresses)
         elif group is TmaTensor:
             address = addresses.get(meta.get("tensor", f.name), _ADDRESS)
-            base = _dsl_pointer(_dtype(meta, variant), address, 16)
-            values[f.name] = TmaSource(base, tuple(cutlass.Int64(x) for x in value.strides))
+            if value is None:
+                strides = (STAND_IN_SCALARS["i64"],) * meta["strides"]
+            else:
+                strides = tuple(cutlass.Int64(x) for x in value.strides)
+            values[f.name] = TmaSource(_dsl_pointer(_dtype(meta, variant), address, 16), strides)
         elif group is not None:
-            values[f.name] = host_values(variant, value, addresses, group)
+            values[f.name] = _host_record(variant, group, value, addresses)
         elif (kind := _leaf_kind(hints[f.name])) == "ptr":
             values[f.name] = _dsl_pointer(_dtype(meta, variant), _ADDRESS, meta.get("align", 16))
         else:
-            values[f.name] = _DSL_SCALARS[kind](value)
+            values[f.name] = STAND_IN_SCALARS[kind] if record is None else _DSL_SCALARS[kind](value)
     return cls(**values)
 
 

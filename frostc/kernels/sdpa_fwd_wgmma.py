@@ -62,7 +62,7 @@ it lies, or P's e4m3 words are swapped within each quad (`_store_p`); `reorders_
 measurement. descale_q · descale_k joins the scores' scale and descale_v the normalization.
 With variable lengths V is loaded through its sequence's own tensor map (`v_maps`, written by
 the scheduling kernel: sequence_maps.py), whose key extent ends the sequence; the packed form's
-V is first re-laid into the workspace by vt_pack.py (`v_repacked`), each sequence from a
+V is first re-laid into the workspace by vt_pack.py (`v_layout` "packed"), each sequence from a
 16-key boundary, and its maps point there.
 """
 
@@ -367,22 +367,6 @@ class SdpaFwdVariant(Variant):
     three_consumers: bool = False
 
     @property
-    def per_tile(self) -> bool:
-        return self.walk == "per_tile"
-
-    @property
-    def paired(self) -> bool:
-        return self.walk == "paired"
-
-    @property
-    def dynamic(self) -> bool:
-        return self.walk == "dynamic"
-
-    @property
-    def v_repacked(self) -> bool:
-        return self.v_layout == "packed"
-
-    @property
     def v_in_p_order(self) -> bool:
         return self.v_layout in ("p_order", "packed")
 
@@ -390,10 +374,9 @@ class SdpaFwdVariant(Variant):
     def name(self) -> str:
         name = f"sdpa_fwd_wgmma.{self.dtype}" + (f".o_{self.out_dtype}" if self.out_dtype else "")
         name += f".d{self.head_dim}.{self.mask.label}"
-        name += (".varlen" if self.varlen else "") + (".per_tile" if self.per_tile else "")
-        name += (".paired" if self.paired else "") + (".dynamic" if self.dynamic else "")
+        name += (".varlen" if self.varlen else "") + (f".{self.walk}" if self.walk != "static" else "")
         name += ".visits" if self.count_visits else ""
-        name += ".vpack" if self.v_repacked else ""
+        name += ".vpack" if self.v_layout == "packed" else ""
         name += ".v_p_order" if self.v_in_p_order else ""
         name += ".o_f32" if self.o_float32 else ""
         name += ".m192" if self.three_consumers else ""
@@ -413,9 +396,9 @@ class SdpaFwdVariant(Variant):
         tiles = tiles_for_head_dim(self.head_dim, self.mask.left, self.fp8, self.three_consumers)
         if self.fp8 and not self.v_in_p_order:
             tiles = replace(tiles, v_reorder=reorders_v(self.head_dim, self.mask.right))
-        if self.per_tile:
+        if self.walk == "per_tile":
             return replace(tiles, ctas_per_sm=0, l2_sections=True)
-        return replace(tiles, l2_sections=True) if self.dynamic else tiles
+        return replace(tiles, l2_sections=True) if self.walk == "dynamic" else tiles
 
     @property
     def tiles(self) -> dict[str, int]:
@@ -433,13 +416,13 @@ class SdpaFwdVariant(Variant):
     def grid_rule(self) -> str:
         t = self.tile_shape
         tiles = f"ceil(seq_q / {t.block_m}) * heads_q * batch"
-        if self.per_tile:
+        if self.walk == "per_tile":
             return f"({tiles}, 1, 1): one CTA per tile, longest first"
         if self.varlen:
             tiles = "(units listed by the scheduling kernel, at most the capacity's) * heads_q"
-        if self.paired:
+        if self.walk == "paired":
             walk = "persistent over pairs of tiles"
-        elif self.dynamic:
+        elif self.walk == "dynamic":
             walk = "persistent, tiles taken from a counter"
         else:
             walk = "persistent over the tiles"
@@ -588,7 +571,7 @@ class SdpaForwardWgmma(Kernel):
         o_elems = cute.cosize(self._smem_layout_o()) if t.o_buffer else 8  # unused placeholder when O goes through Q
         out_dtype = self.out_dtype
         stages = t.stages
-        dynamic = self.variant.dynamic
+        dynamic = self.variant.walk == "dynamic"
         v_reorder = self.tiles.v_reorder
         promotes = self._promotes()
         total_half = t.block_m * self.head_dim // 2  # float32: half of each thread's O; the other half is sO's
@@ -738,12 +721,14 @@ class SdpaForwardWgmma(Kernel):
                 fit = cutlass.Int32(cutlass.max(cutlass.Int64(L2_SECTION_BYTES) // cutlass.max(pair_bytes, 1), 1))
                 section = cutlass.min(fit, heads_q * batch)
             grid, _, _ = cute.arch.grid_dim()
-            tiles = DenseTiles(shape, self.mask_flags.right, self.tiles.l2_sections, section, self.variant.paired, grid)
+            tiles = DenseTiles(
+                shape, self.mask_flags.right, self.tiles.l2_sections, section, self.variant.walk == "paired", grid
+            )
         o_sb, o_sh, o_ss = (cute.assume(x, divby=8) for x in (o_sb, o_sh, o_ss))  # 16-byte rows (build checks)
         seqs = Sequences(self.varlen, sequences, shape, (q_rows, k_rows, v_rows), (o_sb, o_ss), (lse_sb, lse_ss))
         window = (window_left, window_right)
         ticket = None
-        if cutlass.const_expr(self.variant.dynamic):
+        if cutlass.const_expr(self.variant.walk == "dynamic"):
             # a dense plan has no tile list: debug builds bind its pointer to the visit table
             word = storage.ticket.get_tensor(cute.make_layout(1))
             ticket = TicketWalk(tile_counter, word, self.tiles.consumers, units)
@@ -752,7 +737,7 @@ class SdpaForwardWgmma(Kernel):
             cute.arch.setmaxregister_decrease(producer_regs)
             # one thread issues every TMA load; the dynamic walk's producer is a whole warp, which
             # meets the consumers at the ticket's barriers (its TMA copies and arrivals elect a lane)
-            producers = 32 if cutlass.const_expr(self.variant.dynamic) else 1
+            producers = 32 if cutlass.const_expr(self.variant.walk == "dynamic") else 1
             if wg_tidx < producers:
                 loaded = self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
                                        (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket, v_maps)  # fmt: skip
@@ -783,7 +768,7 @@ class SdpaForwardWgmma(Kernel):
         rounds' differences cancel; a last, partial round keeps its order (a bijection)."""
         if cutlass.const_expr(not (self.varlen or self.mask_flags.right)):
             return tile  # equal tiles: keep a head's query blocks together (K and V in L2)
-        if cutlass.const_expr(self.variant.paired):
+        if cutlass.const_expr(self.variant.walk == "paired"):
             return tile  # pairs of equal cost (`paired_tile` orders them)
         round_ = tile // grid
         mirrored = round_ * grid + grid - 1 - (tile - round_ * grid)
@@ -821,7 +806,7 @@ class SdpaForwardWgmma(Kernel):
         first, num_tiles, grid = self._schedule(tiles)
         loaded = cutlass.Int32(0)  # K/V blocks issued so far: the ring position
         q_loads = cutlass.Int32(0)  # Q buffer uses so far: its phase
-        if cutlass.const_expr(self.variant.dynamic):
+        if cutlass.const_expr(self.variant.walk == "dynamic"):
             # the first tile is the CTA's own; each later one is taken from the counter while
             # the current one loads, so the atomic's round trip is hidden
             tile = first
@@ -910,7 +895,7 @@ class SdpaForwardWgmma(Kernel):
             if cutlass.const_expr(self.fp8 and self.varlen):
                 # Vᵀ through the sequence's own map, whose key extent ends at the sequence's end
                 v_start = seq.v_start
-                if cutlass.const_expr(self.variant.v_repacked):
+                if cutlass.const_expr(self.variant.v_layout == "packed"):
                     v_start = aligned_start(seq.v_start, batch)  # packed: v_start is the first token
                 mV_seq = cute.domain_offset((0, v_start), mV[None, None, head_kv])
                 v_desc = sequence_map(v_maps, batch)
@@ -993,7 +978,7 @@ class SdpaForwardWgmma(Kernel):
         q_loads = cutlass.Int32(0)  # Q buffer uses so far: its phase
         args = (operands, (q_pipe, k_pipe, v_pipe, v_full), turns, softmax, sO, o_args, lse_args, window, wg_tidx,
                 score_scale, (descales, shape.group))  # fmt: skip
-        if cutlass.const_expr(self.variant.dynamic):
+        if cutlass.const_expr(self.variant.walk == "dynamic"):
             # the producer publishes each tile (`TicketWalk`); past the end: stop
             tile = ticket.read()
             while tile < num_tiles:

@@ -54,7 +54,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     relaid = config.v_source == "relaid"  # e4m3 V given with d innermost: Vᵀ re-laid into the workspace
     if node.form == "dense":
         regions: dict[str, int] = {}
-        if variant.dynamic:  # the tiles' counter: zero at every launch's start, left zero
+        if config.walk == "dynamic":  # the tiles' counter: zero at every launch's start, left zero
             regions["tile_counter"] = ctx.workspace(f"{node.name}.tile_counter", 4, zeroed=True)
         if variant.count_visits:  # int32 per (tile, consumer), through the tile list's pointer
             visits = tile_capacity(node, variant.tile_shape.block_m) * variant.tile_shape.consumers
@@ -76,14 +76,14 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     }
     if node.fp8:  # each sequence's Vᵀ tensor map, written by the scheduling kernel
         workspace["v_maps"] = ctx.workspace(f"{node.name}.v_maps", MAP_BYTES * node.batch)
-    if variant.v_repacked:  # packed V, transposed from 16-key boundaries (vt_pack)
+    if config.v_source == "repacked":  # packed V, transposed from 16-key boundaries (vt_pack)
         rows = node.heads_kv * node.head_dim
         workspace["v_packed"] = ctx.workspace(f"{node.name}.v_packed", rows * packed_pitch(node.tokens_kv, node.batch))
     if relaid:  # padded V's rows, transposed: both launches' V maps address the workspace
         workspace["v_relaid"] = _relaid_region(node, ctx)
     attention = _attention_launch(node, variant, ctx, workspace)
     schedule = _schedule_launch(node, variant, units, workspace, attention, ctx)
-    if variant.v_repacked:
+    if config.v_source == "repacked":
         return (schedule, _pack_launch(node, variant, workspace, ctx), attention)
     if relaid:
         return (schedule, _relay_launch(node, variant, workspace["v_relaid"], ctx), attention)
@@ -294,7 +294,7 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
     v_base = Workspace(workspace["v_relaid"]) if relaid else slots["v"]
     if relaid:  # (b, h, d) strides of Vᵀ (b, h, d, pitch)
         tma["v"] = (*tma["v"][:2], tma_stride(node.head_dim, relaid_pitch(node.seq_kv), "e4m3"))
-    elif variant.v_repacked:  # the re-laid Vᵀ (h, d, pitch) in the workspace: (b, h, d) strides
+    elif variant.v_layout == "packed":  # the re-laid Vᵀ (h, d, pitch) in the workspace: (b, h, d) strides
         pitch = packed_pitch(node.tokens_kv, node.batch)
         tma["v"] = (0, node.head_dim * pitch, pitch)
     elif variant.fp8:  # V's keys are innermost: its tensor map steps over (b, h, d)
