@@ -41,7 +41,7 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 LEGACY_LAYER_TYPES = {"attention": FULL}  # transformers' remap_legacy_layer_types
 
 # HF dtype names -> frostc's; fp32 is read (so the refusal can say what the config holds) but not served
-DTYPES = {d.hf: name for name, d in dtypes.DTYPES.items() if d.hf}  # config names -> ours
+HF_DTYPES = {d.hf: name for name, d in dtypes.DTYPES.items() if d.hf}  # config names -> ours
 SERVED_DTYPES = dtypes.ATTENTION
 
 # transformers 5.23's config-class defaults for the keys a config may leave out, by model type
@@ -192,10 +192,10 @@ def _dtype(f: _Fields) -> str | None:
     value = f.config.get(key)
     if value is None:
         return None
-    if value not in DTYPES:
-        f.problem(key, f"expected one of {quoted(DTYPES)}, got {describe(value)}")
+    if value not in HF_DTYPES:
+        f.problem(key, f"expected one of {quoted(HF_DTYPES)}, got {describe(value)}")
         return None
-    return DTYPES[value]
+    return HF_DTYPES[value]
 
 
 def _windows(types: list[str], window: int | None) -> tuple[int | None, ...]:

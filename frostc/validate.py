@@ -43,7 +43,6 @@ from frostc.graph import Graph, Node, Tensor
 from frostc.target import DEFAULT_TARGET, TARGETS
 
 SUPPORTED_TARGETS = tuple(TARGETS)
-DTYPES = dtypes.NAMES
 IO_KINDS = ("input", "output")
 
 _GRAPH_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -128,7 +127,7 @@ def _check_tensor(t: TensorDecl, problems: list[Problem]) -> CheckedTensor:
     elif len(t.name) > schema.MAX_NAME_CHARS:
         message = f"tensor name of {len(t.name)} characters; at most {schema.MAX_NAME_CHARS}: shorten it"
         problems.append(Problem(path, message))
-    dtype = check_choice(f"{path}.dtype", t.dtype, DTYPES, "dtype", problems, required=True)
+    dtype = check_choice(f"{path}.dtype", t.dtype, dtypes.NAMES, "dtype", problems, required=True)
     dims = _check_dims(f"{path}.dims", t.dims, problems)
     c = CheckedTensor(t, path, dtype, dims, None, None, None)
     c.io = check_choice(f"{path}.io", t.io, IO_KINDS, "io", problems, required=False)
@@ -277,7 +276,7 @@ def _check_span(c: CheckedTensor, problems: list[Problem]) -> None:
     """The furthest byte a kernel may address must fit int64 (pointer arithmetic, the plan format)."""
     if c.dims is None or c.strides is None or c.dtype is None or len(c.strides) != len(c.dims):
         return
-    span = (sum((d - 1) * st for d, st in zip(c.dims, c.strides)) + 1) * schema.DTYPES[c.dtype]
+    span = (sum((d - 1) * st for d, st in zip(c.dims, c.strides)) + 1) * dtypes.DTYPES[c.dtype].bytes
     if span > schema.I64_MAX:
         message = (
             f"dims {list(c.dims)} with strides {list(c.strides)} span {span} bytes, more than 2**63; "
