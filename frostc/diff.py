@@ -1,7 +1,7 @@
 """`frostc diff A B`: a semantic diff of two plans, field by field, from their canonical summaries
-(`frostc.inspect.plan_summary`): header and versions, slots and their order, kernels (variant,
-entry, each cubin's hash, geometry, parameter ABI), launches (grid, every argument) and the
-workspace.
+(`frostc.inspect.plan_summary`): header and versions, slots and their order, nodes (what each
+computes: op, form, mask, sizes, its roles' slots), kernels (variant, entry, each cubin's hash,
+geometry, parameter ABI), launches (grid, every argument) and the workspace.
 
 Either side may be a plan file or the canonical JSON that `frostc inspect --json` writes (told
 apart by content: a plan is a msgpack map, never `{`), so a fresh build can be compared with a

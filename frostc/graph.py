@@ -4,8 +4,11 @@ resolved; each node is its op's own frozen dataclass (`frostc.ops`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
+
+from frost_runtime.schema import NodeRecord
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,15 @@ class Node(Protocol):
     @property
     def outputs(self) -> tuple[tuple[str, str], ...]:
         """(role, tensor name) of what the node writes."""
+
+    def record(self, slots: Mapping[str, int]) -> NodeRecord:
+        """What the plan records of the node: what it computes (its op's own sizes, form, mask),
+        its roles' slots found in `slots` (each tensor's slot index, `role_slots`)."""
+
+
+def role_slots(node: Node, slots: Mapping[str, int]) -> dict[str, int]:
+    """Each role of the node (what it reads, then what it writes) -> its tensor's slot index."""
+    return {role: slots[name] for role, name in node.inputs + node.outputs}
 
 
 @dataclass(frozen=True)

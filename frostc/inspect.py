@@ -18,12 +18,34 @@ def _arg_text(a, plan) -> str | int | float | list[int]:
         digest = hashlib.sha256(a.tmap).hexdigest()[:16]
         if a.slot < 0:
             return f"tensor map of workspace + {a.workspace} ({_region(plan, a.workspace)}), sha256 {digest}"
-        return f"tensor map of slot {a.slot} ({plan.slots[a.slot].name}), sha256 {digest}"
+        return f"tensor map of {_slot_text(plan, a.slot)}, sha256 {digest}"
     if a.slot >= 0:
-        return f"slot {a.slot} ({plan.slots[a.slot].name})"
+        return _slot_text(plan, a.slot)
     if a.workspace >= 0:
         return f"workspace + {a.workspace} ({_region(plan, a.workspace)})"
     return list(a.value) if isinstance(a.value, tuple) else a.value
+
+
+def _slot_text(plan, index: int) -> str:
+    return f"slot {index} ({plan.slots[index].name})"
+
+
+def _node(plan, n: schema.NodeRecord) -> dict:
+    """A node's record: what it computes, and its roles' slots by name."""
+    m = n.mask
+    mask = None if m is None else {
+        "causal": m.causal, "alignment": m.alignment, "window_left": m.window_left, "window_right": m.window_right,
+        "softcap": m.softcap,
+    }  # fmt: skip
+    return {
+        "name": n.name,
+        "op": n.op,
+        "form": n.form,
+        "mask": mask,
+        "sizes": dict(n.sizes),
+        "constants": dict(n.constants),
+        "slots": {role: _slot_text(plan, i) for role, i in n.slots.items()},
+    }
 
 
 def _region(plan, offset: int) -> str:
@@ -51,6 +73,7 @@ def plan_summary(plan: schema.PlanData) -> dict:
             }
             for i, s in enumerate(plan.slots)
         ],
+        "nodes": [_node(plan, n) for n in plan.nodes],
         "kernels": [
             {
                 "name": k.name,
@@ -104,6 +127,12 @@ def print_plan(plan: schema.PlanData, console: Console) -> None:
             ["slot", "name", "uid", "dtype", "dims", "strides", "io", "align"],
         )
     )
+    rows = [
+        dict(n, form=n["form"] or "—", mask=_mask_text(n["mask"]), sizes=_kv(n["sizes"] | n["constants"]),
+             slots="\n".join(f"{role}: {text}" for role, text in n["slots"].items()))
+        for n in s["nodes"]
+    ]  # fmt: skip
+    console.print(_table("Nodes (what the plan computes)", rows, ["name", "op", "form", "mask", "sizes", "slots"]))
     for i, k in enumerate(s["kernels"]):
         rows = [
             {"field": "entry", "value": k["entry"][:60] + ("…" if len(k["entry"]) > 60 else "")},
@@ -131,6 +160,23 @@ def print_plan(plan: schema.PlanData, console: Console) -> None:
         console.print(_table(title, rows, ["name", "offset", "bytes", "zeroed"]))
     else:
         console.print(f"Workspace: {s['workspace_bytes']} bytes")
+
+
+def _mask_text(m: dict | None) -> str:
+    """The mask as a description writes it: causal, the windows and the diagonal they bound keys
+    around, the softcap; "full" for none of them."""
+    if m is None:
+        return "—"
+    words = ["causal"] if m["causal"] else []
+    if m["window_left"] is not None:
+        words.append(f"window_left={m['window_left']}")
+    if m["window_right"] is not None and not m["causal"]:
+        words.append(f"window_right={m['window_right']}")
+    if words:
+        words.append(m["alignment"])
+    if m["softcap"] is not None:
+        words.append(f"softcap={m['softcap']!r}")
+    return " ".join(words) or "full"
 
 
 def _contract_text(c: dict) -> str:

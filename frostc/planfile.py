@@ -51,6 +51,7 @@ def assemble(
         workspace_bytes=plan.workspace_bytes,
         workspace=tuple(schema.WorkspaceRegion(r.name, r.offset, r.bytes, r.zeroed) for r in plan.workspace),
         lengths=tuple(schema.LengthContract(c.slot, c.kind, c.longest, c.total) for c in plan.lengths),
+        nodes=plan.nodes,
     )
 
 

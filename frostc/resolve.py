@@ -1,5 +1,6 @@
 """Stage 3: a validated Graph becomes a resolved plan: uids, ordered slots, the workspace's
-regions, kernel variants and every launch's grid and arguments.
+regions, kernel variants, every launch's grid and arguments, and each node's record of what it
+computes (its op's `record`).
 
 The generic part is here (slots, uids); each node is resolved by its op (`frostc.ops`) through
 a `frostc.contexts.ResolveContext` (which also carves the workspace), and the op declines, with
@@ -28,7 +29,9 @@ def resolve(graph: Graph) -> ResolvedPlan:
     ctx = ResolveContext(graph, {s.name: s for s in slots})
     launches = tuple(launch for node in graph.nodes for launch in ops.OPS[node.op].resolve(node, ctx))
     launches = mark_early_starts(launches)
-    plan = ResolvedPlan(graph.name, graph.target, slots, launches, tuple(ctx.regions), tuple(ctx.lengths))
+    index = {s.name: s.index for s in slots}
+    nodes = tuple(node.record(index) for node in graph.nodes)
+    plan = ResolvedPlan(graph.name, graph.target, slots, launches, tuple(ctx.regions), tuple(ctx.lengths), nodes)
     if not ctx.problems:
         check_plan_limits(plan, {node.name: node.path for node in graph.nodes}, ctx)
     if ctx.problems:

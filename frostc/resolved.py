@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from frost_runtime.schema import NodeRecord
+
 WORKSPACE_ALIGN = 256  # bytes: every region starts at a multiple (the runtime checks the base)
 
 
@@ -147,6 +149,7 @@ class ResolvedPlan:
     launches: tuple[ResolvedLaunch, ...]
     workspace: tuple[WorkspaceRegion, ...] = ()
     lengths: tuple[LengthContract, ...] = ()
+    nodes: tuple[NodeRecord, ...] = ()  # what each node computes, in the graph's order (its op's `record`)
 
     @property
     def workspace_bytes(self) -> int:

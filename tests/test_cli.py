@@ -13,7 +13,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from frost_runtime.schema import Arg, Header, Kernel, Launch, Param, PlanData, TensorSlot, decode_plan, encode_plan
+from frost_runtime.schema import (
+    Arg,
+    Header,
+    Kernel,
+    Launch,
+    NodeRecord,
+    Param,
+    PlanData,
+    TensorSlot,
+    decode_plan,
+    encode_plan,
+)
 from typer.testing import CliRunner, Result
 
 from frostc.cli import app
@@ -186,14 +197,24 @@ def test_inspect_prints_slots_and_kernel(plan_file: Path) -> None:
     assert f"{kernel.smem_bytes} B" in text
     assert "stages=" in text and "ctas_per_sm=" in text  # the tile parameters the build chose
     assert "sm_90a" in text
+    assert "Nodes (what the plan computes)" in text  # the node's record
+    assert "│ attn │ sdpa │ dense │ causal top_left │ batch=2 heads_q=16" in text
 
 
 def test_inspect_json_is_valid_json_with_every_section(plan_file: Path) -> None:
     result = frostc("inspect", plan_file, "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert list(summary) == ["header", "slots", "kernels", "launches", "workspace_bytes", "workspace", "lengths"]
+    assert list(summary) == [
+        "header", "slots", "nodes", "kernels", "launches", "workspace_bytes", "workspace", "lengths",
+    ]  # fmt: skip
     assert [s["name"] for s in summary["slots"]] == ["q", "k", "v", "o", "lse"]
+    (node,) = summary["nodes"]
+    assert (node["name"], node["op"], node["form"], node["mask"]["causal"]) == ("attn", "sdpa", "dense", True)
+    assert node["sizes"] == {"batch": 2, "heads_q": 16, "heads_kv": 4, "head_dim": 128, "seq_q": 1024,
+                             "seq_kv": 1024, "tokens_q": 2048, "tokens_kv": 2048}  # fmt: skip
+    assert node["slots"] == {"q": "slot 0 (q)", "k": "slot 1 (k)", "v": "slot 2 (v)", "o": "slot 3 (o)",
+                             "lse": "slot 4 (lse)"}  # fmt: skip
     assert [s["io"] for s in summary["slots"]] == ["input"] * 3 + ["output"] * 2
     assert summary["kernels"][0]["name"] == "sdpa_fwd_wgmma.bf16.d128.causal.paired.lse"
     assert summary["kernels"][0]["smem_bytes"] == decode_plan(plan_file.read_bytes()).kernels[0].smem_bytes
@@ -255,7 +276,8 @@ def plan_with_slot_named(name: str) -> bytes:
             kernels=(
                 Kernel("toy", "toy_entry", b"\x7fELF", (Param("x", "ptr"),), (32, 1, 1), (1, 1, 1), 0, "(1, 1, 1)"),
             ),
-            launches=(Launch(0, (1, 1, 1), (Arg(slot=0),)),),
+            launches=(Launch(0, (1, 1, 1), (Arg(slot=0),), "act"),),
+            nodes=(NodeRecord("silu_mul", "act", "", {"rows": 1, "n": 2}, {"x": 0, "out": 0}),),  # a toy: in place
         )
     )
 

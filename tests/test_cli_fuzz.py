@@ -98,7 +98,9 @@ CONTENTS: dict[str, bytes] = {
     "plan-control-char-name": _reheader(name="[/bold red]\x01"),
     "set-corrupt": _corrupt(_good_set()),
     "set-truncated": _good_set()[: len(_good_set()) // 2],
-    "set-newer-format": _good_set().replace(b"\xa6format\x04", b"\xa6format\x07", 1),
+    "set-newer-format": _good_set().replace(
+        b"\xa6format" + bytes([planset.SET_FORMAT_VERSION]), b"\xa6format" + bytes([planset.SET_FORMAT_VERSION + 3]), 1
+    ),
     "set-shaped": _pack({"magic": planset.SET_MAGIC, "format": 1, "header": 5, "manifest": {}, "cubins": {}}),
 }
 

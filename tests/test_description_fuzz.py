@@ -223,7 +223,13 @@ def test_constants_over_the_kernels_types_name_the_field(key: str, value, words:
     [
         ({"slots": (schema.TensorSlot("x" * 129, 1, "fp32", (4,), (1,), True, 4),)}, r"slots\[0\]\.name: longer"),
         ({"slots": (schema.TensorSlot("x", 1 << 64, "fp32", (4,), (1,), True, 4),)}, "out of range"),
-        ({"launches": (schema.Launch(0, (1, 1, 1), (schema.Arg(slot=0),), "\udcff"),)}, "surrogates"),
+        (
+            {
+                "launches": (schema.Launch(0, (1, 1, 1), (schema.Arg(slot=0),), "\udcff"),),
+                "nodes": (schema.NodeRecord("silu_mul", "\udcff", "", {"rows": 1, "n": 2}, {"x": 0, "out": 0}),),
+            },
+            "surrogates",
+        ),
     ],
 )
 def test_the_builds_last_check_refuses_what_the_runtime_would(change: dict, words: str) -> None:
@@ -235,7 +241,8 @@ def test_the_builds_last_check_refuses_what_the_runtime_would(change: dict, word
         kernels=(
             schema.Kernel("k", "k_entry", b"\x7fELF", (schema.Param("x", "ptr"),), (32, 1, 1), (1, 1, 1), 0, "1"),
         ),
-        launches=(schema.Launch(0, (1, 1, 1), (schema.Arg(slot=0),)),),
+        launches=(schema.Launch(0, (1, 1, 1), (schema.Arg(slot=0),), "act"),),
+        nodes=(schema.NodeRecord("silu_mul", "act", "", {"rows": 1, "n": 2}, {"x": 0, "out": 0}),),  # a toy: in place
     )
     with pytest.raises(PlanLimitError, match=words) as info:
         _encode_checked(dataclasses.replace(plan, **change))

@@ -11,7 +11,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from frost_runtime.schema import Arg, Header, Kernel, Launch, Param, PlanData, TensorSlot, encode_plan
+from frost_runtime.schema import (
+    Arg,
+    Header,
+    Kernel,
+    Launch,
+    NodeMask,
+    NodeRecord,
+    Param,
+    PlanData,
+    TensorSlot,
+    encode_plan,
+)
 from typer.testing import CliRunner, Result
 
 from frostc import plan_verdict
@@ -46,9 +57,22 @@ def make_plan(**changes) -> PlanData:
                 {"block_m": 128},
             ),
         ),
-        launches=(Launch(0, (1, 2, 1), (Arg(slot=0), Arg(slot=1), Arg(value=64), Arg(value=0.125))),),
+        launches=(Launch(0, (1, 2, 1), (Arg(slot=0), Arg(slot=1), Arg(value=64), Arg(value=0.125)), "attn"),),
+        nodes=(NODE,),
     )
     return replace(plan, **changes)
+
+
+SIZES = {"batch": 1, "heads_q": 2, "heads_kv": 2, "head_dim": 64, "seq_q": 64, "seq_kv": 64}
+NODE = NodeRecord(
+    "sdpa",
+    "attn",
+    "dense",
+    SIZES | {"tokens_q": 64, "tokens_kv": 64},
+    {"q": 0, "k": 0, "v": 0, "o": 1},
+    {"attn_scale": 0.125},
+    NodeMask(False, "top_left", None, None, None),
+)
 
 
 def write(path: Path, plan: PlanData) -> Path:
@@ -102,13 +126,17 @@ def test_diff_lists_header_differences_first_and_exits_1(tmp_path: Path, plan_a:
          "launches[0].args.scale"),
         ({"workspace_bytes": 1024}, "workspace_bytes"),
         ({"slots": make_plan().slots[:1]}, "slots[1]"),
+        ({"nodes": (replace(NODE, sizes=NODE.sizes | {"batch": 2}),)}, "nodes[0].sizes.batch"),
+        ({"nodes": (replace(NODE, mask=replace(NODE.mask, softcap=30.0)),)}, "nodes[0].mask.softcap"),
+        ({"nodes": (replace(NODE, slots=NODE.slots | {"k": 1}),)}, "nodes[0].slots.k"),
     ],
 )  # fmt: skip
 def test_diff_names_the_field(tmp_path: Path, plan_a: Path, changes: dict, path: str) -> None:
     plan = make_plan(**changes)
-    if "slots" in changes and len(plan.slots) == 1:  # drop the launch's reference to the missing slot
+    if "slots" in changes and len(plan.slots) == 1:  # drop the launch's and the node's references to the missing slot
         launch = plan.launches[0]
         plan = replace(plan, launches=(replace(launch, args=(Arg(slot=0), Arg(slot=0), *launch.args[2:])),))
+        plan = replace(plan, nodes=(replace(NODE, slots=NODE.slots | {"o": 0}),))
     diffs = diff_files(plan_a, write(tmp_path / "b.frost", plan))
     assert path in [d.path for d in diffs]
 

@@ -39,6 +39,7 @@ def test_goldens_hold_nothing_machine_dependent() -> None:
         assert set(json.loads(text)) == {
             "header",
             "slots",
+            "nodes",
             "kernels",
             "launches",
             "workspace_bytes",

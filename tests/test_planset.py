@@ -145,11 +145,18 @@ def _cases(data: bytes) -> dict[str, tuple[bytes, str]]:
         "a-plan": (read_set(data).plan_bytes(read_set(data).keys[0]), "not a frostc plan set"),
     }
     top = _top(data)
-    top["format"] = 5
-    cases["newer"] = (_reseal(top), "plan-set format 5 is newer")
+    top["format"] = 6
+    cases["newer"] = (_reseal(top), "plan-set format 6 is newer")
     top = _top(data)
     top["format"] = 2
     cases["older"] = (_reseal(top), "plan-set format 2 is older")
+    top = _top(data)
+    top["format"] = 4  # its plans were of plan format 7, which records no nodes: the fix is named
+    cases["format-4"] = (
+        _reseal(top),
+        "plan-set format 4 is older than this runtime's format 5; rebuild it with this frostc: frostc from-config "
+        "CONFIG.json -o SET",
+    )
     top = _top(data)
     del top["manifest"]["kinds"]["l0"]
     cases["kind-missing"] = (_reseal(top), "which manifest.kinds lacks")
@@ -296,7 +303,7 @@ def test_inspect_a_set(set_files) -> None:
     whole, _ = set_files
     result = frostc("inspect", whole)
     assert result.exit_code == 0
-    says = ("plan set llama3-8b (format 4)", "l0-decode-b4", "Layer kinds (1)", "Cubins (5,", read_set(whole).sha256)
+    says = ("plan set llama3-8b (format 5)", "l0-decode-b4", "Layer kinds (1)", "Cubins (5,", read_set(whole).sha256)
     for words in (*says, "3 plans", "serving: a bf16 paged cache"):
         assert words in result.stdout
     summary = json.loads(frostc("inspect", whole, "--json").stdout)
@@ -315,7 +322,7 @@ def test_check_a_set(set_files) -> None:
     whole, _ = set_files
     judged = json.loads(frostc("check", whole, "--json").stdout)
     assert judged["valid"] and judged["header"]["kind"] == "set" and judged["exit_code"] in (0, 1)
-    assert "a valid plan set llama3-8b (format 4" in verdict.check_lines(judged)[0]
+    assert "a valid plan set llama3-8b (format 5" in verdict.check_lines(judged)[0]
     result = frostc("check", whole, "--sha256", "0" * 64)
     assert result.exit_code == 2 and "not the pinned plan" in result.stderr
     assert frostc("check", whole, "--sha256", read_set(whole).sha256).exit_code in (0, 1)

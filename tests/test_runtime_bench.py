@@ -90,6 +90,7 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "full": _dense("full", (B, HQ, 200), (B, HKV, 300), causal=False, lse=False),
         "causal": _dense("causal", (B, HQ, 256), (B, HKV, 256), causal=True, lse=True),
         "local": _dense("local", (1, HQ, 500), (1, HKV, 500), True, False, d=256, window_left=99, softcap=30.0),
+        "left": _dense("left", (1, HQ, 300), (1, HKV, 300), causal=False, lse=False, window_left=50),
         "packed": _packed(),
         "padded": _padded(),
         "decode": _decode(),
@@ -210,7 +211,7 @@ def test_visible_pairs_match_a_row_by_row_count(q_len, kv_len, right, left, bott
     assert workload.visible_pairs(q_len, kv_len, m) == brute_pairs(q_len, kv_len, m)
 
 
-def test_attention_nodes_are_read_from_the_launches(plans) -> None:
+def test_attention_nodes_are_read_from_the_node_records(plans) -> None:
     (full,) = workload.attention_nodes(data(plans, "full"))
     assert (full.form, full.batch, full.heads_q, full.heads_kv, full.head_dim, full.seq_q, full.seq_kv) == (
         "dense", B, HQ, HKV, D, 200, 300,
@@ -232,6 +233,29 @@ def test_attention_nodes_are_read_from_the_launches(plans) -> None:
         "paged", B, 8, HKV, 1, MAX_PAGES * PAGE,
     )  # fmt: skip
     assert paged.mask.right and paged.mask.bottom_right and paged.element_bytes == 2
+    (left,) = workload.attention_nodes(data(plans, "left"))  # a left window alone: no right bound
+    assert left.mask == workload.Mask(left=True, window_left=50)
+
+
+def anonymous(plan: PlanData) -> PlanData:
+    """The plan with every kernel and parameter renamed: what a node computes must come from its
+    record, never from a kernel's name or its parameters' names."""
+    kernels = tuple(
+        replace(k, name=f"kernel{i}", params=tuple(replace(p, name=f"p{j}") for j, p in enumerate(k.params)))
+        for i, k in enumerate(plan.kernels)
+    )
+    return replace(plan, kernels=kernels)
+
+
+@pytest.mark.parametrize("name", ["full", "causal", "local", "left", "packed", "padded", "decode", "decode-e4m3"])
+def test_nothing_is_read_from_kernel_names_or_parameters(plans, name: str) -> None:
+    plan = data(plans, name)
+    blind = anonymous(plan)
+    for spec in (None, ["random"]):
+        values = workload.make_lengths(plan, spec, seed=1)
+        assert workload.work(blind, values) == workload.work(plan, values)
+    assert workload.attention_nodes(blind) == workload.attention_nodes(plan)
+    assert workload.page_tables(blind) == workload.page_tables(plan)
 
 
 def sdpa_py_flops(b: int, h: int, s: int, d: int, causal: bool) -> float:
@@ -263,6 +287,13 @@ def test_dense_flops_are_bench_sdpa_py_s(plans) -> None:
 def test_a_sliding_window_counts_its_band_as_bench_varlen_py(plans) -> None:
     work = workload.work(data(plans, "local"), {})
     assert work.flops == 4 * 256 * HQ * varlen_py_pairs([500], causal=True, window_left=99)
+
+
+def test_a_left_window_alone_counts_every_key_after_its_bound(plans) -> None:
+    """No right bound: row i sees keys [max(0, i - 50), 300), as the kernel computes it (the plan
+    records the windows, so this is no longer read as a sliding window bounded at the diagonal)."""
+    work = workload.work(data(plans, "left"), {})
+    assert work.flops == 4 * D * HQ * sum(300 - max(0, i - 50) for i in range(300))
 
 
 def test_packed_flops_count_the_real_lengths_as_bench_varlen_py(plans) -> None:
@@ -415,6 +446,7 @@ def test_page_tables_of_a_built_plan(plans) -> None:
     (t,) = workload.page_tables(plan)
     names = [s.name for s in plan.slots]
     assert (names[t.slot], names[t.lengths], t.pages, t.page_size) == ("page_table", "cache_len", PAGES, PAGE)
+    assert {n.op for n in plan.nodes if "page_table" in n.slots} == {"kv_append", "sdpa"}  # one table, two nodes
 
 
 # ------------------------------------------------------------------------------- CPU buffers

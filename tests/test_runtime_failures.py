@@ -31,6 +31,10 @@ def toy_plan(workspace: bool = False) -> schema.PlanData:
         slots=(schema.TensorSlot("x", 1, "fp32", (4,), (1,), True, 4),),
         kernels=kernels,
         launches=tuple(schema.Launch(k, (1, 1, 1), (schema.Arg(slot=0),), f"node{k}") for k in (0, 1, 1)),
+        # toys: each node's x and out are the one slot
+        nodes=tuple(
+            schema.NodeRecord("silu_mul", f"node{k}", "", {"rows": 1, "n": 2}, {"x": 0, "out": 0}) for k in (0, 1)
+        ),
         workspace_bytes=256 if workspace else 0,
         workspace=(schema.WorkspaceRegion("node0.counter", 0, 4, True),) if workspace else (),
     )

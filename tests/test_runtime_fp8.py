@@ -1,11 +1,12 @@
 """frost_runtime.fp8.Fp8Inputs on the CPU (torch's e4m3 conversions run there): it finds an FP8
-plan's q, k, v and descale slots from the attention launch, allocates them in the plan's layouts
+plan's q, k, v and descale slots from the attention node's record, allocates them in the plan's layouts
 (Vᵀ, keys innermost), and quantizes into them as the GPU tests do by hand; bad inputs and plans
-without (or with several) FP8 launches are refused by name."""
+without (or with several) FP8 nodes are refused by name."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from frost_runtime.plan import BindError
@@ -17,7 +18,7 @@ from tests.descriptions import edited
 from tests.test_fp8_dense import HKV, HQ, fp8_node
 
 torch = pytest.importorskip("torch")
-from frost_runtime.fp8 import Fp8Inputs  # noqa: E402  (imports torch)
+from frost_runtime.fp8 import Fp8Inputs, fp8_slots  # noqa: E402  (imports torch)
 
 
 def _plan(d=None):
@@ -65,14 +66,14 @@ def test_bad_inputs_are_refused_by_role():
         inputs.quantize(good[0], good[1], good[2].to(torch.float8_e4m3fn))
 
 
-def test_a_plan_without_an_fp8_launch_is_refused():
+def test_a_plan_without_an_fp8_node_is_refused():
     d = fp8_node()
     for name in ("q", "k", "v"):
         d = edited(d, **{f"tensors.{name}.dtype": "bf16"})
     d = edited(d, **{"tensors.v.strides": None, "tensors.v.layout": "bshd"})
     for role in "qkv":
         d = edited(d, **{f"nodes.0.{role}_descale": None, f"tensors.{role}_descale": None})
-    with pytest.raises(BindError, match="one e4m3 attention launch in the plan, found none"):
+    with pytest.raises(BindError, match="one e4m3 attention node in the plan, found none"):
         Fp8Inputs(_plan(d), device="cpu")
 
 
@@ -110,7 +111,7 @@ def test_a_packed_plan_quantizes_its_token_rows_per_head():
 
 def test_a_plan_that_re_lays_v_quantizes_into_v_as_given():
     """V given with d innermost reaches the attention through the workspace: Fp8Inputs finds V's
-    slot where the plan reads it (vt_pack) and allocates it in its own layout."""
+    slot in the node's record (the slot vt_pack reads) and allocates it in its own layout."""
     from tests.test_fp8_dense import _rows_v
 
     data = _plan(_rows_v(fp8_node()))
@@ -121,3 +122,24 @@ def test_a_plan_that_re_lays_v_quantizes_into_v_as_given():
     q, k, v = (torch.randn(s.dims, generator=gen) for s in (next(x for x in data.slots if x.name == n) for n in "qkv"))
     inputs.quantize(q, k, v)
     assert torch.allclose(inputs.dequantized("v"), v, rtol=2**-4, atol=0.02)
+
+
+def test_the_slots_are_the_node_records_not_the_kernels_parameters():
+    """Renamed kernels and parameters change nothing: the q, k, v and descale slots are the
+    e4m3 attention node's roles (V's is the caller's slot, which the plan re-lays)."""
+    data = _plan(_rows_v_node())
+    blind = replace(data, kernels=tuple(
+        replace(k, name=f"k{i}", params=tuple(replace(p, name=f"p{j}") for j, p in enumerate(k.params)))
+        for i, k in enumerate(data.kernels)
+    ))  # fmt: skip
+    index = {s.name: i for i, s in enumerate(data.slots)}
+    found = fp8_slots(blind)
+    assert found == fp8_slots(data)
+    assert found.data == {role: index[role] for role in "qkv"}
+    assert found.descales == {role: index[f"{role}_descale"] for role in "qkv"}
+
+
+def _rows_v_node():
+    from tests.test_fp8_dense import _rows_v
+
+    return _rows_v(fp8_node())

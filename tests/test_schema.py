@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from frost_runtime import schema
 from frost_runtime.schema import (
     FORMAT_VERSION,
     MAGIC,
@@ -22,6 +23,8 @@ from frost_runtime.schema import (
     Kernel,
     Launch,
     LengthContract,
+    NodeMask,
+    NodeRecord,
     Param,
     PlanData,
     PlanFormatError,
@@ -39,6 +42,16 @@ FAKE_CUBIN = b"\x7fELF" + bytes(range(256)) * 2
 
 
 TOY_TMAP = bytes(8) + bytes(range(1, 121))  # a tensor map: address zero, then 120 other bytes
+TOY_SIZES = {"batch": 2, "heads_q": 8, "heads_kv": 8, "head_dim": 64, "seq_q": 128, "seq_kv": 128}
+TOY_NODE = NodeRecord(
+    op="sdpa",
+    name="attn",
+    form="dense",
+    sizes=TOY_SIZES | {"tokens_q": 256, "tokens_kv": 256},
+    slots={"q": 0, "k": 0, "v": 0, "o": 0, "lse": 1},  # a toy: k, v and o share q's slot
+    constants={"attn_scale": 0.125},
+    mask=NodeMask(causal=True, alignment="top_left", window_left=None, window_right=0, softcap=None),
+)
 
 
 def make_plan() -> PlanData:
@@ -89,9 +102,11 @@ def make_plan() -> PlanData:
                     Arg(slot=0, tmap=TOY_TMAP),
                     Arg(value=(128, 8, 2)),
                 ),
+                node="attn",
             ),
         ),
         workspace_bytes=0,
+        nodes=(TOY_NODE,),
     )
 
 
@@ -203,7 +218,7 @@ def test_file_is_one_map_with_magic_and_format(encoded: bytes) -> None:
     top = unpack_top(encoded)
     assert list(top) == ["magic", "format", "header", "body"]
     assert top["magic"] == MAGIC == "frostc-plan"
-    assert top["format"] == FORMAT_VERSION == 7
+    assert top["format"] == FORMAT_VERSION == 8
 
 
 def test_bytearray_and_memoryview_are_accepted(encoded: bytes) -> None:
@@ -282,8 +297,25 @@ def test_a_format_4_plan_is_refused_with_the_fix(encoded: bytes) -> None:
         top["header"]["content_hash"] = hashlib.sha256(top["body"]).hexdigest()
 
     message = decode_error(with_top(encoded, as_format_4))
-    assert "plan format 4 is older than this runtime's format 7" in message
+    assert "plan format 4 is older than this runtime's format 8" in message
     assert "rebuild it with this frostc: frostc build DESC -o PLAN" in message
+
+
+def test_a_format_7_plan_is_refused_with_the_fix(encoded: bytes) -> None:
+    """Format 7 recorded no nodes: a whole format-7 file (sealed as format 7) is refused by its
+    format, naming the fix, before its body is read."""
+
+    def as_format_7(top: dict) -> None:
+        top["format"] = 7
+        body = msgpack.unpackb(top["body"], raw=False)
+        del body["nodes"]
+        top["body"] = pack(body)
+        seal(top)
+
+    message = decode_error(with_top(encoded, as_format_7))
+    assert message == (
+        "plan format 7 is older than this runtime's format 8; rebuild it with this frostc: frostc build DESC -o PLAN"
+    )
 
 
 def test_format_as_a_string_is_refused(encoded: bytes) -> None:
@@ -371,7 +403,7 @@ def test_an_extra_field_is_refused_by_name(encoded: bytes, where: str) -> None:
         seal(top)
 
     message = decode_error(with_top(encoded, edit))
-    assert f"{'plan' if where == 'top' else 'header'}.signed_by: not a field of a format-7 plan" in message
+    assert f"{'plan' if where == 'top' else 'header'}.signed_by: not a field of a format-8 plan" in message
 
 
 def test_another_encoding_of_the_same_values_is_refused(encoded: bytes) -> None:
@@ -597,3 +629,173 @@ def test_bad_workspace_or_contract_is_refused(path: str, value: Any, words: str)
         table[int(last) if isinstance(table, list) else last] = value
 
     assert words in decode_error(with_body(encode_plan(varlen_plan()), edit))
+
+
+# ------------------------------------------------------------------------------- format 8: node records
+
+
+def test_a_node_record_round_trips_with_its_types(encoded: bytes) -> None:
+    (node,) = decode_plan(encoded).nodes
+    assert node == TOY_NODE
+    assert type(node.constants["attn_scale"]) is float and node.mask.window_left is None
+    top = unpack_top(encoded)
+    written = msgpack.unpackb(top["body"], raw=False)["nodes"][0]
+    assert list(written) == ["op", "name", "form", "sizes", "constants", "slots", "mask"]
+    assert written["mask"] == {"causal": True, "alignment": "top_left", "window_left": None, "window_right": 0,
+                               "softcap": None}  # fmt: skip
+
+
+def test_every_op_and_form_round_trips() -> None:
+    """A node of each (op, form) the format knows, with all its roles (the slots are toys)."""
+    plan = make_plan()
+    slots = plan.slots + (
+        TensorSlot("offsets", 3, "int32", (3,), (1,), False, 4),
+        TensorSlot("lengths", 4, "int32", (2,), (1,), False, 4),
+        TensorSlot("table", 5, "int32", (2, 8), (8, 1), False, 4),
+    )
+    lengths = (LengthContract(2, "offsets", 128, 256), LengthContract(3, "lengths", 128))
+    roles = {"cu_seqlens_q": 2, "cu_seqlens_kv": 2, "seq_len_q": 3, "seq_len_kv": 3, "page_table": 4}
+    nodes = []
+    for i, ((op, form), spec) in enumerate(schema.NODE_FORMS.items()):
+        mask = TOY_NODE.mask if spec.mask else None
+        nodes.append(NodeRecord(
+            op, f"n{i}", form, dict.fromkeys(spec.sizes, 16),
+            {role: roles.get(role, i % 2) for role in spec.roles + spec.optional},
+            dict.fromkeys(spec.constants, 0.5), mask,
+        ))  # fmt: skip
+    launches = tuple(replace(plan.launches[0], node=n.name) for n in nodes)
+    many = replace(plan, slots=slots, lengths=lengths, nodes=tuple(nodes), launches=launches)
+    decoded = decode_plan(encode_plan(many))
+    assert decoded.nodes == many.nodes
+    assert {(n.op, n.form) for n in decoded.nodes} == set(schema.NODE_FORMS)
+
+
+def test_a_node_map_in_another_order_gives_the_same_bytes() -> None:
+    plan = make_plan()
+    reversed_maps = {key: dict(reversed(getattr(TOY_NODE, key).items())) for key in ("sizes", "slots")}
+    node = replace(TOY_NODE, **reversed_maps)
+    assert encode_plan(replace(plan, nodes=(node,))) == encode_plan(plan)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda body: body["nodes"][0].update(sizes=dict(reversed(body["nodes"][0]["sizes"].items()))),
+        lambda body: body["nodes"][0].update(extra=1),
+        lambda body: body.update(signed_by="me"),
+        lambda body: body.update({k: body.pop(k) for k in ("slots", "kernels")}),
+    ],
+    ids=["sizes-reordered", "extra-node-field", "extra-body-field", "body-fields-reordered"],
+)
+def test_a_body_in_another_encoding_is_refused(encoded: bytes, edit) -> None:
+    """The same values in other bytes, sealed again: the body must be canonical, as the file is."""
+    assert "body: not in its canonical encoding" in decode_error(with_body(encoded, edit))
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "words"),
+    [
+        ("nodes", {}, "body.nodes: expected list, found dict"),
+        ("nodes", [], "launches[0].node: 'attn' is not a node of the plan"),
+        ("nodes.0", [1], "nodes[0]: expected a map, found list"),
+        ("nodes.0.op", "gemm", "nodes[0].op: 'gemm' is not one of ['kv_append', 'rms_norm', 'sdpa', 'silu_mul']"),
+        ("nodes.0.op", 3, "nodes[0].op: expected str, found int"),
+        ("nodes.0.form", "ragged", "nodes[0].form: 'ragged' is not a form of op 'sdpa' (one of ['dense', 'padded'"),
+        ("nodes.0.form", "", "nodes[0].form: '' is not a form of op 'sdpa'"),
+        ("nodes.0.name", 5, "nodes[0].name: expected str, found int"),
+        ("nodes.0.name", "x" * 129, "nodes[0].name: longer than 128 characters"),
+        ("nodes.0.name", "other", "launches[0].node: 'attn' is not a node of the plan"),
+        ("nodes.0.sizes", [], "nodes[0].sizes: expected dict, found list"),
+        ("nodes.0.sizes", {"batch": 2}, "nodes[0].sizes.heads_q: missing"),
+        ("nodes.0.sizes", {"": 1}, "nodes[0].sizes: '' is not a name"),
+        ("nodes.0.sizes.batch", 0, "nodes[0].sizes.batch: 0 is not an integer in [1,"),
+        ("nodes.0.sizes.batch", 2.0, "nodes[0].sizes.batch: expected int, found float"),
+        ("nodes.0.sizes.batch", True, "nodes[0].sizes.batch: expected int, found bool"),
+        ("nodes.0.sizes.pages", 4, "nodes[0].sizes.pages: not a size of a sdpa node"),
+        ("nodes.0.slots", {"q": 0}, "nodes[0].slots.k: missing"),
+        ("nodes.0.slots.q", 2, "nodes[0].slots.q: 2 but the plan has 2 slots"),
+        ("nodes.0.slots.q", -1, "nodes[0].slots.q: -1 but the plan has 2 slots"),
+        ("nodes.0.slots.q", True, "nodes[0].slots.q: expected int, found bool"),
+        ("nodes.0.slots.page_table", 0, "nodes[0].slots.page_table: not a role of a sdpa node of form 'dense'"),
+        ("nodes.0.slots.q_descale", 1, "nodes[0].slots.k_descale: missing (q_descale, k_descale, v_descale go"),
+        ("nodes.0.constants", {}, "nodes[0].constants.attn_scale: missing"),
+        ("nodes.0.constants.eps", 0.5, "nodes[0].constants.eps: not a constant of a sdpa node"),
+        ("nodes.0.constants.attn_scale", 1, "nodes[0].constants.attn_scale: expected float, found int"),
+        ("nodes.0.constants.attn_scale", -0.5, "nodes[0].constants.attn_scale: -0.5 is not a finite float32 > 0"),
+        ("nodes.0.constants.attn_scale", float("nan"), "nodes[0].constants.attn_scale: nan is not a finite"),
+        ("nodes.0.constants.attn_scale", 1e39, "nodes[0].constants.attn_scale: 1e+39 is not a finite float32"),
+        ("nodes.0.mask", None, "nodes[0].mask: missing"),
+        ("nodes.0.mask", 1, "nodes[0].mask: expected dict or NoneType, found int"),
+        ("nodes.0.mask.causal", 1, "nodes[0].mask.causal: expected bool, found int"),
+        ("nodes.0.mask.alignment", "center", "nodes[0].mask.alignment: 'center' is not one of ['top_left', 'bottom"),
+        ("nodes.0.mask.window_left", -1, "nodes[0].mask.window_left: -1 is neither None nor an integer in [0, "),
+        ("nodes.0.mask.window_left", 1 << 31, "nodes[0].mask.window_left: 2147483648 is neither None nor"),
+        ("nodes.0.mask.window_left", 1.5, "nodes[0].mask.window_left: expected int or NoneType, found float"),
+        ("nodes.0.mask.window_right", 3, "nodes[0].mask.window_right: 3, but a causal mask's is 0"),
+        ("nodes.0.mask.window_right", None, "nodes[0].mask.window_right: None, but a causal mask's is 0"),
+        ("nodes.0.mask.softcap", 0.0, "nodes[0].mask.softcap: 0.0 is neither None nor a finite float32 > 0"),
+        ("nodes.0.mask.softcap", 30, "nodes[0].mask.softcap: expected float or NoneType, found int"),
+    ],
+)
+def test_a_wrong_node_field_is_refused_with_its_path(encoded: bytes, path: str, value: Any, words: str) -> None:
+    assert words in decode_error(with_body(encoded, lambda body: set_path(body, path, value)))
+
+
+@pytest.mark.parametrize("key", ["op", "name", "form", "sizes", "constants", "slots", "mask"])
+def test_a_missing_node_field_is_refused_with_its_path(encoded: bytes, key: str) -> None:
+    assert f"nodes[0].{key}: missing" in decode_error(with_body(encoded, lambda body: body["nodes"][0].pop(key)))
+
+
+@pytest.mark.parametrize("key", ["causal", "alignment", "window_left", "window_right", "softcap"])
+def test_a_missing_mask_field_is_refused_with_its_path(encoded: bytes, key: str) -> None:
+    data = with_body(encoded, lambda body: body["nodes"][0]["mask"].pop(key))
+    assert f"nodes[0].mask.{key}: missing" in decode_error(data)
+
+
+def test_a_plan_without_nodes_is_refused(encoded: bytes) -> None:
+    assert "body.nodes: missing" in decode_error(with_body(encoded, lambda body: body.pop("nodes")))
+
+
+def test_node_names_are_unique_and_each_node_has_a_launch(encoded: bytes) -> None:
+    twice = with_body(encoded, lambda body: body["nodes"].append(dict(body["nodes"][0])))
+    assert "nodes[1].name: 'attn' is empty or appears twice" in decode_error(twice)
+    idle = with_body(encoded, lambda body: body["nodes"].append(dict(body["nodes"][0], name="idle")))
+    assert "nodes[1]: node 'idle' has no launch" in decode_error(idle)
+
+
+def test_only_sdpa_nodes_have_a_mask() -> None:
+    node = NodeRecord("silu_mul", "attn", "", {"rows": 1, "n": 8}, {"x": 0, "out": 1}, mask=TOY_NODE.mask)
+    with pytest.raises(PlanFormatError, match=r"nodes\[0\]\.mask: a silu_mul node has no mask"):
+        encode_plan(replace(make_plan(), nodes=(node,)))
+
+
+def length_node_plan(contract: LengthContract | None, table: TensorSlot | None = None) -> PlanData:
+    """make_plan() with an int32 slot 2 as a padded node's seq_len_kv (or, with `table`, a paged
+    node's lengths and slot 3 its page table)."""
+    plan = make_plan()
+    slots = plan.slots + (TensorSlot("len", 3, "int32", (2,), (1,), False, 4),) + ((table,) if table else ())
+    roles = dict(TOY_NODE.slots, seq_len_kv=2) | ({"page_table": 3} if table else {})
+    sizes = TOY_NODE.sizes | ({"pages": 8, "page_size": 16} if table else {})
+    mask = replace(TOY_NODE.mask, alignment="bottom_right")
+    node = replace(TOY_NODE, form="paged" if table else "padded", slots=roles, sizes=sizes, mask=mask)
+    return replace(plan, slots=slots, nodes=(node,), lengths=(contract,) if contract else ())
+
+
+def test_a_length_role_needs_a_contract_of_its_kind() -> None:
+    good = length_node_plan(LengthContract(2, "lengths", 128))
+    assert decode_plan(encode_plan(good)).nodes[0].slots["seq_len_kv"] == 2
+    for contract in (None, LengthContract(2, "offsets", 128, 256)):
+        with pytest.raises(
+            PlanFormatError, match=r"slots\.seq_len_kv: slot 2 has no length contract of kind 'lengths'"
+        ):
+            encode_plan(length_node_plan(contract))
+
+
+def test_a_page_table_role_is_a_rank_2_int32_slot() -> None:
+    contract = LengthContract(2, "lengths", 128)
+    good = length_node_plan(contract, TensorSlot("table", 4, "int32", (2, 8), (8, 1), False, 4))
+    assert decode_plan(encode_plan(good)).nodes[0].slots["page_table"] == 3
+    for table in (TensorSlot("table", 4, "int32", (16,), (1,), False, 4),
+                  TensorSlot("table", 4, "fp32", (2, 8), (8, 1), False, 4)):  # fmt: skip
+        with pytest.raises(PlanFormatError, match=r"nodes\[0\]\.slots\.page_table: slot 3 is not a rank-2 int32"):
+            encode_plan(length_node_plan(contract, table))

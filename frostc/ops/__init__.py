@@ -2,9 +2,10 @@
 
 An op's module holds everything about it: its description keys (`KEYS`), the checks of a node
 (`validate`, through a `frostc.contexts.NodeContext`), its support rules and its resolution
-into launches (`resolve`, through a `frostc.contexts.ResolveContext`), and the kernel variants
-it picks. The generic stages dispatch through `OPS`; adding an op is a new module and one
-entry here.
+into launches (`resolve`, through a `frostc.contexts.ResolveContext`), the kernel variants it
+picks, and what the plan records of a node (the node's `record`: frost_runtime.schema's
+NodeRecord, of the sizes and roles its NODE_FORMS entry names). The generic stages dispatch
+through `OPS`; adding an op is a new module, one entry here and its NODE_FORMS entry.
 """
 
 from __future__ import annotations

@@ -19,13 +19,15 @@ element is stored as x * (1 / scale), rounded to nearest even, saturated to +-44
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from frost_runtime.dtypes import ATTENTION
-from frost_runtime.schema import MAX_GRID
+from frost_runtime.schema import MAX_GRID, NodeRecord
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
+from frostc.graph import role_slots
 from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, PshStrides
 from frostc.kernels.interface import BhsStrides
 from frostc.kernels.kv_append import KvAppendArgs, KvAppendVariant
@@ -97,6 +99,14 @@ class KvAppend:
     def outputs(self) -> tuple[tuple[str, str], ...]:
         """The caches: updated in place (also read)."""
         return (("k_cache", self.k_cache), ("v_cache", self.v_cache))
+
+    def record(self, slots: Mapping[str, int]) -> NodeRecord:
+        """What the plan records of the node (frost_runtime.schema.NodeRecord)."""
+        sizes = {
+            "batch": self.batch, "heads_kv": self.heads_kv, "s_new": self.s_new, "head_dim": self.head_dim,
+            "pages": self.pages, "page_size": self.page_size, "max_pages": self.max_pages,
+        }  # fmt: skip
+        return NodeRecord(self.op, self.name, "", sizes, role_slots(self, slots))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,13 +14,15 @@ summation order. Rows are contiguous (stride 1 along n, row strides whole 16-byt
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from frost_runtime.dtypes import ATTENTION
-from frost_runtime.schema import MAX_GRID
+from frost_runtime.schema import MAX_GRID, NodeRecord
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
+from frostc.graph import role_slots
 from frostc.kernels.rms_norm import MAX_PIECES, THREADS, RmsNormArgs, RmsNormVariant
 from frostc.ops.rows import agreeing_sizes, check_row_layout, row_align_elems
 from frostc.resolved import ResolvedLaunch, launch
@@ -56,6 +58,11 @@ class RmsNorm:
     @property
     def outputs(self) -> tuple[tuple[str, str], ...]:
         return tuple((role, name) for role, name in (("out", self.out), ("residual_out", self.residual_out)) if name)
+
+    def record(self, slots: Mapping[str, int]) -> NodeRecord:
+        """What the plan records of the node (frost_runtime.schema.NodeRecord)."""
+        sizes = {"rows": self.rows, "n": self.n}
+        return NodeRecord(self.op, self.name, "", sizes, role_slots(self, slots), {"eps": self.eps})
 
 
 def validate(ctx: NodeContext) -> RmsNorm | None:

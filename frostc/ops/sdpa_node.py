@@ -5,9 +5,13 @@ that each of those imports the node and none imports another's rules."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
+from frost_runtime.schema import NodeMask, NodeRecord
+
+from frostc.graph import role_slots
 from frostc.kernels.sdpa_common import MaskFlags
 
 PACKED_KEYS = ("cu_seqlens_q", "cu_seqlens_kv")  # a packed node's lengths
@@ -95,3 +99,17 @@ class Sdpa:
     @property
     def outputs(self) -> tuple[tuple[str, str], ...]:
         return (("o", self.o),) + ((("lse", self.lse),) if self.lse else ())
+
+    def record(self, slots: Mapping[str, int]) -> NodeRecord:
+        """What the plan records of the node (frost_runtime.schema.NodeRecord): its form, mask,
+        sizes (capacities where lengths vary) and scale, and its roles' slots."""
+        sizes = {
+            "batch": self.batch, "heads_q": self.heads_q, "heads_kv": self.heads_kv, "head_dim": self.head_dim,
+            "seq_q": self.seq_q, "seq_kv": self.seq_kv, "tokens_q": self.tokens_q, "tokens_kv": self.tokens_kv,
+        }  # fmt: skip
+        if self.form == "paged":
+            sizes |= {"pages": self.pages, "page_size": self.page_size}
+        m = self.mask
+        mask = NodeMask(m.causal, m.alignment, m.window_left, m.window_right, m.softcap)
+        constants = {"attn_scale": self.attn_scale}
+        return NodeRecord(self.op, self.name, self.form, sizes, role_slots(self, slots), constants, mask)

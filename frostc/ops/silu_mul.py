@@ -10,13 +10,15 @@ two. Rows are contiguous (stride 1 along the columns, row strides whole 16-byte 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from frost_runtime.dtypes import ATTENTION
-from frost_runtime.schema import MAX_GRID
+from frost_runtime.schema import MAX_GRID, NodeRecord
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
+from frostc.graph import role_slots
 from frostc.kernels.silu_mul import SiluMulArgs, SiluMulVariant
 from frostc.ops.rows import check_row_layout, row_align_elems
 from frostc.resolved import ResolvedLaunch, launch
@@ -44,6 +46,10 @@ class SiluMul:
     @property
     def outputs(self) -> tuple[tuple[str, str], ...]:
         return (("out", self.out),)
+
+    def record(self, slots: Mapping[str, int]) -> NodeRecord:
+        """What the plan records of the node (frost_runtime.schema.NodeRecord)."""
+        return NodeRecord(self.op, self.name, "", {"rows": self.rows, "n": self.n}, role_slots(self, slots))
 
 
 def validate(ctx: NodeContext) -> SiluMul | None:

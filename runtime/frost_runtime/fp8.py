@@ -8,8 +8,8 @@ and nothing synchronizes, so a serving step can quantize and attend inside one C
     inputs.quantize(q, k, v)                  # (b, h, s, d), or (t, h, d) packed; in place
     bound = plan.bind(*(inputs.buffers.get(name) or mine[name] for name in plan.slots), ...)
 
-Which slots are the node's q, k, v and descales is read from the plan's e4m3 attention launch
-(its tensor maps and descale pointers), so any slot names work. The amax is taken over the whole
+Which slots are the node's q, k, v and descales is read from the plan's record of its e4m3
+attention node (its roles' slots), so any slot names work. The amax is taken over the whole
 tensor (or head) as given: with variable lengths, rows outside the sequences count too, so they
 should hold finite values (zeros, or an earlier step's).
 """
@@ -25,14 +25,14 @@ from frost_runtime.plan import BindError, Plan
 from frost_runtime.schema import PlanData, TensorSlot
 
 ROLES = ("q", "k", "v")
-FP8_KERNEL = "sdpa_fwd_wgmma.e4m3."  # the FP8 dense attention kernels' names begin so
+DESCALES = {role: f"{role}_descale" for role in ROLES}  # the roles of an e4m3 attention node's descales
 HEAD_DIM = 1  # (b, h, s, d) and the packed (t, h, d) alike
 SMALLEST_AMAX = 1e-12  # an all-zero tensor gets descale SMALLEST_AMAX / 448 (not 0: x / 0 is NaN)
 
 
 @dataclass(frozen=True)
 class Fp8Slots:
-    """The slot indices of one e4m3 attention launch: data (q, k, v) and their descales."""
+    """The slot indices of one e4m3 attention node: data (q, k, v) and their descales."""
 
     node: str
     data: dict[str, int]
@@ -40,34 +40,19 @@ class Fp8Slots:
 
 
 def fp8_slots(data: PlanData, node: str | None = None) -> Fp8Slots:
-    """The e4m3 attention launch's slots (of node `node`, or the plan's only such launch)."""
-    found = []
-    for launch in data.launches:
-        kernel = data.kernels[launch.kernel]
-        if kernel.name.startswith(FP8_KERNEL) and (node is None or launch.node == node):
-            args = {p.name: a.slot for p, a in zip(kernel.params, launch.args)}
-            slots = {role: args[f"{role}.tmap"] for role in ROLES}
-            for role in (role for role in ROLES if slots[role] < 0):  # read re-laid: the launch that reads it
-                slots[role] = _read_by(data, launch.node, role)
-            found.append(Fp8Slots(launch.node, slots, {role: args[f"{role}_descale"] for role in ROLES}))
+    """The e4m3 attention node's slots (node `node`, or the plan's only such node): an sdpa node
+    with descales, whose q, k and v are the slots the caller writes (a V that the plan re-lays
+    for its kernel is still the caller's V slot)."""
+    found = [
+        Fp8Slots(n.name, {role: n.slots[role] for role in ROLES}, {role: n.slots[d] for role, d in DESCALES.items()})
+        for n in data.nodes
+        if n.op == "sdpa" and DESCALES["q"] in n.slots and (node is None or n.name == node)
+    ]
     if len(found) != 1:
         where = f"node {node!r}" if node is not None else "the plan"
         what = "none" if not found else f"{len(found)} (nodes {', '.join(f.node for f in found)}): pass node="
-        raise BindError(
-            f"plan {data.header.name!r}: Fp8Inputs needs one e4m3 attention launch in {where}, found {what}"
-        )
+        raise BindError(f"plan {data.header.name!r}: Fp8Inputs needs one e4m3 attention node in {where}, found {what}")
     return found[0]
-
-
-def _read_by(data: PlanData, node: str, role: str) -> int:
-    """The slot of `role` that another launch of `node` reads through a pointer parameter (V,
-    which the plan re-lays into the workspace before the attention reads it there)."""
-    for launch in data.launches:
-        if launch.node == node:
-            for p, a in zip(data.kernels[launch.kernel].params, launch.args):
-                if p.name == role and a.slot >= 0:
-                    return a.slot
-    raise BindError(f"plan {data.header.name!r}: node {node!r} reads no slot as {role}")
 
 
 class Fp8Inputs:

@@ -255,8 +255,7 @@ def _check_glue(plans, g, want: dict) -> None:
     else:
         if slots["x"].dims[1] != want["hidden"]:
             problems.append(f"norm width {slots['x'].dims[1]}, the model's hidden_size is {want['hidden']}")
-        kernel = data.kernels[data.launches[0].kernel]
-        eps = next(a.value for p, a in zip(kernel.params, data.launches[0].args) if p.name == "eps")
+        eps = next(n.constants["eps"] for n in data.nodes if n.op == "rms_norm")  # its node's record
         if any(not math.isclose(eps, e, rel_tol=1e-6) for e in want["eps"]):
             problems.append(f"eps {eps:g}, the model's norms use {', '.join(f'{e:g}' for e in sorted(want['eps']))}")
     if problems:

@@ -4,7 +4,7 @@ in one file, each kernel cubin stored once however many plans use it. frostc wri
 
 A set file is one msgpack map:
 
-    {"magic": "frostc-planset", "format": 2, "header": {...}, "manifest": {...}, "cubins": {...}}
+    {"magic": "frostc-planset", "format": 5, "header": {...}, "manifest": {...}, "cubins": {...}}
 
 - header: the set's name, the model it serves (text), frostc and cutlass-dsl versions, target
   arch, minimum driver, and `content_hash`;
@@ -39,7 +39,9 @@ from frost_runtime.integrity import Pin, check_sha256
 from frost_runtime.schema import PlanData, PlanFormatError, _Reader, _unpack
 
 SET_MAGIC = "frostc-planset"
-SET_FORMAT_VERSION = 4  # 2: the manifest's `kinds`; 3: the serving map's kv_cache_dtype; 4: `glue`
+# 2: the manifest's `kinds`; 3: the serving map's kv_cache_dtype; 4: `glue`; 5: its plans are of plan format 8
+# (they record what each node computes: a set of an older format holds plans this runtime refuses)
+SET_FORMAT_VERSION = 5
 REBUILD_SET = "rebuild it with this frostc: frostc from-config CONFIG.json -o SET"
 MAX_SET_BYTES = 1 << 32
 MAX_SET_PLANS = 4096

@@ -3,7 +3,7 @@ reads through `decode_plan`.
 
 A plan file is one msgpack map:
 
-    {"magic": "frostc-plan", "format": 5, "header": {...}, "body": <bytes>}
+    {"magic": "frostc-plan", "format": 8, "header": {...}, "body": <bytes>}
 
 The header is readable without a GPU and without decoding the body. `header.content_hash` seals
 the header and the body together (`content_hash`): a changed header field (the target, the
@@ -14,9 +14,11 @@ no other encoding of a value), so no byte of it can change unnoticed, and its SH
 The body is a msgpack map of tensors (each bound to an ordered slot), kernels (cubin, entry,
 parameter ABI, launch geometry), the launch sequence, the workspace (its size and named
 regions: scratch the plan's own launches write and read, carved from the caller's buffer; a
-"zeroed" region must hold zeros when a launch sequence starts, and the launches leave it so) and
-what the plan assumes of its sequence-length slots. Maps are written with their keys in a
-fixed order and floats as float64, so the same plan always encodes to the same bytes.
+"zeroed" region must hold zeros when a launch sequence starts, and the launches leave it so),
+what the plan assumes of its sequence-length slots, and what each node of the description
+computes (`NodeRecord`: its op, form, mask, sizes, constants and the slots of its roles), so
+nothing needs to read a kernel's name or parameters to know. Maps are written with their keys in
+a fixed order and floats as float64, so the same plan always encodes to the same bytes.
 
 Everything read from a file is checked for type, range and size before use: a plan file is
 input from outside the process.
@@ -37,7 +39,8 @@ MAGIC = "frostc-plan"
 # 5: the content hash covers the header too, and a file must be in its canonical encoding
 # 6: tensor maps bound to the workspace (data a launch of the plan re-laid there)
 # 7: launches that start early (`early`: programmatic dependent launch)
-FORMAT_VERSION = 7
+# 8: what each node computes (`nodes`: NodeRecord), and the body in its canonical encoding too
+FORMAT_VERSION = 8
 REBUILD = "rebuild it with this frostc: frostc build DESC -o PLAN"
 MAX_PLAN_BYTES = 1 << 30  # a plan is a few hundred KiB; refuse to decode absurd inputs
 MAX_CUBIN_BYTES = 64 << 20  # one kernel's cubin is ~100 KiB
@@ -169,6 +172,97 @@ LENGTH_KINDS = ("offsets", "lengths")
 
 
 @dataclass(frozen=True)
+class NodeMask:
+    """An sdpa node's mask, as its description gives it (docs/description.md): query row i sees
+    the keys from diagonal - window_left to diagonal + window_right, the diagonal at key i
+    (alignment "top_left") or i + kv length - q length ("bottom_right"); a window of None is
+    unbounded on that side (causal: window_right 0). softcap: each scaled score s becomes
+    softcap * tanh(s / softcap) before the softmax; None: none."""
+
+    causal: bool
+    alignment: str  # one of ALIGNMENTS
+    window_left: int | None
+    window_right: int | None
+    softcap: float | None
+
+
+ALIGNMENTS = ("top_left", "bottom_right")
+WINDOW_MAX = (1 << 31) - 1  # the kernels take windows as int32
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What one node of the description computes, recorded by its op at build: the runtime reads
+    this, never a kernel's name or parameters, to know what a plan computes.
+
+    `form`, `sizes`, `constants` and the roles in `slots` are those NODE_FORMS gives the op and
+    form; `mask` is the sdpa op's (None for the other ops). Sizes are the node's dims (an sdpa
+    node's seq_q, seq_kv, tokens_q and tokens_kv are capacities where lengths vary); `slots` maps
+    each of the node's roles (its description's keys: q, k, v, o, lse, seq_len_kv, page_table,
+    k_cache, ...) to the slot bound there."""
+
+    op: str
+    name: str  # the description's node (what launches name in `Launch.node`)
+    form: str  # sdpa: "dense" | "padded" | "packed" | "paged"; "" for an op of one form
+    sizes: dict[str, int]
+    slots: dict[str, int]  # role -> slot index
+    constants: dict[str, float] = field(default_factory=dict)  # sdpa: attn_scale; rms_norm: eps
+    mask: NodeMask | None = None
+
+
+@dataclass(frozen=True)
+class NodeForm:
+    """What a node of one op and form records: each of `sizes` and `constants` (in this order),
+    the slots of the `roles` it always has and of the `optional` roles it may have (in this
+    order; each group in `together` all or none), and whether it has a mask."""
+
+    sizes: tuple[str, ...]
+    roles: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+    constants: tuple[str, ...] = ()
+    mask: bool = False
+    together: tuple[tuple[str, ...], ...] = ()
+
+
+_SDPA_SIZES = ("batch", "heads_q", "heads_kv", "head_dim", "seq_q", "seq_kv", "tokens_q", "tokens_kv")
+_SDPA_ROLES = ("q", "k", "v", "o")
+_DESCALES = ("q_descale", "k_descale", "v_descale")  # e4m3 q, k and v
+_SCALES = ("k_scale", "v_scale")  # e4m3 caches
+
+
+def _sdpa(sizes: tuple[str, ...], roles: tuple[str, ...], optional: tuple[str, ...], together=(_DESCALES,)):
+    return NodeForm(sizes, roles, optional, ("attn_scale",), mask=True, together=together)
+
+
+# (op, form) -> what its nodes record: the ops of frostc.ops, each op's record made by its module
+NODE_FORMS = {
+    ("sdpa", "dense"): _sdpa(_SDPA_SIZES, _SDPA_ROLES, ("lse", *_DESCALES)),
+    ("sdpa", "padded"): _sdpa(_SDPA_SIZES, _SDPA_ROLES, ("seq_len_q", "seq_len_kv", "lse", *_DESCALES)),
+    ("sdpa", "packed"): _sdpa(_SDPA_SIZES, (*_SDPA_ROLES, "cu_seqlens_q", "cu_seqlens_kv"), ("lse", *_DESCALES)),
+    ("sdpa", "paged"): _sdpa(
+        (*_SDPA_SIZES, "pages", "page_size"), (*_SDPA_ROLES, "page_table", "seq_len_kv"), ("lse", *_SCALES), (_SCALES,)
+    ),
+    ("kv_append", ""): NodeForm(
+        ("batch", "heads_kv", "s_new", "head_dim", "pages", "page_size", "max_pages"),
+        ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv"),
+        _SCALES,
+        together=(_SCALES,),
+    ),
+    ("rms_norm", ""): NodeForm(
+        ("rows", "n"),
+        ("x", "weight", "out"),
+        ("residual", "residual_out"),
+        ("eps",),
+        together=(("residual", "residual_out"),),
+    ),
+    ("silu_mul", ""): NodeForm(("rows", "n"), ("x", "out")),
+}
+# roles that hold sequence lengths: the kind of length contract their slot has
+LENGTH_ROLES = {"cu_seqlens_q": "offsets", "cu_seqlens_kv": "offsets", "seq_len_q": "lengths", "seq_len_kv": "lengths"}
+PAGE_TABLE_ROLE = "page_table"  # int32 (batch, pages per sequence)
+
+
+@dataclass(frozen=True)
 class PlanData:
     header: Header
     slots: tuple[TensorSlot, ...]
@@ -177,6 +271,7 @@ class PlanData:
     workspace_bytes: int = 0
     workspace: tuple[WorkspaceRegion, ...] = ()
     lengths: tuple[LengthContract, ...] = ()
+    nodes: tuple[NodeRecord, ...] = ()  # in the description's order
 
 
 # ------------------------------------------------------------------------------- encoding
@@ -239,7 +334,26 @@ def _body_map(plan: PlanData) -> dict:
             {"name": r.name, "offset": r.offset, "bytes": r.bytes, "zeroed": r.zeroed} for r in plan.workspace
         ],
         "lengths": [{"slot": c.slot, "kind": c.kind, "longest": c.longest, "total": c.total} for c in plan.lengths],
+        "nodes": [_node_map(n) for n in plan.nodes],
     }
+
+
+def _node_map(n: NodeRecord) -> dict:
+    """Sizes, constants and roles in NODE_FORMS' order (check_plan has checked the op and form)."""
+    form = NODE_FORMS[n.op, n.form]
+    mask = n.mask
+    return {
+        "op": n.op,
+        "name": n.name,
+        "form": n.form,
+        "sizes": {k: n.sizes[k] for k in form.sizes},
+        "constants": {k: n.constants[k] for k in form.constants},
+        "slots": {role: n.slots[role] for role in form.roles + form.optional if role in n.slots},
+        "mask": None if mask is None else {
+            "causal": mask.causal, "alignment": mask.alignment, "window_left": mask.window_left,
+            "window_right": mask.window_right, "softcap": mask.softcap,
+        },
+    }  # fmt: skip
 
 
 def _arg_map(a: Arg) -> dict:
@@ -318,6 +432,18 @@ class _Reader:
         value = self.get(key, list)
         if len(value) > max_len:
             raise PlanFormatError(f"{self.path}.{key}: {len(value)} entries, at most {max_len} allowed")
+        return value
+
+    def map(self, key: str, kind: type, max_len: int = 64) -> dict:
+        """A map of short names to values of `kind` (ranges are check_plan's)."""
+        value = self.get(key, dict)
+        if len(value) > max_len:
+            raise PlanFormatError(f"{self.path}.{key}: {len(value)} entries, at most {max_len} allowed")
+        for name, v in value.items():
+            if not isinstance(name, str) or not 0 < len(name) <= 64:
+                raise PlanFormatError(f"{self.path}.{key}: {str(name)[:80]!r} is not a name (1 to 64 characters)")
+            if isinstance(v, bool) or not isinstance(v, kind):
+                raise PlanFormatError(f"{self.path}.{key}.{name}: expected {kind.__name__}, found {type(v).__name__}")
         return value
 
     def ints(self, key: str, length: tuple[int, int], lo: int, hi: int) -> tuple[int, ...]:
@@ -458,10 +584,18 @@ def decode_plan(data: bytes) -> PlanData:
     lengths = tuple(
         _read_contract(_Reader(c, f"lengths[{i}]")) for i, c in enumerate(body.list("lengths", MAX_REGIONS))
     )
-    plan = PlanData(header, slots, kernels, launches, body.int("workspace_bytes", 0, I64_MAX), regions, lengths)
+    nodes = tuple(_read_node(_Reader(n, f"nodes[{i}]")) for i, n in enumerate(body.list("nodes", MAX_LAUNCHES)))
+    workspace_bytes = body.int("workspace_bytes", 0, I64_MAX)
+    plan = PlanData(header, slots, kernels, launches, workspace_bytes, regions, lengths, nodes)
     if not launches:
         raise PlanFormatError("body.launches: a plan launches at least one kernel")
     check_plan(plan)
+    # what the content hash cannot see, as for the file: another encoding of the same values
+    if _pack(_body_map(plan)) != body_bytes:
+        raise PlanFormatError(
+            "body: not in its canonical encoding (an extra field, a value encoded otherwise than frostc writes it, "
+            f"or fields in another order): it was edited after frostc wrote it; {REBUILD}"
+        )
     return plan
 
 
@@ -489,6 +623,23 @@ def _read_contract(r: _Reader) -> LengthContract:
     return LengthContract(
         slot=r.int("slot", 0, MAX_SLOTS - 1), kind=r.str("kind", 16), longest=r.int("longest", 0, I64_MAX),
         total=r.int("total", 0, I64_MAX),
+    )  # fmt: skip
+
+
+def _read_node(r: _Reader) -> NodeRecord:
+    mask = r.get("mask", (dict, type(None)))
+    return NodeRecord(
+        op=r.str("op", 32), name=r.str("name", MAX_NAME_CHARS), form=r.str("form", 32),
+        sizes=r.map("sizes", int), slots=r.map("slots", int), constants=r.map("constants", float),
+        mask=None if mask is None else _read_mask(_Reader(mask, f"{r.path}.mask")),
+    )  # fmt: skip
+
+
+def _read_mask(r: _Reader) -> NodeMask:
+    return NodeMask(
+        causal=r.get("causal", bool), alignment=r.str("alignment", 32),
+        window_left=r.get("window_left", (int, type(None))), window_right=r.get("window_right", (int, type(None))),
+        softcap=r.get("softcap", (float, type(None))),
     )  # fmt: skip
 
 
@@ -601,6 +752,7 @@ def check_plan(plan: PlanData) -> None:
             raise PlanFormatError(f"{where}.smem_bytes: {k.smem_bytes} is outside [0, {MAX_SMEM_BYTES}]")
     _check_workspace(plan)
     _check_lengths(plan)
+    _check_nodes(plan)
     for i, launch in enumerate(plan.launches):
         where = f"launches[{i}]"
         if len(launch.grid) != 3 or any(not 1 <= g <= hi for g, hi in zip(launch.grid, MAX_GRID)):
@@ -627,6 +779,101 @@ def _check_lengths(plan: PlanData) -> None:
             or len(plan.slots[c.slot].dims) != 1
         ):
             raise PlanFormatError(f"{where}.slot: {c.slot} is not a rank-1 int32 slot")
+
+
+def _check_nodes(plan: PlanData) -> None:
+    """Each node is of a known op and form with exactly its sizes and constants and the roles it
+    has, its slots in range (a length role's with a contract of its kind, a page table's rank-2
+    int32); every launch is a node's, and every node has a launch."""
+    names = set()
+    contracts = {(c.slot, c.kind) for c in plan.lengths}
+    for i, n in enumerate(plan.nodes):
+        where = f"nodes[{i}]"
+        if not n.name or n.name in names:
+            raise PlanFormatError(f"{where}.name: {n.name!r} is empty or appears twice")
+        names.add(n.name)
+        form = NODE_FORMS.get((n.op, n.form))
+        if form is None:
+            forms = [f for op, f in NODE_FORMS if op == n.op]
+            if not forms:
+                raise PlanFormatError(f"{where}.op: {n.op!r} is not one of {sorted({op for op, _ in NODE_FORMS})}")
+            raise PlanFormatError(f"{where}.form: {n.form!r} is not a form of op {n.op!r} (one of {forms})")
+        _check_names(n.sizes, form.sizes, f"{where}.sizes", f"a size of a {n.op} node")
+        for key, value in n.sizes.items():
+            if not _int_in(value, 1, I64_MAX):
+                raise PlanFormatError(f"{where}.sizes.{key}: {value!r} is not an integer in [1, {I64_MAX}]")
+        _check_names(n.constants, form.constants, f"{where}.constants", f"a constant of a {n.op} node")
+        for key, value in n.constants.items():
+            if not _positive_f32(value):
+                raise PlanFormatError(f"{where}.constants.{key}: {value!r} is not a finite float32 > 0")
+        _check_roles(n, form, plan, contracts, where)
+        if form.mask != (n.mask is not None):
+            raise PlanFormatError(f"{where}.mask: {'missing' if form.mask else f'a {n.op} node has no mask'}")
+        if n.mask is not None:
+            _check_mask(n.mask, f"{where}.mask")
+    launched = set()
+    for i, launch in enumerate(plan.launches):
+        if launch.node not in names:
+            raise PlanFormatError(f"launches[{i}].node: {launch.node[:80]!r} is not a node of the plan (body.nodes)")
+        launched.add(launch.node)
+    for i, n in enumerate(plan.nodes):
+        if n.name not in launched:
+            raise PlanFormatError(f"nodes[{i}]: node {n.name!r} has no launch")
+
+
+def _check_names(found: dict, names: tuple[str, ...], where: str, what: str) -> None:
+    for key in found:
+        if key not in names:
+            raise PlanFormatError(f"{where}.{str(key)[:80]}: not {what}")
+    for key in names:
+        if key not in found:
+            raise PlanFormatError(f"{where}.{key}: missing")
+
+
+def _check_roles(n: NodeRecord, form: NodeForm, plan: PlanData, contracts: set, where: str) -> None:
+    for role in n.slots:
+        if role not in form.roles + form.optional:
+            of = f"a {n.op} node" + (f" of form {n.form!r}" if n.form else "")
+            raise PlanFormatError(f"{where}.slots.{str(role)[:80]}: not a role of {of}")
+    for role in form.roles:
+        if role not in n.slots:
+            raise PlanFormatError(f"{where}.slots.{role}: missing")
+    for group in form.together:
+        given = [role for role in group if role in n.slots]
+        if given and len(given) < len(group):
+            lacking = next(role for role in group if role not in n.slots)
+            raise PlanFormatError(f"{where}.slots.{lacking}: missing ({', '.join(group)} go together)")
+    for role, slot in n.slots.items():
+        if not _int_in(slot, 0, len(plan.slots) - 1):
+            raise PlanFormatError(f"{where}.slots.{role}: {slot!r} but the plan has {len(plan.slots)} slots")
+        kind = LENGTH_ROLES.get(role)
+        if kind is not None and (slot, kind) not in contracts:
+            raise PlanFormatError(f"{where}.slots.{role}: slot {slot} has no length contract of kind {kind!r}")
+        s = plan.slots[slot]
+        if role == PAGE_TABLE_ROLE and (s.dtype != "int32" or len(s.dims) != 2):
+            raise PlanFormatError(f"{where}.slots.{role}: slot {slot} is not a rank-2 int32 slot")
+
+
+def _check_mask(m: NodeMask, where: str) -> None:
+    if m.alignment not in ALIGNMENTS:
+        raise PlanFormatError(f"{where}.alignment: {m.alignment!r} is not one of {list(ALIGNMENTS)}")
+    for key in ("window_left", "window_right"):
+        value = getattr(m, key)
+        if value is not None and not _int_in(value, 0, WINDOW_MAX):
+            raise PlanFormatError(f"{where}.{key}: {value!r} is neither None nor an integer in [0, {WINDOW_MAX}]")
+    if m.causal and m.window_right != 0:
+        raise PlanFormatError(f"{where}.window_right: {m.window_right!r}, but a causal mask's is 0")
+    if m.softcap is not None and not _positive_f32(m.softcap):
+        raise PlanFormatError(f"{where}.softcap: {m.softcap!r} is neither None nor a finite float32 > 0")
+
+
+def _int_in(value, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def _positive_f32(value) -> bool:
+    """A float (never an int: frostc writes floats as float64) that float32 holds, > 0 (not NaN)."""
+    return isinstance(value, float) and 0 < value <= F32_MAX
 
 
 def _check_workspace(plan: PlanData) -> None:

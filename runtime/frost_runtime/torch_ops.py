@@ -148,7 +148,7 @@ def _runnable(r: Registered) -> Plan:
 
 def _refuse_caches(r: Registered) -> None:
     """`run` allocates its outputs: a plan that updates caches in place (kv_append) cannot be run so."""
-    if any(k.name.startswith("kv_append") for k in r.data.kernels):
+    if any(n.op == "kv_append" for n in r.data.nodes):
         caches = [r.data.slots[i].name for i in r.writes]
         raise BindError(
             f"plan {r.key!r} updates caches in place (kv_append): call torch.ops.frostc.execute with "

@@ -3,13 +3,10 @@ sequence lengths to run them with, and the FLOPs or bytes that turn a time into 
 
 Pure Python (no torch, no GPU), so the benchmark's arithmetic is testable anywhere.
 
-The plan carries no description, so an attention node is read from its launches: the kernel
-variant's name (`sdpa_fwd_wgmma.<dtype>.d<D>.<mask>[.varlen]...`, `sdpa_schedule.<form>...`,
-`sdpa_decode_paged.<dtype>.d<D>.p<P>.<full|causal_br>...`), its named integer arguments
-(batch, heads_q, seq_q, seq_kv, group, window_left, window_right; the paged kernel's batch,
-heads_kv, group, s_new) and the slots its pointer and tensor-map arguments name (the head dim
-and element size from q's or the K cache's slot; the sequence lengths from the scheduling
-launch's `q_lengths` / `kv_lengths` or the paged launch's `seq_len_kv`).
+An attention node is its record in the plan (`schema.NodeRecord`, what frostc's sdpa op
+records of it): its form, mask, sizes (capacities where lengths vary) and the slots of its
+roles (K's element size from k's slot; the sequence lengths from its length slots). No kernel's
+name or parameters are read.
 
 The models, each the definition of the benchmark that reports it:
 - attention FLOPs = 4 · d · hq · (visible (query, key) pairs), summed over sequences, where
@@ -19,16 +16,12 @@ The models, each the definition of the benchmark that reports it:
   - any other plan counts the pairs the real lengths see (bench/varlen.py's useful FLOPs);
 - paged decode bytes = Σ cache_len · hkv · d · element bytes · 2 (K and V): the KV a step must
   read (bench/decode.py's TB/s).
-One ambiguity: a "local" variant (a left window) with window_right = 0 is taken as bounded at
-the diagonal (causal + window_left, the sliding window); the plan does not record a left window
-with no right bound apart from that.
 """
 
 import random
-import re
 from dataclasses import dataclass
 
-from frost_runtime.schema import DTYPES, LengthContract, PlanData
+from frost_runtime.schema import DTYPES, PAGE_TABLE_ROLE, LengthContract, NodeMask, NodeRecord, PlanData
 
 FULL, RANDOM = "full", "random"
 
@@ -55,13 +48,23 @@ class Mask:
         base = "local" if self.left else "causal" if self.right else "full"
         return base + ("_br" if self.bottom_right else "")
 
+    @staticmethod
+    def of(mask: NodeMask) -> "Mask":
+        """A node record's mask (a window of None: no bound on that side)."""
+        return Mask(
+            right=mask.window_right is not None,
+            left=mask.window_left is not None,
+            bottom_right=mask.alignment == "bottom_right",
+            window_left=mask.window_left or 0,
+            window_right=mask.window_right or 0,
+        )
+
 
 @dataclass(frozen=True)
 class Attention:
-    """One attention node of a plan, as its launches describe it."""
+    """One attention node of a plan, as its record describes it."""
 
     node: str
-    kernel: str  # the attention kernel's variant name
     form: str  # "dense" | "padded" | "packed" | "paged"
     batch: int
     heads_q: int
@@ -75,122 +78,26 @@ class Attention:
     kv_lengths: int = -1  # the slot of the key lengths (padded, packed, paged), or -1
 
 
-_MASK_LABEL = re.compile(r"(full|causal|local)(_br)?")
-
-
 def attention_nodes(plan: PlanData) -> list[Attention]:
-    """The plan's attention nodes, in launch order; other launches (kv_append, the scheduling
-    kernel, the split-KV combine) contribute no node of their own."""
-    found = []
-    for i, launch in enumerate(plan.launches):
-        kernel = plan.kernels[launch.kernel]
-        if kernel.name.startswith("sdpa_fwd_wgmma."):
-            found.append(_dense_or_varlen(plan, i))
-        elif kernel.name.startswith("sdpa_decode_paged."):
-            found.append(_paged(plan, i))
-    return found
+    """The plan's attention (sdpa) nodes, in the description's order."""
+    return [_attention(plan, n) for n in plan.nodes if n.op == "sdpa"]
 
 
-def launch_args(plan: PlanData, index: int) -> dict:
-    """A launch's arguments by parameter name: ints and floats as they are, a slot's pointer or
-    tensor map as ("slot", index), a workspace pointer as ("workspace", offset)."""
-    launch = plan.launches[index]
-    out = {}
-    for param, arg in zip(plan.kernels[launch.kernel].params, launch.args):
-        if arg.slot >= 0:
-            out[param.name] = ("slot", arg.slot)
-        elif arg.workspace >= 0:
-            out[param.name] = ("workspace", arg.workspace)
-        else:
-            out[param.name] = arg.value
-    return out
-
-
-def _slot_of(args: dict, *names: str) -> int:
-    for name in names:
-        value = args.get(name)
-        if isinstance(value, tuple) and len(value) == 2 and value[0] == "slot":
-            return value[1]
-    return -1
-
-
-def _mask_from_name(name: str, args: dict) -> Mask:
-    parts = name.split(".")
-    found = next((m for p in parts if (m := _MASK_LABEL.fullmatch(p))), None)
-    if found is None:
-        raise ValueError(f"kernel {name!r}: no mask (full, causal, local) in its name")
-    kind, br = found.group(1), bool(found.group(2))
-    return Mask(
-        right=kind in ("causal", "local"),
-        left=kind == "local",
-        bottom_right=br,
-        window_left=int(args.get("window_left", 0)) if kind == "local" else 0,
-        window_right=int(args.get("window_right", 0)) if kind in ("causal", "local") else 0,
-    )
-
-
-def _dense_or_varlen(plan: PlanData, index: int) -> Attention:
-    launch = plan.launches[index]
-    name = plan.kernels[launch.kernel].name
-    args = launch_args(plan, index)
-    q_slot, k_slot = _slot_of(args, "q.tmap", "q"), _slot_of(args, "k.tmap", "k")
-    heads_q, group = int(args["heads_q"]), max(1, int(args["group"]))
-    form, q_lengths, kv_lengths = "dense", -1, -1
-    if "varlen" in name.split("."):
-        schedule = _schedule_of(plan, index)
-        if schedule is None:
-            raise ValueError(
-                f"launch {index} ({name}): a variable-length attention launch without its scheduling launch"
-            )
-        sargs = launch_args(plan, schedule)
-        form = "packed" if "packed" in plan.kernels[plan.launches[schedule].kernel].name.split(".") else "padded"
-        q_lengths, kv_lengths = _slot_of(sargs, "q_lengths"), _slot_of(sargs, "kv_lengths")
+def _attention(plan: PlanData, n: NodeRecord) -> Attention:
+    slots = n.slots  # a packed node's lengths are cu_seqlens_*, a padded or paged one's seq_len_*
     return Attention(
-        node=launch.node,
-        kernel=name,
-        form=form,
-        batch=int(args["batch"]),
-        heads_q=heads_q,
-        heads_kv=heads_q // group,
-        head_dim=plan.slots[q_slot].dims[-1],
-        seq_q=int(args["seq_q"]),
-        seq_kv=int(args["seq_kv"]),
-        mask=_mask_from_name(name, args),
-        element_bytes=DTYPES[plan.slots[k_slot].dtype],
-        q_lengths=q_lengths,
-        kv_lengths=kv_lengths,
-    )
-
-
-def _schedule_of(plan: PlanData, index: int) -> int | None:
-    """The scheduling launch of the attention launch `index`: the same node's, before it."""
-    node = plan.launches[index].node
-    for i in range(index - 1, -1, -1):
-        launch = plan.launches[i]
-        if launch.node == node and plan.kernels[launch.kernel].name.startswith("sdpa_schedule."):
-            return i
-    return None
-
-
-def _paged(plan: PlanData, index: int) -> Attention:
-    launch = plan.launches[index]
-    name = plan.kernels[launch.kernel].name
-    args = launch_args(plan, index)
-    cache = plan.slots[_slot_of(args, "k.tmap", "k")]  # (pages, page_size, hkv, d)
-    heads_kv, group = int(args["heads_kv"]), int(args["group"])
-    return Attention(
-        node=launch.node,
-        kernel=name,
-        form="paged",
-        batch=int(args["batch"]),
-        heads_q=heads_kv * group,
-        heads_kv=heads_kv,
-        head_dim=cache.dims[-1],
-        seq_q=int(args["s_new"]),
-        seq_kv=int(args["max_pages"]) * cache.dims[1],
-        mask=Mask(right="causal_br" in name.split("."), bottom_right=True),
-        element_bytes=DTYPES[cache.dtype],
-        kv_lengths=_slot_of(args, "seq_len_kv"),
+        node=n.name,
+        form=n.form,
+        batch=n.sizes["batch"],
+        heads_q=n.sizes["heads_q"],
+        heads_kv=n.sizes["heads_kv"],
+        head_dim=n.sizes["head_dim"],
+        seq_q=n.sizes["seq_q"],
+        seq_kv=n.sizes["seq_kv"],
+        mask=Mask.of(n.mask),
+        element_bytes=DTYPES[plan.slots[slots["k"]].dtype],
+        q_lengths=slots.get("cu_seqlens_q", slots.get("seq_len_q", -1)),
+        kv_lengths=slots.get("cu_seqlens_kv", slots.get("seq_len_kv", -1)),
     )
 
 
@@ -423,16 +330,13 @@ class PageTable:
 
 
 def page_tables(plan: PlanData) -> list[PageTable]:
-    """Every slot a launch binds to a `page_table` parameter, with its cache and lengths."""
+    """Every page-table slot of the plan's nodes (a paged attention's, a kv_append's), with the
+    lengths slot and the cache sizes of its first node."""
     found: dict[int, PageTable] = {}
-    for i in range(len(plan.launches)):
-        args = launch_args(plan, i)
-        table = _slot_of(args, "page_table")
-        cache = _slot_of(args, "k.tmap", "k_cache")
-        if table < 0 or table in found or cache < 0:
-            continue
-        dims = plan.slots[cache].dims
-        found[table] = PageTable(table, _slot_of(args, "seq_len_kv"), dims[0], dims[1])
+    for n in plan.nodes:
+        table = n.slots.get(PAGE_TABLE_ROLE, -1)
+        if table >= 0 and table not in found:
+            found[table] = PageTable(table, n.slots.get("seq_len_kv", -1), n.sizes["pages"], n.sizes["page_size"])
     return list(found.values())
 
 
