@@ -57,7 +57,7 @@ class Deployment:
 
     @property
     def quantized_cache(self) -> bool:
-        return DTYPES[self.kv_cache_dtype].scaled
+        return DTYPES[self.kv_cache_dtype].quantized
 
     @property
     def max_pages(self) -> int:
@@ -134,7 +134,7 @@ def deployment(
     _check_tp(model, tp, bad)
     if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE:
         bad("--kv-cache-dtype", f"{kv_cache_dtype!r}: the paged cache holds {quoted(KV_CACHE)}")
-    elif kv_cache_dtype is not None and dtype is not None and not DTYPES[kv_cache_dtype].scaled:
+    elif kv_cache_dtype is not None and dtype is not None and not DTYPES[kv_cache_dtype].quantized:
         if kv_cache_dtype != dtype:
             bad("--kv-cache-dtype", f"{kv_cache_dtype!r}: an unquantized cache holds the model's {dtype}; "
                                     f"leave the flag out, or pass e4m3 (FP8: half the bytes)")  # fmt: skip

@@ -10,7 +10,7 @@ from frostc.kernels.interface import I64, Facets, Group, Ptr, abi, pointer
 
 def quantized(variant) -> bool:
     """Whether the variant's caches are quantized (e4m3, with float32 scales)."""
-    return DTYPES[variant.kv_cache_dtype].scaled
+    return DTYPES[variant.kv_cache_dtype].quantized
 
 
 @dataclass(frozen=True)

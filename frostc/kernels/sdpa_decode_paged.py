@@ -126,7 +126,7 @@ def decode_tiles(head_dim: int, page_size: int, dtype: str, kv_cache_dtype: str,
     takes ROWS_SCALED rows per CTA; with few rows (its transposed MMAs: ~100 registers a
     thread) three CTAs fit an SM, whose twelve consumer warps hide each other's latency better
     than eight with six stages each (bench/NOTES.md, decode v14; four CTAs of three stages lost)."""
-    quantized = DTYPES[kv_cache_dtype].scaled
+    quantized = DTYPES[kv_cache_dtype].quantized
     ctas = 2 if head_dim <= 128 else 1
     if quantized and few_rows and head_dim <= 128:
         ctas = FEW_ROWS_CTAS_PER_SM

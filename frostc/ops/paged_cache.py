@@ -11,7 +11,7 @@ them (calibrated, or amax / 448 of a prefill); the plan reads them at every laun
 
 from __future__ import annotations
 
-from frost_runtime.dtypes import ATTENTION, DTYPES, KV_CACHE, SCALE_DTYPE
+from frost_runtime.dtypes import ATTENTION, KV_CACHE, SCALE_DTYPE, is_quantized
 
 from frostc.contexts import CheckedTensor, NodeContext
 
@@ -42,15 +42,11 @@ SCALE_ROLES = ("k_scale", "v_scale")
 SCALE_EXAMPLE = "amax(|x|) / 448 per kv head"
 
 
-def is_scaled(dtype: str | None) -> bool:
-    return dtype in DTYPES and DTYPES[dtype].scaled
-
-
 def cache_dtype_problem(role: str, dtype: str, data_dtype: str | None, data_role: str) -> str | None:
     """A cache holds the data's dtype (bf16 or fp16) or a quantized one (e4m3) with scales."""
     if dtype not in KV_CACHE:
         return f'{role} must be {" or ".join(KV_CACHE)}, got "{dtype}"; write dtype = "{data_dtype or ATTENTION[0]}"'
-    if data_dtype is not None and not is_scaled(dtype) and dtype != data_dtype:
+    if data_dtype is not None and not is_quantized(dtype) and dtype != data_dtype:
         return (
             f"{dtype} does not match {data_role}'s {data_dtype}; the caches hold {data_role}'s dtype, or e4m3 with "
             f'scales (k_scale, v_scale): write dtype = "{data_dtype}" or "e4m3"'
@@ -66,7 +62,7 @@ def check_cache_scales(
     k_cache, v_cache = caches
     before = len(ctx.problems)
     dtypes = [c.dtype for c in caches if c is not None and c.dtype in KV_CACHE]
-    scaled = any(is_scaled(d) for d in dtypes)
+    scaled = any(is_quantized(d) for d in dtypes)
     # two unquantized caches are each held to the data's dtype (cache_dtype_problem)
     if scaled and len(dtypes) == 2 and dtypes[0] != dtypes[1]:
         ctx.problems_at(

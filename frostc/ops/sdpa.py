@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 
-from frost_runtime.dtypes import ATTENTION, SCALE_DTYPE
+from frost_runtime.dtypes import ATTENTION, SCALE_DTYPE, is_quantized
 from frost_runtime.schema import F32_MAX
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
@@ -47,7 +47,6 @@ from frostc.ops.paged_cache import (
     SCALE_ROLES,
     cache_dtype_problem,
     check_cache_scales,
-    is_scaled,
     new_tokens_problem,
     page_size_problem,
 )
@@ -291,7 +290,7 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
 def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> bool:
     """Problems for dtypes the roles may not have; returns whether the node is FP8 (e4m3 q)."""
     q = tensors.get("q")
-    fp8 = form != "paged" and q is not None and is_scaled(q.dtype)
+    fp8 = form != "paged" and q is not None and is_quantized(q.dtype)
     if fp8:
         _check_fp8_dtypes(tensors, ctx)
     q_dtype = q.dtype if q is not None and q.dtype in DATA_DTYPES else None
@@ -301,7 +300,7 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
         if form == "paged" and role in ("k", "v"):
             if message := cache_dtype_problem(f"the paged form's {role} (a cache)", c.dtype, q_dtype, "q"):
                 ctx.problems_at(c.at("dtype"), message)
-        elif role in ("k", "v") and is_scaled(c.dtype) and q_dtype is not None and form != "paged":
+        elif role in ("k", "v") and is_quantized(c.dtype) and q_dtype is not None and form != "paged":
             message = (
                 f"{c.dtype} {role} with {q_dtype} q: the FP8 kernel takes e4m3 q, k and v (with q_descale, "
                 f"k_descale, v_descale); quantize q too, or give {role} as {q_dtype}"
@@ -310,9 +309,9 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
         elif role in ("q", "k", "v", "o"):
             if c.dtype not in DATA_DTYPES:
                 message = f'sdpa {role} must be {" or ".join(DATA_DTYPES)}, got "{c.dtype}"'
-                if is_scaled(c.dtype) and role == "o":
+                if is_quantized(c.dtype) and role == "o":
                     message += "; an FP8 node's o is bf16 or fp16"
-                elif is_scaled(c.dtype) and role == "q":
+                elif is_quantized(c.dtype) and role == "q":
                     # only the paged form gets here with e4m3 q (the others take the FP8 kernel)
                     message += (
                         "; the paged form's q stays 16-bit (an FP8 cache is e4m3 k and v with k_scale and v_scale): "

@@ -142,7 +142,7 @@ def choose_decode(node: Sdpa, dtype: str, kv_cache_dtype: str, target: Target) -
     MIN_CHUNK_KEYS keys (SHORT_CHUNK_KEYS when those would fill less than half the slots). The
     chunk is a whole number of the variant's key blocks (an e4m3 cache's chunks of twice the keys
     were tried, bench/NOTES.md decode v5)."""
-    few_rows = DTYPES[kv_cache_dtype].scaled and decode_rows(node) <= FEW_ROWS
+    few_rows = DTYPES[kv_cache_dtype].quantized and decode_rows(node) <= FEW_ROWS
     tiles = decode_tiles(node.head_dim, node.page_size, dtype, kv_cache_dtype, few_rows)
     units = node.batch * node.heads_kv * -(-decode_rows(node) // tiles.rows)
     slots = target.sms * tiles.ctas_per_sm

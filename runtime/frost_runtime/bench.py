@@ -92,7 +92,7 @@ def _empty(slot, device: str):
     extent = sum((d - 1) * s for d, s in zip(slot.dims, slot.strides)) + 1
     if slot.dtype == "int32":
         storage = torch.zeros(extent, dtype=dtype, device=device)
-    elif dtypes.DTYPES[slot.dtype].scaled:  # torch draws no float8 directly
+    elif dtypes.DTYPES[slot.dtype].quantized:  # torch draws no float8 directly
         storage = torch.randn(extent, device=device).to(dtype)
     else:
         storage = torch.empty(extent, dtype=dtype, device=device).normal_()

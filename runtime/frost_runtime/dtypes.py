@@ -21,7 +21,7 @@ class DType:
     dsl: str  # the CuTe DSL type's name in `cutlass`: "BFloat16"
     hf: str | None  # a Hugging Face config's torch_dtype / dtype value, None for none
     attention: bool  # q, k, v, o and the caches may have it
-    scaled: bool = False  # a quantized paged KV cache: stored as x / scale, with float32 scales
+    quantized: bool = False  # a paged KV cache may hold it as x / scale, with float32 scales
 
 
 DTYPES: dict[str, DType] = {
@@ -31,16 +31,21 @@ DTYPES: dict[str, DType] = {
         DType("fp16", 2, 16, "<f2", "float16", "Float16", "float16", True),
         DType("fp32", 4, 4, "<f4", "float32", "Float32", "float32", False),
         DType("int32", 4, 4, "<i4", "int32", "Int32", None, False),
-        DType("e4m3", 1, 16, "|V1", "float8_e4m3fn", "Float8E4M3FN", None, False, scaled=True),
+        DType("e4m3", 1, 16, "|V1", "float8_e4m3fn", "Float8E4M3FN", None, False, quantized=True),
     )
 }
 NAMES = tuple(DTYPES)
 ATTENTION = tuple(name for name, d in DTYPES.items() if d.attention)  # data tensors of sdpa and kv_append
-SCALED_CACHE = tuple(name for name, d in DTYPES.items() if d.scaled)  # a paged cache's quantized forms
-KV_CACHE = ATTENTION + SCALED_CACHE  # a paged cache's elements
+QUANTIZED_CACHE = tuple(name for name, d in DTYPES.items() if d.quantized)  # a paged cache's quantized forms
+KV_CACHE = ATTENTION + QUANTIZED_CACHE  # a paged cache's elements
 SCALE_DTYPE = "fp32"  # a quantized cache's scale factors
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn: quantizing saturates to it
 ELEMENT_BYTES = {name: d.bytes for name, d in DTYPES.items()}
+
+
+def is_quantized(name: str | None) -> bool:
+    """Whether `name` is a dtype a paged cache holds quantized (any other name: False)."""
+    return name in DTYPES and DTYPES[name].quantized
 
 
 def torch_dtype(name: str):

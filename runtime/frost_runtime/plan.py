@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from frost_runtime import driver, dtypes
+from frost_runtime.dtypes import ELEMENT_BYTES
 from frost_runtime.schema import (
-    DTYPES,
     PARAM_ALIGN,
     PARAM_KINDS,
     WORKSPACE_ALIGN,
@@ -508,7 +508,7 @@ def _slot_check(index: int, slot: TensorSlot, device: int) -> _SlotCheck:
         name=slot.name,
         torch_dtype=torch_dtype,
         typestr=TYPESTR[slot.dtype],
-        itemsize=DTYPES[slot.dtype],
+        itemsize=ELEMENT_BYTES[slot.dtype],
         shape=slot.dims,
         strides=slot.strides,
         align=slot.align,

@@ -446,7 +446,7 @@ def _read_manifest(header: SetHeader, manifest: dict, cubins: dict, digest: str)
     kind_info = _read_kinds(m, (*entries, *missing))
     serving = _read_serving(m)
     for info in kind_info.values():  # an unquantized cache holds its layers' dtype
-        if serving.kv_cache_dtype != info.dtype and not DTYPES[serving.kv_cache_dtype].scaled:
+        if serving.kv_cache_dtype != info.dtype and not DTYPES[serving.kv_cache_dtype].quantized:
             raise PlanFormatError(
                 f"manifest.serving.kv_cache_dtype: {serving.kv_cache_dtype} caches for kind {info.kind}, whose "
                 f"dtype is {info.dtype}; {REBUILD_SET}"

@@ -59,7 +59,6 @@ MAX_NAME_CHARS = 128  # a slot's, a launch's node's, a workspace region's
 MAX_PLAN_NAME_CHARS = 256  # the header's (the reader's default string limit, and _HEADER_FORMS)
 F32_MAX = 3.4028234663852886e38
 
-DTYPES = dtypes.ELEMENT_BYTES  # name -> element bytes (frost_runtime.dtypes)
 WORKSPACE_ALIGN = 256  # bytes: the workspace's base and every region's offset are multiples
 # name -> bytes. "tmap": a TMA tensor map (CUtensorMap) passed by value, its global address
 # (bytes 0..7) patched from a slot's pointer; "i32x3": three int32 (a coordinate tensor's extents)
@@ -711,8 +710,8 @@ def check_plan(plan: PlanData) -> None:
     names = set()
     for i, s in enumerate(plan.slots):
         where = f"slots[{i}]"
-        if s.dtype not in DTYPES:
-            raise PlanFormatError(f"{where}.dtype: {s.dtype!r} is not one of {sorted(DTYPES)}")
+        if s.dtype not in dtypes.ELEMENT_BYTES:
+            raise PlanFormatError(f"{where}.dtype: {s.dtype!r} is not one of {sorted(dtypes.ELEMENT_BYTES)}")
         if len(s.strides) != len(s.dims):
             raise PlanFormatError(f"{where}.strides: {len(s.strides)} strides for {len(s.dims)} dims")
         if s.name in names:
@@ -723,7 +722,7 @@ def check_plan(plan: PlanData) -> None:
         if any(d < 1 for d in s.dims) or any(st < 0 for st in s.strides):
             raise PlanFormatError(f"{where}: dims must be positive and strides non-negative")
         # the furthest element any kernel may address, in bytes, must fit int64 (pointer arithmetic)
-        extent = (sum((d - 1) * st for d, st in zip(s.dims, s.strides)) + 1) * DTYPES[s.dtype]
+        extent = (sum((d - 1) * st for d, st in zip(s.dims, s.strides)) + 1) * dtypes.ELEMENT_BYTES[s.dtype]
         if extent > I64_MAX:
             raise PlanFormatError(f"{where}: dims {s.dims} with strides {s.strides} span more than 2**63 bytes")
         if s.align & (s.align - 1) or s.align < 1:

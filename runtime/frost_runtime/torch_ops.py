@@ -30,7 +30,7 @@ from frost_runtime import dtypes
 from frost_runtime.plan import BindError, Plan
 from frost_runtime.schema import PlanData, TensorSlot
 
-_DTYPES = {name: dtypes.torch_dtype(name) for name in dtypes.NAMES}
+_TORCH_DTYPES = {name: dtypes.torch_dtype(name) for name in dtypes.NAMES}
 
 
 @dataclass
@@ -177,7 +177,7 @@ def _plan_shaped(r: Registered, index: int, t: torch.Tensor) -> torch.Tensor:
     address nothing: HF's decode-step queries carry such strides); else a copy in the slot's
     strides when only strides or alignment differ."""
     slot = r.data.slots[index]
-    dtype = _DTYPES.get(slot.dtype)
+    dtype = _TORCH_DTYPES.get(slot.dtype)
     if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != slot.dims:
         return t  # the plan's check names what is wrong
     aligned = t.data_ptr() % slot.align == 0
@@ -191,7 +191,7 @@ def _plan_shaped(r: Registered, index: int, t: torch.Tensor) -> torch.Tensor:
 
 
 def _empty_slot(slot: TensorSlot, device: torch.device) -> torch.Tensor:
-    return torch.empty_strided(slot.dims, slot.strides, dtype=_DTYPES[slot.dtype], device=device)
+    return torch.empty_strided(slot.dims, slot.strides, dtype=_TORCH_DTYPES[slot.dtype], device=device)
 
 
 def _workspace(r: Registered, given: torch.Tensor | None) -> torch.Tensor | None:

@@ -21,7 +21,8 @@ The models, each the definition of the benchmark that reports it:
 import random
 from dataclasses import dataclass
 
-from frost_runtime.schema import DTYPES, PAGE_TABLE_ROLE, LengthContract, NodeMask, NodeRecord, PlanData
+from frost_runtime.dtypes import ELEMENT_BYTES
+from frost_runtime.schema import PAGE_TABLE_ROLE, LengthContract, NodeMask, NodeRecord, PlanData
 
 FULL, RANDOM = "full", "random"
 
@@ -95,7 +96,7 @@ def _attention(plan: PlanData, n: NodeRecord) -> Attention:
         seq_q=n.sizes["seq_q"],
         seq_kv=n.sizes["seq_kv"],
         mask=Mask.of(n.mask),
-        element_bytes=DTYPES[plan.slots[slots["k"]].dtype],
+        element_bytes=ELEMENT_BYTES[plan.slots[slots["k"]].dtype],
         q_lengths=slots.get("cu_seqlens_q", slots.get("seq_len_q", -1)),
         kv_lengths=slots.get("cu_seqlens_kv", slots.get("seq_len_kv", -1)),
     )

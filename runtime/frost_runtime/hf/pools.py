@@ -64,7 +64,7 @@ class Pools:
 def allocate(serving: ServingInfo, info: KindInfo, like: torch.Tensor) -> tuple[PoolPair, PoolPair | None]:
     """A layer's zeroed K and V pools, in the set's cache dtype (else `like`'s) on `like`'s device, and
     a scaled cache's scales ((hkv,) float32 each, ones until a prefill sets them), else None."""
-    scaled = dtypes.DTYPES[serving.kv_cache_dtype].scaled
+    scaled = dtypes.DTYPES[serving.kv_cache_dtype].quantized
     shape = (serving.pages + 1, serving.page_size, info.kv_heads, info.head_dim)
     dtype = dtypes.torch_dtype(serving.kv_cache_dtype) if scaled else like.dtype
     pools = tuple(torch.zeros(shape, dtype=dtype, device=like.device) for _ in range(2))
