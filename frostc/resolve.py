@@ -18,7 +18,7 @@ from frostc import ops
 from frostc.contexts import ResolveContext
 from frostc.errors import DescriptionError
 from frostc.graph import Graph, Tensor
-from frostc.kernels.launch_order import WAITS_AT_ENTRY, WAITS_FOR_NEW_ROWS
+from frostc.kernels.launch_order import NEW_ROWS_BY_S_NEW, WAITS_AT_ENTRY, WAITS_FOR_NEW_ROWS
 from frostc.resolved import ResolvedLaunch, ResolvedPlan, Slot
 
 SLOT_ALIGN = {name: d.align for name, d in DTYPES.items()}  # bytes (frost_runtime.dtypes)
@@ -61,13 +61,24 @@ def _may_start_early(ahead: ResolvedLaunch, launch: ResolvedLaunch) -> bool:
     if rule == WAITS_FOR_NEW_ROWS:  # the launch ahead must write nothing else it reads
         appended = getattr(ahead.variant, "appends_to_caches", ())
         read = _slots_of(launch, launch.variant.reads_caches)
-        return bool(appended) and _slots_of(ahead, appended) == read
+        if not appended or _slots_of(ahead, appended) != read:
+            return False
+        # ... and only rows the launch deems new: both say which by the same parameters, bound alike
+        new = ahead.variant.new_rows
+        deemed = getattr(launch.variant, "new_rows", NEW_ROWS_BY_S_NEW)
+        return new == deemed and _bindings(ahead, new) == _bindings(launch, new)
     return False
 
 
 def _slots_of(launch: ResolvedLaunch, params: tuple[str, ...]) -> tuple[int, ...]:
     slots = {a.param: a.slot for a in launch.args}
     return tuple(slots.get(p, -1) for p in params)
+
+
+def _bindings(launch: ResolvedLaunch, params: tuple[str, ...]) -> tuple:
+    """Each parameter's slot, or its constant's value (None for a parameter the launch lacks)."""
+    args = {a.param: a for a in launch.args}
+    return tuple(None if p not in args else (args[p].slot, args[p].value) for p in params)
 
 
 # ------------------------------------------------------------------------------ the plan format's limits

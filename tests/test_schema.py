@@ -654,7 +654,7 @@ def test_every_op_and_form_round_trips() -> None:
         TensorSlot("table", 5, "int32", (2, 8), (8, 1), False, 4),
     )
     lengths = (LengthContract(2, "offsets", 128, 256), LengthContract(3, "lengths", 128))
-    roles = {"cu_seqlens_q": 2, "cu_seqlens_kv": 2, "seq_len_q": 3, "seq_len_kv": 3, "page_table": 4}
+    roles = {"cu_seqlens_q": 2, "cu_seqlens_kv": 2, "seq_len_q": 3, "seq_len_kv": 3, "page_table": 4, "slot_mapping": 3}
     nodes = []
     for i, ((op, form), spec) in enumerate(schema.NODE_FORMS.items()):
         mask = TOY_NODE.mask if spec.mask else None

@@ -104,12 +104,17 @@ def facets(tensor: str) -> Any:
     return field(metadata={"tensor": tensor})
 
 
-def when(present: Callable[[Any], bool], **facts: Any) -> Any:
+def when(present: Callable[[Any], bool], *, tensor: str | None = None, named: str | None = None, **facts: Any) -> Any:
     """A field (a group, or a leaf) the variants where `present(variant)` holds take; None in the
-    others. `facts`: what `pointer` would say of a pointer field."""
+    others. `facts`: what `pointer` would say of a pointer field; `tensor`: what `facets` says of
+    a `Facets` group, `named`: what `abi` says of a leaf."""
     meta = {"when": present}
     if facts:
         meta |= pointer(**facts).metadata
+    if tensor is not None:
+        meta["tensor"] = tensor
+    if named is not None:
+        meta["abi"] = named
     return field(metadata=meta)
 
 

@@ -13,3 +13,11 @@ WAITS_AT_ENTRY = "waits_at_entry"  # before its first global read: it may follow
 # nothing but those rows of its caches (a variant with `appends_to_caches`: kv_append) into the
 # caches it reads (its variant's `reads_caches` parameters, in the same order)
 WAITS_FOR_NEW_ROWS = "waits_for_new_rows"
+
+# Which rows are new: an appending variant names (`new_rows`) the parameters that say which
+# positions of each sequence it writes, its waiting follower those of the positions it waits
+# before; the follower may start early only if both name the same parameters, bound to the same
+# slots (or constants). A follower that names none deems new each sequence's last s_new
+# positions of its seq_len_kv (the paged decode attention); kv_append's packed form names
+# cu_seqlens_q instead of s_new: sequence b's last cu[b + 1] - cu[b] positions.
+NEW_ROWS_BY_S_NEW = ("seq_len_kv", "s_new")

@@ -3,7 +3,8 @@
 Buffers follow each slot's dtype, dims and strides: inputs random normal, outputs poisoned with
 NaN (an output a launch also reads through a tensor map, such as a KV cache appended in place,
 is random like an input), length slots filled by `workload.make_lengths`, page tables with a
-seeded shuffle of the cache's pages, the workspace from `plan.allocate_workspace()`. The plan is
+seeded shuffle of the cache's pages, slot mappings (kv_append's slots form) with distinct rows
+of the cache drawn by a seeded sample, the workspace from `plan.allocate_workspace()`. The plan is
 bound once and timed three ways, by `frost_runtime.timing` (the bench/ scripts' timing too):
 
 - device time per execute: CUDA events around a settled window: `timing.SETTLE_S` seconds of
@@ -60,6 +61,7 @@ def make_buffers(data, lengths: dict[int, list[int]], seed: int, device: str) ->
 
     torch.manual_seed(seed)
     tables = {t.slot: t for t in workload.page_tables(data)}
+    mappings = {m.slot: m for m in workload.slot_mappings(data)}
     read_by_tmap = {a.slot for launch in data.launches for a in launch.args if a.tmap}
     notes = []
     buffers = []
@@ -75,6 +77,8 @@ def make_buffers(data, lengths: dict[int, list[int]], seed: int, device: str) ->
             _write_ints(view, [x for row in rows for x in row])
             if not own:
                 notes.append(f"{slot.name}: the cache's {t.pages} pages are fewer than the lengths need; shared")
+        elif index in mappings:
+            _write_ints(view, workload.slot_mapping_values(slot.dims[0], mappings[index], seed))
         elif slot.dtype == "int32":
             notes.append(f"{slot.name}: an int32 slot with no length contract, filled with zeros")
         elif slot.is_output and index not in read_by_tmap:

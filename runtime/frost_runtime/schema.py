@@ -241,9 +241,21 @@ NODE_FORMS = {
     ("sdpa", "paged"): _sdpa(
         (*_SDPA_SIZES, "pages", "page_size"), (*_SDPA_ROLES, "page_table", "seq_len_kv"), ("lse", *_SCALES), (_SCALES,)
     ),
-    ("kv_append", ""): NodeForm(
+    ("kv_append", ""): NodeForm(  # rows: k, v (b, hkv, s_new, d), every sequence s_new new tokens
         ("batch", "heads_kv", "s_new", "head_dim", "pages", "page_size", "max_pages"),
         ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv"),
+        _SCALES,
+        together=(_SCALES,),
+    ),
+    ("kv_append", "packed"): NodeForm(  # k, v (tokens, hkv, d), sequence b's by cu_seqlens_q
+        ("batch", "tokens", "heads_kv", "head_dim", "pages", "page_size", "max_pages"),
+        ("k", "v", "k_cache", "v_cache", "page_table", "seq_len_kv", "cu_seqlens_q"),
+        _SCALES,
+        together=(_SCALES,),
+    ),
+    ("kv_append", "slots"): NodeForm(  # k, v (tokens, hkv, d), token i to the cache slot slot_mapping[i]
+        ("tokens", "heads_kv", "head_dim", "pages", "page_size"),
+        ("k", "v", "k_cache", "v_cache", "slot_mapping"),
         _SCALES,
         together=(_SCALES,),
     ),
@@ -259,6 +271,7 @@ NODE_FORMS = {
 # roles that hold sequence lengths: the kind of length contract their slot has
 LENGTH_ROLES = {"cu_seqlens_q": "offsets", "cu_seqlens_kv": "offsets", "seq_len_q": "lengths", "seq_len_kv": "lengths"}
 PAGE_TABLE_ROLE = "page_table"  # int32 (batch, pages per sequence)
+SLOT_MAPPING_ROLE = "slot_mapping"  # int32 (tokens,): each token's cache row, page * page_size + row
 
 
 @dataclass(frozen=True)
@@ -851,6 +864,8 @@ def _check_roles(n: NodeRecord, form: NodeForm, plan: PlanData, contracts: set, 
         s = plan.slots[slot]
         if role == PAGE_TABLE_ROLE and (s.dtype != "int32" or len(s.dims) != 2):
             raise PlanFormatError(f"{where}.slots.{role}: slot {slot} is not a rank-2 int32 slot")
+        if role == SLOT_MAPPING_ROLE and (s.dtype != "int32" or len(s.dims) != 1):
+            raise PlanFormatError(f"{where}.slots.{role}: slot {slot} is not a rank-1 int32 slot")
 
 
 def _check_mask(m: NodeMask, where: str) -> None:

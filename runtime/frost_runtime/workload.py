@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 
 from frost_runtime.dtypes import ELEMENT_BYTES
-from frost_runtime.schema import PAGE_TABLE_ROLE, LengthContract, NodeMask, NodeRecord, PlanData
+from frost_runtime.schema import PAGE_TABLE_ROLE, SLOT_MAPPING_ROLE, LengthContract, NodeMask, NodeRecord, PlanData
 
 FULL, RANDOM = "full", "random"
 
@@ -357,3 +357,34 @@ def page_table_rows(
     for k, (b, j) in enumerate(order):
         rows[b][j] = pool[k % len(pool)]
     return rows, sum(need) <= table.pages
+
+
+# ------------------------------------------------------------------------------ slot mappings
+
+
+@dataclass(frozen=True)
+class SlotMapping:
+    """A slot-mapping slot (kv_append's slots form: token i to cache row slot_mapping[i]) and the
+    cache it indexes: `pages` pages of `page_size` rows."""
+
+    slot: int
+    pages: int
+    page_size: int
+
+
+def slot_mappings(plan: PlanData) -> list[SlotMapping]:
+    """Every slot-mapping slot of the plan's nodes, with the cache sizes of its first node."""
+    found: dict[int, SlotMapping] = {}
+    for n in plan.nodes:
+        mapping = n.slots.get(SLOT_MAPPING_ROLE, -1)
+        if mapping >= 0 and mapping not in found:
+            found[mapping] = SlotMapping(mapping, n.sizes["pages"], n.sizes["page_size"])
+    return list(found.values())
+
+
+def slot_mapping_values(tokens: int, mapping: SlotMapping, seed: int = 0) -> list[int]:
+    """One cache row per token, no two alike, drawn from the whole pool by a seeded sample;
+    -1 (padding: not appended) for the tokens past the pool's rows."""
+    rows = mapping.pages * mapping.page_size
+    taken = random.Random(seed).sample(range(rows), min(tokens, rows))
+    return taken + [-1] * (tokens - len(taken))
