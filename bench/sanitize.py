@@ -7,11 +7,12 @@ Run it after every kernel change (README's development notes). The plans cover e
 (static persistent, per tile, paired, dynamic), every mask kind (causal top-left and
 bottom-right, left and two-sided windows, softcap), each head dim, the dense, padded and packed
 forms (with the scheduling kernel), paged decode split and unsplit (with the combine kernel),
-kv_append alone, the glue kernels and the FP8 kernel's variants (dense, padded and packed). Sizes are small, odd
+kv_append alone (its rows, packed and slots forms, each over a 16-bit and an e4m3 cache), the
+glue kernels and the FP8 kernel's variants (dense, padded and packed). Sizes are small, odd
 where it matters, and large enough that each walk is the one its rule picks. Inputs come from
-the GPU tests' buffers (tests/gpu/support.py, fp8_support.py): fresh random values, lengths
-drawn within each plan's contracts, outputs poisoned; each plan's result is also checked
-against float64 under the tool.
+the GPU tests' buffers (tests/gpu/support.py, fp8_support.py, append_support.py): fresh random
+values, lengths drawn within each plan's contracts, outputs poisoned; each plan's result is also
+checked against float64 under the tool (an append's caches: bitwise against the spec).
 
 `run` starts one process per tool (`launch`), which runs every plan in turn and prints a marker
 line before and after each; the sanitizer's reports between two markers belong to that plan.
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import common  # first: the repository (tests.gpu) on the path
 
+from tests.gpu.append_cases import AppendCase
 from tests.gpu.cases import Case
 from tests.gpu.decode_cases import DecodeCase
 from tests.gpu.fp8_cases import Fp8Case
@@ -55,6 +57,7 @@ class Target:
     decode: DecodeCase | None = None
     glue: GlueCase | None = None
     fp8: Fp8Case | None = None
+    append: AppendCase | None = None
 
     @property
     def plan(self) -> str:
@@ -122,6 +125,16 @@ def targets() -> list[Target]:
                             cache="e4m3")),
         t("kv-append", "kv_append alone", decode=DecodeCase("bf16", 4, 8, 8, 128, 16, 16, 4, False, False, "bhsd",
           "append")),
+        # kv_append's ragged forms: one CTA per token, packed (each finds its sequence in cu_seqlens_q) or by slot
+        t("kv-append-packed", "kv_append packed (each token finds its sequence in cu_seqlens_q), page table",
+          append=AppendCase("packed", "bf16", 5, 2, 128, 16, 16, 97)),
+        t("kv-append-packed-e4m3", "kv_append packed, e4m3 cache (one scale), d=64, pages of 256, k/v halves of one "
+          "buffer", append=AppendCase("packed", "fp16", 3, 2, 64, 256, 2, 130, cache="e4m3", scales="tensor",
+                                      rows="fused")),
+        t("kv-append-slots", "kv_append slots (slot_mapping), d=256, pages of 256, HND caches",
+          append=AppendCase("slots", "bf16", 3, 2, 256, 256, 2, 111, cache_layout="phsd")),
+        t("kv-append-slots-e4m3", "kv_append slots, e4m3 cache (head scales)",
+          append=AppendCase("slots", "bf16", 4, 8, 128, 16, 8, 90, cache="e4m3")),
         # the decode step's glue (fused layers): a row that leaves threads idle, Llama-3-8B's rows
         t("glue-rms-norm", "rms_norm, 904-wide rows (most threads hold no piece)", glue=GlueCase("rms_norm", 3, 904)),
         t("glue-add-rms-norm", "rms_norm after a residual add, 4096-wide rows", glue=GlueCase("add_rms_norm", 5, 4096)),
@@ -182,7 +195,7 @@ def build(plans: Path, only: str) -> int:
     from frostc.build import build as build_plan
     from frostc.planfile import write_atomic
     from tests.gpu import fp8_cases
-    from tests.gpu.build_plans import decode_description, description
+    from tests.gpu.build_plans import append_description, decode_description, description
     from tests.gpu.glue_support import glue_description
 
     plans.mkdir(parents=True, exist_ok=True)
@@ -194,6 +207,8 @@ def build(plans: Path, only: str) -> int:
             desc = glue_description(target.glue)
         elif target.fp8 is not None:
             desc = fp8_cases.description(target.fp8)
+        elif target.append is not None:
+            desc = append_description(target.append)
         else:
             desc = description(target.sdpa) if target.sdpa else decode_description(target.decode)
         data = build_plan(desc)
@@ -226,6 +241,7 @@ def launch(plans: Path, only: str) -> int:
     import frost_runtime
     import torch
 
+    from tests.gpu.append_support import AppendBuffers, draw_step, token_mixes
     from tests.gpu.decode_support import DecodeBuffers, length_mixes
     from tests.gpu.fp8_support import Fp8Run, Fp8VarlenRun, real_inputs
     from tests.gpu.glue_support import GlueBuffers
@@ -251,6 +267,11 @@ def launch(plans: Path, only: str) -> int:
                         buffers = Fp8Run(case, plan, real_inputs(case, gen, outliers=False))
                     else:
                         buffers = Fp8VarlenRun(case, plan, gen, draw_lengths(case, rng))
+                    buffers.execute()
+                elif target.append is not None:
+                    case = asdict(target.append) | {"pages": target.append.pages, "capacity": target.append.capacity}
+                    buffers = AppendBuffers(case, plan, seed)
+                    buffers.write(draw_step(case, token_mixes(case, rng)[0], rng, holes=0.1))
                     buffers.execute()
                 elif target.sdpa is not None:
                     case = asdict(target.sdpa)

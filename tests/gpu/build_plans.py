@@ -1,11 +1,12 @@
 """Build the plans the GPU tests need into tests/.built (ignored by git; carried to the GPU).
 
-    python -m tests.gpu.build_plans [--only sdpa|decode]
+    python -m tests.gpu.build_plans [--only sdpa|decode|append|hf|fp8]
 
 Runs on the CPU machine: compiling needs the CuTe DSL, which the GPU machine does not have.
 The sdpa plans go to manifest.json (and two-nodes.frost), the paged-KV decode plans of
-tests/gpu/decode_cases.py to decode-manifest.json. A decode plan that fails to build is reported
-by name with its error, the others are still built, and the command exits 1.
+tests/gpu/decode_cases.py to decode-manifest.json, the ragged appends of
+tests/gpu/append_cases.py to append-manifest.json. A decode or append plan that fails to build
+is reported by name with its error, the others are still built, and the command exits 1.
 """
 
 import argparse
@@ -18,6 +19,8 @@ from pathlib import Path
 from frostc import GraphBuilder
 from frostc.build import build
 from frostc.planfile import write_atomic
+from tests.gpu.append_cases import AppendCase
+from tests.gpu.append_cases import cases as append_cases
 from tests.gpu.cases import TWO_NODES, Case, cases
 from tests.gpu.decode_cases import DecodeCase
 from tests.gpu.decode_cases import cases as decode_cases
@@ -107,6 +110,32 @@ def decode_description(case: DecodeCase):
     return g.build()
 
 
+def append_description(case: AppendCase):
+    """kv_append alone, its new rows (tokens, hkv, d) placed by cu_seqlens_q (packed) or by
+    slot_mapping (slots)."""
+    g = GraphBuilder(case.id)
+    hkv, d, tokens = case.heads_kv, case.head_dim, case.tokens
+    # fused: k and v the halves of one (tokens, 2 hkv, d) buffer, a token's rows 2 hkv d apart
+    strides = {"strides": (2 * hkv * d, d, 1)} if case.rows == "fused" else {}
+    for name in ("k_new", "v_new"):
+        g.tensor(name, dtype=case.dtype, dims=(tokens, hkv, d), **strides)
+    for name in ("k_cache", "v_cache"):  # (pages, page_size, hkv, d), NHD or HND
+        g.tensor(name, dtype=case.cache or case.dtype, dims=(case.pages, case.page_size, hkv, d),
+                 layout=case.cache_layout)  # fmt: skip
+    keys = dict(k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache")
+    if case.cache is not None:
+        for name in ("k_scale", "v_scale"):
+            keys[name] = g.tensor(name, dtype="fp32", dims=(hkv if case.scales == "head" else 1,))
+    if case.form == "packed":
+        keys["page_table"] = g.tensor("page_table", dtype="int32", dims=(case.batch, case.max_pages))
+        keys["seq_len_kv"] = g.tensor("cache_len", dtype="int32", dims=(case.batch,))
+        keys["cu_seqlens_q"] = g.tensor("cu_q", dtype="int32", dims=(case.batch + 1,))
+    else:
+        keys["slot_mapping"] = g.tensor("slot_mapping", dtype="int32", dims=(tokens,))
+    g.node("kv_append", name="append", **keys)
+    return g.build()
+
+
 def build_sdpa() -> None:
     manifest = []
     start = time.time()
@@ -145,6 +174,28 @@ def build_decode() -> list[tuple[str, str]]:
         size = path.stat().st_size >> 10
         print(f"[decode {i + 1}/{len(all_cases)}] {case.id}  {size} KiB ({time.time() - start:.0f} s)", flush=True)
     write_atomic(BUILT / "decode-manifest.json", json.dumps(manifest, indent=1).encode())
+    return failed
+
+
+def build_append() -> list[tuple[str, str]]:
+    """Build every append case it can; returns (case id, error) of those that failed. The
+    manifest lists the built ones (test_append.py fails on the missing ones by name)."""
+    manifest, failed = [], []
+    all_cases = append_cases()
+    for stale in BUILT.glob("append-*.frost"):  # a plan that no longer builds must not be tested
+        stale.unlink()
+    for i, case in enumerate(all_cases):
+        path = BUILT / f"{case.id}.frost"
+        try:
+            write_atomic(path, build(append_description(case)))
+        except Exception as exc:  # reported by name below; the other cases still build
+            failed.append((case.id, f"{type(exc).__name__}: {exc}"))
+            print(f"[append {i + 1}/{len(all_cases)}] {case.id}  FAILED: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        extra = {"plan": path.name, "pages": case.pages, "capacity": case.capacity}
+        manifest.append(asdict(case) | extra)
+        print(f"[append {i + 1}/{len(all_cases)}] {case.id}", flush=True)
+    write_atomic(BUILT / "append-manifest.json", json.dumps(manifest, indent=1).encode())
     return failed
 
 
@@ -201,29 +252,29 @@ def build_hf_sets() -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="Build the GPU tests' plans into tests/.built.")
-    parser.add_argument("--only", choices=["sdpa", "decode", "hf", "fp8"], help="build one group only (default: all)")
+    parser.add_argument(
+        "--only", choices=["sdpa", "decode", "append", "hf", "fp8"], help="build one group only (default: all)"
+    )
     args = parser.parse_args()
     BUILT.mkdir(exist_ok=True)
     if args.only in (None, "fp8"):
         build_fp8()
-    if args.only == "fp8":
-        return 0
     if args.only in (None, "hf"):
         build_hf_sets()
         build_set_of_tiny_llama()
-    if args.only == "hf":
-        return 0
-    if args.only != "decode":
+    if args.only in (None, "sdpa"):
         build_sdpa()
-    if args.only == "sdpa":
-        return 0
-    failed = build_decode()
-    if failed:
-        print(f"\n{len(failed)} of {len(decode_cases())} decode plans FAILED to build (not in decode-manifest.json):")
-        for case_id, error in failed:
-            print(f"  {case_id}: {error.splitlines()[0] if error else ''}")
-        return 1
-    return 0
+    failures = []  # (group, its case count, [(case id, error)])
+    if args.only in (None, "decode"):
+        failures.append(("decode", len(decode_cases()), build_decode()))
+    if args.only in (None, "append"):
+        failures.append(("append", len(append_cases()), build_append()))
+    for group, count, failed in failures:
+        if failed:
+            print(f"\n{len(failed)} of {count} {group} plans FAILED to build (not in {group}-manifest.json):")
+            for case_id, error in failed:
+                print(f"  {case_id}: {error.splitlines()[0] if error else ''}")
+    return 1 if any(failed for _, _, failed in failures) else 0
 
 
 if __name__ == "__main__":
