@@ -12,13 +12,11 @@ outside the page's rows); many short sequences and few long ones. Plans are smal
 
 from dataclasses import dataclass
 
-SPARE_PAGES = 5  # pages in the pool beyond batch * max_pages: never in a table, never written
-
-FORMS = ("packed", "slots")
+from tests.gpu.decode_cases import PagePool
 
 
 @dataclass(frozen=True)
-class AppendCase:
+class AppendCase(PagePool):
     form: str  # "packed" (cu_seqlens_q, page_table, seq_len_kv) | "slots" (slot_mapping)
     dtype: str  # the new rows': "bf16" | "fp16"
     batch: int  # sequences per step (slots: the sequences its slot mappings are drawn for)
@@ -31,15 +29,6 @@ class AppendCase:
     scales: str = "head"  # a quantized cache's scales: one per kv head ("head") or one ("tensor")
     rows: str = "thd"  # k, v: "thd" (each its own buffer) | "fused" (halves of one (tokens, 2 hkv, d))
     cache_layout: str = "pshd"  # "pshd" (NHD) | "phsd" (HND: each head's page rows together)
-
-    @property
-    def pages(self) -> int:
-        """Pages in the cache pool: every sequence can reach its capacity, plus spares."""
-        return self.batch * self.max_pages + SPARE_PAGES
-
-    @property
-    def capacity(self) -> int:
-        return self.max_pages * self.page_size
 
     @property
     def id(self) -> str:

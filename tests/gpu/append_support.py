@@ -17,13 +17,20 @@ e4m3 cache's rows are the new rows quantized as kv_append's spec says (decode_su
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
 
-from tests.gpu.decode_support import FP8_GUARD, INT32_MAX, as_bits, quantize
-from tests.gpu.support import BUILT, GUARD, SENTINEL, gpu_skip_reason, torch_dtype
+from tests.gpu.decode_support import (
+    INT32_MAX,
+    PlanBuffers,
+    as_bits,
+    cache_scales,
+    fill_guards,
+    guarded,
+    quantize,
+)
+from tests.gpu.support import BUILT, GUARD, manifest_entries, manifest_skip_reason
 
 APPEND_MANIFEST = BUILT / "append-manifest.json"
 DEVICE = "cuda"
@@ -31,17 +38,12 @@ POISON_PAGES = (-1, None, INT32_MAX)  # None: the pool's size (the first id past
 
 
 def append_skip_reason() -> str | None:
-    reason = gpu_skip_reason()
-    if reason is not None and not reason.startswith("no built plans"):
-        return reason
-    if not APPEND_MANIFEST.exists():
-        return f"no append plans in {BUILT}: run `python -m tests.gpu.build_plans` on the build machine first"
-    return None
+    return manifest_skip_reason(APPEND_MANIFEST, "append")
 
 
 def append_manifest_entries() -> list[dict]:
     """For parametrizing at collection time; empty (so tests skip) where nothing was built."""
-    return json.loads(APPEND_MANIFEST.read_text()) if APPEND_MANIFEST.exists() else []
+    return manifest_entries(APPEND_MANIFEST)
 
 
 # ---------------------------------------------------------------------------- token mixes
@@ -177,28 +179,18 @@ def targets(case: dict, step: Step) -> list[tuple[int, int, int]]:
 # ---------------------------------------------------------------------------- buffers
 
 
-class AppendBuffers:
+class AppendBuffers(PlanBuffers):
     """One append plan's buffers by tensor name, and the checks of a run."""
 
     def __init__(self, case: dict, plan, seed: int = 0):
         import torch
 
-        self.case, self.plan = case, plan
-        self.dtype = torch_dtype(case["dtype"])
-        self.scaled = case.get("cache") is not None
-        self.cache_dtype = torch_dtype(case["cache"]) if self.scaled else self.dtype
-        self.gen = torch.Generator(device=DEVICE).manual_seed(seed)
+        super().__init__(case, plan, seed, DEVICE)
         b, hkv, d, tokens = case["batch"], case["heads_kv"], case["head_dim"], case["tokens"]
-        self.shape = (case["pages"], case["page_size"], hkv, d)  # the caches' logical dims
-        self.tensors: dict = {}
-        self.storage: dict = {}  # the guarded caches
         for name in ("k_cache", "v_cache"):
             self._guarded_cache(name)
-        if self.scaled:  # positive, around what amax / 448 gives for N(0, 1) rows
-            count = hkv if case["scales"] == "head" else 1
-            for i, name in enumerate(("k_scale", "v_scale")):
-                drawn = torch.rand(count, generator=torch.Generator().manual_seed(seed + i))
-                self.tensors[name] = ((0.5 + drawn) * (4 / 448.0)).to(DEVICE)
+        if self.scaled:
+            self.tensors |= cache_scales(case, seed, DEVICE)
         if case["rows"] == "fused":  # k and v: the two halves of one (tokens, 2 hkv, d) buffer
             both = torch.empty(tokens, 2 * hkv, d, device=DEVICE, dtype=self.dtype)
             self.tensors["k_new"], self.tensors["v_new"] = both[:, :hkv], both[:, hkv:]
@@ -216,26 +208,10 @@ class AppendBuffers:
         self.before: dict = {}  # CPU copies of the cache storages, taken by write()
 
     def _guarded_cache(self, name: str) -> None:
-        import torch
-
-        pages, p, hkv, d = self.shape
+        pages, p, hkv, d = self.cache_shape
         hnd = self.case["cache_layout"] == "phsd"
-        physical, permute = ((pages, hkv, p, d), (0, 2, 1, 3)) if hnd else (self.shape, (0, 1, 2, 3))
-        n = math.prod(physical)
-        storage = torch.empty((n + 2 * GUARD,), device=DEVICE, dtype=self.cache_dtype)
-        self.storage[name] = storage
-        self.tensors[name] = storage[GUARD : GUARD + n].view(physical).permute(permute)
-
-    @property
-    def all(self) -> list:
-        """In the plan's slot order."""
-        return [self.tensors[name] for name in self.plan.slots]
-
-    def bind(self):
-        return self.plan.bind(*self.all, workspace=self.workspace)
-
-    def execute(self) -> None:
-        self.plan.execute(*self.all, workspace=self.workspace)
+        physical, permute = ((pages, hkv, p, d), (0, 2, 1, 3)) if hnd else (self.cache_shape, (0, 1, 2, 3))
+        self.storage[name], self.tensors[name] = guarded(physical, permute, self.cache_dtype, DEVICE)
 
     # -- filling
 
@@ -259,11 +235,7 @@ class AppendBuffers:
                 bits = as_bits(storage)
                 low, high = (0, 256) if bits.element_size() == 1 else (-(2**15), 2**15)
                 bits.copy_(torch.randint(low, high, bits.shape, device=DEVICE, generator=self.gen, dtype=bits.dtype))
-                for part in (storage[:GUARD], storage[-GUARD:]):
-                    if part.element_size() == 1:
-                        as_bits(part).fill_(FP8_GUARD)
-                    else:
-                        part.fill_(SENTINEL)
+                fill_guards(storage)
         self.before = {name: storage.to("cpu", copy=True) for name, storage in self.storage.items()}
 
     # -- what the run must leave
@@ -286,44 +258,18 @@ class AppendBuffers:
         new = self.new_rows()
         out = {name: storage.clone() for name, storage in self.before.items()}
         for name, storage in out.items():
-            view = self._logical(as_bits(storage))
+            view = self.cache_view(as_bits(storage))
             bits = as_bits(new[name])
             for token, page, row in rows:
                 view[page, row] = bits[token]
         return out
 
-    def _logical(self, storage):
-        """A storage's cache elements as (pages, page_size, hkv, d), whatever the layout."""
-        pages, p, hkv, d = self.shape
-        inner = storage[GUARD : GUARD + math.prod(self.shape)]
-        if self.case["cache_layout"] == "phsd":
-            return inner.view(pages, hkv, p, d).permute(0, 2, 1, 3)
-        return inner.view(self.shape)
-
-    def assert_caches(self, expected: dict | None = None) -> dict:
-        """Bitwise: the caches (and their guards) equal the expected ones; returns those."""
-        import torch
-
-        expected = self.expected_caches() if expected is None else expected
-        for name, want in expected.items():
-            got = self.storage[name].cpu()
-            same = as_bits(got) == as_bits(want)
-            if bool(same.all()):
-                continue
-            bad = (~same).nonzero().flatten()
-            first = int(bad[0])
-            if first < GUARD or first >= GUARD + math.prod(self.shape):
-                where = "a guard element outside the cache"
-            else:
-                marks = torch.zeros(math.prod(self.shape) + 2 * GUARD, dtype=torch.int32)
-                marks[first] = 1
-                page, row, head, col = (int(x[0]) for x in self._logical(marks).nonzero(as_tuple=True))
-                where = f"page {page} row {row} head {head} element {col}"
-            raise AssertionError(
-                f"{name}: {len(bad)} elements differ from the expected cache; the first at {where} "
-                f"(got bits {int(as_bits(got)[first])}, want {int(as_bits(want)[first])})"
-            )
-        return expected
+    def cache_view(self, storage):
+        """A storage's cache elements as (pages, page_size, hkv, d), NHD or HND."""
+        if self.case["cache_layout"] != "phsd":
+            return super().cache_view(storage)
+        pages, p, hkv, d = self.cache_shape
+        return storage[GUARD : GUARD + math.prod(self.cache_shape)].view(pages, hkv, p, d).permute(0, 2, 1, 3)
 
     def assert_correct(self) -> dict:
         """What a run must leave (bench/sanitize.py's check of every target): the caches."""

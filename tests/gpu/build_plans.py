@@ -153,49 +153,28 @@ def build_sdpa() -> None:
     print("two-nodes", flush=True)
 
 
-def build_decode() -> list[tuple[str, str]]:
-    """Build every decode case it can; returns (case id, error) of those that failed. The
-    manifest lists the built ones (test_decode.py fails on the missing ones by name)."""
+def build_group(group: str, all_cases: list, describe) -> list[tuple[str, str]]:
+    """Build every case of a group ("decode": tests/gpu/decode_cases.py, "append":
+    append_cases.py) it can, each described by `describe`; returns (case id, error) of those
+    that failed. The group's manifest lists the built ones (its tests fail on the missing ones
+    by name)."""
     manifest, failed = [], []
     start = time.time()
-    all_cases = decode_cases()
-    for stale in BUILT.glob("decode-*.frost"):  # a plan that no longer builds must not be tested
+    for stale in BUILT.glob(f"{group}-*.frost"):  # a plan that no longer builds must not be tested
         stale.unlink()
     for i, case in enumerate(all_cases):
         path = BUILT / f"{case.id}.frost"
         try:
-            write_atomic(path, build(decode_description(case)))
+            write_atomic(path, build(describe(case)))
         except Exception as exc:  # reported by name below; the other cases still build
             failed.append((case.id, f"{type(exc).__name__}: {exc}"))
-            print(f"[decode {i + 1}/{len(all_cases)}] {case.id}  FAILED: {type(exc).__name__}: {exc}", flush=True)
+            print(f"[{group} {i + 1}/{len(all_cases)}] {case.id}  FAILED: {type(exc).__name__}: {exc}", flush=True)
             continue
         extra = {"plan": path.name, "pages": case.pages, "capacity": case.capacity}
         manifest.append(asdict(case) | extra)
         size = path.stat().st_size >> 10
-        print(f"[decode {i + 1}/{len(all_cases)}] {case.id}  {size} KiB ({time.time() - start:.0f} s)", flush=True)
-    write_atomic(BUILT / "decode-manifest.json", json.dumps(manifest, indent=1).encode())
-    return failed
-
-
-def build_append() -> list[tuple[str, str]]:
-    """Build every append case it can; returns (case id, error) of those that failed. The
-    manifest lists the built ones (test_append.py fails on the missing ones by name)."""
-    manifest, failed = [], []
-    all_cases = append_cases()
-    for stale in BUILT.glob("append-*.frost"):  # a plan that no longer builds must not be tested
-        stale.unlink()
-    for i, case in enumerate(all_cases):
-        path = BUILT / f"{case.id}.frost"
-        try:
-            write_atomic(path, build(append_description(case)))
-        except Exception as exc:  # reported by name below; the other cases still build
-            failed.append((case.id, f"{type(exc).__name__}: {exc}"))
-            print(f"[append {i + 1}/{len(all_cases)}] {case.id}  FAILED: {type(exc).__name__}: {exc}", flush=True)
-            continue
-        extra = {"plan": path.name, "pages": case.pages, "capacity": case.capacity}
-        manifest.append(asdict(case) | extra)
-        print(f"[append {i + 1}/{len(all_cases)}] {case.id}", flush=True)
-    write_atomic(BUILT / "append-manifest.json", json.dumps(manifest, indent=1).encode())
+        print(f"[{group} {i + 1}/{len(all_cases)}] {case.id}  {size} KiB ({time.time() - start:.0f} s)", flush=True)
+    write_atomic(BUILT / f"{group}-manifest.json", json.dumps(manifest, indent=1).encode())
     return failed
 
 
@@ -265,10 +244,12 @@ def main() -> int:
     if args.only in (None, "sdpa"):
         build_sdpa()
     failures = []  # (group, its case count, [(case id, error)])
-    if args.only in (None, "decode"):
-        failures.append(("decode", len(decode_cases()), build_decode()))
-    if args.only in (None, "append"):
-        failures.append(("append", len(append_cases()), build_append()))
+    for group, all_cases, describe in (
+        ("decode", decode_cases(), decode_description),
+        ("append", append_cases(), append_description),
+    ):
+        if args.only in (None, group):
+            failures.append((group, len(all_cases), build_group(group, all_cases, describe)))
     for group, count, failed in failures:
         if failed:
             print(f"\n{len(failed)} of {count} {group} plans FAILED to build (not in {group}-manifest.json):")

@@ -16,8 +16,21 @@ from dataclasses import dataclass
 SPARE_PAGES = 5  # pages in the pool beyond batch * max_pages: never in a table, always NaN
 
 
+class PagePool:
+    """The pool and the capacity of a case over a paged cache (its batch, max_pages and
+    page_size): every sequence can reach its capacity, plus spare pages."""
+
+    @property
+    def pages(self) -> int:
+        return self.batch * self.max_pages + SPARE_PAGES
+
+    @property
+    def capacity(self) -> int:
+        return self.max_pages * self.page_size
+
+
 @dataclass(frozen=True)
-class DecodeCase:
+class DecodeCase(PagePool):
     dtype: str
     batch: int
     heads_q: int
@@ -34,15 +47,6 @@ class DecodeCase:
     softcap: float | None = None
     cache: str | None = None  # a quantized cache ("e4m3", with k_scale and v_scale); None: `dtype`
     scales: str = "head"  # a quantized cache's scales: one per kv head ("head") or one ("tensor")
-
-    @property
-    def pages(self) -> int:
-        """Pages in the cache pool: every sequence can reach its capacity, plus spares."""
-        return self.batch * self.max_pages + SPARE_PAGES
-
-    @property
-    def capacity(self) -> int:
-        return self.max_pages * self.page_size
 
     @property
     def id(self) -> str:

@@ -22,11 +22,19 @@ way the spec says (`quantize`, bitwise), and the reference reads the dequantized
 
 from __future__ import annotations
 
-import json
 import math
 import random
 
-from tests.gpu.support import BUILT, GUARD, SENTINEL, TOLERANCE, gpu_skip_reason, reference_sequence, torch_dtype
+from tests.gpu.support import (
+    BUILT,
+    GUARD,
+    SENTINEL,
+    TOLERANCE,
+    manifest_entries,
+    manifest_skip_reason,
+    reference_sequence,
+    torch_dtype,
+)
 
 DECODE_MANIFEST = BUILT / "decode-manifest.json"
 INT32_MAX = 2**31 - 1
@@ -44,6 +52,19 @@ def quantize(x, scale):
     return (x.float() * inverse).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+def cache_scales(case: dict, seed: int, device: str) -> dict:
+    """A quantized cache's k_scale and v_scale, float32 on `device`: positive, around what
+    amax / 448 gives for N(0, 1) rows, one per kv head (case["scales"] "head") or one."""
+    import torch
+
+    count = case["heads_kv"] if case["scales"] == "head" else 1
+    scales = {}
+    for i, name in enumerate(("k_scale", "v_scale")):
+        drawn = torch.rand(count, generator=torch.Generator().manual_seed(seed + i))
+        scales[name] = ((0.5 + drawn) * (4 / E4M3_MAX)).to(device)
+    return scales
+
+
 def as_bits(x):
     """The same bytes as integers (bitwise comparisons and masked copies; float8 has few ops)."""
     import torch
@@ -52,17 +73,12 @@ def as_bits(x):
 
 
 def decode_skip_reason() -> str | None:
-    reason = gpu_skip_reason()
-    if reason is not None and not reason.startswith("no built plans"):
-        return reason
-    if not DECODE_MANIFEST.exists():
-        return f"no decode plans in {BUILT}: run `python -m tests.gpu.build_plans` on the build machine first"
-    return None
+    return manifest_skip_reason(DECODE_MANIFEST, "decode")
 
 
 def decode_manifest_entries() -> list[dict]:
     """For parametrizing at collection time; empty (so tests skip) where nothing was built."""
-    return json.loads(DECODE_MANIFEST.read_text()) if DECODE_MANIFEST.exists() else []
+    return manifest_entries(DECODE_MANIFEST)
 
 
 def has_append(case: dict) -> bool:
@@ -98,30 +114,107 @@ def length_mixes(case: dict, rng: random.Random, count: int = 3) -> list[list[in
 # ---------------------------------------------------------------------------- buffers
 
 
-class DecodeBuffers:
-    """One decode plan's buffers by tensor name, and the checks of a run."""
+def guarded(physical: tuple, permute: tuple, dtype, device: str):
+    """(storage, view): a tensor of `physical` dims, seen through `permute`, inside a storage
+    with GUARD elements of sentinels before and after."""
+    import torch
 
-    def __init__(self, case: dict, plan, seed: int = 0):
+    n = math.prod(physical)
+    storage = torch.empty((n + 2 * GUARD,), device=device, dtype=dtype)
+    fill_guards(storage)
+    return storage, storage[GUARD : GUARD + n].view(physical).permute(permute)
+
+
+def fill_guards(storage) -> None:
+    """Sentinels in the first and last GUARD elements (the whole storage at allocation)."""
+    for part in (storage[:GUARD], storage[-GUARD:]) if storage.numel() > 2 * GUARD else (storage,):
+        if part.element_size() == 1:
+            as_bits(part).fill_(FP8_GUARD)
+        else:
+            part.fill_(SENTINEL)
+
+
+class PlanBuffers:
+    """What the buffers of a plan over paged caches share: the rows' and the caches' dtypes, a
+    seeded generator on `device`, the tensors by name (passed in the plan's slot order) and the
+    guarded storages, the workspace (set by the subclass once its tensors are made)."""
+
+    def __init__(self, case: dict, plan, seed: int, device: str):
         import torch
 
         self.case, self.plan = case, plan
         self.dtype = torch_dtype(case["dtype"])
         self.scaled = case.get("cache") is not None
         self.cache_dtype = torch_dtype(case["cache"]) if self.scaled else self.dtype
-        self.gen = torch.Generator(device=DEVICE).manual_seed(seed)
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.tensors: dict = {}
+        self.storage: dict = {}  # guarded allocations
+        self.workspace = None
+
+    @property
+    def all(self) -> list:
+        """In the plan's slot order."""
+        return [self.tensors[name] for name in self.plan.slots]
+
+    def bind(self):
+        return self.plan.bind(*self.all, workspace=self.workspace)
+
+    def execute(self, **kwargs) -> None:
+        self.plan.execute(*self.all, workspace=self.workspace, **kwargs)
+
+    @property
+    def cache_shape(self) -> tuple[int, int, int, int]:
+        case = self.case
+        return (case["pages"], case["page_size"], case["heads_kv"], case["head_dim"])
+
+    def cache_view(self, storage):
+        """A cache storage's elements as (pages, page_size, hkv, d): NHD here (a subclass whose
+        caches are laid out otherwise says how)."""
+        return storage[GUARD : GUARD + math.prod(self.cache_shape)].view(self.cache_shape)
+
+    def assert_caches(self, expected: dict | None = None) -> dict:
+        """Bitwise: the caches (and their guards) equal the expected ones (default: the
+        subclass's `expected_caches()`); returns those."""
+        import torch
+
+        expected = self.expected_caches() if expected is None else expected
+        size = math.prod(self.cache_shape)
+        for name, want in expected.items():
+            got = self.storage[name].cpu()
+            same = as_bits(got) == as_bits(want)
+            if bool(same.all()):
+                continue
+            bad = (~same).nonzero().flatten()
+            first = int(bad[0])
+            if first < GUARD or first >= GUARD + size:
+                where = "a guard element outside the cache"
+            else:
+                marks = torch.zeros(size + 2 * GUARD, dtype=torch.int32)
+                marks[first] = 1
+                page, row, head, col = (int(x[0]) for x in self.cache_view(marks).nonzero(as_tuple=True))
+                where = f"page {page} row {row} head {head} element {col}"
+            raise AssertionError(
+                f"{name}: {len(bad)} elements differ from the expected cache; the first at {where} "
+                f"(got {got[first].float().item()!r}, want {want[first].float().item()!r}; bits "
+                f"{int(as_bits(got)[first])} and {int(as_bits(want)[first])})"
+            )
+        return expected
+
+
+class DecodeBuffers(PlanBuffers):
+    """One decode plan's buffers by tensor name, and the checks of a run."""
+
+    def __init__(self, case: dict, plan, seed: int = 0):
+        import torch
+
+        super().__init__(case, plan, seed, DEVICE)
         self.rng = random.Random(seed)
         b, hq, hkv, d, n = case["batch"], case["heads_q"], case["heads_kv"], case["head_dim"], case["s_new"]
-        self.tensors: dict = {}
-        self.storage: dict = {}  # guarded allocations: o, lse, k_cache, v_cache
         cache_shape = (case["pages"], case["page_size"], hkv, d)
         for name in ("k_cache", "v_cache"):
             self._guarded(name, cache_shape, (0, 1, 2, 3), self.cache_dtype)
-        if self.scaled:  # positive, around what amax / 448 gives for N(0, 1) rows
-            count = hkv if case["scales"] == "head" else 1
-            for i, name in enumerate(("k_scale", "v_scale")):
-                drawn = torch.rand(count, generator=torch.Generator().manual_seed(seed + i))
-                scale = (0.5 + drawn) * (4 / E4M3_MAX)
-                self.tensors[name] = scale.to(DEVICE)
+        if self.scaled:
+            self.tensors |= cache_scales(case, seed, DEVICE)
         self.tensors["page_table"] = torch.zeros(b, case["max_pages"], dtype=torch.int32, device=DEVICE)
         self.tensors["cache_len"] = torch.zeros(b, dtype=torch.int32, device=DEVICE)
         if has_append(case):
@@ -150,33 +243,7 @@ class DecodeBuffers:
         return torch.empty(b, s, h, d, device=DEVICE, dtype=self.dtype).transpose(1, 2)
 
     def _guarded(self, name: str, physical: tuple, permute: tuple, dtype) -> None:
-        import torch
-
-        n = math.prod(physical)
-        storage = torch.empty((n + 2 * GUARD,), device=DEVICE, dtype=dtype)
-        self._fill_guards(storage)
-        self.storage[name] = storage
-        self.tensors[name] = storage[GUARD : GUARD + n].view(physical).permute(permute)
-
-    @staticmethod
-    def _fill_guards(storage) -> None:
-        """Sentinels in the first and last GUARD elements (the whole storage at allocation)."""
-        for part in (storage[:GUARD], storage[-GUARD:]) if storage.numel() > 2 * GUARD else (storage,):
-            if part.element_size() == 1:
-                as_bits(part).fill_(FP8_GUARD)
-            else:
-                part.fill_(SENTINEL)
-
-    @property
-    def all(self) -> list:
-        """In the plan's slot order."""
-        return [self.tensors[name] for name in self.plan.slots]
-
-    def bind(self):
-        return self.plan.bind(*self.all, workspace=self.workspace)
-
-    def execute(self, **kwargs) -> None:
-        self.plan.execute(*self.all, workspace=self.workspace, **kwargs)
+        self.storage[name], self.tensors[name] = guarded(physical, permute, dtype, DEVICE)
 
     # -- filling
 
@@ -223,7 +290,7 @@ class DecodeBuffers:
                         mask[page, pos % p] = True
             mask = mask.to(DEVICE)
             as_bits(cache)[mask] = as_bits(fresh)[mask]
-            self._fill_guards(self.storage[name])
+            fill_guards(self.storage[name])
         self.new_inputs()
 
     def new_inputs(self, snapshot: bool = True) -> None:
@@ -283,31 +350,6 @@ class DecodeBuffers:
         return out
 
     # -- checks
-
-    def assert_caches(self, expected: dict | None = None) -> dict:
-        """Bitwise: the caches (and their guards) equal the expected ones; returns those."""
-        import torch
-
-        expected = self.expected_caches() if expected is None else expected
-        case = self.case
-        shape = (case["pages"], case["page_size"], case["heads_kv"], case["head_dim"])
-        for name, want in expected.items():
-            got = self.storage[name].cpu()
-            same = as_bits(got) == as_bits(want)
-            if bool(same.all()):
-                continue
-            bad = (~same).nonzero().flatten()
-            first = int(bad[0])
-            if first < GUARD or first >= GUARD + math.prod(shape):
-                where = "a guard element outside the cache"
-            else:
-                page, row, head, col = torch.unravel_index(torch.tensor(first - GUARD), shape)
-                where = f"page {int(page)} row {int(row)} head {int(head)} element {int(col)}"
-            raise AssertionError(
-                f"{name}: {len(bad)} elements differ from the expected cache; the first at {where} "
-                f"(got {got[first].float().item()!r}, want {want[first].float().item()!r})"
-            )
-        return expected
 
     def gathered(self, caches: dict, b: int):
         """Sequence b's K and V (hkv, len, d) on the GPU, read through the page table from the

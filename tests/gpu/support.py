@@ -41,8 +41,22 @@ def gpu_skip_reason() -> str | None:
 
 def built_manifest_entries() -> list[dict]:
     """For parametrizing at collection time; empty (so tests skip) where nothing was built."""
-    path = BUILT / "manifest.json"
+    return manifest_entries(BUILT / "manifest.json")
+
+
+def manifest_entries(path: Path) -> list[dict]:
+    """A group's manifest (decode-manifest.json, ...), or none where nothing was built."""
     return json.loads(path.read_text()) if path.exists() else []
+
+
+def manifest_skip_reason(path: Path, group: str) -> str | None:
+    """Why a group's tests (built into the manifest at `path`) cannot run here, or None."""
+    reason = gpu_skip_reason()
+    if reason is not None and not reason.startswith("no built plans"):
+        return reason
+    if not path.exists():
+        return f"no {group} plans in {BUILT}: run `python -m tests.gpu.build_plans` on the build machine first"
+    return None
 
 
 def torch_dtype(name: str):

@@ -49,6 +49,16 @@ def _entry(case) -> dict:
     return found
 
 
+def _run_and_check(buffers: AppendBuffers, what: str, run=None) -> None:
+    """One run (an execute, or `run`), then the caches bitwise; a failure says which step."""
+    (run or buffers.execute)()
+    torch.cuda.synchronize()
+    try:
+        buffers.assert_caches()
+    except AssertionError as exc:
+        raise AssertionError(f"{what}: {exc}") from None
+
+
 def test_every_append_case_was_built():
     built = {e["plan"] for e in append_manifest_entries()}
     missing = [c.id for c in cases() if f"{c.id}.frost" not in built]
@@ -74,12 +84,7 @@ def test_append_writes_exactly_the_new_rows(case):
             step = draw_step(case, counts, rng, holes=0.1 if i == 2 else 0.0)
             assert targets(case, step) == spec_targets(case, step), "the test's own bookkeeping"
             buffers.write(step)
-            buffers.execute()
-            torch.cuda.synchronize()
-            try:
-                buffers.assert_caches()
-            except AssertionError as exc:
-                raise AssertionError(f"mix {i} (tokens per sequence {counts}): {exc}") from None
+            _run_and_check(buffers, f"mix {i} (tokens per sequence {counts})")
 
 
 def test_packed_broken_contracts_write_nothing_the_clamps_skip():
@@ -109,15 +114,10 @@ def test_packed_broken_contracts_write_nothing_the_clamps_skip():
             "past the tokens": Step(base.counts, [0] * b + [tokens * 2], base.lens, base.table, base.slots),
         }  # fmt: skip
         for what, step in steps.items():
-            buffers.write(step)
-            buffers.execute()
-            torch.cuda.synchronize()
             written = targets(case, step)
             assert len({(page, row) for _, page, row in written}) == len(written), "the test's own bookkeeping"
-            try:
-                buffers.assert_caches()
-            except AssertionError as exc:
-                raise AssertionError(f"{what} (cu {step.cu}, lengths {step.lens}): {exc}") from None
+            buffers.write(step)
+            _run_and_check(buffers, f"{what} (cu {step.cu}, lengths {step.lens})")
 
 
 def test_slots_outside_the_pool_are_skipped():
@@ -133,11 +133,9 @@ def test_slots_outside_the_pool_are_skipped():
         for i in range(0, case["tokens"], 3):
             step.slots[i] = bad[(i // 3) % len(bad)]
         assert any(s >= 0 for s in step.slots)
-        buffers.write(step)
-        buffers.execute()
-        torch.cuda.synchronize()
         assert targets(case, step) == [t for t in spec_targets(case, step) if t[1] < case["pages"]]
-        buffers.assert_caches()
+        buffers.write(step)
+        _run_and_check(buffers, "slots outside the pool")
 
 
 def test_one_graph_serves_twenty_fresh_mixes():
@@ -161,9 +159,4 @@ def test_one_graph_serves_twenty_fresh_mixes():
             bound.execute()
         for i, counts in enumerate(mixes):
             buffers.write(draw_step(case, counts, rng))
-            graph.replay()
-            torch.cuda.synchronize()
-            try:
-                buffers.assert_caches()
-            except AssertionError as exc:
-                raise AssertionError(f"replay {i} (tokens per sequence {counts}): {exc}") from None
+            _run_and_check(buffers, f"replay {i} (tokens per sequence {counts})", graph.replay)
