@@ -72,3 +72,13 @@ class Shape:
     seq_q: cutlass.Int32
     seq_kv: cutlass.Int32
     group: cutlass.Int32  # query heads per K/V head
+
+
+def packed_span(cu_seqlens, b, tokens, longest):
+    """(first token, length) of packed sequence b, from its prefix sums `cu_seqlens` (int32,
+    device): clamped so that the sequence lies within the buffer's `tokens` and is at most
+    `longest` long, whatever the caller wrote (the scheduling kernel's rule too)."""
+    cu = cute.make_tensor(cu_seqlens + b, cute.make_layout(2))
+    start = cutlass.min(cutlass.max(cu[0], 0), tokens)
+    end = cutlass.min(cutlass.max(cu[1], start), tokens)
+    return start, cutlass.min(end - start, longest)
