@@ -39,6 +39,7 @@ from tests.gpu.cases import Case
 from tests.gpu.decode_cases import DecodeCase
 from tests.gpu.fp8_cases import Fp8Case
 from tests.gpu.glue_support import GlueCase
+from tests.gpu.mixed_cases import MixedCase
 
 BUILT = common.BUILT / "sanitize"
 
@@ -58,6 +59,7 @@ class Target:
     glue: GlueCase | None = None
     fp8: Fp8Case | None = None
     append: AppendCase | None = None
+    mixed: MixedCase | None = None
 
     @property
     def plan(self) -> str:
@@ -185,6 +187,15 @@ def targets() -> list[Target]:
           fp8=Fp8Case("s", 2, 4, 2, 333, 555, 128, v_layout="rows")),
         t("fp8-d64-padded-vrows", "e4m3, padded, V re-laid (vt_pack batched), per-sequence Vᵀ maps",
           fp8=Fp8Case("s", 3, 4, 1, 333, 500, 64, window_left=70, form="padded", v_layout="rows")),
+        # the mixed form: packed queries over a paged cache, through the paged kernel's packed variants
+        t("mixed-split", "mixed form, decode-sized: packed queries, split-KV + the packed combine",
+          mixed=MixedCase("bf16", 5, 20, 4, 16, 4, 128, 16, 64, True, lse="th")),
+        t("mixed-chunks", "mixed form, chunks and decodes, window + softcap, LSE (hq, tokens)",
+          mixed=MixedCase("bf16", 4, 300, 150, 8, 2, 64, 64, 8, True, lse="ht", window_left=90, softcap=30.0)),
+        t("mixed-e4m3", "mixed form, e4m3 cache, per-head scales",
+          mixed=MixedCase("bf16", 4, 40, 12, 16, 4, 128, 32, 12, True, lse="th", cache="e4m3")),
+        t("mixed-e4m3-few-rows-split", "mixed form, e4m3 cache, few rows (transposed MMAs), split + combine",
+          mixed=MixedCase("fp16", 5, 10, 1, 8, 1, 64, 16, 64, True, cache="e4m3", scales="tensor")),
     ]  # fmt: skip
 
 
@@ -195,7 +206,7 @@ def build(plans: Path, only: str) -> int:
     from frostc.build import build as build_plan
     from frostc.planfile import write_atomic
     from tests.gpu import fp8_cases
-    from tests.gpu.build_plans import append_description, decode_description, description
+    from tests.gpu.build_plans import append_description, decode_description, description, mixed_description
     from tests.gpu.glue_support import glue_description
 
     plans.mkdir(parents=True, exist_ok=True)
@@ -209,6 +220,8 @@ def build(plans: Path, only: str) -> int:
             desc = fp8_cases.description(target.fp8)
         elif target.append is not None:
             desc = append_description(target.append)
+        elif target.mixed is not None:
+            desc = mixed_description(target.mixed)
         else:
             desc = description(target.sdpa) if target.sdpa else decode_description(target.decode)
         data = build_plan(desc)
@@ -245,6 +258,7 @@ def launch(plans: Path, only: str) -> int:
     from tests.gpu.decode_support import DecodeBuffers, length_mixes
     from tests.gpu.fp8_support import Fp8Run, Fp8VarlenRun, real_inputs
     from tests.gpu.glue_support import GlueBuffers
+    from tests.gpu.mixed_support import MixedBuffers, draw_mix
     from tests.gpu.support import Buffers, draw_lengths
 
     by_label = {t.label: t for t in targets()}
@@ -272,6 +286,11 @@ def launch(plans: Path, only: str) -> int:
                     case = asdict(target.append) | {"pages": target.append.pages, "capacity": target.append.capacity}
                     buffers = AppendBuffers(case, plan, seed)
                     buffers.write(draw_step(case, token_mixes(case, rng)[0], rng, holes=0.1))
+                    buffers.execute()
+                elif target.mixed is not None:
+                    case = asdict(target.mixed) | {"pages": target.mixed.pages, "capacity": target.mixed.capacity}
+                    buffers = MixedBuffers(case, plan, seed)
+                    buffers.setup(*draw_mix(case, rng, "chunks"))
                     buffers.execute()
                 elif target.sdpa is not None:
                     case = asdict(target.sdpa)

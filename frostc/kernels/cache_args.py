@@ -1,11 +1,12 @@
-"""Argument groups of the kernels that read or write a paged KV cache (kv_append.py,
-sdpa_decode_paged.py): the caches' strides and a quantized cache's scales."""
+"""Argument groups of the kernels over a paged KV cache (kv_append.py, sdpa_decode_paged.py,
+sdpa_decode_combine.py): the caches' strides, a quantized cache's scales, and the mixed form's
+packed queries."""
 
 from dataclasses import dataclass
 
 from frost_runtime.dtypes import DTYPES
 
-from frostc.kernels.interface import I64, Facets, Group, Ptr, abi, pointer
+from frostc.kernels.interface import I32, I64, Facets, Group, Ptr, abi, pointer
 
 
 def quantized(variant) -> bool:
@@ -36,3 +37,17 @@ class CacheScaleStrides(Group):
 
     k_scale: I64 = abi("k_scale.stride_h")
     v_scale: I64 = abi("v_scale.stride_h")
+
+
+def packed(variant) -> bool:
+    """Whether the variant's queries are packed (the mixed form: any mix of chunks and decodes)."""
+    return variant.packed
+
+
+@dataclass(frozen=True)
+class PackedQueries(Group):
+    """The mixed form's queries: sequence b's are tokens cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of
+    q, o and lse (at most `tokens` in all); a sequence's new tokens are the last of its keys."""
+
+    cu_seqlens_q: Ptr = pointer("int32", align=4)
+    tokens: I32

@@ -22,9 +22,11 @@ from typing import ClassVar
 import cutlass
 import cutlass.cute as cute
 
-from frostc.kernels.interface import I32, BhsStrides, Kernel, Ptr, Variant, facets, pointer
+from frostc.kernels.cache_args import PackedQueries, packed
+from frostc.kernels.interface import I32, BhsStrides, Kernel, Ptr, Variant, facets, pointer, when
 from frostc.kernels.launch_order import WAITS_AT_ENTRY
 from frostc.kernels.sdpa_common import LN_2, LOG2_E, dsl_dtype, key_origin
+from frostc.kernels.sequences import packed_span
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -49,6 +51,7 @@ class DecodeCombineArgs:
     block_n: I32  # the attention's key blocks: where a window's first split starts
     o_strides: BhsStrides = facets("o")
     lse_strides: BhsStrides = facets("lse")
+    packed: PackedQueries | None = when(packed)  # the mixed form: o and lse packed
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,12 @@ class DecodeCombineVariant(Variant):
     dtype: str
     head_dim: int
     has_lse: bool
+    packed: bool = False  # the mixed form: o and lse (tokens, h, d) packed, from cu_seqlens_q
 
     @property
     def name(self) -> str:
-        return f"sdpa_decode_combine.{self.dtype}.d{self.head_dim}" + (".lse" if self.has_lse else "")
+        name = f"sdpa_decode_combine.{self.dtype}.d{self.head_dim}" + (".packed" if self.packed else "")
+        return name + (".lse" if self.has_lse else "")
 
     @property
     def tiles(self) -> dict[str, int]:
@@ -98,6 +103,22 @@ class DecodeCombine(Kernel):
 
     @cute.kernel
     def kernel(self, args: DecodeCombineArgs):
+        # launched early (during the attention's last CTAs): the partials are complete and
+        # visible once the attention has finished; nothing global is read before
+        cute.arch.griddepcontrol_wait()
+        row, head_kv, b = cute.arch.block_idx()
+        if cutlass.const_expr(self.v.packed):  # the sequence's own rows: the others have none
+            q_start, s_new = packed_span(args.packed.cu_seqlens_q, b, args.packed.tokens, args.s_new)
+            if row < s_new * args.group:
+                self._combine(args, row, head_kv, b, s_new, q_start)
+        else:
+            self._combine(args, row, head_kv, b, args.s_new, None)
+
+    @cute.jit
+    def _combine(self, args: DecodeCombineArgs, row, head_kv, b, s_new, q_start):
+        """Query row `row` (token row // group, head row % group of the group) of KV head `head_kv`
+        of sequence b, whose `s_new` queries are the buffer's tokens from `q_start` (packed
+        queries; None: b's rows of a (b, h, s_new) output)."""
         o_partial, lse_partial, rows, splits, group = (
             args.o_partial,
             args.lse_partial,
@@ -106,27 +127,30 @@ class DecodeCombine(Kernel):
             args.group,
         )
         o_sb, o_sh, o_ss = args.o_strides.stride_b, args.o_strides.stride_h, args.o_strides.stride_s
-        # launched early (during the attention's last CTAs): the partials are complete and
-        # visible once the attention has finished; nothing global is read before
-        cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
-        row, head_kv, b = cute.arch.block_idx()
         d = self.v.head_dim
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         reduce = storage.reduce.get_tensor(cute.make_layout(WARPS))
         pieces = storage.pieces.get_tensor(cute.make_layout((d, self.groups)))
 
-        first = (cutlass.Int64(b) * args.heads_kv + head_kv) * splits * rows + row  # split 0's (row) index
-        lses = cute.make_tensor(lse_partial + first, cute.make_layout(splits, stride=rows))
+        # split 0's workspace row, and from one split's to the next (the attention kernel's
+        # `_partial_index`)
+        stride = rows
+        first = (cutlass.Int64(b) * args.heads_kv + head_kv) * splits * rows + row
+        if cutlass.const_expr(self.v.packed):
+            heads_q = args.heads_kv * group
+            stride = cutlass.Int64(args.packed.tokens) * heads_q
+            first = cutlass.Int64(q_start + row // group) * heads_q + head_kv * group + row % group
+        lses = cute.make_tensor(lse_partial + first, cute.make_layout(splits, stride=stride))
         lane, grp = tidx % self.lanes, tidx // self.lanes
 
         # Loads that do not wait for the length: this thread's first LSE and first O piece (of
         # splits that exist; used only if the sequence has them), beside the length itself.
         length = cute.make_tensor(args.seq_len_kv + b, cute.make_layout(1))[0]
         my_lse = lses[cutlass.min(tidx, splits - 1)]
-        my_piece = self._piece(o_partial, first, cutlass.min(grp, splits - 1), rows, lane).load()
+        my_piece = self._piece(o_partial, first, cutlass.min(grp, splits - 1), stride, lane).load()
         kv_len = cutlass.min(cutlass.max(length, 0), args.capacity)
-        keys = kv_len - key_origin(kv_len, args.s_new, args.window_left, args.block_n)  # what the splits cover
+        keys = kv_len - key_origin(kv_len, s_new, args.window_left, args.block_n)  # what the splits cover
         active = cutlass.min((keys + args.chunk - 1) // args.chunk, splits)
 
         # the largest LSE, then the sum of the weights
@@ -149,13 +173,15 @@ class DecodeCombine(Kernel):
             acc.store(my_piece * cute.math.exp2((lses[grp] - shift) * LOG2_E, fastmath=True))
         for s in cutlass.range(grp + self.groups, active, self.groups, unroll=4):  # the loads overlap
             weight = cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
-            acc.store(acc.load() + self._piece(o_partial, first, s, rows, lane).load() * weight)
+            acc.store(acc.load() + self._piece(o_partial, first, s, stride, lane).load() * weight)
         for i in cutlass.range_constexpr(VECTOR):
             pieces[lane * VECTOR + i, grp] = acc[i]
         cute.arch.sync_threads()
 
         inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
         token, head = row // group, head_kv * group + row % group
+        if cutlass.const_expr(self.v.packed):
+            token = q_start + token
         at = cutlass.Int64(b) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
         out = cute.make_tensor(args.o + at, cute.make_layout(d))
         for first in cutlass.range_constexpr(0, d, THREADS):  # d may be more or fewer than the threads
@@ -175,9 +201,9 @@ class DecodeCombine(Kernel):
                     value = shift + cute.math.log2(total) * LN_2
                 cute.make_tensor(args.lse + at, cute.make_layout(1))[0] = value
 
-    def _piece(self, o_partial, first, split, rows, lane):
-        """Split `split`'s 4-float piece `lane` of the row's partial O."""
-        at = (first + cutlass.Int64(split) * rows) * self.v.head_dim + lane * VECTOR
+    def _piece(self, o_partial, first, split, stride, lane):
+        """Split `split`'s 4-float piece `lane` of the row's partial O (`stride` rows apart)."""
+        at = (first + cutlass.Int64(split) * stride) * self.v.head_dim + lane * VECTOR
         return cute.make_tensor(o_partial + at, cute.make_layout(VECTOR))
 
     @cute.jit

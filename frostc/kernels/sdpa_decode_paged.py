@@ -48,7 +48,7 @@ from cutlass.tensor_utils import LayoutEnum
 from frost_runtime.dtypes import DTYPES
 
 from frostc.kernels.barriers import Barrier
-from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, quantized
+from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, PackedQueries, packed, quantized
 from frostc.kernels.interface import (
     F32,
     I32,
@@ -82,6 +82,7 @@ from frostc.kernels.sdpa_common import (
     key_origin,
     transpose_8x8,
 )
+from frostc.kernels.sequences import packed_span
 from frostc.kernels.wgmma_layouts import c_to_a_layout, mma_rows_by_cols, wgmma_rows_by_cols
 from frostc.target import SM90A
 
@@ -193,6 +194,7 @@ class PagedDecodeArgs:
     scale_strides: CacheScaleStrides | None = when(quantized)
     softmax: SoftmaxScales
     q_scale: F32 | None = when(quantized)
+    packed: PackedQueries | None = when(packed)  # the mixed form: q, o and lse packed
 
 
 @dataclass(frozen=True)
@@ -213,6 +215,9 @@ class PagedDecodeVariant(Variant):
     # a quantized cache's kernel whose query rows per (sequence, KV head) fit an m16n8 tile's 8
     # columns: its MMAs run transposed (keys as rows, no padding rows), three CTAs an SM
     few_rows: bool = False
+    # the mixed form: q, o and lse (tokens, h, d) packed, sequence b's queries from cu_seqlens_q,
+    # each sequence's own count of them (`s_new` the most); else (b, h, s_new, d)
+    packed: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -225,6 +230,7 @@ class PagedDecodeVariant(Variant):
         kv = f".kv_{self.kv_cache_dtype}" if self.quantized else ""
         kv += ".r8" if self.few_rows else ""
         name = f"sdpa_decode_paged.{self.dtype}{kv}.d{self.head_dim}.p{self.page_size}.{mask}"
+        name += ".packed" if self.packed else ""
         return name + (".split" if self.split else "") + (".lse" if self.has_lse and not self.split else "")
 
     @property
@@ -270,6 +276,9 @@ class Work:
     key_first: cutlass.Int32  # the split's first key
     blocks: cutlass.Int32  # key blocks of the split that hold keys (0: nothing to do)
     first_new: cutlass.Int32  # the step's first new key (kv_len - s_new): its rows come from kv_append
+    # packed queries (the mixed form): the sequence's first token, and the buffer's tokens
+    q_start: cutlass.Int32 | None = None
+    tokens: cutlass.Int32 | None = None
 
 
 @dataclass(frozen=True)
@@ -451,9 +460,13 @@ class PagedDecode(Kernel):
         capacity = sizes.max_pages * self.page_size
         length = cute.make_tensor(tensors.seq_len_kv + b, cute.make_layout(1))[0]
         kv_len = cutlass.min(cutlass.max(length, 0), capacity)
+        s_new, rows, q_start = sizes.s_new, sizes.rows, None
+        if cutlass.const_expr(self.variant.packed):  # the sequence's own queries
+            q_start, s_new = packed_span(args.packed.cu_seqlens_q, b, args.packed.tokens, sizes.s_new)
+            rows = s_new * sizes.group
         origin = cutlass.Int32(0)
         if cutlass.const_expr(self.variant.window):
-            origin = key_origin(kv_len, sizes.s_new, sizes.window_left, t.block_n)
+            origin = key_origin(kv_len, s_new, sizes.window_left, t.block_n)
         key_first = origin + split * sizes.chunk
         key_end = cutlass.min(key_first + sizes.chunk, kv_len)
         blocks = cutlass.max(key_end - key_first + (t.block_n - 1), 0) // t.block_n
@@ -466,7 +479,9 @@ class PagedDecode(Kernel):
             capacity,
             key_first,
             blocks,
-            kv_len - sizes.s_new,
+            kv_len - s_new,
+            q_start,
+            args.packed.tokens if cutlass.const_expr(self.variant.packed) else None,
         )
         dequant = None
         if cutlass.const_expr(args.scales is not None):
@@ -488,10 +503,18 @@ class PagedDecode(Kernel):
             work, (args.k.tmap, args.k.extents), (args.v.tmap, args.v.extents), tensors.q, args.q_strides.bhs(),
             (tensors.o, *args.o_strides.bhs()), (tensors.lse, *args.lse_strides.bhs()),
             (tensors.o_partial, tensors.lse_partial), (pt_row, first_pages),
-            (sizes.group, sizes.s_new, sizes.rows, sizes.splits, split, sizes.window_left),
+            (sizes.group, s_new, rows, sizes.splits, split, sizes.window_left),
             (sizes.heads_kv, sizes.pages, sizes.rows_per_page), (scale_log2, score_scale, dequant), tidx, warp,
         )  # fmt: skip
-        if cutlass.const_expr(self.variant.split):
+        if cutlass.const_expr(self.variant.packed):
+            # a sequence's query rows fill its first row blocks: the others have nothing to do
+            if work.row_block * t.rows < rows:
+                if cutlass.const_expr(self.variant.split):
+                    if blocks > 0:
+                        self._run(*run)
+                else:
+                    self._run(*run)
+        elif cutlass.const_expr(self.variant.split):
             if blocks > 0:
                 self._run(*run)
         else:
@@ -623,6 +646,8 @@ class PagedDecode(Kernel):
             vec.fill(0.0)
             if row < rows:
                 token, g = row // group, row % group
+                if cutlass.const_expr(self.variant.packed):
+                    token = work.q_start + token
                 offset = cutlass.Int64(work.batch) * q_sb + cutlass.Int64(work.head_kv * group + g) * q_sh
                 offset = offset + cutlass.Int64(token) * q_ss + col
                 src = cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(elems))
@@ -739,6 +764,18 @@ class PagedDecode(Kernel):
         else:
             softmax.update(s_mn)
 
+    def _partial_index(self, work, heads_kv, group, splits, split, rows, row):
+        """The workspace row of query row `row`'s partial result from split `split`: (sequence, KV
+        head, split, row) with a fixed count of rows per sequence; with packed queries, whose
+        sequences have rows of their own, (split, token, query head) over the buffer's tokens
+        (the combine kernel reads the same)."""
+        if cutlass.const_expr(self.variant.packed):
+            token = cutlass.Int64(work.q_start + row // group)
+            return (
+                (cutlass.Int64(split) * work.tokens + token) * (heads_kv * group) + work.head_kv * group + row % group
+            )
+        return ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
+
     @cute.jit
     def _epilogue(self, pv_thr, acc_O, softmax, work, geometry, o_args, lse_args, partials, heads_kv):
         """Rows of this CTA that exist: O and LSE into the caller's tensors (one split), or the
@@ -752,7 +789,7 @@ class PagedDecode(Kernel):
             if row < rows:
                 if cutlass.const_expr(self.variant.split):
                     o_partial, lse_partial = partials
-                    index = ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
+                    index = self._partial_index(work, heads_kv, group, splits, split, rows, row)
                     out = cute.make_tensor(o_partial + index * self.head_dim, cute.make_layout(self.head_dim))
                     for c in cutlass.range_constexpr(cute.size(o_mn.shape[1])):
                         out[c_mn[r, c][1]] = o_mn[r, c]
@@ -760,6 +797,8 @@ class PagedDecode(Kernel):
                         cute.make_tensor(lse_partial + index, cute.make_layout(1))[0] = softmax.lse(r)
                 else:
                     token, head = row // group, work.head_kv * group + row % group
+                    if cutlass.const_expr(self.variant.packed):
+                        token = work.q_start + token
                     o, o_sb, o_sh, o_ss = o_args
                     offset = cutlass.Int64(work.batch) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
                     out = cute.make_tensor(o + offset, cute.make_layout(self.head_dim))
@@ -1026,6 +1065,8 @@ class PagedDecodeScaledCache(PagedDecode):
         raw.fill(0.0)
         if row < rows:
             token, g = row // group, row % group
+            if cutlass.const_expr(self.variant.packed):
+                token = work.q_start + token
             offset = cutlass.Int64(work.batch) * q_sb + cutlass.Int64(work.head_kv * group + g) * q_sh
             offset = offset + cutlass.Int64(token) * q_ss + span * pair
             raw.store(cute.make_tensor(q + cute.assume(offset, divby=8), cute.make_layout(span)).load())
@@ -1256,13 +1297,15 @@ class PagedDecodeScaledCache(PagedDecode):
             lse_value = (top + cute.math.log2(total)) * LN_2  # log2(0) = -inf: a row without keys
             if cutlass.const_expr(self.variant.split):
                 o_partial, lse_partial = partials
-                index = ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
+                index = self._partial_index(work, heads_kv, group, splits, split, rows, row)
                 dst = cute.make_tensor(o_partial + index * self.head_dim + col, cute.make_layout(span))
                 dst.store(out.load())
                 if tidx % 8 == 0:
                     cute.make_tensor(lse_partial + index, cute.make_layout(1))[0] = lse_value
             else:
                 token, head = row // group, work.head_kv * group + row % group
+                if cutlass.const_expr(self.variant.packed):
+                    token = work.q_start + token
                 o, o_sb, o_sh, o_ss = o_args
                 offset = cutlass.Int64(work.batch) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
                 dst = cute.make_tensor(o + offset + col, cute.make_layout(span))

@@ -39,6 +39,7 @@ from frostc.kernels.interface import (
 )
 from frostc.kernels.sdpa_common import KeyRange, MaskFlags
 from frostc.kernels.sequence_maps import MAP_BYTES, aligned_start, release_sequence_maps, write_sequence_map
+from frostc.kernels.sequences import packed_span
 
 THREADS = 1024
 BUCKETS = THREADS  # costs of 0 .. BUCKETS - 1 key blocks (more share the last bucket)
@@ -259,10 +260,7 @@ class SdpaSchedule(Kernel):
         """(token offset, length) of sequence b, clamped: a packed sequence lies within the
         buffer's tokens and is at most max_seqlen long; a padded one fits its rows."""
         if cutlass.const_expr(self.v.packed):
-            cu = cute.make_tensor(lengths + b, cute.make_layout(2))
-            start = cutlass.min(cutlass.max(cu[0], 0), capacity)
-            end = cutlass.min(cutlass.max(cu[1], start), capacity)
-            return start, cutlass.min(end - start, max_seqlen)
+            return packed_span(lengths, b, capacity, max_seqlen)
         if cutlass.const_expr(given):
             length = cute.make_tensor(lengths + b, cute.make_layout(1))[0]
             return cutlass.Int32(0), cutlass.min(cutlass.max(length, 0), capacity)
@@ -275,11 +273,3 @@ class SdpaSchedule(Kernel):
         first, end = keys.blocks(first_row, last_row, self.v.block_n)
         cost = cutlass.min(cutlass.max(end - first, 0) + 1, BUCKETS - 1)
         return BUCKETS - 1 - cost
-
-
-class SdpaScheduleVMaps(SdpaSchedule):
-    """The e4m3 plans' host entry: the 16-bit one's arguments and what the Vᵀ maps need."""
-
-    @cute.jit
-    def __call__(self, q_lengths, kv_lengths, sequences, units, tile_count, ints: tuple, v_maps: tuple, stream):
-        self._launch((q_lengths, kv_lengths, sequences, units, tile_count), ints, v_maps, stream)

@@ -51,7 +51,7 @@ from frostc.ops.paged_cache import (
     page_size_problem,
 )
 from frostc.ops.rows import INT32_MAX
-from frostc.ops.sdpa_node import DESCALE_ROLES, PACKED_KEYS, PADDED_KEYS, Mask, Sdpa
+from frostc.ops.sdpa_node import CACHE_FORMS, DESCALE_ROLES, PACKED_KEYS, PADDED_KEYS, Mask, Sdpa
 from frostc.resolved import ResolvedLaunch
 
 KEYS = (
@@ -92,6 +92,17 @@ _PACKED_DIMS = {
     "cu_seqlens_q": ("b + 1",),
     "cu_seqlens_kv": ("b + 1",),
 }
+# the mixed form: any mix of prefill chunks and decodes over a paged cache, queries packed
+_MIXED_DIMS = {
+    "q": ("tq", "hq", "d"),
+    "k": ("pages", "page_size", "hkv", "d"),
+    "v": ("pages", "page_size", "hkv", "dv"),
+    "o": ("tq", "hq", "dv"),
+    "lse": ("tq", "hq"),
+    "page_table": ("b", "max_pages"),
+    "seq_len_kv": ("b",),
+    "cu_seqlens_q": ("b + 1",),
+}
 _PAGED_DIMS = {
     "q": ("b", "hq", "sq", "d"),
     "k": ("pages", "page_size", "hkv", "d"),
@@ -108,7 +119,9 @@ _DIM_WORDS = {
 }  # fmt: skip
 _LETTERS = {"b": "b", "hq": "h", "hkv": "h", "sq": "s", "skv": "s", "d": "d", "dv": "d", "tq": "t", "tkv": "t"}
 _LETTERS |= {"b + 1": "b", "pages": "p", "page_size": "s", "max_pages": "p"}
-_DIMS_OF_FORM = {"dense": _DENSE_DIMS, "padded": _DENSE_DIMS, "packed": _PACKED_DIMS, "paged": _PAGED_DIMS}
+_DIMS_OF_FORM = {
+    "dense": _DENSE_DIMS, "padded": _DENSE_DIMS, "packed": _PACKED_DIMS, "paged": _PAGED_DIMS, "mixed": _MIXED_DIMS,
+}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,8 +132,9 @@ def validate(ctx: NodeContext) -> Sdpa | None:
     before = len(ctx.problems)
     form = _check_form(ctx)
     dims_of = _DIMS_OF_FORM[form]
-    roles = list(dims_of) if form == "paged" else ["q", "k", "v", "o", "lse"]
-    roles += {"packed": list(PACKED_KEYS), "paged": []}.get(form, list(PADDED_KEYS))
+    over_cache = form in CACHE_FORMS
+    roles = list(dims_of) if over_cache else ["q", "k", "v", "o", "lse"]
+    roles += {"packed": list(PACKED_KEYS), "paged": [], "mixed": []}.get(form, list(PADDED_KEYS))
     tensors: dict[str, CheckedTensor] = {}
     for role in roles:
         names = dims_of[role]
@@ -130,14 +144,16 @@ def validate(ctx: NodeContext) -> Sdpa | None:
             dims=f"({', '.join(names)})" if len(names) > 1 else f"({names[0]},)",
             output=role in ("o", "lse"),
             # a missing cu_seqlens_* is _check_form's to report, a paged node's lengths are not
-            required=role in ("q", "k", "v", "o") or (form == "paged" and role != "lse"),
+            required=role in ("q", "k", "v", "o") or (over_cache and role != "lse"),
         )
         if c is not None:
             tensors[role] = c
     sizes = _check_shapes(tensors, dims_of, ctx)
+    if form == "mixed":
+        sizes = _check_sequence_counts(tensors, sizes, ctx)
     fp8 = _check_dtypes(tensors, ctx, form)
     _check_descales(ctx, fp8, sizes, form)
-    if form == "paged":
+    if over_cache:
         check_cache_scales(ctx, (tensors.get("k"), tensors.get("v")), (sizes or {}).get("hkv"))
     else:
         for role in SCALE_ROLES:
@@ -163,14 +179,13 @@ def validate(ctx: NodeContext) -> Sdpa | None:
     if inference is False and not ctx.given("lse"):
         message = (
             'inference = false (training) requires lse: add lse = "<name>" naming an fp32 tensor '
-            f"{'(tq, hq)' if form == 'packed' else '(b, hq, sq)'} for the softmax statistics"
+            f"{'(tq, hq)' if form in ('packed', 'mixed') else '(b, hq, sq)'} for the softmax statistics"
         )
         ctx.problem("lse", message)
     capacities = _check_capacities(ctx, form, sizes)
     if len(ctx.problems) > before or ctx.name is None or sizes is None or mask is None or capacities is None:
         return None
     seq_q, seq_kv, tokens_q, tokens_kv = capacities
-    paged = form == "paged"
     return Sdpa(
         name=ctx.name,
         path=ctx.path,
@@ -180,7 +195,7 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         o=ctx.value("o"),
         lse=ctx.value("lse"),
         form=form,
-        q_lengths=ctx.value("cu_seqlens_q" if form == "packed" else "seq_len_q"),
+        q_lengths=ctx.value("cu_seqlens_q" if form in ("packed", "mixed") else "seq_len_q"),
         kv_lengths=ctx.value("cu_seqlens_kv" if form == "packed" else "seq_len_kv"),
         batch=sizes["b"] if "b" in sizes else sizes["b + 1"] - 1,
         heads_q=sizes["hq"],
@@ -193,11 +208,11 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         attn_scale=scale if scale is not None else 1.0 / math.sqrt(sizes["d"]),
         mask=mask,
         inference=inference is not False,
-        page_table=ctx.value("page_table") if paged else None,
-        page_size=sizes["page_size"] if paged else 0,
-        pages=sizes["pages"] if paged else 0,
-        k_scale=ctx.value("k_scale") if paged else None,
-        v_scale=ctx.value("v_scale") if paged else None,
+        page_table=ctx.value("page_table") if over_cache else None,
+        page_size=sizes["page_size"] if over_cache else 0,
+        pages=sizes["pages"] if over_cache else 0,
+        k_scale=ctx.value("k_scale") if over_cache else None,
+        v_scale=ctx.value("v_scale") if over_cache else None,
         q_descale=ctx.value("q_descale") if fp8 else None,
         k_descale=ctx.value("k_descale") if fp8 else None,
         v_descale=ctx.value("v_descale") if fp8 else None,
@@ -209,6 +224,15 @@ def validate(ctx: NodeContext) -> Sdpa | None:
 def _check_form(ctx: NodeContext) -> str:
     packed = [k for k in PACKED_KEYS if ctx.given(k)]
     padded = [k for k in PADDED_KEYS if ctx.given(k)]
+    if ctx.given("page_table") and ctx.given("cu_seqlens_q"):
+        for key in ("cu_seqlens_kv", "seq_len_q", "max_seqlen_kv"):
+            if ctx.given(key):
+                ctx.problem(
+                    key,
+                    "a mixed node (page_table with cu_seqlens_q) takes each sequence's queries from cu_seqlens_q "
+                    f"and its keys from the cache, seq_len_kv of them (this step's included): remove {key}",
+                )
+        return "mixed"
     if ctx.given("page_table"):
         for key in (
             packed
@@ -238,6 +262,21 @@ def _check_form(ctx: NodeContext) -> str:
                 )
         return "packed"
     return "padded" if padded else "dense"
+
+
+def _check_sequence_counts(
+    tensors: dict[str, CheckedTensor], sizes: dict[str, int] | None, ctx: NodeContext
+) -> dict[str, int] | None:
+    """A mixed node's sequences: cu_seqlens_q's prefix sums one more than the page table's rows."""
+    if sizes is None or "b" not in sizes or "b + 1" not in sizes or sizes["b + 1"] == sizes["b"] + 1:
+        return sizes
+    cu = tensors["cu_seqlens_q"]
+    ctx.problems_at(
+        cu.at("dims[0]"),
+        f"{sizes['b + 1']} prefix sums for the page table's {sizes['b']} sequences: cu_seqlens_q holds one more "
+        f"than the sequences ({sizes['b'] + 1})",
+    )
+    return None
 
 
 def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeContext) -> dict[str, int] | None:
@@ -290,17 +329,17 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
 def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str) -> bool:
     """Problems for dtypes the roles may not have; returns whether the node is FP8 (e4m3 q)."""
     q = tensors.get("q")
-    fp8 = form != "paged" and q is not None and is_quantized(q.dtype)
+    fp8 = form not in CACHE_FORMS and q is not None and is_quantized(q.dtype)
     if fp8:
         _check_fp8_dtypes(tensors, ctx)
     q_dtype = q.dtype if q is not None and q.dtype in DATA_DTYPES else None
     for role, c in tensors.items():
         if c.dtype is None or (fp8 and role in ("q", "k", "v", "o")):
             continue
-        if form == "paged" and role in ("k", "v"):
+        if form in CACHE_FORMS and role in ("k", "v"):
             if message := cache_dtype_problem(f"the paged form's {role} (a cache)", c.dtype, q_dtype, "q"):
                 ctx.problems_at(c.at("dtype"), message)
-        elif role in ("k", "v") and is_quantized(c.dtype) and q_dtype is not None and form != "paged":
+        elif role in ("k", "v") and is_quantized(c.dtype) and q_dtype is not None and form not in CACHE_FORMS:
             message = (
                 f"{c.dtype} {role} with {q_dtype} q: the FP8 kernel takes e4m3 q, k and v (with q_descale, "
                 f"k_descale, v_descale); quantize q too, or give {role} as {q_dtype}"
@@ -351,7 +390,7 @@ def _check_fp8_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext) -> No
 def _check_descales(ctx: NodeContext, fp8: bool, sizes: dict[str, int] | None, form: str) -> None:
     """e4m3 q, k, v need their descales (float32, (1,) or one per head); other nodes refuse them."""
     for role, heads in DESCALE_ROLES.items():
-        if not fp8 or form == "paged":
+        if not fp8 or form in CACHE_FORMS:
             if ctx.given(role):
                 ctx.tensor(role, letters="h", dims=f"({heads},)")  # a use: the tensor is not reported as unused
                 ctx.problem(role, f"dequantizes e4m3 q, k and v, and q is not e4m3: remove {role}")
@@ -399,7 +438,7 @@ def _check_mask(ctx: NodeContext, form: str) -> Mask | None:
             "places the diagonal of causal = true or of a window; with neither it does nothing: "
             "add causal = true (or window_left / window_right), or remove diagonal_alignment",
         )
-    if form == "paged":
+    if form in CACHE_FORMS:
         _check_paged_mask(ctx, alignment, left, right, softcap)
         alignment = "bottom_right"  # the new tokens are the cache's last
     if len(ctx.problems) > before:
@@ -431,8 +470,8 @@ def _check_o_accumulation(ctx: NodeContext, fp8: bool, form: str, sizes: dict | 
     choice = ctx.choice("o_accumulation", O_ACCUMULATIONS, "O accumulation")
     if choice is None:
         return None
-    if not fp8 or form == "paged":
-        kind = "a paged node" if form == "paged" else "16-bit q, k and v (their O sums in float32)"
+    if not fp8 or form in CACHE_FORMS:
+        kind = f"a {form} node" if form in CACHE_FORMS else "16-bit q, k and v (their O sums in float32)"
         ctx.problem("o_accumulation", f"chooses where e4m3 attention sums O; {kind} has no choice: remove it")
         return None
     d = (sizes or {}).get("d")
@@ -468,6 +507,15 @@ def _check_capacities(ctx: NodeContext, form: str, sizes: dict[str, int] | None)
             return None
         seq_kv = sizes["max_pages"] * sizes["page_size"]
         return sizes["sq"], seq_kv, sizes["b"] * sizes["sq"], sizes["b"] * seq_kv
+    if form == "mixed":
+        longest = ctx.int("max_seqlen_q", 1, "the most query tokens one sequence has in a step")
+        if sizes is None or not {"b", "tq", "max_pages", "page_size"} <= sizes.keys():
+            return None
+        if longest is not None and longest > sizes["tq"]:
+            ctx.problem("max_seqlen_q", f"{longest} is more than the {sizes['tq']} tokens q holds; at most that")
+            return None
+        seq_kv = sizes["max_pages"] * sizes["page_size"]
+        return longest or sizes["tq"], seq_kv, sizes["tq"], sizes["b"] * seq_kv
     if form != "packed":
         for key in ("max_seqlen_q", "max_seqlen_kv"):
             if ctx.given(key):
@@ -497,6 +545,6 @@ def _check_capacities(ctx: NodeContext, form: str, sizes: dict[str, int] | None)
 
 
 def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
-    if node.form == "paged":
+    if node.form in CACHE_FORMS:
         return sdpa_paged.resolve(node, ctx)
     return sdpa_forward.resolve(node, ctx)

@@ -14,6 +14,7 @@ from frost_runtime.schema import NodeMask, NodeRecord
 from frostc.graph import role_slots
 from frostc.kernels.sdpa_common import MaskFlags
 
+CACHE_FORMS = ("paged", "mixed")  # the forms whose k and v are a paged KV cache
 PACKED_KEYS = ("cu_seqlens_q", "cu_seqlens_kv")  # a packed node's lengths
 PADDED_KEYS = ("seq_len_q", "seq_len_kv")  # a padded one's (a paged one's: seq_len_kv)
 DESCALE_ROLES = {"q_descale": "hq", "k_descale": "hkv", "v_descale": "hkv"}  # role: the heads it may have
@@ -50,7 +51,7 @@ class Sdpa:
     v: str
     o: str
     lse: str | None
-    form: str  # "dense" | "padded" | "packed" | "paged"
+    form: str  # "dense" | "padded" | "packed" | "paged" | "mixed" (packed queries over a paged cache)
     q_lengths: str | None  # seq_len_q or cu_seqlens_q
     kv_lengths: str | None
     batch: int
@@ -88,7 +89,9 @@ class Sdpa:
     @property
     def inputs(self) -> tuple[tuple[str, str], ...]:
         roles = [("q", self.q), ("k", self.k), ("v", self.v)]
-        if self.form == "paged":
+        if self.form == "mixed":
+            roles += [("cu_seqlens_q", self.q_lengths)]
+        if self.form in CACHE_FORMS:
             roles += [("page_table", self.page_table), ("seq_len_kv", self.kv_lengths)]
             return tuple(roles) + tuple((r, n) for r, n in (("k_scale", self.k_scale), ("v_scale", self.v_scale)) if n)
         length_keys = PACKED_KEYS if self.form == "packed" else PADDED_KEYS
@@ -107,7 +110,7 @@ class Sdpa:
             "batch": self.batch, "heads_q": self.heads_q, "heads_kv": self.heads_kv, "head_dim": self.head_dim,
             "seq_q": self.seq_q, "seq_kv": self.seq_kv, "tokens_q": self.tokens_q, "tokens_kv": self.tokens_kv,
         }  # fmt: skip
-        if self.form == "paged":
+        if self.form in CACHE_FORMS:
             sizes |= {"pages": self.pages, "page_size": self.page_size}
         m = self.mask
         mask = NodeMask(m.causal, m.alignment, m.window_left, m.window_right, m.softcap)

@@ -16,8 +16,8 @@ from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import ResolveContext
 from frostc.graph import Tensor
-from frostc.kernels.cache_args import CacheScales, CacheScaleStrides
-from frostc.kernels.interface import TmaSource
+from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, PackedQueries
+from frostc.kernels.interface import BhsStrides, TmaSource
 from frostc.kernels.sdpa_common import LOG2_E, SoftmaxScales
 from frostc.kernels.sdpa_decode_combine import DecodeCombineArgs, DecodeCombineVariant
 from frostc.kernels.sdpa_decode_paged import (
@@ -40,16 +40,22 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     if len(ctx.problems) > before:
         return ()
     ctx.length_contract(node.kv_lengths, "lengths", node.seq_kv)
+    if node.form == "mixed":
+        ctx.length_contract(node.q_lengths, "offsets", node.seq_q, node.tokens_q)
     dtype, kv_cache_dtype = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
     config = choose_decode(node, dtype, kv_cache_dtype, TARGETS[ctx.graph.target])
     splits, chunk, tiles = config.splits, config.chunk, config.tiles
     variant = PagedDecodeVariant(
         dtype, kv_cache_dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, few_rows=config.few_rows,
+        packed=node.form == "mixed",
     )  # fmt: skip
     if splits == 1:
         return (_attention_launch(node, variant, splits, chunk, None, ctx),)
-    partials = node.batch * node.heads_kv * splits * decode_rows(node)
+    # a row's partial result from each split: (sequence, KV head, split, row), or with packed
+    # queries (split, token, query head)
+    rows = node.tokens_q * node.heads_q if node.form == "mixed" else node.batch * node.heads_kv * decode_rows(node)
+    partials = splits * rows
     workspace = {
         "o_partial": ctx.workspace(f"{node.name}.o_partial", partials * node.head_dim * 4),
         "lse_partial": ctx.workspace(f"{node.name}.lse_partial", partials * 4),
@@ -62,9 +68,10 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
 
 def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     q, k, v = ctx.tensor(node.q), ctx.tensor(node.k), ctx.tensor(node.v)
-    check_head_dim(node.head_dim, f"{q.path}.dims[3]", ctx)
+    check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx)
+    letters, layouts = ("thd", '"thd"') if node.form == "mixed" else ("bhsd", '"bshd" or "bhsd"')
     for name in (node.q, node.o):
-        check_row_layout(ctx.tensor(name), "bhsd", '"bshd" or "bhsd"', ctx)
+        check_row_layout(ctx.tensor(name), letters, layouts, ctx)
     for cache in (k, v):
         check_row_layout(cache, "pshd", '"pshd"', ctx)
     _check_cache(k, ctx)
@@ -77,9 +84,11 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     table = ctx.tensor(node.page_table)
     if table.dims[1] > 1 and table.strides[1] != 1:
         ctx.problem(f"{table.path}.strides[1]", f"stride {table.strides[1]}: each row of page ids must be contiguous")
-    lengths = ctx.tensor(node.kv_lengths)
-    if lengths.dims[0] > 1 and lengths.strides[0] != 1:
-        ctx.problem(f"{lengths.path}.strides[0]", f"stride {lengths.strides[0]}: lengths must be contiguous (stride 1)")
+    for name in (node.kv_lengths, node.q_lengths if node.form == "mixed" else None):
+        lengths = ctx.tensor(name) if name is not None else None
+        if lengths is not None and lengths.dims[0] > 1 and lengths.strides[0] != 1:
+            message = f"stride {lengths.strides[0]}: lengths must be contiguous (stride 1)"
+            ctx.problem(f"{lengths.path}.strides[0]", message)
     # the launches' grids: (splits, heads_kv * row blocks, batch) and (rows, heads_kv, batch)
     if node.batch > MAX_GRID[2]:
         ctx.problem(
@@ -148,9 +157,9 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
         k=TmaSource(k, _cache_tma_strides(k), extents=node.heads_kv),
         v=TmaSource(v, _cache_tma_strides(v), extents=node.heads_kv),
         tensors=DecodeTensors(q, o, lse, table, ctx.slot(node.kv_lengths), *partials),
-        scales=scales, sizes=sizes, q_strides=bhs_strides(q), o_strides=bhs_strides(o), lse_strides=bhs_strides(lse),
-        page_table_stride=table.strides[0], scale_strides=scale_strides, softmax=softmax,
-        q_scale=node.attn_scale if variant.quantized else None,
+        scales=scales, sizes=sizes, q_strides=_query_strides(q, node), o_strides=_query_strides(o, node),
+        lse_strides=_query_strides(lse, node), page_table_stride=table.strides[0], scale_strides=scale_strides,
+        softmax=softmax, q_scale=node.attn_scale if variant.quantized else None, packed=_packed_queries(node, ctx),
     )  # fmt: skip
     return launch(node.name, variant, (splits, node.heads_kv * row_blocks, node.batch), args)
 
@@ -165,15 +174,29 @@ def _combine_launch(
 ) -> ResolvedLaunch:
     o = ctx.slot(node.o)
     lse = ctx.slot(node.lse) if node.lse else None
-    variant = DecodeCombineVariant(o.dtype, node.head_dim, lse is not None)
+    variant = DecodeCombineVariant(o.dtype, node.head_dim, lse is not None, packed=node.form == "mixed")
     args = DecodeCombineArgs(
         Workspace(workspace["o_partial"]), Workspace(workspace["lse_partial"]), ctx.slot(node.kv_lengths), o, lse,
         heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=decode_rows(node), capacity=node.seq_kv,
         chunk=chunk, splits=splits, s_new=node.seq_q, window_left=_window_left(node), block_n=block_n,
-        o_strides=bhs_strides(o), lse_strides=bhs_strides(lse),
+        o_strides=_query_strides(o, node), lse_strides=_query_strides(lse, node), packed=_packed_queries(node, ctx),
     )  # fmt: skip
     return launch(node.name, variant, (decode_rows(node), node.heads_kv, node.batch), args)
 
 
 def _window_left(node: Sdpa) -> int:
     return -1 if node.mask.window_left is None else node.mask.window_left
+
+
+def _query_strides(slot, node: Sdpa) -> BhsStrides:
+    """(b, h, s) strides of q, o or lse: (b, h, s_new, ...) tensors', or with packed queries
+    (tokens, h, ...) tensors' with no b (the kernels add each sequence's first token)."""
+    if node.form != "mixed" or slot is None:
+        return bhs_strides(slot)
+    return BhsStrides(0, slot.strides[1], slot.strides[0])
+
+
+def _packed_queries(node: Sdpa, ctx) -> PackedQueries | None:
+    if node.form != "mixed":
+        return None
+    return PackedQueries(ctx.slot(node.q_lengths), tokens=node.tokens_q)

@@ -202,7 +202,7 @@ class NodeRecord:
 
     op: str
     name: str  # the description's node (what launches name in `Launch.node`)
-    form: str  # sdpa: "dense" | "padded" | "packed" | "paged"; "" for an op of one form
+    form: str  # sdpa: "dense" | "padded" | "packed" | "paged" | "mixed"; "" for an op of one form
     sizes: dict[str, int]
     slots: dict[str, int]  # role -> slot index
     constants: dict[str, float] = field(default_factory=dict)  # sdpa: attn_scale; rms_norm: eps
@@ -240,6 +240,12 @@ NODE_FORMS = {
     ("sdpa", "packed"): _sdpa(_SDPA_SIZES, (*_SDPA_ROLES, "cu_seqlens_q", "cu_seqlens_kv"), ("lse", *_DESCALES)),
     ("sdpa", "paged"): _sdpa(
         (*_SDPA_SIZES, "pages", "page_size"), (*_SDPA_ROLES, "page_table", "seq_len_kv"), ("lse", *_SCALES), (_SCALES,)
+    ),
+    ("sdpa", "mixed"): _sdpa(
+        (*_SDPA_SIZES, "pages", "page_size"),
+        (*_SDPA_ROLES, "cu_seqlens_q", "page_table", "seq_len_kv"),
+        ("lse", *_SCALES),
+        (_SCALES,),
     ),
     ("kv_append", ""): NodeForm(  # rows: k, v (b, hkv, s_new, d), every sequence s_new new tokens
         ("batch", "heads_kv", "s_new", "head_dim", "pages", "page_size", "max_pages"),

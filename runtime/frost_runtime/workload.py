@@ -66,7 +66,7 @@ class Attention:
     """One attention node of a plan, as its record describes it."""
 
     node: str
-    form: str  # "dense" | "padded" | "packed" | "paged"
+    form: str  # "dense" | "padded" | "packed" | "paged" | "mixed"
     batch: int
     heads_q: int
     heads_kv: int
@@ -137,15 +137,16 @@ def sequence_lengths(node: Attention, values: dict[int, list[int]]) -> tuple[lis
     """Each sequence's (query lengths, key lengths) for the length slots' `values` (slot ->
     the int32 values written there); a side without a length slot is full."""
 
-    def side(slot: int, full: int) -> list[int]:
+    def side(slot: int, full: int, offsets: bool) -> list[int]:
         if slot < 0:
             return [full] * node.batch
         v = values[slot]
-        if node.form == "packed":
+        if offsets:
             return [v[i + 1] - v[i] for i in range(node.batch)]
         return [min(x, full) for x in v[: node.batch]]  # the kernels clamp to the capacity
 
-    return side(node.q_lengths, node.seq_q), side(node.kv_lengths, node.seq_kv)
+    q_offsets = node.form in ("packed", "mixed")  # prefix sums; the mixed form's keys are lengths
+    return side(node.q_lengths, node.seq_q, q_offsets), side(node.kv_lengths, node.seq_kv, node.form == "packed")
 
 
 @dataclass(frozen=True)
@@ -163,11 +164,12 @@ def work(plan: PlanData, values: dict[int, list[int]]) -> Work:
     how = []
     for node in attention_nodes(plan):
         q_lens, kv_lens = sequence_lengths(node, values)
-        if node.form == "paged":
+        if node.form in ("paged", "mixed"):
             n = sum(kv_lens) * node.heads_kv * node.head_dim * node.element_bytes * 2
             bytes_read = (bytes_read or 0) + n
             how.append(f"{node.node}: KV bytes read = sum(cache_len)*hkv*d*{node.element_bytes} B*2 (K and V)")
-            continue
+            if node.form == "paged":
+                continue
         if node.form == "dense" and node.mask.label in ("causal", "causal_br") and node.seq_q == node.seq_kv:
             pairs = node.batch * node.seq_q * node.seq_kv // 2
             how.append(f"{node.node}: 4*b*hq*sq*skv*d / 2 FLOPs (dense causal: bench/sdpa.py's count)")

@@ -24,6 +24,7 @@ from tests.gpu.append_cases import cases as append_cases
 from tests.gpu.cases import TWO_NODES, Case, cases
 from tests.gpu.decode_cases import DecodeCase
 from tests.gpu.decode_cases import cases as decode_cases
+from tests.gpu.mixed_cases import MixedCase
 
 BUILT = Path(__file__).resolve().parent.parent / ".built"
 
@@ -136,6 +137,47 @@ def append_description(case: AppendCase):
     return g.build()
 
 
+def mixed_description(case: MixedCase):
+    """sdpa over a paged cache with packed queries (the mixed form)."""
+    g = GraphBuilder(case.id)
+    t, hq, hkv, d = case.tokens, case.heads_q, case.heads_kv, case.head_dim
+    for name in ("q", "o"):
+        g.tensor(name, dtype=case.dtype, dims=(t, hq, d))
+    if case.lse:
+        g.tensor("lse", dtype="fp32", dims=(t, hq), layout="ht" if case.lse == "ht" else None)
+    for name in ("k_cache", "v_cache"):
+        g.tensor(name, dtype=case.cache or case.dtype, dims=(case.pages, case.page_size, hkv, d))
+    scales = {}
+    if case.cache is not None:
+        scales = dict(k_scale="k_scale", v_scale="v_scale")
+        for name in scales:
+            g.tensor(name, dtype="fp32", dims=(hkv if case.scales == "head" else 1,))
+    g.tensor("page_table", dtype="int32", dims=(case.batch, case.max_pages))
+    g.tensor("cache_len", dtype="int32", dims=(case.batch,))
+    g.tensor("cu_q", dtype="int32", dims=(case.batch + 1,))
+    g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", lse="lse" if case.lse else None,
+           page_table="page_table", seq_len_kv="cache_len", cu_seqlens_q="cu_q", max_seqlen_q=case.max_seqlen_q,
+           causal=case.causal or None, window_left=case.window_left, softcap=case.softcap, **scales)  # fmt: skip
+    return g.build()
+
+
+def build_mixed() -> None:
+    """tests/gpu/test_mixed.py's plans, into .built/mixed with their manifest."""
+    from tests.gpu.mixed_cases import cases as mixed_cases
+    from tests.gpu.mixed_cases import graph_case
+
+    out = BUILT / "mixed"
+    out.mkdir(exist_ok=True)
+    manifest, start = [], time.time()
+    all_cases = [*mixed_cases(), graph_case()]
+    for i, case in enumerate(all_cases):
+        write_atomic(out / f"{case.id}.frost", build(mixed_description(case)))
+        extra = {"plan": f"{case.id}.frost", "pages": case.pages, "capacity": case.capacity}
+        manifest.append(asdict(case) | extra)
+        print(f"[mixed {i + 1}/{len(all_cases)}] {case.id}  ({time.time() - start:.0f} s)", flush=True)
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=1).encode())
+
+
 def build_sdpa() -> None:
     manifest = []
     start = time.time()
@@ -232,10 +274,12 @@ def build_hf_sets() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description="Build the GPU tests' plans into tests/.built.")
     parser.add_argument(
-        "--only", choices=["sdpa", "decode", "append", "hf", "fp8"], help="build one group only (default: all)"
+        "--only", choices=["sdpa", "decode", "append", "hf", "fp8", "mixed"], help="build one group only (default: all)"
     )
     args = parser.parse_args()
     BUILT.mkdir(exist_ok=True)
+    if args.only in (None, "mixed"):
+        build_mixed()
     if args.only in (None, "fp8"):
         build_fp8()
     if args.only in (None, "hf"):

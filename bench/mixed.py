@@ -1,0 +1,230 @@
+"""The mixed form (packed queries over a paged cache) where it stands: serving steps timed through
+frostc's mixed plans beside the plans that serve the pure ends today (the paged decode plan for
+pure-decode steps, the packed plan for pure-prefill steps), one run.
+
+    python bench/mixed.py build                          # CPU machine: compile into bench/.built/mixed
+    python bench/mixed.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
+
+Shapes: bf16 q, hq 32, hkv 8, d 128 (Llama-3-8B), causal bottom-right per sequence, pages of 16
+(vLLM's) or 128, each sequence's pages a shuffled draw from the pool. Two mixed plans per page
+size: a decode bucket (as many query tokens as sequences, max_seqlen_q 1 or 4) and a serving
+bucket (4096 query tokens, max_seqlen_q 4096: any mix). Attention only: the step's rows are
+already in the pages (the paged plans here have no kv_append either). Times are device times of
+CUDA-graph replays (bench/common.py's `time_ms`); each contestant's O is checked against float32
+on the gathered keys of four sequences before its time counts. TB/s counts the keys a step reads
+(Σ len · hkv · d · 2 bytes · 2); TFLOP/s the (query, key) pairs the causal masks let through.
+"""
+
+import random
+import sys
+from dataclasses import dataclass
+
+import common
+
+HQ, HKV, D = 32, 8, 128
+SERVING_TOKENS = 4096
+OUT = common.BUILT / "mixed"
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    page: int
+    q_lens: tuple[int, ...]  # each sequence's query tokens this step
+    kv_lens: tuple[int, ...]  # each sequence's keys, this step's included
+    peer: str  # "paged" (the decode plan, equal query counts) | "packed" (fresh prompts) | ""
+
+    @property
+    def batch(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def max_pages(self) -> int:
+        return -(-max(self.kv_lens) // self.page)
+
+
+def _uniform(n: int, low: int, high: int, seed: str) -> tuple[int, ...]:
+    rng = random.Random(seed)
+    return tuple(rng.randint(low, high) for _ in range(n))
+
+
+ROWS = [
+    Row("decode b32 ctx 4k-12k p16", 16, (1,) * 32, _uniform(32, 4096, 12288, "d32"), "paged"),
+    Row("decode b32 ctx 4k-12k p128", 128, (1,) * 32, _uniform(32, 4096, 12288, "d32"), "paged"),
+    Row("decode b8 ctx 16k-48k p16", 16, (1,) * 8, _uniform(8, 16384, 49152, "d8"), "paged"),
+    Row("speculative 128 x (1+3) ctx 2k-6k p16", 16, (4,) * 128, _uniform(128, 2048, 6144, "s"), "paged"),
+    Row("prefill 2 x 1024 p16", 16, (1024, 1024), (1024, 1024), "packed"),
+    Row("2k chunk + 63 decodes ctx 2k-32k p16", 16, (2048,) + (1,) * 63,
+        (2048 + 8192,) + _uniform(63, 2048, 32768, "m"), ""),
+]  # fmt: skip
+
+
+def _plans(row: Row) -> dict[str, tuple[str, int, int]]:
+    """{contestant: (plan file, query tokens, max_seqlen_q)}."""
+    decode_tokens = row.batch * max(row.q_lens)
+    out = {}
+    if row.peer == "paged" or row.peer == "":
+        out["mixed (decode bucket)"] = (f"mixed-b{row.batch}-t{decode_tokens}-q{max(row.q_lens)}-p{row.page}",
+                                        decode_tokens, max(row.q_lens))  # fmt: skip
+    if sum(row.q_lens) <= SERVING_TOKENS:
+        out["mixed (serving bucket)"] = (f"mixed-b{row.batch}-t{SERVING_TOKENS}-p{row.page}", SERVING_TOKENS,
+                                         SERVING_TOKENS)  # fmt: skip
+    if row.peer == "paged":
+        out["paged decode plan"] = (f"paged-b{row.batch}-n{row.q_lens[0]}-p{row.page}", 0, row.q_lens[0])
+    if row.peer == "packed":
+        out["packed plan"] = (f"packed-b{row.batch}-t{sum(row.q_lens)}", sum(row.q_lens), max(row.q_lens))
+    if row.name.startswith("2k chunk"):
+        out.pop("mixed (decode bucket)")
+    return out
+
+
+def build() -> int:
+    from frostc import GraphBuilder
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    done = set()
+    for row in ROWS:
+        pages = row.batch * row.max_pages
+        for label, (name, tokens, longest) in _plans(row).items():
+            if name in done:
+                continue
+            done.add(name)
+            g = GraphBuilder(name)
+            if label == "packed plan":
+                for t, h in (("q", HQ), ("k", HKV), ("v", HKV), ("o", HQ)):
+                    g.tensor(t, dtype="bf16", dims=(tokens, h, D))
+                g.tensor("cu_q", dtype="int32", dims=(row.batch + 1,))
+                g.sdpa(q="q", k="k", v="v", o="o", cu_seqlens_q="cu_q", cu_seqlens_kv="cu_q",
+                       max_seqlen_q=longest, max_seqlen_kv=longest, causal=True)  # fmt: skip
+            else:
+                for t in ("k_cache", "v_cache"):
+                    g.tensor(t, dtype="bf16", dims=(pages, row.page, HKV, D))
+                g.tensor("page_table", dtype="int32", dims=(row.batch, row.max_pages))
+                g.tensor("cache_len", dtype="int32", dims=(row.batch,))
+                paged = dict(k="k_cache", v="v_cache", page_table="page_table", seq_len_kv="cache_len", causal=True)
+                if label == "paged decode plan":
+                    for t in ("q", "o"):
+                        g.tensor(t, dtype="bf16", dims=(row.batch, HQ, longest, D), layout="bshd")
+                    g.sdpa(q="q", o="o", **paged)
+                else:
+                    for t in ("q", "o"):
+                        g.tensor(t, dtype="bf16", dims=(tokens, HQ, D))
+                    g.tensor("cu_q", dtype="int32", dims=(row.batch + 1,))
+                    g.sdpa(q="q", o="o", cu_seqlens_q="cu_q", max_seqlen_q=longest, **paged)
+            common.write_plan(OUT / f"{name}.frost", g.build())
+    return 0
+
+
+# ---------------------------------------------------------------------------- the GPU side
+
+
+def _pairs(q_len: int, kv_len: int) -> int:
+    """(query, key) pairs of a bottom-right causal sequence."""
+    return sum(kv_len - q_len + t + 1 for t in range(q_len))
+
+
+def _reference(q, k, v, q_lens, kv_lens, starts, table, page, count: int = 4):
+    """float32 O of the first `count` sequences with queries: {b: (q_len, hq, d)}."""
+    import torch
+    import torch.nn.functional as F
+
+    out = {}
+    for b, (n, length) in enumerate(zip(q_lens, kv_lens)):
+        if n == 0 or len(out) == count:
+            continue
+        ids = torch.tensor(table[b][: -(-length // page)], device="cuda")
+        kk, vv = (c[ids].reshape(-1, HKV, D)[:length].transpose(0, 1).float() for c in (k, v))
+        kk, vv = kk.repeat_interleave(HQ // HKV, 0)[None], vv.repeat_interleave(HQ // HKV, 0)[None]
+        j, at = torch.arange(length, device="cuda")[None, :], torch.arange(n, device="cuda")[:, None] + length - n
+        qb = q[starts[b] : starts[b] + n].transpose(0, 1)[None].float()
+        out[b] = F.scaled_dot_product_attention(qb, kk, vv, attn_mask=j <= at)[0].transpose(0, 1)
+    return out
+
+
+def _measure(frost_runtime, row: Row) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    pages = row.batch * row.max_pages
+    k = torch.randn(pages, row.page, HKV, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(pages, row.page, HKV, D, device="cuda", dtype=torch.bfloat16)
+    table = torch.randperm(pages, device="cuda").to(torch.int32).view(row.batch, row.max_pages)
+    host_table = table.tolist()
+    starts = [0]
+    for n in row.q_lens:
+        starts.append(starts[-1] + n)
+    queries = torch.randn(sum(row.q_lens), HQ, D, device="cuda", dtype=torch.bfloat16)
+    want = _reference(queries, k, v, row.q_lens, row.kv_lens, starts, host_table, row.page)
+    result = {"row": row.name, "us": {}, "errors": {}, "kv_bytes": sum(row.kv_lens) * HKV * D * 2 * 2}
+    result["flops"] = 4 * D * HQ * sum(_pairs(n, length) for n, length in zip(row.q_lens, row.kv_lens))
+    for label, (name, tokens, _) in _plans(row).items():
+        plan = frost_runtime.load(OUT / f"{name}.frost")
+        buffers, o_rows = _buffers(label, row, tokens, queries, k, v, table, starts)
+        bound = plan.bind(*[buffers[s] for s in plan.slots], workspace=plan.allocate_workspace())
+        bound.execute()
+        torch.cuda.synchronize()
+        got = o_rows()
+        err = max(float((got[b].float() - w).norm() / w.norm()) for b, w in want.items())
+        result["errors"][label] = err
+        result["us"][label] = common.time_ms(bound.execute) * 1000 if err < 2e-2 else None
+        plan.close()
+    return result
+
+
+def _buffers(label: str, row: Row, tokens: int, queries, k, v, table, starts):
+    """The contestant's buffers by slot name, and a function giving each sequence's O rows."""
+    import torch
+
+    total = sum(row.q_lens)
+    lens = torch.tensor(row.kv_lens, dtype=torch.int32, device="cuda")
+    if label == "paged decode plan":
+        n = row.q_lens[0]
+        q = queries.view(row.batch, n, HQ, D)
+        o = torch.full_like(q, float("nan"))
+        buffers = {"q": q.transpose(1, 2), "o": o.transpose(1, 2), "k_cache": k, "v_cache": v,
+                   "page_table": table, "cache_len": lens}  # fmt: skip
+        return buffers, lambda: {b: o[b] for b in range(row.batch)}
+    q = torch.zeros(tokens, HQ, D, device="cuda", dtype=torch.bfloat16)
+    q[:total] = queries
+    o = torch.full_like(q, float("nan"))
+    cu = torch.tensor(starts, dtype=torch.int32, device="cuda")
+    if label == "packed plan":  # fresh prompts: the keys are the sequences' own rows, contiguous
+        gathered = {}
+        for name, cache in (("k", k), ("v", v)):
+            rows = [
+                cache[table[b][: -(-n // row.page)].long()].reshape(-1, HKV, D)[:n] for b, n in enumerate(row.kv_lens)
+            ]
+            gathered[name] = torch.cat(rows)
+        buffers = {"q": q, "k": gathered["k"], "v": gathered["v"], "o": o, "cu_q": cu}
+    else:
+        buffers = {"q": q, "o": o, "k_cache": k, "v_cache": v, "page_table": table, "cache_len": lens, "cu_q": cu}
+    return buffers, lambda: {b: o[starts[b] : starts[b + 1]] for b in range(row.batch)}
+
+
+def run(md=None, json_path=None) -> int:
+    import frost_runtime
+
+    results = [_measure(frost_runtime, row) for row in ROWS]
+    lines = [f"# bench/mixed.py — {common.machine()}", "",
+             "| step | contestant | µs | TB/s (keys) | TFLOP/s | rel. err | vs the pure-end plan |",
+             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    failed = False
+    for r in results:
+        peers = [x for x in r["us"] if not x.startswith("mixed")]
+        base = r["us"][peers[0]] if peers else None
+        for label, us in r["us"].items():
+            if us is None:
+                failed = True
+                lines.append(f"| {r['row']} | {label} | wrong | | | {r['errors'][label]:.1e} | |")
+                continue
+            ratio = f"{base / us:.2f}x" if base and label.startswith("mixed") else ""
+            tbs, tf = r["kv_bytes"] / us / 1e6, r["flops"] / us / 1e6
+            lines.append(
+                f"| {r['row']} | {label} | {us:.1f} | {tbs:.2f} | {tf:.0f} | {r['errors'][label]:.1e} | {ratio} |"
+            )
+    common.publish("\n".join(lines), results, md, json_path)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(common.main(__doc__, build, run))

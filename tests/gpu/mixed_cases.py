@@ -1,0 +1,71 @@
+"""The mixed form's test matrix, as plain data (the GPU side imports this without frostc).
+
+Each case is one plan: sdpa over a paged cache with packed queries (`cu_seqlens_q`), any mix of
+prefill chunks and decodes in one step. Every factor appears at least once: bf16 and fp16; head
+dims 64, 128 and 256; page sizes 16, 64 and 256; GQA groups 1, 4 and 8; causal (bottom-right per
+sequence) and not; a sliding window and softcap; LSE as (tokens, hq) and as FlashAttention's (hq,
+tokens); an e4m3 cache with scales per KV head and per tensor (its few-rows kernel too); a
+decode-sized bucket (few queries a sequence, long contexts: split across CTAs, with the combine)
+and a prefill-sized one (chunks of up to hundreds of tokens).
+"""
+
+from dataclasses import dataclass
+
+SPARE_PAGES = 5  # pool pages no table lists: always NaN
+
+
+@dataclass(frozen=True)
+class MixedCase:
+    dtype: str
+    batch: int  # the plan's sequences (mixes leave some empty)
+    tokens: int  # q's and o's rows: the step's query tokens at most
+    max_seqlen_q: int  # the most query tokens one sequence has
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    page_size: int
+    max_pages: int  # pages per sequence: capacity = max_pages * page_size keys
+    causal: bool
+    lse: str = ""  # "" none, "th" (tokens, hq), "ht" stored (hq, tokens)
+    window_left: int | None = None
+    softcap: float | None = None
+    cache: str | None = None  # "e4m3" (with k_scale, v_scale); None: `dtype`
+    scales: str = "head"  # e4m3: one scale per KV head ("head") or one ("tensor")
+
+    @property
+    def pages(self) -> int:
+        return self.batch * self.max_pages + SPARE_PAGES
+
+    @property
+    def capacity(self) -> int:
+        return self.max_pages * self.page_size
+
+    @property
+    def id(self) -> str:
+        return (
+            f"mixed-{self.dtype}-d{self.head_dim}-p{self.page_size}x{self.max_pages}-b{self.batch}"
+            f"-t{self.tokens}x{self.max_seqlen_q}-h{self.heads_q}x{self.heads_kv}-{'causal' if self.causal else 'full'}"
+            f"{f'-lse_{self.lse}' if self.lse else ''}"
+            f"{'' if self.window_left is None else f'-w{self.window_left}'}"
+            f"{'' if self.softcap is None else f'-cap{self.softcap:g}'}"
+            f"{'' if self.cache is None else f'-kv{self.cache}-{self.scales}'}"
+        )
+
+
+def cases() -> list[MixedCase]:
+    c = MixedCase
+    return [
+        # a decode-sized bucket: few queries each (1 + 3 speculative), long contexts, split
+        c("bf16", 8, 32, 4, 32, 8, 128, 16, 96, True, lse="th"),
+        # a prefill-sized bucket: chunks over contexts, decodes among them
+        c("bf16", 6, 700, 300, 16, 4, 128, 64, 24, True, lse="ht"),
+        c("fp16", 5, 300, 160, 8, 8, 64, 256, 4, False),  # MHA, not causal, pages of 256
+        c("bf16", 4, 200, 120, 16, 2, 256, 16, 40, True, lse="th", window_left=100, softcap=30.0),
+        c("bf16", 8, 64, 16, 32, 8, 128, 64, 32, True, lse="th", cache="e4m3"),  # e4m3, per-head scales
+        c("fp16", 6, 12, 1, 8, 1, 64, 16, 80, True, cache="e4m3", scales="tensor"),  # few rows: MQA by one token
+    ]
+
+
+def graph_case() -> MixedCase:
+    """Small, so that a CUDA graph can be replayed and checked over 100 fresh mixes."""
+    return MixedCase("bf16", 6, 48, 16, 8, 2, 64, 16, 16, True, lse="th")

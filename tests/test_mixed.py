@@ -1,0 +1,120 @@
+"""The sdpa op's mixed form (packed queries over a paged cache: any mix of prefill chunks and
+decodes in one step): its checks with their field paths, its capacities and length contracts, the
+launches and workspace it resolves into, what the plan records of it, and offline compiles of its
+kernels. Numerics are tests/gpu/test_mixed.py's business."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from frost_runtime.schema import decode_plan
+from frost_runtime.workload import attention_nodes, sequence_lengths, work
+
+from frostc.build import build
+from frostc.description import parse_description
+from frostc.resolve import resolve
+from tests.descriptions import check, edited, only
+
+T, B, HQ, HKV, D, PAGE, MAX_PAGES, PAGES = 96, 5, 16, 4, 128, 16, 32, 200
+
+
+def base(tokens: int = T, max_seqlen_q: int | None = 40, max_pages: int = MAX_PAGES) -> dict[str, Any]:
+    """A step of up to `tokens` query tokens of B sequences over a paged cache (bf16, GQA 4)."""
+    cache = {"dtype": "bf16", "dims": [PAGES, PAGE, HKV, D]}
+    rows = {"dtype": "bf16", "dims": [tokens, HQ, D]}
+    node = {
+        "op": "sdpa", "name": "attn", "q": "q", "k": "k_cache", "v": "v_cache", "o": "o", "lse": "lse",
+        "page_table": "page_table", "seq_len_kv": "cache_len", "cu_seqlens_q": "cu_q", "causal": True,
+    }  # fmt: skip
+    if max_seqlen_q is not None:
+        node["max_seqlen_q"] = max_seqlen_q
+    return {
+        "format": 1,
+        "name": "mixed",
+        "tensors": {
+            "q": dict(rows),
+            "o": dict(rows),
+            "lse": {"dtype": "fp32", "dims": [tokens, HQ], "layout": "ht"},
+            "k_cache": dict(cache),
+            "v_cache": dict(cache),
+            "page_table": {"dtype": "int32", "dims": [B, max_pages]},
+            "cache_len": {"dtype": "int32", "dims": [B]},
+            "cu_q": {"dtype": "int32", "dims": [B + 1]},
+        },
+        "nodes": [node],
+    }
+
+
+def tweak(**changes: Any) -> dict[str, Any]:
+    return edited(base(), **changes)
+
+
+def test_a_mixed_node_validates_with_its_capacities():
+    (node,) = check(base()).nodes
+    assert node.form == "mixed"
+    assert (node.batch, node.tokens_q, node.seq_q, node.seq_kv) == (B, T, 40, MAX_PAGES * PAGE)
+    assert node.mask.alignment == "bottom_right"  # each sequence's queries are its cache's last keys
+    assert [role for role, _ in node.inputs] == ["q", "k", "v", "cu_seqlens_q", "page_table", "seq_len_kv"]
+    (default,) = check(base(max_seqlen_q=None)).nodes
+    assert default.seq_q == T  # a sequence may take every token of the step
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "words"),
+    [
+        ({"nodes.0.cu_seqlens_kv": "cu_q"}, "nodes[0].cu_seqlens_kv", ("mixed", "seq_len_kv", "remove")),
+        ({"nodes.0.seq_len_q": "cache_len"}, "nodes[0].seq_len_q", ("mixed", "remove")),
+        ({"nodes.0.max_seqlen_kv": 100}, "nodes[0].max_seqlen_kv", ("remove",)),
+        ({"nodes.0.max_seqlen_q": T + 1}, "nodes[0].max_seqlen_q", ("97", "96 tokens")),
+        ({"tensors.cu_q.dims": [B]}, "tensors.cu_q.dims[0]", ("5 prefix sums", "5 sequences", "(6)")),
+        ({"nodes.0.diagonal_alignment": "top_left"}, "nodes[0].diagonal_alignment", ("bottom_right",)),
+        ({"nodes.0.causal": None, "nodes.0.window_right": 4}, "nodes[0].window_right", ("not supported",)),
+        ({"tensors.cu_q.dtype": "int64"}, "tensors.cu_q.dtype", ("int32",)),
+        ({"tensors.o.dims": [T, HQ + 1, D]}, "tensors.o.dims[1]", ("heads 17",)),
+        ({"tensors.q.dims": [T, HQ, 1, D]}, "tensors.q.dims", ("(tq, hq, d)",)),
+        ({"nodes.0.o_accumulation": "float32"}, "nodes[0].o_accumulation", ("mixed node",)),
+    ],
+)  # fmt: skip
+def test_bad_mixed_declarations_name_the_field_and_the_fix(changes, path, words):
+    only(tweak(**changes), path, *words)
+
+
+def test_a_decode_sized_step_splits_its_keys_and_merges_packed_partials():
+    plan = resolve(check(base(tokens=24, max_seqlen_q=4, max_pages=256)))  # 4096 keys a sequence
+    attention, combine = plan.launches
+    assert attention.variant.packed and attention.variant.split and combine.variant.packed
+    splits = attention.grid[0]
+    assert splits > 1 and attention.grid[1:] == (HKV, B)  # 4 tokens x GQA 4 rows: one row block
+    assert combine.grid == (4 * HQ // HKV, HKV, B)  # a CTA per (row, KV head, sequence) of the capacity
+    # the partials by (split, token, query head): every token of the buffer, not every row of a batch
+    o_partial, lse_partial = (r for r in plan.workspace)
+    assert (o_partial.bytes, lse_partial.bytes) == (splits * 24 * HQ * D * 4, splits * 24 * HQ * 4)
+    args = {a.param: a for a in attention.args}
+    assert args["tokens"].value == 24 and args["s_new"].value == 4 and args["q.stride_b"].value == 0
+    assert args["q.stride_s"].value == HQ * D and args["lse.stride_s"].value == 1  # lse stored (hq, tokens)
+
+
+def test_a_prefill_sized_step_runs_every_row_block_of_its_longest_sequence():
+    plan = resolve(check(base()))
+    (attention,) = plan.launches  # 40 query tokens: enough CTAs without splitting keys
+    assert not attention.variant.split and plan.workspace_bytes == 0
+    assert attention.grid == (1, HKV * -(-40 * (HQ // HKV) // 64), B)
+    contracts = {plan.slots[c.slot].name: (c.kind, c.longest, c.total) for c in plan.lengths}
+    assert contracts == {"cache_len": ("lengths", MAX_PAGES * PAGE, 0), "cu_q": ("offsets", 40, T)}
+
+
+def test_the_plan_records_a_mixed_node_and_the_runtime_reads_its_work():
+    data = build(parse_description(__import__("json").dumps(base(tokens=24, max_seqlen_q=4)), fmt="json"))
+    plan = decode_plan(data)
+    (record,) = plan.nodes
+    assert record.form == "mixed" and record.sizes["seq_q"] == 4 and record.sizes["tokens_q"] == 24
+    assert set(record.slots) >= {"cu_seqlens_q", "page_table", "seq_len_kv", "lse"}
+    (node,) = attention_nodes(plan)
+    cu, lens = record.slots["cu_seqlens_q"], record.slots["seq_len_kv"]
+    values = {cu: [0, 1, 5, 5, 6, 10], lens: [100, 4, 0, 30, 512]}
+    assert sequence_lengths(node, values) == ([1, 4, 0, 1, 4], [100, 4, 0, 30, 512])
+    counted = work(plan, values)
+    assert counted.bytes == sum(values[lens]) * HKV * D * 2 * 2  # every key read once a KV head
+    pairs = 100 + (1 + 2 + 3 + 4) + 30 + (509 + 510 + 511 + 512)  # bottom-right causal rows
+    assert counted.flops == 4 * D * HQ * pairs
