@@ -421,3 +421,24 @@ def test_builds_of_both_forms_are_byte_identical_across_processes(tmp_path: Path
     assert a == (tmp_path / "b" / "plan.frost").read_bytes()
     data = decode_plan(a)
     assert [(n.name, n.form) for n in data.nodes] == [("append", "packed"), ("slotted", "slots")]
+
+
+def test_a_mixed_step_appends_then_attends_with_one_contract_per_slot() -> None:
+    """The packed append then the mixed attention over the same caches, page table, lengths and
+    prefix sums: one contract per slot, and the attention starts early exactly when it declares
+    the packed form's new rows (by seq_len_kv and cu_seqlens_q) as the ones it waits for."""
+    d = packed()
+    d["tensors"] |= {"q": {"dtype": "bf16", "dims": [TOKENS, 4, D]}, "o": {"dtype": "bf16", "dims": [TOKENS, 4, D]}}
+    d["nodes"].append(
+        {
+            "op": "sdpa", "name": "attn", "q": "q", "k": "k_cache", "v": "v_cache", "o": "o",
+            "page_table": "page_table", "seq_len_kv": "cache_len", "cu_seqlens_q": "cu_q", "causal": True,
+        }
+    )  # fmt: skip
+    plan = resolve(check(d))
+    names = [s.name for s in plan.slots]
+    append, attention = plan.launches[:2]
+    assert append.variant.name == "kv_append.bf16.d64.packed" and attention.node == "attn"
+    assert sorted((names[c.slot], c.kind) for c in plan.lengths) == [("cache_len", "lengths"), ("cu_q", "offsets")]
+    declares = getattr(attention.variant, "new_rows", None) == ("seq_len_kv", "cu_seqlens_q")
+    assert attention.early == declares
