@@ -425,8 +425,8 @@ def test_builds_of_both_forms_are_byte_identical_across_processes(tmp_path: Path
 
 def test_a_mixed_step_appends_then_attends_with_one_contract_per_slot() -> None:
     """The packed append then the mixed attention over the same caches, page table, lengths and
-    prefix sums: one contract per slot, and the attention starts early exactly when it declares
-    the packed form's new rows (by seq_len_kv and cu_seqlens_q) as the ones it waits for."""
+    prefix sums: one contract per slot, and the attention starts early: it declares the packed
+    form's new rows (by seq_len_kv and cu_seqlens_q) as the ones it waits before."""
     d = packed()
     d["tensors"] |= {"q": {"dtype": "bf16", "dims": [TOKENS, 4, D]}, "o": {"dtype": "bf16", "dims": [TOKENS, 4, D]}}
     d["nodes"].append(
@@ -440,5 +440,25 @@ def test_a_mixed_step_appends_then_attends_with_one_contract_per_slot() -> None:
     append, attention = plan.launches[:2]
     assert append.variant.name == "kv_append.bf16.d64.packed" and attention.node == "attn"
     assert sorted((names[c.slot], c.kind) for c in plan.lengths) == [("cache_len", "lengths"), ("cu_q", "offsets")]
-    declares = getattr(attention.variant, "new_rows", None) == ("seq_len_kv", "cu_seqlens_q")
-    assert attention.early == declares
+    assert attention.variant.new_rows == append.variant.new_rows == ("seq_len_kv", "cu_seqlens_q")
+    assert attention.early  # it waits before exactly the rows the append writes
+
+
+def test_a_mixed_attention_over_other_prefix_sums_waits_at_its_start() -> None:
+    """The attention's queries counted by prefix sums of another slot than the append's: the rows
+    it would deem new need not be those written, so it never starts early."""
+    d = packed()
+    d["tensors"] |= {
+        "q": {"dtype": "bf16", "dims": [TOKENS, 4, D]},
+        "o": {"dtype": "bf16", "dims": [TOKENS, 4, D]},
+        "cu_q_other": {"dtype": "int32", "dims": [B + 1]},
+    }
+    d["nodes"].append(
+        {
+            "op": "sdpa", "name": "attn", "q": "q", "k": "k_cache", "v": "v_cache", "o": "o",
+            "page_table": "page_table", "seq_len_kv": "cache_len", "cu_seqlens_q": "cu_q_other", "causal": True,
+        }
+    )  # fmt: skip
+    append, attention = resolve(check(d)).launches[:2]
+    assert attention.variant.new_rows == append.variant.new_rows
+    assert not attention.early

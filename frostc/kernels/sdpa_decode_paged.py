@@ -66,7 +66,7 @@ from frostc.kernels.interface import (
     tma,
     when,
 )
-from frostc.kernels.launch_order import WAITS_FOR_NEW_ROWS
+from frostc.kernels.launch_order import NEW_ROWS_BY_S_NEW, WAITS_FOR_NEW_ROWS
 from frostc.kernels.online_softmax import OnlineSoftmax
 from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
 from frostc.kernels.ring import Ring
@@ -253,6 +253,12 @@ class PagedDecodeVariant(Variant):
     # plan: a row the step writes is read, by any sequence, only as the position it appends)
     early_start = WAITS_FOR_NEW_ROWS
     reads_caches = ("k.tmap", "v.tmap")  # the parameters that read the caches
+
+    @property
+    def new_rows(self) -> tuple[str, ...]:
+        # the rows it waits before: each sequence's last s_new positions, or with packed queries
+        # its own count of them (`packed_span`: cu_seqlens_q, as kv_append's packed form writes)
+        return ("seq_len_kv", "cu_seqlens_q") if self.packed else NEW_ROWS_BY_S_NEW
 
 
 # ------------------------------------------------------------------------------ device helpers
