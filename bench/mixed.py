@@ -6,7 +6,9 @@ pure-decode steps, the packed plan for pure-prefill steps), one run.
     python bench/mixed.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
 
 Shapes: bf16 q, hq 32, hkv 8, d 128 (Llama-3-8B), causal bottom-right per sequence, pages of 16
-(vLLM's) or 128, each sequence's pages a shuffled draw from the pool. Two mixed plans per page
+(vLLM's) or 128, each sequence's pages a shuffled draw from the pool. FlashAttention-4's
+packed-over-paged call (`flash_attn_varlen_func` with `page_table`) joins every row where it is
+importable (../shared/tools/fa4-peer). Two mixed plans per page
 size: a decode bucket (as many query tokens as sequences, max_seqlen_q 1 or 4) and a serving
 bucket (4096 query tokens, max_seqlen_q 4096: any mix). Attention only: the step's rows are
 already in the pages (the paged plans here have no kv_append either). Times are device times of
@@ -24,6 +26,7 @@ import common
 HQ, HKV, D = 32, 8, 128
 SERVING_TOKENS = 4096
 OUT = common.BUILT / "mixed"
+FA4 = "FlashAttention-4"
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,11 @@ ROWS = [
     Row("decode b32 ctx 4k-12k p16", 16, (1,) * 32, _uniform(32, 4096, 12288, "d32"), "paged"),
     Row("decode b32 ctx 4k-12k p128", 128, (1,) * 32, _uniform(32, 4096, 12288, "d32"), "paged"),
     Row("decode b8 ctx 16k-48k p16", 16, (1,) * 8, _uniform(8, 16384, 49152, "d8"), "paged"),
-    Row("speculative 128 x (1+3) ctx 2k-6k p16", 16, (4,) * 128, _uniform(128, 2048, 6144, "s"), "paged"),
+    Row("speculative 256 x (1+3) ctx 2k-6k p16", 16, (4,) * 256, _uniform(256, 2048, 6144, "s"), "paged"),
     Row("prefill 2 x 1024 p16", 16, (1024, 1024), (1024, 1024), "packed"),
     Row("2k chunk + 63 decodes ctx 2k-32k p16", 16, (2048,) + (1,) * 63,
         (2048 + 8192,) + _uniform(63, 2048, 32768, "m"), ""),
+    Row("8 chunks of 512 over 8k ctx p16", 16, (512,) * 8, (8192 + 512,) * 8, ""),
 ]  # fmt: skip
 
 
@@ -73,7 +77,7 @@ def _plans(row: Row) -> dict[str, tuple[str, int, int]]:
         out["paged decode plan"] = (f"paged-b{row.batch}-n{row.q_lens[0]}-p{row.page}", 0, row.q_lens[0])
     if row.peer == "packed":
         out["packed plan"] = (f"packed-b{row.batch}-t{sum(row.q_lens)}", sum(row.q_lens), max(row.q_lens))
-    if row.name.startswith("2k chunk"):
+    if "chunk" in row.name:  # a decode bucket takes at most 4 queries a sequence
         out.pop("mixed (decode bucket)")
     return out
 
@@ -168,7 +172,37 @@ def _measure(frost_runtime, row: Row) -> dict:
         result["errors"][label] = err
         result["us"][label] = common.time_ms(bound.execute) * 1000 if err < 2e-2 else None
         plan.close()
+    fa4 = _fa4()
+    if fa4 is not None:
+        call = _fa4_call(fa4, row, queries, k, v, table, starts)
+        out = call()
+        got = out[0] if isinstance(out, tuple) else out
+        err = max(float((got[starts[b] : starts[b + 1]].float() - w).norm() / w.norm()) for b, w in want.items())
+        result["errors"][FA4] = err
+        result["us"][FA4] = common.time_ms(call) * 1000 if err < 2e-2 else None
     return result
+
+
+def _fa4():
+    try:
+        from flash_attn.cute.interface import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def _fa4_call(fa4, row: Row, queries, k, v, table, starts):
+    """FlashAttention-4's packed-over-paged call as engines make it: packed queries by
+    cu_seqlens_q, each sequence's keys by seqused_k through the page table, host bounds given
+    (no host read; graph-capturable)."""
+    import torch
+
+    cu = torch.tensor(starts, dtype=torch.int32, device="cuda")
+    lens = torch.tensor(row.kv_lens, dtype=torch.int32, device="cuda")
+    return lambda: fa4(
+        queries, k, v, cu_seqlens_q=cu, max_seqlen_q=max(row.q_lens), max_seqlen_k=max(row.kv_lens),
+        seqused_k=lens, page_table=table, causal=True,
+    )  # fmt: skip
 
 
 def _buffers(label: str, row: Row, tokens: int, queries, k, v, table, starts):
@@ -206,22 +240,26 @@ def run(md=None, json_path=None) -> int:
 
     results = [_measure(frost_runtime, row) for row in ROWS]
     lines = [f"# bench/mixed.py — {common.machine()}", "",
-             "| step | contestant | µs | TB/s (keys) | TFLOP/s | rel. err | vs the pure-end plan |",
-             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| step | contestant | µs | TB/s (keys) | TFLOP/s | rel. err | vs the pure-end plan | vs FA4 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     failed = False
     for r in results:
-        peers = [x for x in r["us"] if not x.startswith("mixed")]
+        peers = [x for x in r["us"] if not x.startswith("mixed") and x != FA4]
         base = r["us"][peers[0]] if peers else None
+        fa4 = r["us"].get(FA4)
         for label, us in r["us"].items():
             if us is None:
                 failed = True
-                lines.append(f"| {r['row']} | {label} | wrong | | | {r['errors'][label]:.1e} | |")
+                lines.append(f"| {r['row']} | {label} | wrong | | | {r['errors'][label]:.1e} | | |")
                 continue
-            ratio = f"{base / us:.2f}x" if base and label.startswith("mixed") else ""
+            ours = label.startswith("mixed")
+            ratio = f"{base / us:.2f}x" if base and ours else ""
+            vs_fa4 = f"{fa4 / us:.2f}x" if fa4 and label != FA4 else ""
             tbs, tf = r["kv_bytes"] / us / 1e6, r["flops"] / us / 1e6
-            lines.append(
-                f"| {r['row']} | {label} | {us:.1f} | {tbs:.2f} | {tf:.0f} | {r['errors'][label]:.1e} | {ratio} |"
-            )
+            err = r["errors"][label]
+            lines.append(f"| {r['row']} | {label} | {us:.1f} | {tbs:.2f} | {tf:.0f} | {err:.1e} | {ratio} | {vs_fa4} |")
+    if _fa4() is None:
+        lines += ["", "FlashAttention-4 not importable here: its rows are missing (../shared/tools/fa4-peer)."]
     common.publish("\n".join(lines), results, md, json_path)
     return 1 if failed else 0
 

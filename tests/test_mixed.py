@@ -118,3 +118,19 @@ def test_the_plan_records_a_mixed_node_and_the_runtime_reads_its_work():
     assert counted.bytes == sum(values[lens]) * HKV * D * 2 * 2  # every key read once a KV head
     pairs = 100 + (1 + 2 + 3 + 4) + 30 + (509 + 510 + 511 + 512)  # bottom-right causal rows
     assert counted.flops == 4 * D * HQ * pairs
+
+
+def test_the_gpu_tests_mixed_plans_resolve_with_the_engines_cache_layouts() -> None:
+    """tests/gpu's mixed matrix (engines' cache layouts by strides, steps that append first)
+    stays buildable: each description validates and resolves; an appending step's attention
+    starts early behind its append."""
+    from frostc.validate import validate
+    from tests.gpu.build_plans import mixed_description
+    from tests.gpu.mixed_cases import cases, graph_case
+
+    for case in [*cases(), graph_case()]:
+        plan = resolve(validate(mixed_description(case)))
+        kinds = [launch.variant.name.split(".")[0] for launch in plan.launches]
+        assert kinds[0] == ("kv_append" if case.append else "sdpa_decode_paged"), case.id
+        if case.append:
+            assert plan.launches[1].early, f"{case.id}: the attention waits for the whole append"

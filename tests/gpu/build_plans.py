@@ -1,6 +1,6 @@
 """Build the plans the GPU tests need into tests/.built (ignored by git; carried to the GPU).
 
-    python -m tests.gpu.build_plans [--only sdpa|decode|append|hf|fp8]
+    python -m tests.gpu.build_plans [--only sdpa|decode|append|hf|fp8|mixed]
 
 Runs on the CPU machine: compiling needs the CuTe DSL, which the GPU machine does not have.
 The sdpa plans go to manifest.json (and two-nodes.frost), the paged-KV decode plans of
@@ -145,8 +145,8 @@ def mixed_description(case: MixedCase):
         g.tensor(name, dtype=case.dtype, dims=(t, hq, d))
     if case.lse:
         g.tensor("lse", dtype="fp32", dims=(t, hq), layout="ht" if case.lse == "ht" else None)
-    for name in ("k_cache", "v_cache"):
-        g.tensor(name, dtype=case.cache or case.dtype, dims=(case.pages, case.page_size, hkv, d))
+    for name, (_, _, strides) in case.cache_views().items():  # engines' layouts by strides
+        g.tensor(name, dtype=case.cache or case.dtype, dims=(case.pages, case.page_size, hkv, d), strides=strides)
     scales = {}
     if case.cache is not None:
         scales = dict(k_scale="k_scale", v_scale="v_scale")
@@ -155,6 +155,11 @@ def mixed_description(case: MixedCase):
     g.tensor("page_table", dtype="int32", dims=(case.batch, case.max_pages))
     g.tensor("cache_len", dtype="int32", dims=(case.batch,))
     g.tensor("cu_q", dtype="int32", dims=(case.batch + 1,))
+    if case.append:  # the step's new K/V, packed like q, into the pages first
+        for name in ("k_new", "v_new"):
+            g.tensor(name, dtype=case.dtype, dims=(t, hkv, d))
+        g.node("kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache",
+               page_table="page_table", seq_len_kv="cache_len", cu_seqlens_q="cu_q", **scales)  # fmt: skip
     g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", lse="lse" if case.lse else None,
            page_table="page_table", seq_len_kv="cache_len", cu_seqlens_q="cu_q", max_seqlen_q=case.max_seqlen_q,
            causal=case.causal or None, window_left=case.window_left, softcap=case.softcap, **scales)  # fmt: skip

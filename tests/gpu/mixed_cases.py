@@ -6,12 +6,22 @@ dims 64, 128 and 256; page sizes 16, 64 and 256; GQA groups 1, 4 and 8; causal (
 sequence) and not; a sliding window and softcap; LSE as (tokens, hq) and as FlashAttention's (hq,
 tokens); an e4m3 cache with scales per KV head and per tensor (its few-rows kernel too); a
 decode-sized bucket (few queries a sequence, long contexts: split across CTAs, with the combine)
-and a prefill-sized one (chunks of up to hundreds of tokens).
+and a prefill-sized one (chunks of up to hundreds of tokens); the caches as engines hold them, by
+strides, no copy (`CACHE_LAYOUTS`); and steps whose plan appends the new K/V first (kv_append's
+packed form, the attention starting early behind it).
 """
 
 from dataclasses import dataclass
 
 SPARE_PAGES = 5  # pool pages no table lists: always NaN
+
+# How the K and V caches lie in memory, each viewed as (pages, page_size, hkv, d) by strides:
+CACHE_LAYOUTS = (
+    "own",  # two buffers of their own, contiguous
+    "vllm_nhd",  # vLLM's NHD: the two halves of the last dim of one (pages, page_size, hkv, 2d) buffer
+    "vllm_hnd",  # vLLM's HND: ... of one (pages, hkv, page_size, 2d) buffer
+    "hf",  # transformers' continuous batching: one pool viewed as (tokens, 2, hkv, d) in pages
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,8 @@ class MixedCase:
     softcap: float | None = None
     cache: str | None = None  # "e4m3" (with k_scale, v_scale); None: `dtype`
     scales: str = "head"  # e4m3: one scale per KV head ("head") or one ("tensor")
+    cache_layout: str = "own"  # one of CACHE_LAYOUTS
+    append: bool = False  # the plan appends the step's K/V (k_new, v_new packed like q) first
 
     @property
     def pages(self) -> int:
@@ -49,7 +61,33 @@ class MixedCase:
             f"{'' if self.window_left is None else f'-w{self.window_left}'}"
             f"{'' if self.softcap is None else f'-cap{self.softcap:g}'}"
             f"{'' if self.cache is None else f'-kv{self.cache}-{self.scales}'}"
+            f"{'' if self.cache_layout == 'own' else f'-{self.cache_layout}'}{'-append' if self.append else ''}"
         )
+
+    def cache_views(self) -> dict[str, tuple[str, int, tuple[int, int, int, int]]]:
+        """{cache: (its buffer, element offset in it, strides of its (pages, page_size, hkv, d) view)}."""
+        return cache_views(self.cache_layout, self.pages, self.page_size, self.heads_kv, self.head_dim)
+
+    def buffer_elements(self) -> dict[str, int]:
+        """{buffer: elements}: the memory the cache views lie in."""
+        return cache_buffers(self.cache_layout, self.pages, self.page_size, self.heads_kv, self.head_dim)
+
+
+def cache_views(layout: str, pages: int, page: int, hkv: int, d: int) -> dict:
+    if layout == "own":
+        strides = (page * hkv * d, hkv * d, d, 1)
+        return {"k_cache": ("k_cache", 0, strides), "v_cache": ("v_cache", 0, strides)}
+    strides, v_at = {
+        "vllm_nhd": ((page * hkv * 2 * d, hkv * 2 * d, 2 * d, 1), d),
+        "vllm_hnd": ((hkv * page * 2 * d, 2 * d, page * 2 * d, 1), d),
+        "hf": ((page * 2 * hkv * d, 2 * hkv * d, d, 1), hkv * d),
+    }[layout]
+    return {"k_cache": ("kv_cache", 0, strides), "v_cache": ("kv_cache", v_at, strides)}
+
+
+def cache_buffers(layout: str, pages: int, page: int, hkv: int, d: int) -> dict[str, int]:
+    n = pages * page * hkv * d
+    return {"k_cache": n, "v_cache": n} if layout == "own" else {"kv_cache": 2 * n}
 
 
 def cases() -> list[MixedCase]:
@@ -63,6 +101,14 @@ def cases() -> list[MixedCase]:
         c("bf16", 4, 200, 120, 16, 2, 256, 16, 40, True, lse="th", window_left=100, softcap=30.0),
         c("bf16", 8, 64, 16, 32, 8, 128, 64, 32, True, lse="th", cache="e4m3"),  # e4m3, per-head scales
         c("fp16", 6, 12, 1, 8, 1, 64, 16, 80, True, cache="e4m3", scales="tensor"),  # few rows: MQA by one token
+        # the caches as engines hold them: vLLM's NHD and HND halves, transformers' pool of pages
+        c("bf16", 6, 256, 128, 32, 8, 128, 16, 48, True, lse="th", cache_layout="vllm_nhd"),
+        c("bf16", 5, 96, 32, 16, 4, 128, 32, 40, True, cache="e4m3", scales="tensor", cache_layout="vllm_hnd"),
+        c("fp16", 8, 160, 64, 32, 8, 64, 256, 6, True, lse="ht", window_left=300, cache_layout="hf"),
+        # a whole step: the packed append of the new K/V, then the attention over them
+        c("bf16", 7, 200, 96, 32, 8, 128, 16, 40, True, lse="th", append=True),
+        c("bf16", 8, 32, 4, 32, 8, 128, 16, 96, True, cache_layout="vllm_nhd", append=True),  # decode-sized, split
+        c("fp16", 4, 64, 32, 16, 2, 64, 64, 12, True, cache="e4m3", cache_layout="hf", append=True),
     ]
 
 

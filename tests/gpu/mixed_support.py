@@ -6,7 +6,11 @@ cache's last q_len positions. The page table maps each sequence's pages to a shu
 ids past them; the caches hold random rows where a sequence has keys and NaN everywhere else; q is
 random and O and LSE are NaN inside guards. After a run: every query row of every sequence equals
 a float64 reference over the gathered keys, every other row of O and LSE is still NaN, no guard is
-touched and the caches are bitwise as they were (the plan only reads them).
+touched and the caches are bitwise as they were (the plan only reads them). The caches are views
+by strides of the buffers an engine would hold (mixed_cases.CACHE_LAYOUTS). A plan that appends
+the step's K/V first finds NaN in the new rows' places; after it, the caches are bitwise as they
+were but for exactly those rows, which hold k_new and v_new (quantized as kv_append's spec says
+for an e4m3 cache), and the reference reads them there.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import math
 import random
 
 from tests.gpu.decode_support import FP8_GUARD, FP8_NAN, as_bits, quantize
+from tests.gpu.mixed_cases import cache_buffers, cache_views
 from tests.gpu.support import BUILT, GUARD, SENTINEL, TOLERANCE, gpu_skip_reason, reference_sequence, torch_dtype
 
 MIXED = BUILT / "mixed"
@@ -92,8 +97,16 @@ class MixedBuffers:
         t, hq, hkv, d = case["tokens"], case["heads_q"], case["heads_kv"], case["head_dim"]
         self.tensors: dict = {}
         self.storage: dict = {}
-        for name in ("k_cache", "v_cache"):
-            self._guarded(name, (case["pages"], case["page_size"], hkv, d), None, self.cache_dtype)
+        layout = (case.get("cache_layout", "own"), case["pages"], case["page_size"], hkv, d)
+        self.cache_buffers = list(cache_buffers(*layout))
+        for name, elements in cache_buffers(*layout).items():
+            self.storage[name] = self._new_storage(elements, self.cache_dtype)
+        for name, (buffer, offset, strides) in cache_views(*layout).items():
+            self.tensors[name] = self._cache_view(self.storage[buffer], offset, strides)
+        self.appends = bool(case.get("append"))
+        if self.appends:
+            for name in ("k_new", "v_new"):
+                self.tensors[name] = torch.empty(t, hkv, d, device=DEVICE, dtype=self.dtype)
         if self.scaled:
             count = hkv if case["scales"] == "head" else 1
             for i, name in enumerate(("k_scale", "v_scale")):
@@ -116,14 +129,27 @@ class MixedBuffers:
         self.before: dict = {}
 
     def _guarded(self, name: str, physical: tuple, permute: tuple | None, dtype) -> None:
-        import torch
-
         n = math.prod(physical)
-        storage = torch.empty((n + 2 * GUARD,), device=DEVICE, dtype=dtype)
-        self._fill_guards(storage)
+        storage = self._new_storage(n, dtype)
         self.storage[name] = storage
         view = storage[GUARD : GUARD + n].view(physical)
         self.tensors[name] = view.permute(permute) if permute else view
+
+    def _new_storage(self, elements: int, dtype):
+        """`elements` between two guards."""
+        import torch
+
+        storage = torch.empty((elements + 2 * GUARD,), device=DEVICE, dtype=dtype)
+        self._fill_guards(storage)
+        return storage
+
+    def _cache_view(self, storage, offset: int, strides: tuple):
+        """A (pages, page_size, hkv, d) view of a cache buffer (guards around it), by strides."""
+        import torch
+
+        c = self.case
+        shape = (c["pages"], c["page_size"], c["heads_kv"], c["head_dim"])
+        return torch.as_strided(storage[GUARD + offset :], shape, strides)
 
     @staticmethod
     def _fill_guards(storage) -> None:
@@ -170,6 +196,7 @@ class MixedBuffers:
             for pos in range(kv_lens[i]):
                 held[self.table[i][pos // p], pos % p] = True
         held = held.to(DEVICE)
+        self.new_rows = self._new_rows(p)
         for name in ("k_cache", "v_cache"):
             cache = t[name]
             if self.scaled:
@@ -180,7 +207,28 @@ class MixedBuffers:
                 cache.fill_(float("nan"))
                 fresh = torch.randn(cache.shape, device=DEVICE, dtype=self.dtype, generator=self.gen)
             as_bits(cache)[held] = as_bits(fresh)[held]
+            if self.appends:  # the step's rows are the plan's to write: NaN until it does
+                pages_of, rows_of, _ = self.new_rows
+                nan = torch.full((1,), float("nan"), dtype=self.dtype, device=DEVICE)
+                as_bits(cache)[pages_of, rows_of] = FP8_NAN if self.scaled else as_bits(nan)
         self.new_queries()
+
+    def _new_rows(self, page_size: int) -> tuple:
+        """(pages, rows, tokens): where each of the step's query tokens sits in the caches
+        (position L - n + t of its sequence), as index tensors; tokens past the capacity or a
+        page the table does not list are not among them."""
+        import torch
+
+        pages, rows, tokens = [], [], []
+        token = self.first
+        for b, (n, length) in enumerate(zip(self.q_lens, self.kv_lens)):
+            for i in range(n):
+                pos = length - n + i
+                pages.append(self.table[b][pos // page_size])
+                rows.append(pos % page_size)
+                tokens.append(token + i)
+            token += n
+        return tuple(torch.tensor(x, dtype=torch.long, device=DEVICE) for x in (pages, rows, tokens))
 
     def new_queries(self) -> None:
         import torch
@@ -191,7 +239,11 @@ class MixedBuffers:
             if name in self.storage:
                 self.storage[name].fill_(SENTINEL)
                 self.tensors[name].fill_(float("nan"))
-        self.before = {name: self.storage[name].cpu() for name in ("k_cache", "v_cache")}
+        if self.appends:
+            for name in ("k_new", "v_new"):
+                x = self.tensors[name]
+                x.copy_(torch.randn(x.shape, device=DEVICE, dtype=self.dtype, generator=self.gen))
+        self.before = {name: self.storage[name].to("cpu", copy=True) for name in self.cache_buffers}
 
     # -- checks
 
@@ -255,5 +307,28 @@ class MixedBuffers:
                 storage, size = self.storage[name], self.tensors[name].numel()
                 intact = bool((storage[:GUARD] == SENTINEL).all() and (storage[GUARD + size :] == SENTINEL).all())
                 assert intact, f"the plan wrote outside {name}"
-        for name, before in self.before.items():
-            assert bool((as_bits(self.storage[name].cpu()) == as_bits(before)).all()), f"the plan wrote into {name}"
+        for name, expected in self.expected_caches().items():
+            got = as_bits(self.storage[name].cpu())
+            wrong = (got != as_bits(expected)).nonzero().flatten()
+            what = "the appended rows or elsewhere" if self.appends else "a cache the plan only reads"
+            assert wrong.numel() == 0, f"{name}: {wrong.numel()} elements differ from the expected ({what})"
+
+    def expected_caches(self) -> dict:
+        """{cache buffer: its expected bytes (CPU, guards included)}: as before the run, and with
+        an append, the step's new rows where the append puts them."""
+        import torch
+
+        expected = {name: before.clone() for name, before in self.before.items()}
+        if not self.appends:
+            return expected
+        c = self.case
+        layout = (c.get("cache_layout", "own"), c["pages"], c["page_size"], c["heads_kv"], c["head_dim"])
+        pages, rows, tokens = (x.cpu() for x in self.new_rows)
+        for name, (buffer, offset, strides) in cache_views(*layout).items():
+            shape = (c["pages"], c["page_size"], c["heads_kv"], c["head_dim"])
+            view = torch.as_strided(expected[buffer][GUARD + offset :], shape, strides)
+            new = self.tensors[name.replace("cache", "new")].cpu()[tokens]
+            if self.scaled:
+                new = quantize(new, self.tensors[name.replace("cache", "scale")].cpu())
+            as_bits(view)[pages, rows] = as_bits(new.to(view.dtype))
+        return expected
