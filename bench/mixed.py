@@ -4,6 +4,7 @@ pure-decode steps, the packed plan for pure-prefill steps), one run.
 
     python bench/mixed.py build                          # CPU machine: compile into bench/.built/mixed
     python bench/mixed.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
+    MIXED_PLANS=DIR python bench/mixed.py run ...        # the plans of another build (an A/B)
 
 Shapes: bf16 q, hq 32, hkv 8, d 128 (Llama-3-8B), causal bottom-right per sequence, pages of 16
 (vLLM's) or 128, each sequence's pages a shuffled draw from the pool. FlashAttention-4's
@@ -17,15 +18,18 @@ on the gathered keys of four sequences before its time counts. TB/s counts the k
 (Σ len · hkv · d · 2 bytes · 2); TFLOP/s the (query, key) pairs the causal masks let through.
 """
 
+import os
 import random
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import common
 
 HQ, HKV, D = 32, 8, 128
 SERVING_TOKENS = 4096
-OUT = common.BUILT / "mixed"
+# MIXED_PLANS: another folder of the same plans (an earlier build, for an A/B in one device call)
+OUT = Path(os.environ.get("MIXED_PLANS", common.BUILT / "mixed"))
 FA4 = "FlashAttention-4"
 
 

@@ -95,11 +95,19 @@ def test_a_decode_sized_step_splits_its_keys_and_merges_packed_partials():
     assert args["q.stride_s"].value == HQ * D and args["lse.stride_s"].value == 1  # lse stored (hq, tokens)
 
 
-def test_a_prefill_sized_step_runs_every_row_block_of_its_longest_sequence():
+def test_a_prefill_sized_step_has_a_row_block_for_every_row_its_tokens_can_fill():
+    """The grid (splits, heads_kv, each sequence's first row block + the further ones the
+    step's tokens can fill): 96 tokens of 4 query heads per KV head in blocks of 64 rows make at
+    most 6 further row blocks, however they are spread (each sequence at most 40 tokens: at most
+    2 further)."""
     plan = resolve(check(base()))
-    (attention,) = plan.launches  # 40 query tokens: enough CTAs without splitting keys
+    (attention,) = plan.launches  # enough CTAs without splitting keys
     assert not attention.variant.split and plan.workspace_bytes == 0
-    assert attention.grid == (1, HKV * -(-40 * (HQ // HKV) // 64), B)
+    group = HQ // HKV
+    further = min(T * group // 64, B * (-(-40 * group // 64) - 1))
+    assert (further, attention.grid) == (6, (1, HKV, B + further))
+    few = resolve(check(base(tokens=12, max_seqlen_q=12))).launches[0]  # 48 rows in all: one block each
+    assert few.grid == (1, HKV, B)
     contracts = {plan.slots[c.slot].name: (c.kind, c.longest, c.total) for c in plan.lengths}
     assert contracts == {"cache_len": ("lengths", MAX_PAGES * PAGE, 0), "cu_q": ("offsets", 40, T)}
 

@@ -62,10 +62,14 @@ class DecodeCombineVariant(Variant):
     head_dim: int
     has_lse: bool
     packed: bool = False  # the mixed form: o and lse (tokens, h, d) packed, from cu_seqlens_q
+    # the mixed form, causal: a chunk's row block reads no key past its last query, so each row
+    # merges only the splits up to its own position
+    causal: bool = False
 
     @property
     def name(self) -> str:
         name = f"sdpa_decode_combine.{self.dtype}.d{self.head_dim}" + (".packed" if self.packed else "")
+        name += ".causal" if self.causal else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
@@ -151,6 +155,8 @@ class DecodeCombine(Kernel):
         my_piece = self._piece(o_partial, first, cutlass.min(grp, splits - 1), stride, lane).load()
         kv_len = cutlass.min(cutlass.max(length, 0), args.capacity)
         keys = kv_len - key_origin(kv_len, s_new, args.window_left, args.block_n)  # what the splits cover
+        if cutlass.const_expr(self.v.causal):  # the row's own keys: up to its position
+            keys = cutlass.max(keys - (s_new - 1 - row // group), 0)
         active = cutlass.min((keys + args.chunk - 1) // args.chunk, splits)
 
         # the largest LSE, then the sum of the weights

@@ -243,6 +243,8 @@ class PagedDecodeVariant(Variant):
 
     @property
     def grid_rule(self) -> str:
+        if self.packed:  # each sequence's first row block, then the further ones of the chunks
+            return f"(splits, heads_kv, batch + min(tokens * group // {self.tile_shape.rows}, further capacity))"
         return f"(splits, heads_kv * ceil(s_new * group / {self.tile_shape.rows}), batch)"
 
     def kernel(self) -> "PagedDecode":
@@ -460,8 +462,12 @@ class PagedDecode(Kernel):
         cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
-        split, head_rows, b = self._work_of(cute.arch.block_idx(), sizes.heads_kv * sizes.row_blocks, sizes.splits)
         t = self.tiles
+        if cutlass.const_expr(self.variant.packed):
+            split, head_kv, b = self._work_of(cute.arch.block_idx(), sizes.heads_kv, sizes.splits)
+            b, row_block = self._row_block_of(b, sizes, args.packed, tidx)
+        else:
+            split, head_rows, b = self._work_of(cute.arch.block_idx(), sizes.heads_kv * sizes.row_blocks, sizes.splits)
 
         capacity = sizes.max_pages * self.page_size
         length = cute.make_tensor(tensors.seq_len_kv + b, cute.make_layout(1))[0]
@@ -475,12 +481,18 @@ class PagedDecode(Kernel):
             origin = key_origin(kv_len, s_new, sizes.window_left, t.block_n)
         key_first = origin + split * sizes.chunk
         key_end = cutlass.min(key_first + sizes.chunk, kv_len)
+        if cutlass.const_expr(self.variant.packed and self.variant.causal):
+            # no key past the block's last query: a chunk's early row blocks stop early (the
+            # combine reads, for each row, only the splits up to its own position)
+            last_token = cutlass.min(((row_block + 1) * t.rows - 1) // sizes.group, s_new - 1)
+            key_end = cutlass.min(key_end, kv_len - s_new + last_token + 1)
         blocks = cutlass.max(key_end - key_first + (t.block_n - 1), 0) // t.block_n
-        row_blocks = sizes.row_blocks
+        if cutlass.const_expr(not self.variant.packed):
+            head_kv, row_block = head_rows // sizes.row_blocks, head_rows % sizes.row_blocks
         work = Work(
             b,
-            head_rows // row_blocks,
-            head_rows % row_blocks,
+            head_kv,
+            row_block,
             kv_len,
             capacity,
             key_first,
@@ -514,7 +526,7 @@ class PagedDecode(Kernel):
         )  # fmt: skip
         if cutlass.const_expr(self.variant.packed):
             # a sequence's query rows fill its first row blocks: the others have nothing to do
-            if work.row_block * t.rows < rows:
+            if work.row_block >= 0 and work.row_block * t.rows < rows:
                 if cutlass.const_expr(self.variant.split):
                     if blocks > 0:
                         self._run(*run)
@@ -536,6 +548,38 @@ class PagedDecode(Kernel):
         x, y, b = cta
         taken = x + y * splits
         return taken // head_rows, taken % head_rows, b
+
+    @cute.jit
+    def _row_block_of(self, z, sizes, packed, tidx):
+        """(sequence, row block) of grid z in the mixed form's grid (splits, heads_kv, batch +
+        further): z < batch is sequence z's first row block (a decode's only one: found with no
+        read); the others are, in order, the further row blocks of the sequences that have
+        them (a chunk's), found on the device from cu_seqlens_q by a scan each warp makes alike;
+        past the last: row block -1, nothing to do."""
+        b, row_block = z, cutlass.Int32(0)
+        if z >= sizes.batch:
+            wanted = z - sizes.batch
+            lane = tidx % 32
+            b, row_block = cutlass.Int32(-1), cutlass.Int32(-1)
+            before = cutlass.Int32(0)  # further row blocks of the sequences of earlier rounds
+            for first in range(0, sizes.batch, 32):
+                seq = first + lane
+                further = cutlass.Int32(0)
+                if seq < sizes.batch:
+                    _, count = packed_span(packed.cu_seqlens_q, seq, packed.tokens, sizes.s_new)
+                    further = cutlass.max((count * sizes.group + self.tiles.rows - 1) // self.tiles.rows - 1, 0)
+                inclusive = further
+                for offset in cutlass.range_constexpr(5):
+                    shifted = cute.arch.shuffle_sync_up(inclusive, offset=1 << offset)
+                    inclusive = inclusive + cutlass.select_(lane >= (1 << offset), shifted, 0)
+                offset = wanted - (before + inclusive - further)  # into this lane's sequence's
+                seq_hit = cutlass.select_(offset >= 0, cutlass.select_(offset < further, seq, -1), -1)
+                block_hit = cutlass.select_(offset >= 0, cutlass.select_(offset < further, offset + 1, -1), -1)
+                b = cutlass.max(b, cute.arch.warp_redux_sync(seq_hit, "max"))
+                row_block = cutlass.max(row_block, cute.arch.warp_redux_sync(block_hit, "max"))
+                before = before + cute.arch.shuffle_sync(inclusive, 31)
+            b = cutlass.max(b, 0)  # a real sequence's lengths to read; row block -1 does nothing
+        return b, row_block
 
     @cute.jit
     def _run(self, work, k_load, v_load, q, q_strides, o_args, lse_args, partials, page_ids, geometry, extents,

@@ -144,7 +144,7 @@ def choose_decode(node: Sdpa, dtype: str, kv_cache_dtype: str, target: Target) -
     were tried, bench/NOTES.md decode v5)."""
     few_rows = DTYPES[kv_cache_dtype].quantized and decode_rows(node) <= FEW_ROWS
     tiles = decode_tiles(node.head_dim, node.page_size, dtype, kv_cache_dtype, few_rows)
-    units = node.batch * node.heads_kv * -(-decode_rows(node) // tiles.rows)
+    units = node.heads_kv * row_block_ctas(node, tiles.rows)
     slots = target.sms * tiles.ctas_per_sm
     blocks = -(-_keys_seen(node, tiles.block_n) // tiles.block_n)
     wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
@@ -158,6 +158,18 @@ def choose_decode(node: Sdpa, dtype: str, kv_cache_dtype: str, target: Target) -
 def decode_rows(node: Sdpa) -> int:
     """Query rows per (sequence, KV head): the new tokens times the GQA group."""
     return node.seq_q * (node.heads_q // node.heads_kv)
+
+
+def row_block_ctas(node: Sdpa, rows_per_cta: int) -> int:
+    """The paged attention's CTAs per KV head and split: a block of `rows_per_cta` query rows
+    each. The rows form (s_new · group rows per sequence) has them all; the mixed form one per
+    sequence, then as many as the step's tokens can fill beyond each sequence's first (found
+    on the device): a chunk's further row blocks, never more than the buffer's tokens make."""
+    row_blocks = -(-decode_rows(node) // rows_per_cta)
+    if node.form != "mixed":
+        return node.batch * row_blocks
+    group = node.heads_q // node.heads_kv
+    return node.batch + min(node.tokens_q * group // rows_per_cta, node.batch * (row_blocks - 1))
 
 
 def _keys_seen(node: Sdpa, block_n: int) -> int:

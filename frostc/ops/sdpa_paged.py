@@ -28,7 +28,7 @@ from frostc.kernels.sdpa_decode_paged import (
     decode_tiles,
 )
 from frostc.ops.rows import INT32_MAX, bhs_strides, check_head_dim, check_row_layout, check_tma_strides, tma_stride
-from frostc.ops.sdpa_choice import choose_decode, decode_rows
+from frostc.ops.sdpa_choice import choose_decode, decode_rows, row_block_ctas
 from frostc.ops.sdpa_node import Sdpa
 from frostc.resolved import ResolvedLaunch, Workspace, launch
 from frostc.target import TARGETS
@@ -89,14 +89,23 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
         if lengths is not None and lengths.dims[0] > 1 and lengths.strides[0] != 1:
             message = f"stride {lengths.strides[0]}: lengths must be contiguous (stride 1)"
             ctx.problem(f"{lengths.path}.strides[0]", message)
-    # the launches' grids: (splits, heads_kv * row blocks, batch) and (rows, heads_kv, batch)
+    # the launches' grids: (splits, heads_kv * row blocks, batch), or mixed (splits, heads_kv,
+    # row blocks of all sequences); the combine's (rows, heads_kv, batch)
     if node.batch > MAX_GRID[2]:
         ctx.problem(
             f"{q.path}.dims[0]", f"batch {node.batch} is over {MAX_GRID[2]}, a launch's grid z; split the batch"
         )
     rows_per_cta = decode_tiles(node.head_dim, node.page_size, q.dtype, k.dtype).rows
     row_blocks = -(-decode_rows(node) // rows_per_cta)
-    if node.heads_kv * row_blocks > MAX_GRID[1]:
+    if node.form == "mixed":
+        if node.batch <= MAX_GRID[2] < row_block_ctas(node, rows_per_cta):
+            ctx.problem(
+                f"{q.path}.dims[0]",
+                f"{node.tokens_q} tokens of {node.heads_q // node.heads_kv} query heads per KV head make up to "
+                f"{row_block_ctas(node, rows_per_cta)} blocks of {rows_per_cta} rows with {node.batch} sequences, "
+                f"a grid z over {MAX_GRID[2]}: fewer tokens per plan",
+            )
+    elif node.heads_kv * row_blocks > MAX_GRID[1]:
         ctx.problem(
             f"{q.path}.dims[1]",
             f"{node.heads_q} query heads of {node.seq_q} new tokens over {node.heads_kv} KV heads make "
@@ -161,6 +170,8 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
         lse_strides=_query_strides(lse, node), page_table_stride=table.strides[0], scale_strides=scale_strides,
         softmax=softmax, q_scale=node.attn_scale if variant.quantized else None, packed=_packed_queries(node, ctx),
     )  # fmt: skip
+    if node.form == "mixed":  # each sequence's first row block, then the chunks' further ones
+        return launch(node.name, variant, (splits, node.heads_kv, row_block_ctas(node, variant.tile_shape.rows)), args)
     return launch(node.name, variant, (splits, node.heads_kv * row_blocks, node.batch), args)
 
 
@@ -174,7 +185,8 @@ def _combine_launch(
 ) -> ResolvedLaunch:
     o = ctx.slot(node.o)
     lse = ctx.slot(node.lse) if node.lse else None
-    variant = DecodeCombineVariant(o.dtype, node.head_dim, lse is not None, packed=node.form == "mixed")
+    mixed = node.form == "mixed"
+    variant = DecodeCombineVariant(o.dtype, node.head_dim, lse is not None, packed=mixed, causal=mixed and node.causal)
     args = DecodeCombineArgs(
         Workspace(workspace["o_partial"]), Workspace(workspace["lse_partial"]), ctx.slot(node.kv_lengths), o, lse,
         heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=decode_rows(node), capacity=node.seq_kv,
