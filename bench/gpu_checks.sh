@@ -3,6 +3,9 @@
 #   bash bench/gpu_checks.sh tests    # the whole GPU suite, then compute-sanitizer on SANITIZE_ONLY
 #   bash bench/gpu_checks.sh decode   # bench/decode.py
 #   bash bench/gpu_checks.sh model    # bench/model.py (add MODEL_ARGS="--compiled-model" to time that too)
+#   bash bench/gpu_checks.sh mixed    # bench/mixed.py; FlashAttention-4 beside it when .peer/part2 is carried
+#                                     # (right after .peer/part1/stage.sh); MIXED_BASELINE=DIR: a second
+#                                     # run over an earlier build's plans
 # Build first on the CPU machine: python -m tests.gpu.build_plans; python bench/sanitize.py build;
 # python bench/decode.py build; python bench/model.py build. Carry tests/.built, bench/.built and
 # .hfslim (transformers' wheels without numpy: ../shared/tools/gpu-wheels). Logs go to $OUT.
@@ -19,6 +22,27 @@ tests)
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
     timeout 200 python bench/sanitize.py run --only "${SANITIZE_ONLY:-}" > "$OUT/sanitize.txt" 2>&1
     echo "sanitize rc=$?"; tail -30 "$OUT/sanitize.txt"
+    # a control: the kernel filter instruments frostc's kernels (a filter that matches nothing
+    # runs the same launches uninstrumented, faster)
+    for filter in kns=frostc_ kns=matches_no_kernel; do
+        start=$(date +%s%N)
+        /usr/local/cuda/bin/compute-sanitizer --tool memcheck --kernel-name "$filter" \
+            python bench/sanitize.py launch --plans bench/.built/sanitize --only mixed > "$OUT/control-$filter.log" 2>&1
+        echo "memcheck $filter: $(( ($(date +%s%N) - start) / 1000000 )) ms, $(tail -1 "$OUT/control-$filter.log")"
+    done
+    ;;
+mixed)
+    if [ -d .peer/part2 ]; then
+        bash .peer/part2/install.sh > "$OUT/fa4-install.log" 2>&1; tail -1 "$OUT/fa4-install.log"
+        export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+    fi
+    timeout 280 python bench/mixed.py run --md "$OUT/mixed.md" --json "$OUT/mixed.json" > "$OUT/mixed.log" 2>&1
+    echo "mixed rc=$?"; tail -30 "$OUT/mixed.log"
+    if [ -n "${MIXED_BASELINE:-}" ]; then
+        MIXED_PLANS=$MIXED_BASELINE timeout 250 python bench/mixed.py run --md "$OUT/mixed-baseline.md" \
+            --json "$OUT/mixed-baseline.json" > "$OUT/mixed-baseline.log" 2>&1
+        echo "baseline rc=$?"; tail -30 "$OUT/mixed-baseline.log"
+    fi
     ;;
 decode)
     timeout 560 python bench/decode.py run --md "$OUT/decode.md" --json "$OUT/decode.json" > "$OUT/decode.log" 2>&1
@@ -32,6 +56,6 @@ model)
     echo "model rc=$?"; tail -30 "$OUT/model.log"
     ;;
 *)
-    echo "usage: bash bench/gpu_checks.sh tests|decode|model" >&2; exit 2
+    echo "usage: bash bench/gpu_checks.sh tests|decode|model|mixed" >&2; exit 2
     ;;
 esac
