@@ -20,8 +20,11 @@ CACHE_LAYOUTS = (
     "own",  # two buffers of their own, contiguous
     "vllm_nhd",  # vLLM's NHD: the two halves of the last dim of one (pages, page_size, hkv, 2d) buffer
     "vllm_hnd",  # vLLM's HND: ... of one (pages, hkv, page_size, 2d) buffer
-    "hf",  # transformers' continuous batching: one pool viewed as (tokens, 2, hkv, d) in pages
+    # transformers' continuous batching (5.23): one pool of blocks, each the K page then the V page
+    # of every layer of a group, (blocks, layers, 2, page_size, hkv, d); here layer 1 of 2's
+    "hf",
 )
+HF_LAYERS, HF_LAYER = 2, 1
 
 
 @dataclass(frozen=True)
@@ -80,13 +83,18 @@ def cache_views(layout: str, pages: int, page: int, hkv: int, d: int) -> dict:
     strides, v_at = {
         "vllm_nhd": ((page * hkv * 2 * d, hkv * 2 * d, 2 * d, 1), d),
         "vllm_hnd": ((hkv * page * 2 * d, 2 * d, page * 2 * d, 1), d),
-        "hf": ((page * 2 * hkv * d, 2 * hkv * d, d, 1), hkv * d),
-    }[layout]
+    }.get(layout, (None, 0))
+    if layout == "hf":  # page stride: a block of every layer's K and V pages; V a page after K
+        page_elements = page * hkv * d
+        strides, k_at = (2 * HF_LAYERS * page_elements, hkv * d, d, 1), 2 * HF_LAYER * page_elements
+        return {"k_cache": ("kv_cache", k_at, strides), "v_cache": ("kv_cache", k_at + page_elements, strides)}
     return {"k_cache": ("kv_cache", 0, strides), "v_cache": ("kv_cache", v_at, strides)}
 
 
 def cache_buffers(layout: str, pages: int, page: int, hkv: int, d: int) -> dict[str, int]:
     n = pages * page * hkv * d
+    if layout == "hf":
+        return {"kv_cache": HF_LAYERS * 2 * n}
     return {"k_cache": n, "v_cache": n} if layout == "own" else {"kv_cache": 2 * n}
 
 
