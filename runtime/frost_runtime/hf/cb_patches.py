@@ -1,0 +1,71 @@
+"""The two hooks frostc needs in transformers' continuous batching (5.23), and nothing else.
+
+transformers tells a mask-free attention (one that takes `cu_seq_lens_q` / `cu_seq_lens_k` and needs
+no 4-D mask) by its name: `is_flash_attention_requested`, i.e. `"flash" in name`. Two places use it:
+- `ContinuousBatchingManager.switch_to_cb_friendly_attn` refuses every name but "paged|eager",
+  "sdpa" and flash names (and may switch an sdpa model to FlashAttention);
+- `initialization.py` turns CUDA graphs and async batching on by default only for flash names, and
+  the cache's memory handler (cache.py) reserves room for masks for the others.
+Everything else already treats a registered attention as mask-free: the step's inputs build masks
+only for "paged|eager" and "sdpa" (`attn_mask_is_needed`), and the attention gets `cu_seq_lens_q`
+and the cache's index tensors.
+
+Naming frostc's attention "...flash..." is not the way: `set_attn_implementation` sends a flash
+name that is not FlashAttention 2/3/4 to the Hugging Face Hub kernel loader, which fails for a
+name that is not a Hub repository. So frostc registers "frostc_cb" and, here, makes the two checks
+also accept the names in `MASK_FREE`. The upstreamable change is the same predicate in
+transformers: "mask-free" = any registered attention but "sdpa" and "paged|eager" (the complement
+of `attn_mask_is_needed`), or a flag the registration declares (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import functools
+
+MASK_FREE: set[str] = set()  # attention names continuous batching treats as mask-free (flash-like)
+_PATCHED = False
+
+
+def allow(name: str) -> None:
+    """Make transformers' continuous batching accept `name` as a mask-free attention (idempotent)."""
+    MASK_FREE.add(name)
+    _patch()
+
+
+def _patch() -> None:
+    global _PATCHED
+    if _PATCHED:
+        return
+    from transformers.generation.continuous_batching import cache, continuous_api, initialization
+
+    manager = continuous_api.ContinuousBatchingManager
+    manager.switch_to_cb_friendly_attn = _keep_mask_free(manager.switch_to_cb_friendly_attn)
+    for module in (initialization, cache):  # the defaults for graphs and async batching; the memory plan
+        module.is_flash_attention_requested = _or_mask_free(module.is_flash_attention_requested)
+    _PATCHED = True
+
+
+def _keep_mask_free(switch):
+    """A model on a mask-free name stays on it: never refused, never switched to FlashAttention."""
+
+    @functools.wraps(switch)
+    def switch_to_cb_friendly_attn(self, model, auto_switch_to_flash: bool = True) -> None:
+        if model.config._attn_implementation in MASK_FREE:
+            return
+        switch(self, model, auto_switch_to_flash)
+
+    return switch_to_cb_friendly_attn
+
+
+def _or_mask_free(is_flash):
+    """`is_flash_attention_requested`, true also for a mask-free name when no FlashAttention version
+    is asked about (the decode fast path asks for versions 2 and 3: it stays off)."""
+
+    @functools.wraps(is_flash)
+    def is_flash_attention_requested(config=None, requested_attention_implementation=None, version=None) -> bool:
+        name = config._attn_implementation if config is not None else requested_attention_implementation
+        if version is None and name in MASK_FREE:
+            return True
+        return is_flash(config, requested_attention_implementation, version)
+
+    return is_flash_attention_requested

@@ -1,0 +1,218 @@
+"""Continuous batching in transformers (`model.generate_batch`, `ContinuousBatchingManager`) with
+frostc's mixed form as the attention.
+
+    from frost_runtime.hf import continuous
+    cb = continuous.install(model)                    # registers "frostc_cb", switches the model
+    out = model.generate_batch(prompts, generation_config=gen,
+                               continuous_batching_config=ContinuousBatchingConfig(page_size=16))
+    cb.calls                                          # Counter: mixed / decode steps per executor
+
+Every step of transformers' loop is one ragged mix over its paged pool; each attention call is
+served here as one mixed step (docs/variable-lengths.md, "Mixed steps"):
+- the pool is read in place: each layer's K and V caches are strided views of transformers' own
+  pool (cb_cache.py); transformers' `cache.update`, which gathers every sequence's whole context
+  through `read_index` before attention, is never called;
+- the step's `cu_seqlens_q`, `seq_len_kv` and `page_table` come from transformers' own tensors on
+  the device, once per forward and layer group (cb_step.py): no host read;
+- an executor computes the attention and writes the step's K/V into the pages: the fp32 torch
+  reference (cb_reference.py, `ReferenceExecutor`: any machine) or compiled mixed plans
+  (cb_plans.py, `PlanExecutor`: a GPU and a plan set);
+- all-decode steps (transformers' block-table fast path is FlashAttention 2/3's only) go through
+  the same mixed form, as do chunked prefills and mixes of both.
+transformers accepts the name as a mask-free attention through cb_patches.py (why a patch and not
+a "flash" name: there). `calls` counts what served every call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from frost_runtime.hf import cb_cache, cb_patches, cb_reference, cb_step
+from frost_runtime.hf.cb_cache import GroupGeometry
+from frost_runtime.hf.cb_step import Step
+
+NAME = "frostc_cb"
+
+
+@dataclass
+class LayerCall:
+    """One layer's attention in one step, as an executor gets it."""
+
+    layer: int
+    geo: GroupGeometry
+    step: Step
+    q: torch.Tensor  # (rows, hq, d), a view of transformers' query
+    k: torch.Tensor  # (rows, hkv, d): the step's new rows, packed like q
+    v: torch.Tensor
+    k_pages: torch.Tensor  # (blocks, page_size, hkv, d): views of the pool
+    v_pages: torch.Tensor
+    k_rows: torch.Tensor  # the token-row views transformers' write_index addresses
+    v_rows: torch.Tensor
+    write_index: torch.Tensor  # transformers' own: where the step's rows go (padding to the trash)
+    scale: float
+    window_left: int | None
+    softcap: float | None
+
+    def write(self) -> None:
+        """The step's K/V into the pages, by transformers' own write (as its `update` would)."""
+        self.k_rows.index_copy_(0, self.write_index, self.k)
+        self.v_rows.index_copy_(0, self.write_index, self.v)
+
+    @property
+    def wraps_ring(self) -> bool:
+        """Whether a chunk of this step may write over ring slots that its own earlier queries
+        still read (a sliding group, a chunk of 2+ queries, keys past the window): told from the
+        host's integers only, conservatively."""
+        if self.geo.window is None or self.step.all_decode:
+            return False
+        return self.step.max_seqlen_k is None or self.step.max_seqlen_k > self.geo.window
+
+
+class Executor(Protocol):
+    name: str
+
+    def __call__(self, call: LayerCall) -> tuple[torch.Tensor, str]:
+        """(rows, hq, d) output, having written the step's K/V; and what served it (a `calls` key)."""
+        ...
+
+
+class ReferenceExecutor:
+    """fp32 torch over the pages in place (cb_reference.py); writes with transformers' write_index."""
+
+    name = "reference"
+
+    def __call__(self, call: LayerCall) -> tuple[torch.Tensor, str]:
+        out = cb_reference.attend(
+            call.step, call.q, call.k, call.v, call.k_pages, call.v_pages, call.scale, call.window_left, call.softcap
+        )
+        call.write()
+        return out, "reference"
+
+
+class ContinuousAttention:
+    """The attention transformers' continuous batching calls under `NAME`; `calls` counts what
+    served each call (outside torch.compile)."""
+
+    def __init__(self, executor: Executor | None = None, *, name: str = NAME, max_pages: int | None = None):
+        """`max_pages`: the page tables' width (pages per sequence); default: the model's
+        `max_position_embeddings` in pages, or the plans' (PlanExecutor.max_pages)."""
+        self.executor = executor if executor is not None else ReferenceExecutor()
+        self.name = name
+        self.max_pages = max_pages or getattr(self.executor, "max_pages", None)
+        self.calls: Counter[str] = Counter()
+        self._geometry: dict[int, tuple[object, GroupGeometry]] = {}  # id(allocator) -> (it, its layout)
+        self._steps: dict[int, tuple[torch.Tensor, Step]] = {}  # allocator index -> (cu_seq_lens_q, step)
+
+    def install(self, model=None) -> ContinuousAttention:
+        """Register under `self.name` (mask-free for continuous batching); switch `model` to it."""
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(self.name, self.attention)
+        cb_patches.allow(self.name)
+        if model is not None:
+            model.set_attn_implementation(self.name)
+        return self
+
+    # ------------------------------------------------------------------ the attention function
+    def attention(
+        self,
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout: float = 0.0,
+        scaling=None,
+        sliding_window=None,
+        softcap=None,
+        **kwargs,
+    ):
+        """transformers' call: query (1, hq, rows, d), key/value (1, hkv, rows, d) (the step's
+        packed tokens); returns ((1, rows, hq, d), None)."""
+        cache = kwargs.get("cache")
+        if cache is None or "read_index" not in kwargs:
+            raise ValueError(
+                f"attn_implementation {self.name!r} serves transformers' continuous batching only "
+                "(generate_batch, ContinuousBatchingManager); for generate() use frost_runtime.hf.install "
+                "(attn_implementation 'frostc')"
+            )
+        if dropout and module.training:
+            raise ValueError("frostc serves inference: dropout must be 0 (model.eval())")
+        if kwargs.get("block_table") is not None:
+            raise ValueError("block_table: transformers' decode fast path is FlashAttention's; frostc keeps it off")
+        call = self._layer_call(module, query, key, value, cache, kwargs, scaling, sliding_window, softcap)
+        out, served = self.executor(call)
+        self._count(("decode" if call.step.all_decode else "mixed") + f" via {served}")
+        return out.unsqueeze(0), None
+
+    def _layer_call(self, module, query, key, value, cache, kwargs, scaling, sliding_window, softcap) -> LayerCall:
+        layer = module.layer_idx
+        allocator = cache.layer_to_allocator[layer]
+        geo = self._layout(allocator)
+        if sliding_window != geo.window:
+            raise ValueError(
+                f"layer {layer}: the model passes sliding_window={sliding_window}, transformers' cache group "
+                f"{geo.layer_type!r} holds a window of {geo.window}: the config's layer_types and "
+                "sliding_window disagree"
+            )
+        rows, d = query.shape[2], query.shape[3]
+        step = self._step(kwargs, geo, module, rows)
+        k_pages, v_pages = cb_cache.layer_pages(allocator, geo, layer)
+        k_rows, v_rows = cb_cache.layer_rows(allocator, geo, layer)
+        return LayerCall(
+            layer=layer,
+            geo=geo,
+            step=step,
+            q=query[0].transpose(0, 1),
+            k=key[0].transpose(0, 1),
+            v=value[0].transpose(0, 1),
+            k_pages=k_pages,
+            v_pages=v_pages,
+            k_rows=k_rows,
+            v_rows=v_rows,
+            write_index=kwargs["write_index"][geo.index],
+            scale=scaling if scaling is not None else 1 / math.sqrt(d),
+            window_left=None if sliding_window is None else sliding_window - 1,  # HF's window counts the query
+            softcap=softcap or None,
+        )
+
+    def _layout(self, allocator) -> GroupGeometry:
+        """The allocator's layout, worked out at its first call (a new cache: a new allocator)."""
+        known = self._geometry.get(id(allocator))
+        if known is None or known[0] is not allocator:
+            known = (allocator, cb_cache.geometry(allocator))
+            self._geometry[id(allocator)] = known
+        return known[1]
+
+    def _step(self, kwargs: dict, geo: GroupGeometry, module, rows: int) -> Step:
+        """The step's metadata for the group: built by its first layer of the forward, then shared
+        (the forward's `cu_seq_lens_q` is one tensor object for every layer; a new step has another)."""
+        cu_q = kwargs["cu_seq_lens_q"]
+        known = self._steps.get(geo.index)
+        if known is not None and known[0] is cu_q:
+            return known[1]
+        step = cb_step.build(kwargs, geo, self._max_pages(module, geo), rows)
+        self._steps[geo.index] = (cu_q, step)
+        return step
+
+    def _max_pages(self, module, geo: GroupGeometry) -> int:
+        if self.max_pages is not None:
+            return self.max_pages
+        longest = getattr(module.config, "max_position_embeddings", None)
+        if longest is None:
+            raise ValueError("max_pages: the model's config has no max_position_embeddings; pass max_pages=")
+        return -(-longest // geo.page_size)
+
+    def _count(self, key: str) -> None:
+        if not torch.compiler.is_compiling():  # a count under dynamo would be baked into the graph
+            self.calls[key] += 1
+
+
+def install(model=None, executor: Executor | None = None, *, name: str = NAME, max_pages: int | None = None):
+    """A `ContinuousAttention` registered with transformers under `name`; `model` switched to it."""
+    return ContinuousAttention(executor, name=name, max_pages=max_pages).install(model)
