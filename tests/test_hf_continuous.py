@@ -1,0 +1,333 @@
+"""transformers' continuous batching (generate_batch, ContinuousBatchingManager) through frostc's
+mixed form (runtime/frost_runtime/hf/continuous.py) on the CPU, with the torch reference executor:
+transformers' pool read in place through page tables derived from its own index tensors.
+
+- the step metadata (cb_step.py) against transformers' own gather indices, for full and sliding
+  groups, over many random mixes of chunks and decodes;
+- the four tiny families (tests/hf_models.py; Mistral's window bites, Gemma-2 has window and softcap)
+  through `generate_batch` with mixed prompt lengths, chunked prefills among them: the same tokens as
+  transformers' continuous batching with its own attention (float32 models: no near ties), every
+  attention call served by frostc (counted against the forwards), none reading the device;
+- a `ContinuousBatchingManager` taking requests while it runs, some cancelled, its pool's pages
+  reused, and whole at the end;
+- docs/serving.md's example, run as written.
+The compiled plans run the same on the GPU: tests/gpu/test_hf_continuous.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from frost_runtime.hf import cb_cache, cb_patches, cb_step, continuous  # noqa: E402
+from transformers import GenerationConfig  # noqa: E402
+from transformers.generation import ContinuousBatchingConfig  # noqa: E402
+
+from tests.hf_models import TINY, hf_model  # noqa: E402
+
+PAGE = 16  # a multiple of 16 (what plans take) dividing the windows below
+CB_TINY = {family: {"sliding_window": 32} if "sliding_window" in fields else {} for family, fields in TINY.items()}
+PEER = {"llama": "sdpa", "qwen2": "sdpa", "mistral": "sdpa", "gemma2": "paged|eager"}  # Gemma-2 has no sdpa
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
+
+
+def cb_model(family: str):
+    """The family's tiny model in float32 (ties between frostc's fp32 and the peer's are then far below
+    the logit gaps), its window 32 where it slides (prompts and generations run past it)."""
+    saved = TINY[family]
+    TINY[family] = saved | CB_TINY[family]
+    try:
+        return hf_model(family, device="cpu", dtype=torch.float32)
+    finally:
+        TINY[family] = saved
+
+
+def prompts(count: int, longest: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 500) for _ in range(rng.randint(1, longest))] for _ in range(count)]
+
+
+def cb_config(**fields) -> ContinuousBatchingConfig:
+    """A CPU-sized continuous-batching config: a fixed pool and step budget (no memory probing)."""
+    return ContinuousBatchingConfig(**({"page_size": PAGE, "num_blocks": 128, "max_batch_tokens": 64} | fields))
+
+
+def greedy(new_tokens: int) -> GenerationConfig:
+    return GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1)
+
+
+def peer_tokens(model, family: str, inputs, new_tokens: int, **config) -> dict[str, list[int]]:
+    """transformers' continuous batching with its own attention: the tokens frostc must give."""
+    model.set_attn_implementation(PEER[family])
+    out = model.generate_batch(
+        inputs,
+        generation_config=greedy(new_tokens),
+        continuous_batching_config=cb_config(auto_switch_to_flash=False, **config),
+    )
+    return {rid: o.generated_tokens for rid, o in out.items()}
+
+
+class CountingForwards:
+    """Counts the model's forwards (each is one step: every layer's attention is called once)."""
+
+    def __init__(self, model):
+        self.count = 0
+        self.handle = model.model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.count += 1
+
+
+@contextlib.contextmanager
+def no_host_reads():
+    """Any read of a tensor's values on the host (item, tolist, numpy, bool / int / float of a tensor)
+    raises: what a device-to-host read would be on the GPU."""
+
+    def refuse(*_, **__):
+        raise AssertionError("a host read in frostc's attention path")
+
+    names = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+    for n in names:
+        setattr(torch.Tensor, n, refuse)
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(torch.Tensor, n, fn)
+
+
+class Guarded(continuous.ContinuousAttention):
+    """The attention with host reads refused inside it."""
+
+    def attention(self, *args, **kwargs):
+        with no_host_reads():
+            return super().attention(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The step metadata against transformers' own indices
+
+
+def _paged_cache(family: str, **fields):
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+    from transformers.generation.continuous_batching.distributed import DistributedHelper
+
+    model = cb_model(family)
+    helper = DistributedHelper(device_mesh=None, cpu_group_timeout=None, tp_plan={})
+    config = cb_config(**fields)
+    config.max_blocks_per_request, config.max_memory_percent = 0, 0.6  # what resolving the config sets on a CPU
+    cache = PagedAttentionCache(model.config, config, "cpu", helper, dtype=torch.float32)
+    return model, cache
+
+
+def _mix(cache, rng: random.Random, sequences: int):
+    """Requests at random (past, query) lengths allocated in the cache, and transformers' kwargs of the
+    step: its cu_seq_lens, positions, read and write indices."""
+    from transformers.generation.continuous_batching.requests import RequestState
+
+    cu_q, cu_k, positions, lengths = [0], {t: [0] for t in cache.cache_allocators}, [], []
+    groups = len(cache.cache_allocators)
+    read, write = [[] for _ in range(groups)], [[] for _ in range(groups)]
+    for i in range(sequences):
+        past = rng.choice((0, rng.randint(0, 90), rng.randint(0, 15)))
+        query = rng.choice((1, 1, rng.randint(1, 40)))
+        state = RequestState(request_id=f"r{i}-{rng.random()}", initial_tokens=[1] * (past + query))
+        assert cache.can_store_request_tokens(state, past + query)
+        cache.extend_read_and_write_indices(state.request_id, past, query, read, write)
+        cu_q.append(cu_q[-1] + query)
+        for layer_type, allocator in cache.cache_allocators.items():
+            cu_k[layer_type].append(cu_k[layer_type][-1] + allocator.get_seqlen_k(past, query))
+        positions.extend(range(past, past + query))
+        lengths.append((past, query))
+    as_int = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+    kwargs = {
+        "cu_seq_lens_q": as_int(cu_q + [cu_q[-1]] * 2),  # two padding sequences, as under graphs
+        "cu_seq_lens_k": {t: as_int(c + [c[-1]] * 2) for t, c in cu_k.items()},
+        "position_ids": as_int(positions + [0] * 3)[None],  # three padding tokens
+        "read_index": [torch.tensor(r + [0] * 5, dtype=torch.int64) for r in read],
+        "write_index": [
+            torch.tensor(w + [a.write_trash_index] * 3) for w, a in zip(write, cache.cache_allocators.values())
+        ],
+        "max_length_q": max(q for _, q in lengths),
+    }
+    return kwargs, lengths, read
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_page_tables_address_the_rows_transformers_gathers(family: str) -> None:
+    """For every sequence of random mixes, the page table, lengths and prefix sums frostc derives put
+    each key position exactly on the pool row transformers' read_index gathers for it (full
+    attention: positions 0 .. L; a sliding ring: the last window - 1 before the step)."""
+    _, cache = _paged_cache(family)
+    rng = random.Random(3)
+    for trial in range(12):
+        cache.reset()
+        kwargs, lengths, read = _mix(cache, rng, sequences=rng.randint(1, 6))
+        for allocator in cache.cache_allocators.values():
+            geo = cb_cache.geometry(allocator)
+            step = cb_step.build(kwargs, geo, max_pages=16, rows=kwargs["position_ids"].shape[1])
+            b = len(lengths)
+            assert step.sequences == b + 2 and step.seq_len_kv[b:].tolist() == [0, 0]
+            assert step.seq_len_kv[:b].tolist() == [p + q for p, q in lengths]
+            assert torch.equal(step.cu_seqlens_q, kwargs["cu_seq_lens_q"])
+            at = 0
+            for i, (past, query) in enumerate(lengths):
+                if geo.window is None:
+                    positions = range(past + query)
+                else:
+                    cached = min(past, geo.window - 1)
+                    positions = range(past - cached, past)
+                for k, p in enumerate(positions):
+                    row = int(step.page_table[i, p // PAGE]) * geo.block_rows + p % PAGE
+                    assert row == read[geo.index][at + k], (trial, family, geo.layer_type, i, p)
+                at += len(positions) + (0 if geo.window is None else query)
+
+
+def test_sliding_window_not_a_whole_number_of_pages_is_refused() -> None:
+    _, cache = _paged_cache("mistral", page_size=12)
+    with pytest.raises(ValueError, match="sliding_window 32 is not a multiple of the continuous-batching page_size 12"):
+        cb_cache.geometry(cache.cache_allocators["sliding_attention"])
+
+
+def test_pool_views_are_the_pool_itself() -> None:
+    """Layer i's K and V page views are strided views of transformers' one pool: a write through
+    transformers' token rows is seen at (block, row) of the page views."""
+    _, cache = _paged_cache("gemma2")
+    for allocator in cache.cache_allocators.values():
+        geo = cb_cache.geometry(allocator)
+        for layer in geo.layers:
+            k_pages, v_pages = cb_cache.layer_pages(allocator, geo, layer)
+            k_rows, v_rows = cb_cache.layer_rows(allocator, geo, layer)
+            assert k_pages.untyped_storage().data_ptr() == allocator.cache_tensor.untyped_storage().data_ptr()
+            block, row = 5, 3
+            k_rows[block * geo.block_rows + row] = float(layer + 1)
+            v_rows[block * geo.block_rows + row] = -float(layer + 1)
+            assert (k_pages[block, row] == layer + 1).all() and (v_pages[block, row] == -(layer + 1)).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole generations
+
+
+@pytest.mark.parametrize("family", list(TINY))
+def test_generate_batch_through_frostc_gives_the_peers_tokens(family: str) -> None:
+    """24 requests of 1 to 100 tokens (prefills chunked over steps of at most 64 tokens, decodes
+    among them), 10 new tokens each: the same tokens as transformers' continuous batching with
+    sdpa (Gemma-2: eager); every attention call of every step served by frostc's mixed form,
+    decode-only steps included; no host read inside it."""
+    model = cb_model(family)
+    inputs = prompts(24, 100, seed=hash(family) % 1000)
+    expected = peer_tokens(model, family, inputs, 10)
+    cb = Guarded().install(model)
+    forwards = CountingForwards(model)
+    out = model.generate_batch(inputs, generation_config=greedy(10), continuous_batching_config=cb_config())
+    forwards.handle.remove()
+    assert {rid: o.generated_tokens for rid, o in out.items()} == expected
+    layers = model.config.num_hidden_layers
+    assert sum(cb.calls.values()) == layers * forwards.count
+    assert set(cb.calls) == {"mixed via reference", "decode via reference"}, cb.calls
+
+
+def test_outside_continuous_batching_the_name_is_refused() -> None:
+    model = cb_model("llama")
+    continuous.install(model)
+    with pytest.raises(ValueError, match="serves transformers' continuous batching only"):
+        model(torch.tensor([[1, 2, 3]]))
+
+
+def test_the_name_is_accepted_as_mask_free() -> None:
+    """transformers' checks (cb_patches.py): accepted, not switched away, graphs and async batching
+    chosen as for FlashAttention (on where there is a graph backend), no masks built."""
+    from transformers.generation.continuous_batching import initialization
+    from transformers.generation.continuous_batching.utils import attn_mask_is_needed
+
+    model = cb_model("llama")
+    continuous.install(model)
+    assert continuous.NAME in cb_patches.MASK_FREE and "flash" not in continuous.NAME
+    manager = model.init_continuous_batching(generation_config=greedy(2), continuous_batching_config=cb_config())
+    assert model.config._attn_implementation == continuous.NAME
+    assert initialization.is_flash_attention_requested(model.config)
+    assert not initialization.is_flash_attention_requested(model.config, version=[2, 3])  # no fast path
+    assert not attn_mask_is_needed(model.config)
+    manager.destroy() if hasattr(manager, "destroy") else None
+
+
+def test_a_manager_takes_requests_while_running_cancels_some_and_reuses_its_pages() -> None:
+    """A ContinuousBatchingManager over a small pool: 12 requests, 8 more added while it runs, 4
+    cancelled. The others give the peer's tokens; together they need more pages than the pool has (so
+    pages were freed and reused); at the end every block is back in the pool."""
+    family = "mistral"
+    model = cb_model(family)
+    first, later = prompts(12, 60, seed=5), prompts(8, 60, seed=6)
+    config = dict(num_blocks=24, max_batch_tokens=48, allow_block_sharing=False)
+    expected = peer_tokens(model, family, first + later, 16, **config)
+    cb = continuous.install(model)
+    manager = model.init_continuous_batching(
+        generation_config=greedy(16), continuous_batching_config=cb_config(**config)
+    )
+    manager.start()
+    try:
+        ids = manager.add_requests(first, max_new_tokens=16)
+        cancelled = {ids[1], ids[6]}
+        for rid in cancelled:
+            manager.cancel_request(rid)
+        time.sleep(0.2)  # the loop is running: add while it does
+        later_ids = manager.add_requests(later, max_new_tokens=16)
+        for rid in later_ids[2:4]:
+            manager.cancel_request(rid)
+            cancelled.add(rid)
+        results = _collect(manager, set(ids + later_ids) - cancelled)
+        cache = manager.batch_processor.cache  # stop() lets the batch processor go
+        time.sleep(0.2)  # the loop's last step frees the last request's blocks
+        free = cache.compute_free_capacity()
+    finally:
+        manager.stop(block=True, timeout=30)
+    by_order = dict(zip(ids + later_ids, expected.values()))
+    for rid, out in results.items():
+        assert out.generated_tokens == by_order[rid], rid
+    pages = sum(-(-min(len(p) + 16, 32) // PAGE) for p in first + later)  # the sliding ring's pages each
+    assert pages > cache.num_blocks  # more than the pool holds at once: pages were reused
+    assert free == 1.0, "blocks still held at the end"
+    assert all(not a.block_table for a in cache.cache_allocators.values())
+    assert cb.calls["mixed via reference"] > 0 and cb.calls["decode via reference"] > 0
+
+
+def _collect(manager, wanted: set[str], timeout: float = 120.0) -> dict:
+    results, deadline = {}, time.time() + timeout
+    while set(results) < wanted and time.time() < deadline:
+        out = manager.get_result(timeout=1)
+        if out is not None and out.is_finished() and out.request_id in wanted:
+            results[out.request_id] = out
+    assert set(results) == wanted, f"missing {sorted(wanted - set(results))}"
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# The docs
+
+
+def docs_example() -> str:
+    """docs/serving.md's continuous-batching example (the first python block of its section)."""
+    text = DOCS.read_text()
+    section = text.split("## Continuous batching in transformers", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_docs_example_runs() -> None:
+    """As written, with `model` and `prompts` given: the peer's tokens."""
+    model = cb_model("qwen2")
+    inputs = prompts(8, 40, seed=9)
+    expected = peer_tokens(model, "qwen2", inputs, 64)
+    scope = {"model": model, "prompts": inputs}
+    exec(compile(docs_example(), str(DOCS), "exec"), scope)
+    assert {rid: o.generated_tokens for rid, o in scope["out"].items()} == expected
+    assert sum(scope["cb"].calls.values()) > 0
