@@ -244,6 +244,17 @@ def from_config(
     glue: bool = typer.Option(
         False, "--glue", help="Also the decode step's norm and activation plans, for fused layers (hf_fuse)."
     ),
+    cb_tokens: str | None = typer.Option(
+        None,
+        "--cb-tokens",
+        help="transformers continuous batching: mixed plans for these step sizes in tokens, e.g. 64,128,256.",
+    ),
+    cb_requests: int = typer.Option(
+        1024, "--cb-requests", help="transformers' max_requests_per_batch: a step's sequences (with --cb-tokens)."
+    ),
+    cb_blocks: int | None = typer.Option(
+        None, "--cb-blocks", help="transformers' num_blocks: the pool the mixed plans read (with --cb-tokens)."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the plans (validated and resolved); build nothing."),
     as_json: bool = typer.Option(False, "--json", help="The listing as JSON."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Plan set to write (.frostset)."),
@@ -255,12 +266,25 @@ def from_config(
     phase (prefill, decode) and batch bucket; with -o, build them into one plan set. No weights,
     no GPU."""
     from frostc.models import load_model_config, read_layers, read_model
-    from frostc.serving import PHASES, deployment, dry_run_summary, layer_kinds, parse_batch_sizes, print_dry_run
+    from frostc.serving import (
+        PHASES,
+        ContinuousBatching,
+        deployment,
+        dry_run_summary,
+        layer_kinds,
+        parse_batch_sizes,
+        print_dry_run,
+    )
 
     try:
         raw = load_model_config(config)
         model = read_model(raw)
         layers = read_layers(raw) if glue else None
+        cb = None
+        if cb_tokens is not None:
+            if cb_blocks is None:
+                _fail("--cb-tokens needs --cb-blocks: transformers' num_blocks (ContinuousBatchingConfig), its pool")
+            cb = ContinuousBatching(parse_batch_sizes(cb_tokens, "--cb-tokens"), cb_requests, cb_blocks)
         dep = deployment(
             model,
             dtype=dtype,
@@ -274,6 +298,7 @@ def from_config(
             kv_cache_dtype=kv_cache_dtype,
             qkv_layout=qkv_layout,
             glue=layers,
+            cb=cb,
         )
     except FrostcError as exc:
         _fail(f"{config} cannot be planned:\n{exc}")

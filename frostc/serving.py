@@ -10,13 +10,16 @@ A plan per (layer kind x phase x batch bucket): prefill is the packed variable-l
 bucket's sequences, up to `max_prompt_tokens` tokens in all, causal, no lse); decode is the paged
 form, kv_append then sdpa, with 1 + `speculative` new tokens per sequence over a pool of `pages`
 pages of `page_size` tokens, in the model's dtype or in e4m3 (`kv_cache_dtype`: half the bytes,
-with one float32 scale per KV head and layer, the serving side's to set). Nothing here compiles:
+with one float32 scale per KV head and layer, the serving side's to set). A continuous-batching
+deployment (`cb_tokens`) adds the mixed phase: per token bucket, the mixed form with the packed
+append over transformers' own pool by strides (`ContinuousBatching`). Nothing here compiles:
 building the plan set comes later.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from frost_runtime.dtypes import DTYPES, KV_CACHE, SCALE_DTYPE
 
@@ -32,11 +35,30 @@ CUDA_GRAPHS = "cuda-graphs"
 
 PAGE_SIZE_STEP, MAX_PAGE_SIZE = 16, 256  # the paged form's rule (README, frostc.ops.paged_cache)
 MAX_SPECULATIVE = 15  # the paged form takes 1 to 16 new tokens per sequence
-PHASES = ("prefill", "decode")
+PHASES = ("prefill", "decode", "mixed")
 # how decode's q, k_new and v_new lie: each in rows of its own (b, s, heads, d), or as views of one
 # (b, s, hq + 2 hkv, d) buffer, what a fused QKV projection writes (frost_runtime.hf_fuse)
 QKV_LAYOUTS = ("separate", "fused")
-FORMS = {"prefill": "packed", "decode": "paged"}
+FORMS = {"prefill": "packed", "decode": "paged", "mixed": "mixed"}
+# transformers' continuous batching (5.23): max_requests_per_batch's fallback, and the pool's alignment
+CB_MAX_REQUESTS, CB_SECTOR_ALIGN, CB_TRASH_SECTORS = 1024, 128, 2
+
+
+@dataclass(frozen=True)
+class ContinuousBatching:
+    """A transformers continuous-batching deployment (`ContinuousBatchingConfig`): what its mixed
+    plans' capacities and its pool's layout come from."""
+
+    tokens: tuple[int, ...]  # the token buckets: a step's query rows (transformers pads them to its q interval)
+    requests: int  # max_requests_per_batch: a step's sequences are min(tokens, requests)
+    blocks: int  # num_blocks: whole-model blocks of page_size tokens the pool holds
+    # set by `deployment()`: transformers' layer groups (cache allocators) and each one's pool blocks
+    groups: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    pool_blocks: tuple[tuple[str, int], ...] = ()
+
+    def sequences(self, tokens: int) -> int:
+        """The page table's rows of a bucket: transformers pads the sequences to min(tokens, requests)."""
+        return min(tokens, self.requests)
 
 
 @dataclass(frozen=True)
@@ -54,6 +76,7 @@ class Deployment:
     kv_cache_dtype: str  # the paged pools': `dtype`, or a quantized one (e4m3) with scales
     qkv_layout: str = "separate"  # one of QKV_LAYOUTS: how decode plans take q, k_new, v_new
     glue: ModelLayers | None = None  # the decoder layers, when the set holds the decode step's glue plans
+    cb: ContinuousBatching | None = None  # a transformers continuous-batching deployment: the mixed phase
 
     @property
     def quantized_cache(self) -> bool:
@@ -69,17 +92,18 @@ class Deployment:
         return 1 + self.speculative
 
 
-def parse_batch_sizes(text: str) -> tuple[int, ...]:
-    """`--batch-sizes`: "1,2,4" (any order, no repeats) or "cuda-graphs" (vLLM's 51 capture sizes)."""
-    if text.strip() == CUDA_GRAPHS:
+def parse_batch_sizes(text: str, flag: str = "--batch-sizes") -> tuple[int, ...]:
+    """`--batch-sizes`: "1,2,4" (any order, no repeats) or "cuda-graphs" (vLLM's 51 capture sizes);
+    `--cb-tokens` likewise (its sizes are tokens)."""
+    if text.strip() == CUDA_GRAPHS and flag == "--batch-sizes":
         return CUDA_GRAPH_BATCH_SIZES
     parts = [p.strip() for p in text.split(",")]
     if not all(p.isdigit() and int(p) > 0 for p in parts):
         message = f"{text!r}: expected positive ints separated by commas (1,2,4) or {CUDA_GRAPHS!r}"
-        raise DescriptionError([Problem("--batch-sizes", message)])
+        raise DescriptionError([Problem(flag, message)])
     sizes = [int(p) for p in parts]
     if len(set(sizes)) != len(sizes):
-        raise DescriptionError([Problem("--batch-sizes", f"{text!r}: a batch size appears twice; list each once")])
+        raise DescriptionError([Problem(flag, f"{text!r}: a size appears twice; list each once")])
     return tuple(sorted(sizes))
 
 
@@ -97,6 +121,7 @@ def deployment(
     kv_cache_dtype: str | None = None,
     qkv_layout: str = "separate",
     glue: ModelLayers | None = None,
+    cb: ContinuousBatching | None = None,
 ) -> Deployment:
     """The options, checked against each other and the model; None takes the default: the config's
     dtype, a cache of the model's max positions, prompts up to the cache's length, and a pool of
@@ -142,6 +167,8 @@ def deployment(
         bad("--glue", f"the MLP's intermediate_size {glue.intermediate_size} does not split over --tp {tp} ranks")
     if qkv_layout not in QKV_LAYOUTS:
         bad("--qkv-layout", f"{qkv_layout!r}: decode plans take q, k and v as {quoted(QKV_LAYOUTS)}")
+    if cb is not None:
+        _check_cb(model, cb, kv_cache_dtype, dtype, page_size, bad)
     if problems:
         raise DescriptionError(problems)
     max_pages = -(-max_cache_len // page_size)
@@ -151,11 +178,55 @@ def deployment(
         message = f"{pages}: fewer than one sequence of {max_cache_len} tokens needs: give at least {max_pages}"
         bad("--pages", message)
         raise DescriptionError(problems)
+    if cb is not None:
+        groups = cb_groups(model)
+        kv_heads = max(1, model.kv_heads // tp)
+        cb = replace(
+            cb,
+            groups=tuple(groups.items()),
+            pool_blocks=tuple(cb_pool_blocks(model, dtype, page_size, cb.blocks, kv_heads).items()),
+        )
     return Deployment(
         dtype, tuple(batch_sizes), max_prompt_tokens, max_cache_len, page_size, pages, speculative, tp,
         kv_cache_dtype or dtype,
-        qkv_layout, glue,
+        qkv_layout, glue, cb,
     )  # fmt: skip
+
+
+def _check_cb(model: ModelAttention, cb: ContinuousBatching, kv_cache_dtype, dtype, page_size: int, bad) -> None:
+    """transformers' pool holds the model's dtype, its rings whole pages; its buckets and sizes > 0."""
+    if not cb.tokens or any(t < 1 for t in cb.tokens) or len(set(cb.tokens)) != len(cb.tokens):
+        bad("--cb-tokens", f"{list(cb.tokens)}: give distinct token buckets, each >= 1 (transformers' padded steps)")
+    if cb.requests < 1:
+        bad("--cb-requests", f"{cb.requests}: transformers' max_requests_per_batch is >= 1")
+    if cb.blocks < 1:
+        bad("--cb-blocks", f"{cb.blocks}: give transformers' num_blocks (ContinuousBatchingConfig), >= 1")
+    if kv_cache_dtype is not None and kv_cache_dtype != dtype:
+        bad("--kv-cache-dtype", "transformers' continuous-batching pool holds the model's dtype: leave the flag out")
+    window = model.sliding_window
+    if window is not None and window % page_size:
+        bad("--page-size", f"{page_size} does not divide the sliding window {window}: transformers' ring of "
+                           "pages is read in place only when whole pages wrap")  # fmt: skip
+
+
+def cb_groups(model: ModelAttention) -> dict[str, tuple[int, ...]]:
+    """transformers' layer groups (cache allocators): the full-attention and the sliding layers."""
+    groups: dict[str, list[int]] = {}
+    for layer, window in enumerate(model.window_left):
+        groups.setdefault("full_attention" if window is None else "sliding_attention", []).append(layer)
+    return {name: tuple(layers) for name, layers in groups.items()}
+
+
+def cb_pool_blocks(model: ModelAttention, dtype: str, page_size: int, num_blocks: int, kv_heads: int) -> dict[str, int]:
+    """Blocks of each group's view of transformers' pool, as transformers 5.23 sizes it from
+    `num_blocks` (cache.py: sectors the lcm of the groups' block bytes and 128, two trash sectors
+    ahead of them; every group views the whole pool in blocks of its own size)."""
+    page_bytes = 2 * page_size * kv_heads * model.head_dim * DTYPES[dtype].bytes
+    block_bytes = {name: page_bytes * len(layers) for name, layers in cb_groups(model).items()}
+    sector = math.lcm(*block_bytes.values(), CB_SECTOR_ALIGN)
+    sectors = max(1, -(-num_blocks * model.layers * page_bytes // sector))
+    total = (sectors + CB_TRASH_SECTORS) * sector
+    return {name: total // size for name, size in block_bytes.items()}
 
 
 def _check_tp(model: ModelAttention, tp: int, bad) -> None:
@@ -234,14 +305,65 @@ class PlanEntry:
 
 
 def plan_list(kinds: tuple[LayerKind, ...], dep: Deployment) -> tuple[PlanEntry, ...]:
-    """Every kind's prefill plans, then its decode plans, each over the batch buckets, in order."""
-    return tuple(
+    """Every kind's prefill plans, then its decode plans, each over the batch buckets, in order; a
+    continuous-batching deployment's mixed plans, over its token buckets, after them."""
+    plans = [
         PlanEntry(key, kind.index, phase, batch, _DESCRIBE[phase](key, kind, dep, batch), None)
         for kind in kinds
-        for phase in PHASES
+        for phase in ("prefill", "decode")
         for batch in dep.batch_sizes
         for key in [f"{kind.name}-{phase}-b{batch}"]
-    )
+    ]
+    if dep.cb is not None:
+        plans += mixed_entries(kinds, dep)
+    return tuple(plans)
+
+
+def mixed_entries(kinds: tuple[LayerKind, ...], dep: Deployment) -> list[PlanEntry]:
+    """Each kind's mixed plan per token bucket (the entry's `batch` is the bucket's tokens), over its
+    group's view of transformers' pool."""
+    groups, blocks = dict(dep.cb.groups), dict(dep.cb.pool_blocks)
+    entries = []
+    for kind in kinds:
+        owning = [name for name, layers in groups.items() if set(kind.layers) & set(layers)]
+        for tokens in sorted(dep.cb.tokens):
+            key = f"{kind.name}-mixed-t{tokens}"
+            group = owning[0]
+            pool = (blocks[group], len(groups[group]))
+            why = None
+            if len(owning) > 1:
+                why = "its layers are in both of transformers' cache groups (a window as long as the cache)"
+            entries.append(
+                PlanEntry(key, kind.index, "mixed", tokens, mixed_description(key, kind, dep, tokens, pool), why)
+            )
+    return entries
+
+
+def mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: int, pool: tuple[int, int]) -> Description:
+    """A continuous-batching step (docs/variable-lengths.md, "Mixed steps"): the step's K/V appended
+    into the pages (kv_append's packed form), then its packed queries over each sequence's pages.
+    The caches are transformers' pool by strides, `pool` = (blocks, layers of the group): a block
+    holds every layer's K page then V page, so the page stride is a whole block (each layer binds its
+    own views; they share these strides)."""
+    g = GraphBuilder(name)
+    blocks, layers = pool
+    b, d = dep.cb.sequences(tokens), kind.head_dim
+    for tensor, heads in (("q", kind.heads), ("k_new", kind.kv_heads), ("v_new", kind.kv_heads), ("o", kind.heads)):
+        g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, d])
+    row = kind.kv_heads * d
+    strides = [2 * layers * dep.page_size * row, row, d, 1]
+    for cache in ("k_cache", "v_cache"):
+        g.tensor(cache, dtype=kind.dtype, dims=[blocks, dep.page_size, kind.kv_heads, d], strides=strides)
+    g.tensor("page_table", dtype="int32", dims=[b, dep.max_pages])
+    g.tensor("cache_len", dtype="int32", dims=[b])
+    g.tensor("cu_q", dtype="int32", dims=[b + 1])
+    lengths = dict(page_table="page_table", seq_len_kv="cache_len", cu_seqlens_q="cu_q")
+    g.node("kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache", **lengths)
+    g.sdpa(
+        name="attn", q="q", k="k_cache", v="v_cache", o="o", causal=True, window_left=kind.window_left,
+        softcap=kind.softcap, attn_scale=kind.scale, **lengths,
+    )  # fmt: skip
+    return g.build()
 
 
 def prefill_description(name: str, kind: LayerKind, dep: Deployment, batch: int) -> Description:
@@ -355,7 +477,6 @@ _GLUE = {
 
 
 _DESCRIBE = {"prefill": prefill_description, "decode": decode_description}
-assert tuple(_DESCRIBE) == PHASES
 
 
 def check_entry(entry: PlanEntry) -> tuple[Problem, ...]:
@@ -442,6 +563,14 @@ def dry_run_summary(model: ModelAttention, dep: Deployment, kinds: tuple[LayerKi
             "new_tokens": dep.new_tokens,
             "qkv_layout": dep.qkv_layout,
             "kv_pool_bytes_per_layer": pool_bytes,  # K and V, one rank
+            "continuous_batching": None
+            if dep.cb is None
+            else {
+                "tokens": list(dep.cb.tokens),
+                "requests": dep.cb.requests,
+                "num_blocks": dep.cb.blocks,
+                "pool_blocks": dict(dep.cb.pool_blocks),  # each layer group's view of transformers' pool
+            },
         },
         "kinds": [
             {

@@ -28,51 +28,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from frost_runtime.hf import cb_cache, cb_patches, cb_step, continuous  # noqa: E402
-from transformers import GenerationConfig  # noqa: E402
-from transformers.generation import ContinuousBatchingConfig  # noqa: E402
 
-from tests.hf_models import TINY, hf_model  # noqa: E402
+from tests.cb_models import PAGE, cb_config, cb_model, greedy, peer_tokens, prompts  # noqa: E402
+from tests.hf_models import TINY  # noqa: E402
 
-PAGE = 16  # a multiple of 16 (what plans take) dividing the windows below
-CB_TINY = {family: {"sliding_window": 32} if "sliding_window" in fields else {} for family, fields in TINY.items()}
-PEER = {"llama": "sdpa", "qwen2": "sdpa", "mistral": "sdpa", "gemma2": "paged|eager"}  # Gemma-2 has no sdpa
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
-
-
-def cb_model(family: str):
-    """The family's tiny model in float32 (ties between frostc's fp32 and the peer's are then far below
-    the logit gaps), its window 32 where it slides (prompts and generations run past it)."""
-    saved = TINY[family]
-    TINY[family] = saved | CB_TINY[family]
-    try:
-        return hf_model(family, device="cpu", dtype=torch.float32)
-    finally:
-        TINY[family] = saved
-
-
-def prompts(count: int, longest: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, 500) for _ in range(rng.randint(1, longest))] for _ in range(count)]
-
-
-def cb_config(**fields) -> ContinuousBatchingConfig:
-    """A CPU-sized continuous-batching config: a fixed pool and step budget (no memory probing)."""
-    return ContinuousBatchingConfig(**({"page_size": PAGE, "num_blocks": 128, "max_batch_tokens": 64} | fields))
-
-
-def greedy(new_tokens: int) -> GenerationConfig:
-    return GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1)
-
-
-def peer_tokens(model, family: str, inputs, new_tokens: int, **config) -> dict[str, list[int]]:
-    """transformers' continuous batching with its own attention: the tokens frostc must give."""
-    model.set_attn_implementation(PEER[family])
-    out = model.generate_batch(
-        inputs,
-        generation_config=greedy(new_tokens),
-        continuous_batching_config=cb_config(auto_switch_to_flash=False, **config),
-    )
-    return {rid: o.generated_tokens for rid, o in out.items()}
 
 
 class CountingForwards:
@@ -106,7 +66,7 @@ def no_host_reads():
 
 
 class Guarded(continuous.ContinuousAttention):
-    """The attention with host reads refused inside it."""
+    """The attention with host reads refused inside it (its executor's too)."""
 
     def attention(self, *args, **kwargs):
         with no_host_reads():
@@ -117,7 +77,7 @@ class Guarded(continuous.ContinuousAttention):
 # The step metadata against transformers' own indices
 
 
-def _paged_cache(family: str, **fields):
+def _paged_cache(family: str, dtype=None, **fields):
     from transformers.generation.continuous_batching.cache import PagedAttentionCache
     from transformers.generation.continuous_batching.distributed import DistributedHelper
 
@@ -125,7 +85,7 @@ def _paged_cache(family: str, **fields):
     helper = DistributedHelper(device_mesh=None, cpu_group_timeout=None, tp_plan={})
     config = cb_config(**fields)
     config.max_blocks_per_request, config.max_memory_percent = 0, 0.6  # what resolving the config sets on a CPU
-    cache = PagedAttentionCache(model.config, config, "cpu", helper, dtype=torch.float32)
+    cache = PagedAttentionCache(model.config, config, "cpu", helper, dtype=dtype or torch.float32)
     return model, cache
 
 
@@ -225,7 +185,7 @@ def test_generate_batch_through_frostc_gives_the_peers_tokens(family: str) -> No
     sdpa (Gemma-2: eager); every attention call of every step served by frostc's mixed form,
     decode-only steps included; no host read inside it."""
     model = cb_model(family)
-    inputs = prompts(24, 100, seed=hash(family) % 1000)
+    inputs = prompts(24, 100, seed=list(TINY).index(family))
     expected = peer_tokens(model, family, inputs, 10)
     cb = Guarded().install(model)
     forwards = CountingForwards(model)
@@ -309,6 +269,130 @@ def _collect(manager, wanted: set[str], timeout: float = 120.0) -> dict:
             results[out.request_id] = out
     assert set(results) == wanted, f"missing {sorted(wanted - set(results))}"
     return results
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan path, with each plan's contract computed in torch
+
+
+class ContractPlan:
+    """A built mixed plan's contract on the CPU: its slots (from the plan file) checked as the runtime
+    checks a bound buffer (dtype, dims, strides), then what the plan computes, in torch: the packed
+    append of k_new / v_new through the page table, then the attention read from the pages alone."""
+
+    def __init__(self, plans, key: str):
+        self.data = plans.plan_data(key)
+        self.slots = tuple(s.name for s in self.data.slots)
+        self.workspace_bytes = 0
+        info = plans.kind_info[plans.entry(key).kind]
+        self.attention = (info.scale, info.window_left, info.softcap)
+        self.executed = 0
+
+    def execute(self, *buffers, workspace=None) -> None:
+        from frost_runtime import dtypes
+        from frost_runtime.hf import cb_reference
+
+        named = dict(zip(self.slots, buffers, strict=True))
+        for slot in self.data.slots:
+            t = named[slot.name]
+            got = (dtypes.from_torch(t.dtype), tuple(t.shape), t.stride())
+            assert got == (slot.dtype, slot.dims, slot.strides), f"{slot.name}: {got}, the plan's {slot}"
+        step = cb_step.Step(
+            named["cu_q"], named["cache_len"], named["page_table"], rows=len(named["q"]), max_seqlen_q=0
+        )
+        seq, pos, valid = cb_reference._token_positions(step, step.rows)
+        page = named["k_cache"].shape[1]
+        valid &= pos < step.page_table.shape[1] * page
+        i = seq.clamp(max=step.sequences - 1)
+        blocks = step.page_table.long()[i[valid], pos[valid] // page]
+        named["k_cache"][blocks, pos[valid] % page] = named["k_new"][valid]
+        named["v_cache"][blocks, pos[valid] % page] = named["v_new"][valid]
+        args = (named["q"], named["k_new"], named["v_new"], named["k_cache"], named["v_cache"], *self.attention)
+        named["o"].copy_(cb_reference.attend(step, *args, overlay=False))
+        self.executed += 1
+
+
+@pytest.fixture(scope="module")
+def cb_sets() -> dict:
+    import frost_runtime
+
+    from tests.cb_models import build_cb_set
+
+    return {family: frost_runtime.read_set(build_cb_set(family)) for family in TINY}
+
+
+def test_from_config_sizes_the_pool_as_transformers_does(cb_sets) -> None:
+    """The mixed plans' caches have exactly the blocks of each layer group's view of transformers'
+    pool for the same num_blocks, page size and dtype (bf16), with its strides."""
+    for family, plans in cb_sets.items():
+        _, cache = _paged_cache(family, dtype=torch.bfloat16)
+        kinds = {layer: info for info in plans.kind_info.values() for layer in info.layers}
+        for allocator in cache.cache_allocators.values():
+            geo = cb_cache.geometry(allocator)
+            k_pages, _ = cb_cache.layer_pages(allocator, geo, geo.layers[-1])
+            for e in plans.entries:
+                if set(e.layers) & set(geo.layers):
+                    assert kinds[geo.layers[0]].kind == e.kind
+                    k_cache = next(s for s in plans.plan_data(e.key).slots if s.name == "k_cache")
+                    assert (k_cache.dims, k_cache.strides) == (tuple(k_pages.shape), k_pages.stride()), family
+
+
+@pytest.mark.parametrize("family", list(TINY))
+def test_generate_batch_through_the_plans(cb_sets, family: str) -> None:
+    """The plan executor (cb_plans.py) with each plan's contract computed in torch: bucket choice,
+    staging, the pool bound by strides, the page tables the append writes through (a sliding ring
+    too). bf16: the peer's tokens or near ties (tests/cb_models.py states the rule), and exactly the
+    reference executor's tokens (the same fp32 attention over the same pages); every step through a
+    plan but the chunks that wrap a sliding ring."""
+    from frost_runtime.hf.cb_plans import PlanExecutor
+
+    from tests.cb_models import near_ties
+
+    model = cb_model(family, dtype=torch.bfloat16)
+    inputs = prompts(24, 100, seed=list(TINY).index(family))
+    expected = peer_tokens(model, family, inputs, 10)
+    plans = cb_sets[family]
+    loaded = {}
+    executor = PlanExecutor(plans, load=lambda key: loaded.setdefault(key, ContractPlan(plans, key)))
+    cb = Guarded(executor).install(model)
+    with pytest.warns(UserWarning) if "sliding_window" in TINY[family] else contextlib.nullcontext():
+        out = model.generate_batch(inputs, generation_config=greedy(10), continuous_batching_config=cb_config())
+    got = {rid: o.generated_tokens for rid, o in out.items()}
+    near_ties(model, inputs, expected, got)
+    continuous.install(model)  # the reference executor: the same fp32 attention over the same bf16 pages
+    exact = model.generate_batch(inputs, generation_config=greedy(10), continuous_batching_config=cb_config())
+    assert got == {rid: o.generated_tokens for rid, o in exact.items()}
+    assert cb.calls["mixed via plans"] > 0 and cb.calls["decode via plans"] > 0
+    others = {k for k in cb.calls if "via plans" not in k}
+    assert all("wraps its ring" in k for k in others), others
+    assert set(loaded) == {e.key for e in plans.entries}  # both buckets served steps
+
+
+def test_a_pool_the_plans_were_not_built_for_is_refused(cb_sets) -> None:
+    from frost_runtime.hf.cb_plans import PlanExecutor
+
+    model = cb_model("llama", dtype=torch.bfloat16)
+    plans = cb_sets["llama"]
+    executor = PlanExecutor(plans, load=lambda key: ContractPlan(plans, key))
+    continuous.install(model, executor=executor)
+    config = cb_config(num_blocks=64)
+    out = model.generate_batch([[1, 2, 3]], generation_config=greedy(2), continuous_batching_config=config)
+    assert _failed_with(out, "num_blocks: transformers' pool has 66 blocks for the full_attention layers, the plan")
+
+
+def test_a_model_the_plans_were_not_built_for_is_refused(cb_sets) -> None:
+    from frost_runtime.hf.cb_plans import PlanExecutor
+
+    model = cb_model("llama", dtype=torch.float16)
+    plans = cb_sets["llama"]
+    continuous.install(model, executor=PlanExecutor(plans, load=lambda key: ContractPlan(plans, key)))
+    out = model.generate_batch([[1, 2, 3]], generation_config=greedy(2), continuous_batching_config=cb_config())
+    assert _failed_with(out, "dtype: the model passes fp16, the set was built for bf16")
+
+
+def _failed_with(out: dict, message: str) -> bool:
+    """generate_batch's requests failed (its loop logs the error and fails them), naming `message`."""
+    return bool(out) and all(o.error is not None and message in str(o.error) for o in out.values())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -373,3 +373,71 @@ def test_a_missing_file_or_a_folder_exits_2(tmp_path: Path) -> None:
         result = frostc("from-config", path, "--dry-run")
         assert result.exit_code == 2, result.output
         assert "cannot read the file" in result.stderr
+
+
+# ------------------------------------------------------------------------------ continuous batching
+
+
+def test_a_continuous_batching_deployment_adds_mixed_plans_per_token_bucket() -> None:
+    """--cb-tokens: a mixed plan per layer kind and token bucket after the other phases, each
+    validating and resolving; its caches are transformers' pool by strides (a block: every layer of
+    the group's K page then V page), its sequences min(tokens, requests)."""
+    from frostc.serving import ContinuousBatching
+
+    cb = ContinuousBatching((512, 64), requests=256, blocks=4096)
+    model, dep, kinds = planned(GEMMA2_9B, dtype="bf16", batch_sizes=(1,), page_size=64, cb=cb)
+    entries = plan_list(kinds, dep)
+    mixed = [e for e in entries if e.phase == "mixed"]
+    assert [e.key for e in mixed] == ["l0-mixed-t64", "l0-mixed-t512", "l1-mixed-t64", "l1-mixed-t512"]
+    assert entries[-4:] == tuple(mixed) and all(e.form == "mixed" and not check_entry(e) for e in mixed)
+    assert dict(dep.cb.groups) == {
+        "sliding_attention": tuple(range(0, 42, 2)),
+        "full_attention": tuple(range(1, 42, 2)),
+    }
+    tensors = {t.name: t for t in mixed[1].description.tensors}
+    row = 8 * 256  # KV heads x head dim
+    assert tensors["k_cache"].strides == (2 * 21 * 64 * row, row, 256, 1)
+    assert tensors["page_table"].dims == (256, dep.max_pages) and tensors["cu_q"].dims == (257,)
+    assert tensors["q"].dims == (512, 16, 256) and {t.name: t.dims for t in mixed[0].description.tensors}["cu_q"] == (
+        65,
+    )
+
+
+def test_continuous_batching_sizes_the_pool_as_transformers_5_23() -> None:
+    """num_blocks whole-model blocks, in sectors (the lcm of the groups' block bytes and 128), two
+    trash sectors ahead: Llama-3-8B's 32 layers in pages of 16 tokens hold 2 x 16 x 8 x 128 x 2
+    bytes a page, its blocks 32 pages; 1000 blocks are 1000 sectors, 1002 with the trash."""
+    from frostc.serving import ContinuousBatching
+
+    _, dep, _ = planned(LLAMA3_8B, batch_sizes=(1,), cb=ContinuousBatching((64,), 1024, 1000))
+    assert dict(dep.cb.pool_blocks) == {"full_attention": 1002}
+
+
+@pytest.mark.parametrize(
+    ("config", "options", "flag", "words"),
+    [
+        (MISTRAL_7B_V01, {"page_size": 48}, "--page-size", "does not divide the sliding window 4096"),
+        (LLAMA3_8B, {"kv_cache_dtype": "e4m3"}, "--kv-cache-dtype", "holds the model's dtype"),
+        (LLAMA3_8B, {"tokens": ()}, "--cb-tokens", "distinct token buckets"),
+        (LLAMA3_8B, {"blocks": 0}, "--cb-blocks", "num_blocks"),
+    ],
+)
+def test_bad_continuous_batching_options_name_the_flag(config, options, flag, words) -> None:
+    from frostc.serving import ContinuousBatching
+
+    fields = {"tokens": (64,), "requests": 1024, "blocks": 100}
+    cb = ContinuousBatching(**{k: options.pop(k, v) for k, v in fields.items()})
+    assert any(path == flag and words in message for path, message in refusals(config, cb=cb, **options))
+
+
+def test_dry_run_lists_mixed_plans_and_needs_blocks(config_file) -> None:
+    path = config_file(LLAMA3_8B)
+    result = frostc(
+        "from-config", path, "--dry-run", "--json", "--batch-sizes", "1", "--cb-tokens", "64,128", "--cb-blocks", "512"
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert [p["key"] for p in summary["plans"] if p["phase"] == "mixed"] == ["l0-mixed-t64", "l0-mixed-t128"]
+    assert summary["deployment"]["continuous_batching"]["pool_blocks"] == {"full_attention": 514}
+    result = frostc("from-config", path, "--dry-run", "--cb-tokens", "64")
+    assert result.exit_code == 2 and "--cb-tokens needs --cb-blocks" in result.stderr

@@ -47,7 +47,7 @@ MAX_SET_BYTES = 1 << 32
 MAX_SET_PLANS = 4096
 MAX_SET_CUBINS = 1024
 MAX_MODEL_CHARS = 2048
-PHASES = ("prefill", "decode")
+PHASES = ("prefill", "decode", "mixed")  # mixed: transformers' continuous batching; its buckets are tokens
 # the decode step's plans around the attention, for fused decoder layers (frost_runtime.hf_fuse)
 GLUE_OPS = ("rms_norm", "add_rms_norm", "silu_mul")
 _SHA = re.compile(r"[0-9a-f]{64}")

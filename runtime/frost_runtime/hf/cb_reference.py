@@ -28,15 +28,18 @@ def attend(
     scale: float,
     window_left: int | None,
     softcap: float | None,
+    overlay: bool = True,
 ) -> torch.Tensor:
     """(rows, hq, d) in q's dtype: each sequence's queries over its keys, causal (a query sees the
-    positions up to its own, and within the window); rows outside the sequences are 0."""
+    positions up to its own, and within the window); rows outside the sequences are 0. `overlay`:
+    this step's rows come from k_new / v_new (the pages do not hold them yet); False: from the pages
+    (a plan's contract: it appended them first)."""
     rows, hq, d = q.shape
     hkv = k_new.shape[1]
     seq, pos, valid = _token_positions(step, rows)
     keys, values = _keys(step, k_pages, v_pages)  # (b, n, hkv, d) fp32
     i = seq.clamp(max=step.sequences - 1)
-    fits = valid & (pos < keys.shape[1])
+    fits = valid & (pos < keys.shape[1]) & overlay
     keys[i[fits], pos[fits]] = k_new[fits].float()  # this step's rows where they belong
     values[i[fits], pos[fits]] = v_new[fits].float()
     j = torch.arange(keys.shape[1], device=q.device)

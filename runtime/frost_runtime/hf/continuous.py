@@ -3,6 +3,7 @@ frostc's mixed form as the attention.
 
     from frost_runtime.hf import continuous
     cb = continuous.install(model)                    # registers "frostc_cb", switches the model
+    cb = continuous.install(model, plans)             # or: a plan set's mixed plans (GPU)
     out = model.generate_batch(prompts, generation_config=gen,
                                continuous_batching_config=ContinuousBatchingConfig(page_size=16))
     cb.calls                                          # Counter: mixed / decode steps per executor
@@ -213,6 +214,14 @@ class ContinuousAttention:
             self.calls[key] += 1
 
 
-def install(model=None, executor: Executor | None = None, *, name: str = NAME, max_pages: int | None = None):
-    """A `ContinuousAttention` registered with transformers under `name`; `model` switched to it."""
+def install(
+    model=None, plans=None, *, executor: Executor | None = None, name: str = NAME, max_pages: int | None = None
+) -> ContinuousAttention:
+    """A `ContinuousAttention` registered with transformers under `name`; `model` switched to it.
+    With `plans` (a plan set with mixed plans: `frostc from-config --cb-tokens`), the steps run its
+    plans on the GPU (cb_plans.PlanExecutor); without, the fp32 torch reference."""
+    if plans is not None and executor is None:
+        from frost_runtime.hf.cb_plans import PlanExecutor
+
+        executor = PlanExecutor(plans)
     return ContinuousAttention(executor, name=name, max_pages=max_pages).install(model)

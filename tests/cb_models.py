@@ -1,0 +1,106 @@
+"""transformers' continuous batching over the tiny families of tests/hf_models.py, for frostc's
+continuous-batching tests on the CPU (tests/test_hf_continuous.py) and the GPU
+(tests/gpu/test_hf_continuous.py): the models (windows of 32 where they slide: whole pages of 16),
+prompts, transformers' configs, the peer's tokens, the mixed plan sets (`frostc from-config
+--cb-tokens`), and the near-tie rule for bf16 runs.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from tests.hf_models import TINY
+
+PAGE = 16  # a multiple of 16 (what plans take) dividing the windows below
+WINDOW = 32
+POOL_BLOCKS = 128  # ContinuousBatchingConfig.num_blocks, and the sets' --cb-blocks
+STEP_TOKENS = 64  # ContinuousBatchingConfig.max_batch_tokens
+CB_TOKENS = (16, STEP_TOKENS)  # the sets' token buckets: small steps, and transformers' padded ones
+CB_REQUESTS = 64
+MAX_CACHE_LEN = 512  # the tiny configs' max_position_embeddings
+CB_TINY: dict[str, dict[str, Any]] = {
+    family: fields | ({"sliding_window": WINDOW} if "sliding_window" in fields else {})
+    for family, fields in TINY.items()
+}
+PEER = {"llama": "sdpa", "qwen2": "sdpa", "mistral": "sdpa", "gemma2": "paged|eager"}  # Gemma-2 has no sdpa
+TIE_GAP = 0.05  # a near tie: the exact fp32 logits of the two tokens are closer than this
+
+
+def cb_model(family: str, *, device: str = "cpu", dtype=None, seed: int = 0):
+    """The family's tiny model (random weights, seeded; float32 unless `dtype`), in eval mode."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in CB_TINY[family].items() if k not in ("model_type", "torch_dtype")}
+    config = AutoConfig.for_model(CB_TINY[family]["model_type"], **fields)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    return model.eval()
+
+
+def prompts(count: int, longest: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 500) for _ in range(rng.randint(1, longest))] for _ in range(count)]
+
+
+def cb_config(**fields):
+    """A fixed pool and step budget (no memory probing: the CPU has none to probe)."""
+    from transformers.generation import ContinuousBatchingConfig
+
+    defaults = {"page_size": PAGE, "num_blocks": POOL_BLOCKS, "max_batch_tokens": STEP_TOKENS}
+    return ContinuousBatchingConfig(**(defaults | fields))
+
+
+def greedy(new_tokens: int):
+    from transformers import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1)
+
+
+def peer_tokens(model, family: str, inputs, new_tokens: int, **config) -> dict[str, list[int]]:
+    """transformers' continuous batching with its own attention: the tokens frostc must give."""
+    model.set_attn_implementation(PEER[family])
+    config = cb_config(auto_switch_to_flash=False, **config)
+    out = model.generate_batch(inputs, generation_config=greedy(new_tokens), continuous_batching_config=config)
+    return {rid: o.generated_tokens for rid, o in out.items()}
+
+
+def build_cb_set(family: str) -> bytes:
+    """The family's mixed plans (frostc from-config --phase mixed --cb-tokens 16,64 --cb-blocks 128
+    --page-size 16, bf16): one per layer kind and token bucket."""
+    from frostc.buildset import build_set
+    from frostc.models import read_model
+    from frostc.serving import ContinuousBatching, deployment
+
+    model = read_model(CB_TINY[family])
+    cb = ContinuousBatching(CB_TOKENS, CB_REQUESTS, POOL_BLOCKS)
+    dep = deployment(model, batch_sizes=(1,), max_cache_len=MAX_CACHE_LEN, page_size=PAGE, cb=cb)
+    return build_set(model, dep, name=f"tiny-{family}-cb", phases=("mixed",)).data
+
+
+def near_ties(model, inputs: list[list[int]], expected: dict, got: dict) -> str:
+    """The rule for bf16 runs: the same tokens, or at each request's first differing token a near tie:
+    teacher-forced along the expected tokens, the fp32 copy of the model (eager attention, one
+    forward) puts the two tokens' logits within TIE_GAP. Returns "equal" or "near ties (k of n
+    requests equal)"; raises AssertionError otherwise."""
+    import copy
+
+    import torch
+
+    differ = [rid for rid in expected if expected[rid] != got[rid]]
+    if not differ:
+        return "equal"
+    exact = copy.deepcopy(model).float()
+    exact.set_attn_implementation("eager")
+    order = list(expected)
+    for rid in differ:
+        want, have = expected[rid], got[rid]
+        j = next(i for i, (a, b) in enumerate(zip(want, have)) if a != b)
+        ids = torch.tensor([inputs[order.index(rid)] + want[:j]], device=model.device)
+        with torch.no_grad():
+            logits = exact(input_ids=ids).logits[0, -1].float()
+        gap = float((logits[want[j]] - logits[have[j]]).abs())
+        assert gap <= TIE_GAP, f"{rid} token {j}: {want[j]} vs {have[j]}, fp32 logits {gap:.4f} apart: no near tie"
+    return f"near ties ({len(expected) - len(differ)} of {len(expected)} requests equal)"
