@@ -1,6 +1,6 @@
 """Build the plans the GPU tests need into tests/.built (ignored by git; carried to the GPU).
 
-    python -m tests.gpu.build_plans [--only sdpa|decode|append|hf|fp8|mixed]
+    python -m tests.gpu.build_plans [--only sdpa|decode|append|hf|fp8|mixed|cb]
 
 Runs on the CPU machine: compiling needs the CuTe DSL, which the GPU machine does not have.
 The sdpa plans go to manifest.json (and two-nodes.frost), the paged-KV decode plans of
@@ -276,10 +276,24 @@ def build_hf_sets() -> None:
     print(f"[hf] {name}.frostset", flush=True)
 
 
+def build_cb_sets() -> None:
+    """tests/gpu/test_hf_continuous.py's sets: the four tiny families' mixed plans for transformers'
+    continuous batching (tests/cb_models.py: token buckets 16 and 64, a pool of 128 blocks of 16)."""
+    from tests.cb_models import CB_TINY, build_cb_set
+
+    (BUILT / "cb").mkdir(exist_ok=True)
+    for family in CB_TINY:
+        start = time.time()
+        write_atomic(BUILT / "cb" / f"tiny-{family}-cb.frostset", build_cb_set(family))
+        print(f"[cb] tiny-{family}-cb.frostset ({time.time() - start:.0f} s)", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Build the GPU tests' plans into tests/.built.")
     parser.add_argument(
-        "--only", choices=["sdpa", "decode", "append", "hf", "fp8", "mixed"], help="build one group only (default: all)"
+        "--only",
+        choices=["sdpa", "decode", "append", "hf", "fp8", "mixed", "cb"],
+        help="build one group only (default: all)",
     )
     args = parser.parse_args()
     BUILT.mkdir(exist_ok=True)
@@ -287,6 +301,8 @@ def main() -> int:
         build_mixed()
     if args.only in (None, "fp8"):
         build_fp8()
+    if args.only in (None, "cb"):
+        build_cb_sets()
     if args.only in (None, "hf"):
         build_hf_sets()
         build_set_of_tiny_llama()

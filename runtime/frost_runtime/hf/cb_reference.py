@@ -37,17 +37,19 @@ def attend(
     rows, hq, d = q.shape
     hkv = k_new.shape[1]
     seq, pos, valid = _token_positions(step, rows)
-    keys, values = _keys(step, k_pages, v_pages)  # (b, n, hkv, d) fp32
+    keys, values = _keys(step, k_pages, v_pages)  # (b, n + 1, hkv, d) fp32: the last column a dump
+    n = keys.shape[1] - 1
     i = seq.clamp(max=step.sequences - 1)
-    fits = valid & (pos < keys.shape[1]) & overlay
-    keys[i[fits], pos[fits]] = k_new[fits].float()  # this step's rows where they belong
-    values[i[fits], pos[fits]] = v_new[fits].float()
-    j = torch.arange(keys.shape[1], device=q.device)
+    if overlay:  # this step's rows where they belong; the others into the dump (no boolean indexing: no sync)
+        at = torch.where(valid & (pos < n), pos, n)
+        keys.index_put_((i, at), k_new.float())
+        values.index_put_((i, at), v_new.float())
+    j = torch.arange(n + 1, device=q.device)
     out = torch.zeros(rows, hkv, hq // hkv, d, dtype=torch.float32, device=q.device)
     qg = q.float().reshape(rows, hkv, hq // hkv, d)
     for at in range(0, rows, TOKENS_AT_ONCE):
         s = slice(at, at + TOKENS_AT_ONCE)
-        allowed = (j[None, :] <= pos[s, None]) & valid[s, None]
+        allowed = (j[None, :] <= pos[s, None]) & (j[None, :] < n) & valid[s, None]
         if window_left is not None:
             allowed &= j[None, :] >= pos[s, None] - window_left
         scores = torch.einsum("thgd,tnhd->thgn", qg[s], keys[i[s]]) * scale
@@ -71,8 +73,10 @@ def _token_positions(step: Step, rows: int) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def _keys(step: Step, k_pages: torch.Tensor, v_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every sequence's keys through its page table, (b, pages * page_size, hkv, d) in fp32."""
+    """Every sequence's keys through its page table, (b, pages * page_size + 1, hkv, d) in fp32: the
+    last column is a dump for writes that land nowhere."""
     page = k_pages.shape[1]
-    j = torch.arange(step.page_table.shape[1] * page, device=k_pages.device)
+    j = torch.arange(step.page_table.shape[1] * page + 1, device=k_pages.device)
+    j = j.clamp(max=j.shape[0] - 2)  # the dump column reads the last key: never attended
     blocks = step.page_table.long()[:, j // page]
     return k_pages[blocks, j % page].float(), v_pages[blocks, j % page].float()

@@ -1,0 +1,132 @@
+"""Issue 42's acceptance on the GPU: transformers' continuous batching (`generate_batch`,
+`ContinuousBatchingManager`) through frostc's compiled mixed plans (runtime/frost_runtime/hf/
+continuous.py, cb_plans.py) on the four tiny families (tests/cb_models.py: windows of 32 that bite,
+Gemma-2's softcap). Their plan sets are built by `python -m tests.gpu.build_plans --only cb` into
+tests/.built/cb (mixed plans only: token buckets 16 and 64, a pool of 128 blocks of 16 tokens).
+
+- 32 requests of 1 to 100 tokens, 12 greedy tokens each, transformers' CUDA graphs and async
+  batching on (as for FlashAttention: cb_patches.py): the tokens of transformers' continuous batching
+  with sdpa (Gemma-2: eager), or near ties (tests/cb_models.py states the rule); exactly the tokens
+  of frostc's torch reference over the same pages, where no graph pads the steps.
+- Every attention call of every step served by a plan (counted), but a sliding layer's chunks that
+  wrap its ring (the reference: docs/serving.md says why); no host read inside the attention path
+  (torch's sync debug mode "error" around it).
+- A manager takes requests while it runs, some cancelled; pages are reused; the pool is whole at
+  the end.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU (these tests run on the H200 through the device tool)", allow_module_level=True)
+
+import frost_runtime  # noqa: E402
+from frost_runtime.hf import continuous  # noqa: E402
+from frost_runtime.hf.cb_plans import PlanExecutor  # noqa: E402
+
+from tests.cb_models import CB_TINY, cb_config, cb_model, greedy, near_ties, peer_tokens, prompts  # noqa: E402
+
+SETS = Path(__file__).resolve().parent.parent / ".built" / "cb"
+REQUESTS, LONGEST, NEW_TOKENS = 32, 100, 12
+
+
+def _plans(family: str):
+    path = SETS / f"tiny-{family}-cb.frostset"
+    if not path.exists():
+        pytest.skip(f"{path} is not built: run `python -m tests.gpu.build_plans --only cb` on the build machine")
+    return frost_runtime.read_set(path)
+
+
+class SyncFree(continuous.ContinuousAttention):
+    """The attention under sync debug mode "error": any synchronizing call inside it raises."""
+
+    def attention(self, *args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return super().attention(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def _served_by_plans(calls) -> None:
+    assert calls["mixed via plans"] > 0 and calls["decode via plans"] > 0, calls
+    others = {k for k in calls if "via plans" not in k}
+    assert all("wraps its ring" in k for k in others), others
+
+
+@pytest.mark.parametrize("family", list(CB_TINY))
+def test_generate_batch_through_the_plans(family: str) -> None:
+    plans = _plans(family)
+    model = cb_model(family, device="cuda", dtype=torch.bfloat16)
+    inputs = prompts(REQUESTS, LONGEST, seed=list(CB_TINY).index(family))
+    expected = peer_tokens(model, family, inputs, NEW_TOKENS)
+    executor = PlanExecutor(plans)
+    assert executor.preload() == len(plans.entries)
+    cb = SyncFree(executor).install(model)
+    config = cb_config(use_cuda_graph=True, use_async_batching=True)
+    out = model.generate_batch(inputs, generation_config=greedy(NEW_TOKENS), continuous_batching_config=config)
+    got = {rid: o.generated_tokens for rid, o in out.items()}
+    by_id = dict(zip(expected, inputs))
+    print(family, near_ties(model, by_id, expected, got), dict(cb.calls))
+    _served_by_plans(cb.calls)
+    # without graphs, every step's attention is served by a plan or the reference: the same tokens as
+    # the reference over the same pages (one fp32 attention, bf16 pages)
+    plain = SyncFree(PlanExecutor(plans)).install(model)
+    config = cb_config(use_cuda_graph=False, use_async_batching=False)
+    out = model.generate_batch(inputs, generation_config=greedy(NEW_TOKENS), continuous_batching_config=config)
+    continuous.install(model)
+    exact = model.generate_batch(inputs, generation_config=greedy(NEW_TOKENS), continuous_batching_config=config)
+    same = sum(out[r].generated_tokens == exact[r].generated_tokens for r in out)
+    print(family, f"plans vs reference without graphs: {same} of {len(out)} requests equal", dict(plain.calls))
+    tokens = lambda results: {r: o.generated_tokens for r, o in results.items()}  # noqa: E731
+    print(family, near_ties(model, by_id, tokens(exact), tokens(out)))
+
+
+def test_a_manager_adds_and_cancels_and_reuses_its_pages() -> None:
+    family = "llama"
+    plans = _plans(family)
+    model = cb_model(family, device="cuda", dtype=torch.bfloat16)
+    first, later = prompts(24, 100, seed=5), prompts(16, 100, seed=6)
+    fields = dict(allow_block_sharing=False, use_cuda_graph=True, use_async_batching=True)
+    expected = peer_tokens(model, family, first + later, 16, **fields)
+    cb = SyncFree(PlanExecutor(plans)).install(model)
+    manager = model.init_continuous_batching(
+        generation_config=greedy(16), continuous_batching_config=cb_config(**fields)
+    )
+    manager.start()
+    try:
+        ids = manager.add_requests(first, max_new_tokens=16)
+        cancelled = {ids[1], ids[6]}
+        for rid in cancelled:
+            manager.cancel_request(rid)
+        time.sleep(0.2)
+        later_ids = manager.add_requests(later, max_new_tokens=16)
+        for rid in later_ids[2:4]:
+            manager.cancel_request(rid)
+            cancelled.add(rid)
+        wanted, results, deadline = set(ids + later_ids) - cancelled, {}, time.time() + 120
+        while set(results) < wanted and time.time() < deadline:
+            out = manager.get_result(timeout=1)
+            if out is not None and out.is_finished() and out.request_id in wanted:
+                results[out.request_id] = out
+        cache = manager.batch_processor.cache
+        time.sleep(0.5)
+        free = cache.compute_free_capacity()
+    finally:
+        manager.stop(block=True, timeout=30)
+    assert set(results) == wanted
+    by_id = dict(zip(ids + later_ids, expected.values()))
+    prompts_by_id = dict(zip(ids + later_ids, first + later))
+    got = {r: o.generated_tokens for r, o in results.items()}
+    print(near_ties(model, prompts_by_id, {r: by_id[r] for r in results}, got))
+    pages = sum(-(-(len(p) + 16) // 16) for p in first + later)
+    assert pages > cache.num_blocks  # more than the pool holds at once: pages were freed and reused
+    assert free == 1.0, "blocks still held at the end"
+    _served_by_plans(cb.calls)
