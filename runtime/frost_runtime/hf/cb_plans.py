@@ -46,6 +46,7 @@ class PlanExecutor:
         self._load = load if load is not None else plans.load
         self._kinds = kinds_by_layer(plans)
         self._loaded: dict[str, tuple[object, object]] = {}  # set key -> (plan, its workspace)
+        self._slots: dict[str, dict] = {}  # set key -> its slots by name (capacities, from the set)
         self._warned: set[str] = set()
 
     def preload(self) -> int:
@@ -64,8 +65,7 @@ class PlanExecutor:
         if key is None:
             return self._fall_back(call, why)
         plan, workspace = self._plan(key)
-        slots = {s.name: s for s in _slots(plan)}
-        buffers = _buffers(call, slots)
+        buffers = _buffers(call, self._slots_of(key))
         plan.execute(*(buffers[name] for name in plan.slots), workspace=workspace)
         return buffers["o"][: call.step.rows], "plans"
 
@@ -77,10 +77,15 @@ class PlanExecutor:
             key = self.plans.select(PHASE, info.kind, call.step.rows)
         except (KeyError, ValueError) as exc:
             return None, str(exc).strip("'\"")
-        sequences = _slots_of(self.plans, key)["cu_q"].dims[0] - 1
+        sequences = self._slots_of(key)["cu_q"].dims[0] - 1
         if call.step.sequences > sequences:
             return None, f"{call.step.sequences} sequences, over the bucket's {sequences} (--cb-requests)"
         return key, ""
+
+    def _slots_of(self, key: str) -> dict:
+        if key not in self._slots:
+            self._slots[key] = {s.name: s for s in self.plans.plan_data(key).slots}
+        return self._slots[key]
 
     def _plan(self, key: str):
         if key not in self._loaded:
@@ -121,14 +126,6 @@ def check_call(plans: PlanSet, info: KindInfo, call: LayerCall) -> None:
             + "; ".join(problems)
             + ": build the set from this model's config (frostc from-config)"
         )
-
-
-def _slots(plan):
-    return plan.data.slots
-
-
-def _slots_of(plans: PlanSet, key: str) -> dict:
-    return {s.name: s for s in plans.plan_data(key).slots}
 
 
 def _buffers(call: LayerCall, slots: dict) -> dict[str, torch.Tensor]:
