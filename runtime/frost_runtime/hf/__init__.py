@@ -37,6 +37,16 @@ The modules, along vLLM's attention-backend seams (backend, metadata builder, im
 - reference.py: the fp32 torch reference the fallbacks compute;
 - cache.py: HF's cache class, `FrostcCache`;
 - decode_graph.py: `DecodeGraph`, a decode step as one CUDA graph.
+
+transformers' continuous batching (`generate_batch`, `ContinuousBatchingManager`) has its own modules,
+along the same seams (docs/serving.md, "Continuous batching in transformers"):
+- continuous.py: `ContinuousAttention`, `install`: the attention under "frostc_cb", each call one
+  mixed step over transformers' pool, and the reference executor;
+- cb_patches.py: the two hooks that make transformers accept the name as mask-free;
+- cb_cache.py: transformers' pool as frostc's paged cache, by strides;
+- cb_step.py: a step's cu_seqlens_q, seq_len_kv and page tables from transformers' own tensors;
+- cb_plans.py: the plan executor (the set's mixed plans by token bucket);
+- cb_reference.py: the fp32 torch reference over the pages in place.
 """
 
 from frost_runtime.hf.backend import NAME, FrostcAttention, install

@@ -66,9 +66,10 @@ class LayerCall:
 
     @property
     def wraps_ring(self) -> bool:
-        """Whether a chunk of this step may write over ring slots that its own earlier queries
-        still read (a sliding group, a chunk of 2+ queries, keys past the window): told from the
-        host's integers only, conservatively."""
+        """Whether a chunk of this step writes over ring slots its own earlier queries still read:
+        a sliding group, a sequence with n >= 2 queries and past + n > window. That is exactly
+        transformers' host-side max_length_k (n + min(past, window - 1) per sequence) over the
+        window; under CUDA graphs transformers pads it, and the answer errs towards yes."""
         if self.geo.window is None or self.step.all_decode:
             return False
         return self.step.max_seqlen_k is None or self.step.max_seqlen_k > self.geo.window
