@@ -73,13 +73,17 @@ def _plans(row: Row) -> dict[str, tuple[str, int, int]]:
     decode_tokens = row.batch * max(row.q_lens)
     out = {}
     if row.peer == "paged" or row.peer == "":
-        out["mixed (decode bucket)"] = (f"mixed-b{row.batch}-t{decode_tokens}-q{max(row.q_lens)}-p{row.page}x{row.max_pages}",
-                                        decode_tokens, max(row.q_lens))  # fmt: skip
+        name = f"mixed-b{row.batch}-t{decode_tokens}-q{max(row.q_lens)}-p{row.page}x{row.max_pages}"
+        out["mixed (decode bucket)"] = (name, decode_tokens, max(row.q_lens))
     if sum(row.q_lens) <= SERVING_TOKENS:
-        out["mixed (serving bucket)"] = (f"mixed-b{row.batch}-t{SERVING_TOKENS}-p{row.page}x{row.max_pages}", SERVING_TOKENS,
-                                         SERVING_TOKENS)  # fmt: skip
+        name = f"mixed-b{row.batch}-t{SERVING_TOKENS}-p{row.page}x{row.max_pages}"
+        out["mixed (serving bucket)"] = (name, SERVING_TOKENS, SERVING_TOKENS)
     if row.peer == "paged":
-        out["paged decode plan"] = (f"paged-b{row.batch}-n{row.q_lens[0]}-p{row.page}x{row.max_pages}", 0, row.q_lens[0])
+        out["paged decode plan"] = (
+            f"paged-b{row.batch}-n{row.q_lens[0]}-p{row.page}x{row.max_pages}",
+            0,
+            row.q_lens[0],
+        )
     if row.peer == "packed":
         out["packed plan"] = (f"packed-b{row.batch}-t{sum(row.q_lens)}", sum(row.q_lens), max(row.q_lens))
     if "chunk" in row.name:  # a decode bucket takes at most 4 queries a sequence

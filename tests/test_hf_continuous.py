@@ -222,7 +222,7 @@ def test_outside_continuous_batching_the_name_is_refused() -> None:
 
 def test_the_name_is_accepted_as_mask_free() -> None:
     """transformers' checks (cb_patches.py): accepted, not switched away, graphs and async batching
-    chosen as for FlashAttention (on where there is a graph backend), no masks built."""
+    chosen as for FlashAttention (graphs aside: the next test), no masks built."""
     from transformers.generation.continuous_batching import initialization
     from transformers.generation.continuous_batching.utils import attn_mask_is_needed
 
@@ -235,6 +235,25 @@ def test_the_name_is_accepted_as_mask_free() -> None:
     assert not initialization.is_flash_attention_requested(model.config, version=[2, 3])  # no fast path
     assert not attn_mask_is_needed(model.config)
     manager.destroy() if hasattr(manager, "destroy") else None
+
+
+def test_cuda_graphs_stay_off_for_the_name(monkeypatch) -> None:
+    """Replayed graph steps gave wrong tokens on the GPU (docs/serving.md, Status): graphs are off for
+    frostc's name even where a graph backend exists, with a warning when they were asked for; other
+    names keep transformers' choice."""
+    from transformers.generation.continuous_batching import continuous_api, initialization
+
+    monkeypatch.setattr(initialization, "get_accelerator_graph_name", lambda: "cuda")
+    model = cb_model("llama")
+    continuous.install(model)
+    resolve = continuous_api.resolve_continuous_batching_config
+    device = torch.device("cpu")
+    with pytest.warns(UserWarning, match="CUDA graphs are off"):
+        asked = resolve(model.config, cb_config(use_cuda_graph=True), None, False, device)
+    assert asked.use_cuda_graph == (False, False)
+    assert resolve(model.config, cb_config(), None, False, device).use_cuda_graph == (False, False)
+    model.set_attn_implementation("sdpa")
+    assert any(resolve(model.config, cb_config(use_cuda_graph=True), None, False, device).cuda_graph_booleans)
 
 
 def test_a_manager_takes_requests_while_running_cancels_some_and_reuses_its_pages() -> None:

@@ -10,6 +10,10 @@ Everything else already treats a registered attention as mask-free: the step's i
 only for "paged|eager" and "sdpa" (`attn_mask_is_needed`), and the attention gets `cu_seq_lens_q`
 and the cache's index tensors.
 
+A third hook keeps transformers' CUDA graphs off for these names, for now: on the H100 (2026-12-05)
+a replayed step gave wrong tokens with frostc's plans and with its torch reference alike, while the
+same steps without graphs (async batching on or off) gave sdpa's tokens (docs/serving.md, "Status").
+
 Naming frostc's attention "...flash..." is not the way: `set_attn_implementation` sends a flash
 name that is not FlashAttention 2/3/4 to the Hugging Face Hub kernel loader, which fails for a
 name that is not a Hub repository. So frostc registers "frostc_cb" and, here, makes the two checks
@@ -21,7 +25,13 @@ of `attn_mask_is_needed`), or a flag the registration declares (docs/serving.md)
 from __future__ import annotations
 
 import functools
+import warnings
 
+GRAPHS_OFF = (
+    "frostc: transformers' CUDA graphs are off for continuous batching through frostc's attention: a "
+    "replayed step's metadata is not yet right (docs/serving.md, Status); async batching is unchanged. "
+    "Pass use_cuda_graph=False to silence this"
+)
 MASK_FREE: set[str] = set()  # attention names continuous batching treats as mask-free (flash-like)
 _PATCHED = False
 
@@ -42,6 +52,9 @@ def _patch() -> None:
     manager.switch_to_cb_friendly_attn = _keep_mask_free(manager.switch_to_cb_friendly_attn)
     for module in (initialization, cache):  # the defaults for graphs and async batching; the memory plan
         module.is_flash_attention_requested = _or_mask_free(module.is_flash_attention_requested)
+    continuous_api.resolve_continuous_batching_config = _without_graphs(
+        continuous_api.resolve_continuous_batching_config
+    )
     _PATCHED = True
 
 
@@ -69,3 +82,19 @@ def _or_mask_free(is_flash):
         return is_flash(config, requested_attention_implementation, version)
 
     return is_flash_attention_requested
+
+
+def _without_graphs(resolve):
+    """transformers' config resolution, then CUDA graphs off for a mask-free name (warned when the
+    caller asked for them)."""
+
+    @functools.wraps(resolve)
+    def resolve_continuous_batching_config(config, cb_config, *args, **kwargs):
+        resolved = resolve(config, cb_config, *args, **kwargs)
+        if config._attn_implementation in MASK_FREE and any(resolved.cuda_graph_booleans):
+            if any(cb_config.cuda_graph_booleans):
+                warnings.warn(GRAPHS_OFF, stacklevel=3)
+            resolved.use_cuda_graph = (False, False)
+        return resolved
+
+    return resolve_continuous_batching_config
