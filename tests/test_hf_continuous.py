@@ -237,6 +237,33 @@ def test_the_name_is_accepted_as_mask_free() -> None:
     manager.destroy() if hasattr(manager, "destroy") else None
 
 
+def test_a_step_is_shared_within_a_forward_but_never_across_a_capture(monkeypatch) -> None:
+    """transformers warms a graph up with an eager forward and then captures the same forward (the
+    same kwargs): the captured one must build its own step, or the graph holds no metadata and every
+    replay reads the warm-up's page tables (what the H100 run showed)."""
+    built = []
+    monkeypatch.setattr(cb_step, "build", lambda kwargs, geo, max_pages, rows: built.append(rows) or object())
+    capturing = [False]
+    monkeypatch.setattr(continuous, "_capturing", lambda t: capturing[0])
+    attention = continuous.ContinuousAttention(max_pages=4)
+    geo = type("Geo", (), {"index": 0})()
+    kwargs = {"cu_seq_lens_q": torch.tensor([0, 3])}
+    layers = lambda: [attention._step(kwargs, geo, None, 3) for _ in range(3)]  # noqa: E731
+    eager = layers()
+    capturing[0] = True
+    captured = layers()
+    assert len(built) == 2, "one build per forward: the warm-up's, then the capture's own"
+    assert len({id(s) for s in eager}) == 1 and len({id(s) for s in captured}) == 1 and eager[0] is not captured[0]
+    capturing[0] = False
+    layers()
+    assert len(built) == 3, "after the capture, an eager forward builds again"
+    layers()
+    assert len(built) == 3
+    kwargs = {"cu_seq_lens_q": torch.tensor([0, 3])}  # the next step's kwargs
+    layers()
+    assert len(built) == 4
+
+
 def test_cuda_graphs_stay_off_for_the_name(monkeypatch) -> None:
     """Replayed graph steps gave wrong tokens on the GPU (docs/serving.md, Status): graphs are off for
     frostc's name even where a graph backend exists, with a warning when they were asked for; other

@@ -12,7 +12,10 @@ and the cache's index tensors.
 
 A third hook keeps transformers' CUDA graphs off for these names, for now: on the H100 (2026-12-05)
 a replayed step gave wrong tokens with frostc's plans and with its torch reference alike, while the
-same steps without graphs (async batching on or off) gave sdpa's tokens (docs/serving.md, "Status").
+same steps without graphs (async batching on or off) gave sdpa's tokens (docs/serving.md). The cause,
+found after that run: the step's metadata, built by transformers' eager warm-up forward, was shared
+with the captured forward (same kwargs), so the graph held none of it. Fixed in continuous.py; the
+hook stays until a GPU run shows the fix (`ALLOW_GRAPHS`).
 
 Naming frostc's attention "...flash..." is not the way: `set_attn_implementation` sends a flash
 name that is not FlashAttention 2/3/4 to the Hugging Face Hub kernel loader, which fails for a
@@ -32,6 +35,9 @@ GRAPHS_OFF = (
     "replayed step's metadata is not yet right (docs/serving.md, Status); async batching is unchanged. "
     "Pass use_cuda_graph=False to silence this"
 )
+# True where the graph fix (continuous.py: a step never shared across a capture's edge) is to be
+# tried: bench/cb_graphs_probe.py sets it. It becomes the default once that fix passes on a GPU.
+ALLOW_GRAPHS = False
 MASK_FREE: set[str] = set()  # attention names continuous batching treats as mask-free (flash-like)
 _PATCHED = False
 
@@ -91,7 +97,7 @@ def _without_graphs(resolve):
     @functools.wraps(resolve)
     def resolve_continuous_batching_config(config, cb_config, *args, **kwargs):
         resolved = resolve(config, cb_config, *args, **kwargs)
-        if config._attn_implementation in MASK_FREE and any(resolved.cuda_graph_booleans):
+        if not ALLOW_GRAPHS and config._attn_implementation in MASK_FREE and any(resolved.cuda_graph_booleans):
             if any(cb_config.cuda_graph_booleans):
                 warnings.warn(GRAPHS_OFF, stacklevel=3)
             resolved.use_cuda_graph = (False, False)

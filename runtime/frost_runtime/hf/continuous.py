@@ -108,7 +108,7 @@ class ContinuousAttention:
         self.max_pages = max_pages or getattr(self.executor, "max_pages", None)
         self.calls: Counter[str] = Counter()
         self._geometry: dict[int, tuple[object, GroupGeometry]] = {}  # id(allocator) -> (it, its layout)
-        self._steps: dict[int, tuple[torch.Tensor, Step]] = {}  # allocator index -> (cu_seq_lens_q, step)
+        self._steps: dict[int, tuple[torch.Tensor, bool, Step]] = {}  # allocator index -> (cu_q, capturing, step)
 
     def install(self, model=None) -> ContinuousAttention:
         """Register under `self.name` (mask-free for continuous batching); switch `model` to it."""
@@ -193,13 +193,17 @@ class ContinuousAttention:
 
     def _step(self, kwargs: dict, geo: GroupGeometry, module, rows: int) -> Step:
         """The step's metadata for the group: built by its first layer of the forward, then shared
-        (the forward's `cu_seq_lens_q` is one tensor object for every layer; a new step has another)."""
+        (the forward's `cu_seq_lens_q` is one tensor object for every layer; a new step has another).
+        Never shared across a graph capture's edge: transformers runs a forward eagerly and then
+        captures the same one, with the same kwargs; a step built by the eager one would leave the
+        metadata out of the graph, and every replay would read the warm-up step's page tables."""
         cu_q = kwargs["cu_seq_lens_q"]
+        capturing = _capturing(cu_q)
         known = self._steps.get(geo.index)
-        if known is not None and known[0] is cu_q:
-            return known[1]
+        if known is not None and known[0] is cu_q and known[1] == capturing:
+            return known[2]
         step = cb_step.build(kwargs, geo, self._max_pages(module, geo), rows)
-        self._steps[geo.index] = (cu_q, step)
+        self._steps[geo.index] = (cu_q, capturing, step)
         return step
 
     def _max_pages(self, module, geo: GroupGeometry) -> int:
@@ -213,6 +217,11 @@ class ContinuousAttention:
     def _count(self, key: str) -> None:
         if not torch.compiler.is_compiling():  # a count under dynamo would be baked into the graph
             self.calls[key] += 1
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether the current stream of `t`'s device is capturing a CUDA graph."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def install(
