@@ -326,13 +326,12 @@ def mixed_entries(kinds: tuple[LayerKind, ...], dep: Deployment) -> list[PlanEnt
     entries = []
     for kind in kinds:
         owning = [name for name, layers in groups.items() if set(kind.layers) & set(layers)]
+        pool = (blocks[owning[0]], len(groups[owning[0]]))
+        why = None
+        if len(owning) > 1:
+            why = "its layers are in both of transformers' cache groups (a window as long as the cache)"
         for tokens in sorted(dep.cb.tokens):
             key = f"{kind.name}-mixed-t{tokens}"
-            group = owning[0]
-            pool = (blocks[group], len(groups[group]))
-            why = None
-            if len(owning) > 1:
-                why = "its layers are in both of transformers' cache groups (a window as long as the cache)"
             entries.append(
                 PlanEntry(key, kind.index, "mixed", tokens, mixed_description(key, kind, dep, tokens, pool), why)
             )

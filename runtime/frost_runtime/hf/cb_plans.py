@@ -48,6 +48,7 @@ class PlanExecutor:
         self._loaded: dict[str, tuple[object, object]] = {}  # set key -> (plan, its workspace)
         self._slots: dict[str, dict] = {}  # set key -> its slots by name (capacities, from the set)
         self._warned: set[str] = set()
+        self._checked: set[int] = set()  # layers whose attention matched their kind
 
     def preload(self) -> int:
         """Load every mixed plan now (a serving process's start: no load inside a request)."""
@@ -60,7 +61,9 @@ class PlanExecutor:
         info = self._kinds.get(call.layer)
         if info is None:
             raise ValueError(f"plan set {self.plans.header.name!r} serves no layer {call.layer}")
-        check_call(self.plans, info, call)
+        if call.layer not in self._checked:  # a layer's heads, dtype, scale and mask never change
+            check_call(self.plans, info, call)
+            self._checked.add(call.layer)
         key, why = self._select(info, call)
         if key is None:
             return self._fall_back(call, why)

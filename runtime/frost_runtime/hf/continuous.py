@@ -108,6 +108,7 @@ class ContinuousAttention:
         self.max_pages = max_pages or getattr(self.executor, "max_pages", None)
         self.calls: Counter[str] = Counter()
         self._geometry: dict[int, tuple[object, GroupGeometry]] = {}  # id(allocator) -> (it, its layout)
+        self._layer_views: dict[int, tuple[object, tuple[torch.Tensor, ...]]] = {}  # layer -> (allocator, views)
         self._steps: dict[int, tuple[torch.Tensor, bool, Step]] = {}  # allocator index -> (cu_q, capturing, step)
 
     def install(self, model=None) -> ContinuousAttention:
@@ -164,8 +165,7 @@ class ContinuousAttention:
             )
         rows, d = query.shape[2], query.shape[3]
         step = self._step(kwargs, geo, module, rows)
-        k_pages, v_pages = cb_cache.layer_pages(allocator, geo, layer)
-        k_rows, v_rows = cb_cache.layer_rows(allocator, geo, layer)
+        k_pages, v_pages, k_rows, v_rows = self._views(allocator, geo, layer)
         return LayerCall(
             layer=layer,
             geo=geo,
@@ -189,6 +189,16 @@ class ContinuousAttention:
         if known is None or known[0] is not allocator:
             known = (allocator, cb_cache.geometry(allocator))
             self._geometry[id(allocator)] = known
+        return known[1]
+
+    def _views(self, allocator, geo: GroupGeometry, layer: int) -> tuple[torch.Tensor, ...]:
+        """The layer's page and row views of the pool, made at its first call (the pool is the
+        cache's for its life: a new cache, a new allocator)."""
+        known = self._layer_views.get(layer)
+        if known is None or known[0] is not allocator:
+            views = cb_cache.layer_pages(allocator, geo, layer) + cb_cache.layer_rows(allocator, geo, layer)
+            known = (allocator, views)
+            self._layer_views[layer] = known
         return known[1]
 
     def _step(self, kwargs: dict, geo: GroupGeometry, module, rows: int) -> Step:
