@@ -122,6 +122,8 @@ def script(name: str, *args: str) -> subprocess.CompletedProcess:
         ("model", ["--md FILE", "--json FILE", "--hf-compiled", "--compiled-model"]),
         ("host_overhead", []),
         ("sanitize", ["--plans", "--only", "--tools"]),
+        ("mixed", ["--md FILE", "--json FILE"]),
+        ("serve", ["--md FILE", "--json FILE", "--requests", "--attn", "--profile"]),
     ],
 )
 def test_each_script_answers_run_help(name: str, options: list[str]) -> None:

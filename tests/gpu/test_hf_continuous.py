@@ -4,10 +4,10 @@ continuous.py, cb_plans.py) on the four tiny families (tests/cb_models.py: windo
 Gemma-2's softcap). Their plan sets are built by `python -m tests.gpu.build_plans --only cb` into
 tests/.built/cb (mixed plans only: token buckets 16 and 64, a pool of 128 blocks of 16 tokens).
 
-- 32 requests of 1 to 100 tokens, 12 greedy tokens each, async batching on (transformers' CUDA
-  graphs stay off for frostc's name: replayed steps gave wrong tokens, cb_patches.py): the tokens of
-  transformers' continuous batching with sdpa (Gemma-2: eager), or near ties (tests/cb_models.py
-  states the rule); exactly the tokens of frostc's torch reference over the same pages.
+- 32 requests of 1 to 100 tokens, 12 greedy tokens each, async batching on, with and without
+  transformers' CUDA graphs: the tokens of transformers' continuous batching with sdpa (Gemma-2:
+  eager), or near ties (tests/cb_models.py states the rule); without graphs, exactly the tokens of
+  frostc's torch reference over the same pages.
 - Every attention call of every step served by a plan (counted), but a sliding layer's chunks that
   wrap its ring (the reference: docs/serving.md says why); no host read inside the attention path
   (torch's sync debug mode "error" around it).
@@ -28,7 +28,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU (these tests run on the H200 through the device tool)", allow_module_level=True)
 
 import frost_runtime  # noqa: E402
-from frost_runtime.hf import continuous  # noqa: E402
+from frost_runtime.hf import cb_patches, continuous  # noqa: E402
 from frost_runtime.hf.cb_plans import PlanExecutor  # noqa: E402
 
 from tests.cb_models import CB_TINY, cb_config, cb_model, greedy, near_ties, peer_tokens, prompts  # noqa: E402
@@ -58,11 +58,15 @@ class SyncFree(continuous.ContinuousAttention):
 def _served_by_plans(calls) -> None:
     assert calls["mixed via plans"] > 0 and calls["decode via plans"] > 0, calls
     others = {k for k in calls if "via plans" not in k}
+    # a sliding layer's chunks that wrap its ring go to the reference; under graphs transformers pads
+    # max_length_k, so a sliding layer's mixed steps all do (docs/serving.md)
     assert all("wraps its ring" in k for k in others), others
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("family", list(CB_TINY))
-def test_generate_batch_through_the_plans(family: str) -> None:
+def test_generate_batch_through_the_plans(family: str, graphs: bool, monkeypatch) -> None:
+    monkeypatch.setattr(cb_patches, "ALLOW_GRAPHS", graphs)
     plans = _plans(family)
     model = cb_model(family, device="cuda", dtype=torch.bfloat16)
     inputs = prompts(REQUESTS, LONGEST, seed=list(CB_TINY).index(family))
@@ -70,12 +74,14 @@ def test_generate_batch_through_the_plans(family: str) -> None:
     executor = PlanExecutor(plans)
     assert executor.preload() == len(plans.entries)
     cb = SyncFree(executor).install(model)
-    config = cb_config(use_async_batching=True)  # graphs stay off (cb_patches.py)
+    config = cb_config(use_cuda_graph=graphs, use_async_batching=True)
     out = model.generate_batch(inputs, generation_config=greedy(NEW_TOKENS), continuous_batching_config=config)
     got = {rid: o.generated_tokens for rid, o in out.items()}
     by_id = dict(zip(expected, inputs))
-    print(family, near_ties(model, by_id, expected, got), dict(cb.calls))
+    print(family, "graphs" if graphs else "eager", near_ties(model, by_id, expected, got), dict(cb.calls))
     _served_by_plans(cb.calls)
+    if graphs:
+        return
     # without graphs, every step's attention is served by a plan or the reference: the same tokens as
     # the reference over the same pages (one fp32 attention, bf16 pages)
     plain = SyncFree(PlanExecutor(plans)).install(model)

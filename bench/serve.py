@@ -1,0 +1,331 @@
+"""transformers' continuous batching (`model.generate_batch`) on a Llama-3-8B-shaped model with
+frostc's mixed plans as its attention, beside FlashAttention-4 and sdpa in the same run (issue 42).
+
+    python bench/serve.py build      # CPU machine: the mixed plan set, into bench/.built/serve
+    python bench/serve.py run [--requests 64,256] [--attn frostc,flash_attention_4,sdpa] [--profile]
+                              [--md FILE] [--json FILE]     # GPU machine
+
+The job (issue 42's): Llama-3-8B's shapes, random bf16 weights (no Hub); N requests of random token
+ids whose prompt lengths are log-normal (median ~450, at most 4096: 64 requests hold ~44k prompt
+tokens); 128 greedy new tokens each (no end token, so every request generates all of them). Every
+attention runs under one `ContinuousBatchingConfig` (pages of 256 tokens, a pool of 1024 blocks,
+8192 tokens a step: transformers' default step budget); graphs and async batching as transformers
+decides them for the attention (on for the mask-free kinds: frostc and FlashAttention-4; off for
+sdpa). frostc's set holds one mixed plan per token bucket (64 to 8192: transformers pads a step's
+queries to a multiple of 64 under graphs).
+
+Per attention and request count: the wall of the first call (plans loaded, graphs captured, JIT
+for FlashAttention-4) and of a warm second call; generated and total tokens/s; how frostc's calls
+were served. The job's floor: its prefill FLOPs over the bf16 GEMM rate measured in the run, plus
+128 steps that each read the weights at the read ceiling measured in the run. `--profile` adds a
+profile of a warm 64-request call per attention: GPU time by kernel family and the idle share.
+FlashAttention-4 joins where `flash_attn.cute` imports (../shared/tools/fa4-peer).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import random
+import sys
+import time
+from collections import Counter
+
+import common
+
+BUILT = common.BUILT / "serve"
+SET = BUILT / "llama3-8b-cb.frostset"
+
+PAGE = 256  # ContinuousBatchingConfig.page_size (transformers' default)
+BLOCKS = 1024  # num_blocks: 262,144 tokens of pool, 32 GiB for this shape
+STEP_TOKENS = 8192  # max_batch_tokens: transformers' default
+BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, STEP_TOKENS)
+NEW_TOKENS = 128
+MEDIAN_PROMPT, SIGMA, LONGEST = 500, 0.92, 4096  # 64 requests: 43.9k prompt tokens, median 451
+ATTENTIONS = ("frostc", "flash_attention_4", "sdpa")
+
+
+def config() -> dict:
+    from tests.model_configs import LLAMA3_8B
+
+    return LLAMA3_8B
+
+
+# ---------------------------------------------------------------------------- build (CPU)
+
+
+def build() -> int:
+    from frostc.buildset import build_set
+    from frostc.models import read_model
+    from frostc.planfile import write_atomic
+    from frostc.serving import CB_MAX_REQUESTS, ContinuousBatching, deployment
+
+    BUILT.mkdir(parents=True, exist_ok=True)
+    model = read_model(config())
+    cb = ContinuousBatching(BUCKETS, CB_MAX_REQUESTS, BLOCKS)
+    dep = deployment(model, batch_sizes=(1,), page_size=PAGE, cb=cb)
+    start = time.perf_counter()
+    result = build_set(model, dep, name="llama3-8b-cb", phases=("mixed",))
+    write_atomic(SET, result.data)
+    print(f"{SET.name}: {result.plans} plans, {len(result.data):,} bytes ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+# ---------------------------------------------------------------------------- the job
+
+
+def prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """Log-normal prompt lengths (median MEDIAN_PROMPT, at most LONGEST) of random token ids."""
+    rng = random.Random(seed)
+    lengths = [min(LONGEST, max(8, round(rng.lognormvariate(math.log(MEDIAN_PROMPT), SIGMA)))) for _ in range(count)]
+    return [[rng.randrange(1, vocab) for _ in range(n)] for n in lengths]
+
+
+def floor_s(prompt_lengths: list[int], gemm_flops: float, read_bytes_per_s: float, weight_bytes: int) -> float:
+    """The job's floor: the prefill's FLOPs (weights and causal attention) at the GEMM rate, plus
+    NEW_TOKENS steps that each read every weight at the read ceiling."""
+    c = config()
+    layers, head_dim = c["num_hidden_layers"], c["hidden_size"] // c["num_attention_heads"]
+    weight_flops = 2 * (weight_bytes // 2) * sum(prompt_lengths)
+    attention_flops = sum(2 * 2 * c["num_attention_heads"] * head_dim * n * n / 2 * layers for n in prompt_lengths)
+    return (weight_flops + attention_flops) / gemm_flops + NEW_TOKENS * weight_bytes / read_bytes_per_s
+
+
+def _model():
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in config().items() if k not in ("model_type", "torch_dtype", "architectures")}
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **fields), dtype=torch.bfloat16)
+    return model.eval()
+
+
+def _cb_config():
+    from transformers.generation import ContinuousBatchingConfig
+
+    return ContinuousBatchingConfig(
+        page_size=PAGE, num_blocks=BLOCKS, max_batch_tokens=STEP_TOKENS, auto_switch_to_flash=False
+    )
+
+
+def _generation():
+    from transformers import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=-1)
+
+
+def _job(model, inputs) -> tuple[float, int]:
+    """One generate_batch call: its wall (s) and the tokens it generated."""
+    import torch
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = model.generate_batch(inputs, generation_config=_generation(), continuous_batching_config=_cb_config())
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    generated = sum(len(o.generated_tokens) for o in out.values())
+    if len(out) != len(inputs) or generated != len(inputs) * NEW_TOKENS:
+        raise RuntimeError(f"{len(out)} of {len(inputs)} requests answered, {generated} tokens generated")
+    return wall, generated
+
+
+def _use(model, attention: str):
+    """Switch `model` to `attention`; frostc's object (its call counts) or None."""
+    import frost_runtime
+    from frost_runtime.hf import continuous
+
+    if attention != "frostc":
+        model.set_attn_implementation(attention)
+        return None
+    cb = continuous.install(model, frost_runtime.read_set(SET))
+    start = time.perf_counter()
+    loaded = cb.executor.preload()
+    print(f"frostc: {loaded} mixed plans loaded in {time.perf_counter() - start:.2f} s", flush=True)
+    return cb
+
+
+def available(attention: str) -> str | None:
+    """Why `attention` cannot run here, or None."""
+    if attention == "flash_attention_4":
+        try:
+            import flash_attn.cute  # noqa: F401
+        except ImportError as exc:
+            return f"flash_attn.cute does not import ({exc}): ../shared/tools/fa4-peer"
+    if attention == "frostc" and not SET.exists():
+        return f"{SET} is not built: python bench/serve.py build"
+    return None
+
+
+# ---------------------------------------------------------------------------- the profile
+
+FAMILIES = (  # (family, substrings of a kernel's name, lower case), first match wins
+    ("attention", ("frostc_", "flash", "fmha", "attention", "sdpa", "cudnn")),
+    ("K/V gathers and copies", ("index", "gather", "scatter", "copy", "cat", "memcpy", "memset", "fill")),
+    ("GEMMs", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "cublas", "sm90_", "splitk")),
+    ("norms, activations, elementwise", ("elementwise", "reduce", "norm", "silu", "softmax", "rsqrt", "pow", "mul")),
+)
+
+
+def family(name: str) -> str:
+    lower = name.lower()
+    return next((f for f, keys in FAMILIES if any(k in lower for k in keys)), "other")
+
+
+def profile(model, inputs) -> dict:
+    """GPU time by kernel family over one warm call, and the share of its wall the GPU was idle."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        wall, _ = _job(model, inputs)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_family: Counter[str] = Counter()
+    top: Counter[str] = Counter()
+    spans = []
+    for e in kernels:
+        us = e.time_range.end - e.time_range.start
+        by_family[family(e.name)] += us / 1e6
+        top[e.name[:90]] += us / 1e6
+        spans.append((e.time_range.start, e.time_range.end))
+    busy = _union_s(spans)
+    return {
+        "wall_s": wall,
+        "gpu_busy_s": busy,
+        "idle_share": max(0.0, 1 - busy / wall),
+        "families_s": dict(by_family.most_common()),
+        "top_kernels_s": dict(top.most_common(12)),
+    }
+
+
+def _union_s(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total / 1e6
+
+
+# ---------------------------------------------------------------------------- the run (GPU)
+
+
+def gemm_rate() -> float:
+    """bf16 FLOP/s of a large square GEMM (the prefill's ceiling)."""
+    import torch
+
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    return 2 * 8192**3 / (common.time_ms(lambda: a @ b) * 1e-3)
+
+
+def run(requests: str = "64,256", attn: str = ",".join(ATTENTIONS), profile_calls: bool = False, md=None,
+        json_path=None) -> int:  # fmt: skip
+    import torch
+
+    counts = [int(n) for n in requests.split(",")]
+    attentions = [a.strip() for a in attn.split(",")]
+    ceiling = common.read_ceiling()["bytes_per_s"]
+    gemm = gemm_rate()
+    model = _model()
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    jobs = {n: prompts(n, config()["vocab_size"], seed=n) for n in counts}
+    result = {
+        "device": common.machine(),
+        "read_ceiling_bytes_per_s": ceiling,
+        "gemm_flops": gemm,
+        "jobs": {n: {"prompt_tokens": sum(map(len, p)), "floor_s": floor_s([len(x) for x in p], gemm, ceiling,
+                                                                            weight_bytes)} for n, p in jobs.items()},
+        "rows": [],
+        "skipped": {},
+        "profiles": {},
+    }  # fmt: skip
+    print(
+        f"{result['device']}: read ceiling {ceiling / 1e12:.2f} TB/s, bf16 GEMM {gemm / 1e12:.0f} TFLOP/s", flush=True
+    )
+    for attention in attentions:
+        why = available(attention)
+        if why:
+            result["skipped"][attention] = why
+            print(f"{attention}: skipped: {why}", flush=True)
+            continue
+        cb = _use(model, attention)
+        for n, inputs in jobs.items():
+            if attention == "sdpa" and n > min(counts):
+                continue  # sdpa's 256 requests take over a minute (RESULTS has it); its 64 are the reference
+            first, generated = _job(model, inputs)
+            warm, _ = _job(model, inputs)
+            total = result["jobs"][n]["prompt_tokens"] + generated
+            row = {"attention": attention, "requests": n, "first_s": first, "warm_s": warm,
+                   "generated_per_s": generated / warm, "total_per_s": total / warm,
+                   "x_floor": warm / result["jobs"][n]["floor_s"],
+                   "calls": dict(cb.calls) if cb is not None else None}  # fmt: skip
+            result["rows"].append(row)
+            print(f"{attention} {n} requests: first {first:.2f} s, warm {warm:.2f} s, "
+                  f"{row['generated_per_s']:,.0f} generated tok/s, {row['x_floor']:.2f}x floor")  # fmt: skip
+        if profile_calls:
+            result["profiles"][attention] = profile(model, jobs[min(counts)])
+            print(f"{attention} profile: {result['profiles'][attention]}", flush=True)
+        torch.cuda.empty_cache()
+    common.publish(markdown(result), result, md, json_path)
+    return 0
+
+
+def markdown(r: dict) -> str:
+    today = datetime.date.today().isoformat()
+    lines = [
+        f"## bench/serve.py — transformers' continuous batching, Llama-3-8B shape, {today}",
+        "",
+        f"{r['device']}; read ceiling {r['read_ceiling_bytes_per_s'] / 1e12:.2f} TB/s, bf16 GEMM "
+        f"{r['gemm_flops'] / 1e12:.0f} TFLOP/s (both measured in the run). Pages of {PAGE}, {BLOCKS} blocks, "
+        f"{STEP_TOKENS} tokens a step, {NEW_TOKENS} new tokens per request.",
+        "",
+        "| attention | requests | prompt tokens | first call s | warm s | generated tok/s | total tok/s | "
+        "× floor | vs flash_attention_4 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    peer = {row["requests"]: row["generated_per_s"] for row in r["rows"] if row["attention"] == "flash_attention_4"}
+    for row in r["rows"]:
+        n = row["requests"]
+        versus = f"{row['generated_per_s'] / peer[n]:.2f}×" if n in peer else "—"
+        lines.append(
+            f"| {row['attention']} | {n} | {r['jobs'][n]['prompt_tokens']:,} | {row['first_s']:.2f} | "
+            f"{row['warm_s']:.2f} | {row['generated_per_s']:,.0f} | {row['total_per_s']:,.0f} | "
+            f"{row['x_floor']:.2f} | {versus} |"
+        )
+    lines += ["", "Floors: " + ", ".join(f"{n} requests {j['floor_s']:.2f} s" for n, j in r["jobs"].items()) + "."]
+    for attention, why in r["skipped"].items():
+        lines.append(f"- {attention}: skipped ({why})")
+    for row in r["rows"]:
+        if row["calls"]:
+            lines.append(f"- frostc's calls, {row['requests']} requests (both calls): {row['calls']}")
+    if r["profiles"]:
+        lines += ["", "| profile (warm call) | wall s | GPU busy s | idle | " + " | ".join(f for f, _ in FAMILIES)
+                  + " | other |", "|---|---:|---:|---:|" + "---:|" * (len(FAMILIES) + 1)]  # fmt: skip
+        for attention, p in r["profiles"].items():
+            shares = [p["families_s"].get(f, 0.0) for f, _ in FAMILIES] + [p["families_s"].get("other", 0.0)]
+            kernel_s = sum(shares)  # shares of the kernels' time (overlapping kernels counted apart)
+            lines.append(
+                f"| {attention} | {p['wall_s']:.2f} | {p['gpu_busy_s']:.2f} | {p['idle_share']:.0%} | "
+                + " | ".join(f"{s:.2f} s ({s / kernel_s:.0%})" for s in shares)
+                + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, commands = common.command_line(__doc__)
+    run_parser = commands["run"]
+    common.add_outputs(run_parser)
+    run_parser.add_argument("--requests", default="64,256", help="request counts, e.g. 64,256")
+    run_parser.add_argument("--attn", default=",".join(ATTENTIONS), help="attentions, in this order")
+    run_parser.add_argument(
+        "--profile", dest="profile_calls", action="store_true", help="profile a warm call of the smallest job"
+    )
+    return common.dispatch(parser, {"build": build, "run": run}, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""bench/serve.py's arithmetic on the CPU: the job's prompts, its floor, the profile's kernel
+families and busy time, and the table."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture(scope="module")
+def serve():
+    sys.path.insert(0, str(BENCH))  # serve.py imports its neighbour common.py
+    try:
+        spec = importlib.util.spec_from_file_location("serve", BENCH / "serve.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_the_job_is_seeded_and_log_normal(serve) -> None:
+    a, b = serve.prompts(64, 1000, seed=64), serve.prompts(64, 1000, seed=64)
+    lengths = sorted(len(p) for p in a)
+    assert a == b and a != serve.prompts(64, 1000, seed=65)
+    assert 8 <= lengths[0] and lengths[-1] <= serve.LONGEST
+    assert 300 < lengths[32] < 650  # the median near MEDIAN_PROMPT
+    assert all(0 < t < 1000 for p in a for t in p)
+
+
+def test_the_floor_adds_the_prefill_at_the_gemm_rate_and_the_steps_at_the_read_rate(serve) -> None:
+    weights = 2 * 10**9  # bytes: 1e9 bf16 parameters
+    prefill_only = serve.floor_s([100], gemm_flops=1e12, read_bytes_per_s=float("inf"), weight_bytes=weights)
+    c = serve.config()
+    attention = 2 * 2 * c["num_attention_heads"] * (c["hidden_size"] // c["num_attention_heads"]) * 100 * 100 / 2
+    assert prefill_only == pytest.approx((2 * 10**9 * 100 + attention * c["num_hidden_layers"]) / 1e12)
+    steps_only = serve.floor_s([100], gemm_flops=float("inf"), read_bytes_per_s=1e12, weight_bytes=weights)
+    assert steps_only == pytest.approx(serve.NEW_TOKENS * weights / 1e12)
+
+
+@pytest.mark.parametrize(
+    "name, family",
+    [
+        ("frostc_mixed_attention_kernel_0", "attention"),
+        ("flash_fwd_kernel", "attention"),
+        ("void at::native::index_elementwise_kernel<128, 4>", "K/V gathers and copies"),
+        ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>", "K/V gathers and copies"),
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "GEMMs"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMMs"),
+        ("void at::native::vectorized_elementwise_kernel<4, silu_kernel>", "norms, activations, elementwise"),
+        ("void at::native::reduce_kernel<512, 1, ...MeanOps...>", "norms, activations, elementwise"),
+        ("some_unknown_kernel", "other"),
+    ],
+)
+def test_kernels_fall_into_their_families(serve, name: str, family: str) -> None:
+    assert serve.family(name) == family
+
+
+def test_busy_time_counts_overlapping_kernels_once(serve) -> None:
+    spans = [(0.0, 10.0), (5.0, 12.0), (20.0, 25.0), (21.0, 22.0)]  # microseconds
+    assert serve._union_s(spans) == pytest.approx(17e-6)
+    assert serve._union_s([]) == 0.0
+
+
+def test_the_table_compares_each_row_with_flash_attention_4_at_its_request_count(serve) -> None:
+    row = dict(first_s=2.0, warm_s=1.0, total_per_s=1.0, x_floor=1.5, calls=None)
+    result = {
+        "device": "GPU, torch x, 2026-12-05",
+        "read_ceiling_bytes_per_s": 4e12,
+        "gemm_flops": 7e14,
+        "jobs": {64: {"prompt_tokens": 44000, "floor_s": 2.0}},
+        "rows": [
+            {**row, "attention": "flash_attention_4", "requests": 64, "generated_per_s": 1000.0},
+            {**row, "attention": "frostc", "requests": 64, "generated_per_s": 1500.0, "calls": {"mixed via plans": 9}},
+        ],
+        "skipped": {"sdpa": "not asked"},
+        "profiles": {},
+    }
+    table = serve.markdown(result)
+    assert "| frostc | 64 | 44,000 |" in table and "| 1.50× |" in table
+    assert "- sdpa: skipped (not asked)" in table and "mixed via plans" in table
