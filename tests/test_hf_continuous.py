@@ -222,7 +222,7 @@ def test_outside_continuous_batching_the_name_is_refused() -> None:
 
 def test_the_name_is_accepted_as_mask_free() -> None:
     """transformers' checks (cb_patches.py): accepted, not switched away, graphs and async batching
-    chosen as for FlashAttention (graphs aside: the next test), no masks built."""
+    chosen as for FlashAttention, no masks built."""
     from transformers.generation.continuous_batching import initialization
     from transformers.generation.continuous_batching.utils import attn_mask_is_needed
 
@@ -264,10 +264,9 @@ def test_a_step_is_shared_within_a_forward_but_never_across_a_capture(monkeypatc
     assert len(built) == 4
 
 
-def test_cuda_graphs_stay_off_for_the_name(monkeypatch) -> None:
-    """Replayed graph steps gave wrong tokens on the GPU (docs/serving.md, Status): graphs are off for
-    frostc's name even where a graph backend exists, with a warning when they were asked for; other
-    names keep transformers' choice."""
+def test_cuda_graphs_and_async_batching_are_on_by_default_for_the_name(monkeypatch) -> None:
+    """As for FlashAttention: transformers' defaults for a mask-free name where a graph backend
+    exists (replayed steps are right: the previous test); sdpa keeps them off."""
     from transformers.generation.continuous_batching import continuous_api, initialization
 
     monkeypatch.setattr(initialization, "get_accelerator_graph_name", lambda: "cuda")
@@ -275,12 +274,10 @@ def test_cuda_graphs_stay_off_for_the_name(monkeypatch) -> None:
     continuous.install(model)
     resolve = continuous_api.resolve_continuous_batching_config
     device = torch.device("cpu")
-    with pytest.warns(UserWarning, match="CUDA graphs are off"):
-        asked = resolve(model.config, cb_config(use_cuda_graph=True), None, False, device)
-    assert asked.use_cuda_graph == (False, False)
-    assert resolve(model.config, cb_config(), None, False, device).use_cuda_graph == (False, False)
+    resolved = resolve(model.config, cb_config(), None, False, device)
+    assert all(resolved.cuda_graph_booleans) and resolved.use_async_batching
     model.set_attn_implementation("sdpa")
-    assert any(resolve(model.config, cb_config(use_cuda_graph=True), None, False, device).cuda_graph_booleans)
+    assert not any(resolve(model.config, cb_config(), None, False, device).cuda_graph_booleans)
 
 
 def test_a_manager_takes_requests_while_running_cancels_some_and_reuses_its_pages() -> None:

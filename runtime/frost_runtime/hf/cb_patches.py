@@ -10,12 +10,10 @@ Everything else already treats a registered attention as mask-free: the step's i
 only for "paged|eager" and "sdpa" (`attn_mask_is_needed`), and the attention gets `cu_seq_lens_q`
 and the cache's index tensors.
 
-A third hook keeps transformers' CUDA graphs off for these names, for now: on the H100 (2026-12-05)
-a replayed step gave wrong tokens with frostc's plans and with its torch reference alike, while the
-same steps without graphs (async batching on or off) gave sdpa's tokens (docs/serving.md). The cause,
-found after that run: the step's metadata, built by transformers' eager warm-up forward, was shared
-with the captured forward (same kwargs), so the graph held none of it. Fixed in continuous.py; the
-hook stays until a GPU run shows the fix (`ALLOW_GRAPHS`).
+CUDA graphs and async batching then follow transformers' defaults for mask-free names (both on). A
+replayed step holds its own metadata: transformers warms each graph up with an eager forward and
+captures the same forward with the same arguments, and continuous.py never shares a step across a
+capture's edge (on the H100, 2026-12-05, graph-replayed steps gave the same tokens as eager ones).
 
 Naming frostc's attention "...flash..." is not the way: `set_attn_implementation` sends a flash
 name that is not FlashAttention 2/3/4 to the Hugging Face Hub kernel loader, which fails for a
@@ -28,16 +26,7 @@ of `attn_mask_is_needed`), or a flag the registration declares (docs/serving.md)
 from __future__ import annotations
 
 import functools
-import warnings
 
-GRAPHS_OFF = (
-    "frostc: transformers' CUDA graphs are off for continuous batching through frostc's attention: a "
-    "replayed step's metadata is not yet right (docs/serving.md, Status); async batching is unchanged. "
-    "Pass use_cuda_graph=False to silence this"
-)
-# True where the graph fix (continuous.py: a step never shared across a capture's edge) is to be
-# tried: bench/cb_graphs_probe.py sets it. It becomes the default once that fix passes on a GPU.
-ALLOW_GRAPHS = False
 MASK_FREE: set[str] = set()  # attention names continuous batching treats as mask-free (flash-like)
 _PATCHED = False
 
@@ -58,9 +47,6 @@ def _patch() -> None:
     manager.switch_to_cb_friendly_attn = _keep_mask_free(manager.switch_to_cb_friendly_attn)
     for module in (initialization, cache):  # the defaults for graphs and async batching; the memory plan
         module.is_flash_attention_requested = _or_mask_free(module.is_flash_attention_requested)
-    continuous_api.resolve_continuous_batching_config = _without_graphs(
-        continuous_api.resolve_continuous_batching_config
-    )
     _PATCHED = True
 
 
@@ -88,19 +74,3 @@ def _or_mask_free(is_flash):
         return is_flash(config, requested_attention_implementation, version)
 
     return is_flash_attention_requested
-
-
-def _without_graphs(resolve):
-    """transformers' config resolution, then CUDA graphs off for a mask-free name (warned when the
-    caller asked for them)."""
-
-    @functools.wraps(resolve)
-    def resolve_continuous_batching_config(config, cb_config, *args, **kwargs):
-        resolved = resolve(config, cb_config, *args, **kwargs)
-        if not ALLOW_GRAPHS and config._attn_implementation in MASK_FREE and any(resolved.cuda_graph_booleans):
-            if any(cb_config.cuda_graph_booleans):
-                warnings.warn(GRAPHS_OFF, stacklevel=3)
-            resolved.use_cuda_graph = (False, False)
-        return resolved
-
-    return resolve_continuous_batching_config
