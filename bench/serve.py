@@ -8,7 +8,7 @@ frostc's mixed plans as its attention, beside FlashAttention-4 and sdpa in the s
 The job (issue 42's): Llama-3-8B's shapes, random bf16 weights (no Hub); N requests of random token
 ids whose prompt lengths are log-normal (median ~450, at most 4096: 64 requests hold ~44k prompt
 tokens); 128 greedy new tokens each (no end token, so every request generates all of them). Every
-attention runs under one `ContinuousBatchingConfig` (pages of 256 tokens, a pool of 1024 blocks,
+attention runs under one `ContinuousBatchingConfig` (pages of 256 tokens, a pool of 512 blocks,
 8192 tokens a step: transformers' default step budget); graphs and async batching as transformers
 decides them for the attention (on for the mask-free kinds: frostc and FlashAttention-4; off for
 sdpa). frostc's set holds one mixed plan per token bucket (64 to 8192: transformers pads a step's
@@ -37,7 +37,7 @@ BUILT = common.BUILT / "serve"
 SET = BUILT / "llama3-8b-cb.frostset"
 
 PAGE = 256  # ContinuousBatchingConfig.page_size (transformers' default)
-BLOCKS = 1024  # num_blocks: 262,144 tokens of pool, 32 GiB for this shape
+BLOCKS = 512  # num_blocks: 131,072 tokens of pool, 16 GiB for this shape
 STEP_TOKENS = 8192  # max_batch_tokens: transformers' default
 BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, STEP_TOKENS)
 NEW_TOKENS = 128
@@ -106,8 +106,9 @@ def _cb_config():
     from transformers.generation import ContinuousBatchingConfig
 
     return ContinuousBatchingConfig(
-        page_size=PAGE, num_blocks=BLOCKS, max_batch_tokens=STEP_TOKENS, auto_switch_to_flash=False
-    )
+        page_size=PAGE, num_blocks=BLOCKS, max_batch_tokens=STEP_TOKENS, max_memory_percent=0.9,
+        auto_switch_to_flash=False,
+    )  # fmt: skip
 
 
 def _generation():
@@ -118,8 +119,12 @@ def _generation():
 
 def _job(model, inputs) -> tuple[float, int]:
     """One generate_batch call: its wall (s) and the tokens it generated."""
+    import gc
+
     import torch
 
+    gc.collect()  # the previous call's pool: transformers sizes its own from the memory torch holds
+    torch.cuda.empty_cache()
     torch.cuda.synchronize()
     start = time.perf_counter()
     out = model.generate_batch(inputs, generation_config=_generation(), continuous_batching_config=_cb_config())
@@ -229,7 +234,9 @@ def run(requests: str = "64,256", attn: str = ",".join(ATTENTIONS), profile_call
     attentions = [a.strip() for a in attn.split(",")]
     ceiling = common.read_ceiling()["bytes_per_s"]
     gemm = gemm_rate()
+    torch.cuda.empty_cache()  # the probes' buffers: transformers sizes its pool from what is free
     model = _model()
+    print(f"model: {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated", flush=True)
     weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
     jobs = {n: prompts(n, config()["vocab_size"], seed=n) for n in counts}
     result = {

@@ -213,6 +213,22 @@ def test_generate_batch_through_frostc_gives_the_peers_tokens(family: str) -> No
     assert set(cb.calls) == {"mixed via reference", "decode via reference"}, cb.calls
 
 
+def test_a_finished_calls_pool_is_freed() -> None:
+    """frostc keeps each pool's views only while transformers holds the cache: the next
+    generate_batch sizes its pool from free memory, which a kept pool would take (on the GPU the
+    second call of bench/serve.py was refused by transformers' memory check)."""
+    import gc
+
+    model = cb_model("llama")
+    cb = continuous.install(model)
+    for _ in range(2):
+        model.generate_batch(prompts(4, 40), generation_config=greedy(3), continuous_batching_config=cb_config())
+        gc.collect()
+        allocators = [o for o in gc.get_objects() if type(o).__name__.endswith("CacheAllocator")]
+        assert not allocators, "a finished call's cache (its pool) is still referenced"
+    assert cb.calls["mixed via reference"] > 0
+
+
 def test_outside_continuous_batching_the_name_is_refused() -> None:
     model = cb_model("llama")
     continuous.install(model)

@@ -27,8 +27,9 @@ a "flash" name: there). `calls` counts what served every call.
 from __future__ import annotations
 
 import math
+import weakref
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -96,6 +97,15 @@ class ReferenceExecutor:
         return out, "reference"
 
 
+@dataclass
+class _Pool:
+    """What frostc keeps of one cache allocator (a layer group of one cache): none of it refers
+    back to the allocator, so the pool dies with transformers' cache."""
+
+    geometry: GroupGeometry
+    views: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)  # layer -> page and row views
+
+
 class ContinuousAttention:
     """The attention transformers' continuous batching calls under `NAME`; `calls` counts what
     served each call (outside torch.compile)."""
@@ -107,8 +117,9 @@ class ContinuousAttention:
         self.name = name
         self.max_pages = max_pages or getattr(self.executor, "max_pages", None)
         self.calls: Counter[str] = Counter()
-        self._geometry: dict[int, tuple[object, GroupGeometry]] = {}  # id(allocator) -> (it, its layout)
-        self._layer_views: dict[int, tuple[object, tuple[torch.Tensor, ...]]] = {}  # layer -> (allocator, views)
+        # allocator -> its layout and its layers' views, held weakly: a finished generate_batch's
+        # cache (its pool) must be freed before the next one sizes its own from free memory
+        self._pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._steps: dict[int, tuple[torch.Tensor, bool, Step]] = {}  # allocator index -> (cu_q, capturing, step)
 
     def install(self, model=None) -> ContinuousAttention:
@@ -183,23 +194,23 @@ class ContinuousAttention:
             softcap=softcap or None,
         )
 
+    def _pool(self, allocator) -> _Pool:
+        pool = self._pools.get(allocator)
+        if pool is None:
+            pool = self._pools[allocator] = _Pool(cb_cache.geometry(allocator))
+        return pool
+
     def _layout(self, allocator) -> GroupGeometry:
         """The allocator's layout, worked out at its first call (a new cache: a new allocator)."""
-        known = self._geometry.get(id(allocator))
-        if known is None or known[0] is not allocator:
-            known = (allocator, cb_cache.geometry(allocator))
-            self._geometry[id(allocator)] = known
-        return known[1]
+        return self._pool(allocator).geometry
 
     def _views(self, allocator, geo: GroupGeometry, layer: int) -> tuple[torch.Tensor, ...]:
         """The layer's page and row views of the pool, made at its first call (the pool is the
         cache's for its life: a new cache, a new allocator)."""
-        known = self._layer_views.get(layer)
-        if known is None or known[0] is not allocator:
-            views = cb_cache.layer_pages(allocator, geo, layer) + cb_cache.layer_rows(allocator, geo, layer)
-            known = (allocator, views)
-            self._layer_views[layer] = known
-        return known[1]
+        views = self._pool(allocator).views
+        if layer not in views:
+            views[layer] = cb_cache.layer_pages(allocator, geo, layer) + cb_cache.layer_rows(allocator, geo, layer)
+        return views[layer]
 
     def _step(self, kwargs: dict, geo: GroupGeometry, module, rows: int) -> Step:
         """The step's metadata for the group: built by its first layer of the forward, then shared
