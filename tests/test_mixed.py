@@ -95,21 +95,52 @@ def test_a_decode_sized_step_splits_its_keys_and_merges_packed_partials():
     assert args["q.stride_s"].value == HQ * D and args["lse.stride_s"].value == 1  # lse stored (hq, tokens)
 
 
-def test_a_prefill_sized_step_has_a_row_block_for_every_row_its_tokens_can_fill():
-    """The grid (splits, heads_kv, each sequence's first row block + the further ones the
-    step's tokens can fill): 96 tokens of 4 query heads per KV head in blocks of 64 rows make at
-    most 6 further row blocks, however they are spread (each sequence at most 40 tokens: at most
-    2 further)."""
+def test_a_prefill_sized_step_runs_its_chunks_on_the_forward_kernel_over_the_pages():
+    """Sequences of up to 40 queries at GQA 4 may outgrow one 64-row block of the paged decode
+    kernel: the node becomes its decodes (sequences of at most 16 queries: one row block each, a
+    CTA row per sequence) and its chunks (the scheduling kernel lists the others' query blocks, the
+    forward kernel walks them reading the pages), each sequence in exactly one half."""
     plan = resolve(check(base()))
-    (attention,) = plan.launches  # enough CTAs without splitting keys
-    assert not attention.variant.split and plan.workspace_bytes == 0
-    group = HQ // HKV
-    further = min(T * group // 64, B * (-(-40 * group // 64) - 1))
-    assert (further, attention.grid) == (6, (1, HKV, B + further))
-    few = resolve(check(base(tokens=12, max_seqlen_q=12))).launches[0]  # 48 rows in all: one block each
-    assert few.grid == (1, HKV, B)
+    decodes, schedule, chunks = plan.launches  # enough CTAs without splitting keys: no combine
+    assert decodes.variant.chunks_apart and not decodes.variant.split and decodes.grid == (1, HKV, B)
+    assert schedule.variant.name == "sdpa_schedule.mixed.m128n128.causal_br" and schedule.grid == (1, 1, 1)
+    assert chunks.variant.page_size == PAGE and chunks.variant.varlen and not chunks.early
+    units = min(B * 1, (T + B * 127) // 128)  # query blocks of 128 that the step's tokens can make
+    assert chunks.grid == (units * HQ, 1, 1)
+    args = {a.param: a for a in schedule.args}
+    assert args["decode_tokens"].value == 64 // (HQ // HKV)
+    args = {a.param: a for a in chunks.args}
+    assert (args["pages"].value, args["rows_per_page"].value, args["page_table.stride_b"].value) == (
+        PAGES,
+        PAGE,
+        MAX_PAGES,
+    )
+    assert args["o.stride_b"].value == 0 and args["seq_q"].value == 40  # packed queries, at most 40 a sequence
+    names = [region.name for region in plan.workspace]
+    assert names == ["attn.chunk_sequences", "attn.chunk_tiles", "attn.chunk_tile_count"]
+    few = resolve(check(base(tokens=12, max_seqlen_q=12))).launches  # 12 queries x 4: one row block
+    assert len(few) == 1 and not few[0].variant.chunks_apart and few[0].grid == (1, HKV, B)
     contracts = {plan.slots[c.slot].name: (c.kind, c.longest, c.total) for c in plan.lengths}
     assert contracts == {"cache_len": ("lengths", MAX_PAGES * PAGE, 0), "cu_q": ("offsets", 40, T)}
+
+
+def test_an_e4m3_caches_chunks_stay_on_the_decode_kernel_in_row_blocks():
+    """The e4m3 forward kernel reads V keys innermost, which pages are not: an e4m3 cache's step
+    keeps every sequence on the paged decode kernel, a row block for every row its tokens can fill
+    (96 tokens x GQA 4 in blocks of 16 rows... of the scaled kernel's rows)."""
+    description = base()
+    for name in ("k_cache", "v_cache"):
+        description["tensors"][name]["dtype"] = "e4m3"
+    description["tensors"]["k_scale"] = {"dtype": "fp32", "dims": [HKV]}
+    description["tensors"]["v_scale"] = {"dtype": "fp32", "dims": [HKV]}
+    description["nodes"][0] |= {"k_scale": "k_scale", "v_scale": "v_scale"}
+    launches = resolve(check(description)).launches
+    assert all(launch.variant.name.startswith("sdpa_decode") for launch in launches)
+    attention = launches[0]
+    rows = attention.variant.tile_shape.rows
+    group = HQ // HKV
+    further = min(T * group // rows, B * (-(-40 * group // rows) - 1))
+    assert not attention.variant.chunks_apart and attention.grid[1:] == (HKV, B + further)
 
 
 def test_the_plan_records_a_mixed_node_and_the_runtime_reads_its_work():

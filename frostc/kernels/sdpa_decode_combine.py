@@ -65,11 +65,15 @@ class DecodeCombineVariant(Variant):
     # the mixed form, causal: a chunk's row block reads no key past its last query, so each row
     # merges only the splits up to its own position
     causal: bool = False
+    # the mixed form with its chunks apart: only sequences of at most this many query rows were
+    # split (the paged decode kernel's); the forward kernel wrote the others' rows. 0: all
+    decode_rows: int = 0
 
     @property
     def name(self) -> str:
         name = f"sdpa_decode_combine.{self.dtype}.d{self.head_dim}" + (".packed" if self.packed else "")
         name += ".causal" if self.causal else ""
+        name += f".decodes_r{self.decode_rows}" if self.decode_rows else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
@@ -113,7 +117,10 @@ class DecodeCombine(Kernel):
         row, head_kv, b = cute.arch.block_idx()
         if cutlass.const_expr(self.v.packed):  # the sequence's own rows: the others have none
             q_start, s_new = packed_span(args.packed.cu_seqlens_q, b, args.packed.tokens, args.s_new)
-            if row < s_new * args.group:
+            rows = s_new * args.group
+            if cutlass.const_expr(self.v.decode_rows > 0):  # a chunk's rows are not this launch's
+                rows = cutlass.select_(rows > self.v.decode_rows, 0, rows)
+            if row < rows:
                 self._combine(args, row, head_kv, b, s_new, q_start)
         else:
             self._combine(args, row, head_kv, b, args.s_new, None)
@@ -141,7 +148,7 @@ class DecodeCombine(Kernel):
         # `_partial_index`)
         stride = rows
         first = (cutlass.Int64(b) * args.heads_kv + head_kv) * splits * rows + row
-        if cutlass.const_expr(self.v.packed):
+        if cutlass.const_expr(self.v.packed and self.v.decode_rows == 0):  # else `rows` a sequence
             heads_q = args.heads_kv * group
             stride = cutlass.Int64(args.packed.tokens) * heads_q
             first = cutlass.Int64(q_start + row // group) * heads_q + head_kv * group + row % group

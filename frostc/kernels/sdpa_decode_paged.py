@@ -218,6 +218,10 @@ class PagedDecodeVariant(Variant):
     # the mixed form: q, o and lse (tokens, h, d) packed, sequence b's queries from cu_seqlens_q,
     # each sequence's own count of them (`s_new` the most); else (b, h, s_new, d)
     packed: bool = False
+    # the mixed form with its chunks apart: this kernel takes only the sequences whose query rows
+    # fit one row block (decodes, speculative steps), one CTA row each (grid z = batch); the
+    # forward kernel over the pages takes the others (`sdpa_fwd_wgmma`, `page_size`)
+    chunks_apart: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -231,6 +235,7 @@ class PagedDecodeVariant(Variant):
         kv += ".r8" if self.few_rows else ""
         name = f"sdpa_decode_paged.{self.dtype}{kv}.d{self.head_dim}.p{self.page_size}.{mask}"
         name += ".packed" if self.packed else ""
+        name += ".decodes" if self.chunks_apart else ""
         return name + (".split" if self.split else "") + (".lse" if self.has_lse and not self.split else "")
 
     @property
@@ -243,6 +248,8 @@ class PagedDecodeVariant(Variant):
 
     @property
     def grid_rule(self) -> str:
+        if self.chunks_apart:
+            return f"(splits, heads_kv, batch): the sequences of at most {self.tile_shape.rows} query rows"
         if self.packed:  # each sequence's first row block, then the further ones of the chunks
             return f"(splits, heads_kv, batch + min(tokens * group // {self.tile_shape.rows}, further capacity))"
         return f"(splits, heads_kv * ceil(s_new * group / {self.tile_shape.rows}), batch)"
@@ -463,7 +470,10 @@ class PagedDecode(Kernel):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
         t = self.tiles
-        if cutlass.const_expr(self.variant.packed):
+        if cutlass.const_expr(self.variant.chunks_apart):
+            split, head_kv, b = self._work_of(cute.arch.block_idx(), sizes.heads_kv, sizes.splits)
+            row_block = cutlass.Int32(0)
+        elif cutlass.const_expr(self.variant.packed):
             split, head_kv, b = self._work_of(cute.arch.block_idx(), sizes.heads_kv, sizes.splits)
             b, row_block = self._row_block_of(b, sizes, args.packed, tidx)
         else:
@@ -476,6 +486,8 @@ class PagedDecode(Kernel):
         if cutlass.const_expr(self.variant.packed):  # the sequence's own queries
             q_start, s_new = packed_span(args.packed.cu_seqlens_q, b, args.packed.tokens, sizes.s_new)
             rows = s_new * sizes.group
+            if cutlass.const_expr(self.variant.chunks_apart):  # a chunk: the forward kernel's
+                row_block = cutlass.select_(rows > t.rows, -1, row_block)
         origin = cutlass.Int32(0)
         if cutlass.const_expr(self.variant.window):
             origin = key_origin(kv_len, s_new, sizes.window_left, t.block_n)
@@ -818,12 +830,15 @@ class PagedDecode(Kernel):
         """The workspace row of query row `row`'s partial result from split `split`: (sequence, KV
         head, split, row) with a fixed count of rows per sequence; with packed queries, whose
         sequences have rows of their own, (split, token, query head) over the buffer's tokens
-        (the combine kernel reads the same)."""
-        if cutlass.const_expr(self.variant.packed):
+        (the combine kernel reads the same); with the chunks apart, a sequence's rows fit one row
+        block, so (sequence, KV head, split, row) with a row block's rows per sequence."""
+        if cutlass.const_expr(self.variant.packed and not self.variant.chunks_apart):
             token = cutlass.Int64(work.q_start + row // group)
             return (
                 (cutlass.Int64(split) * work.tokens + token) * (heads_kv * group) + work.head_kv * group + row % group
             )
+        if cutlass.const_expr(self.variant.chunks_apart):
+            rows = self.tiles.rows
         return ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
 
     @cute.jit

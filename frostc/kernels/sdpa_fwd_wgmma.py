@@ -67,6 +67,7 @@ V is first re-laid into the workspace by vt_pack.py (`v_layout` "packed"), each 
 """
 
 import copy
+import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -81,6 +82,7 @@ from frost_runtime.dtypes import DTYPES, E4M3_MAX
 from frostc.kernels.barriers import Barrier
 from frostc.kernels.interface import (
     I32,
+    I64,
     BhsStrides,
     Group,
     Kernel,
@@ -129,6 +131,9 @@ REGISTERS = {2: (40, 232), 3: (32, 160)}
 # e4m3: the producer warpgroup's warps besides the TMA warp put each Vᵀ stage's keys in the
 # order of P's registers (`_order_v_keys`)
 V_ORDER_THREADS = 96
+# a paged cache's TMA boxes are 64 of d wide (128 bytes: the swizzle's width), so each lands in
+# one 64-wide piece of a stage's tile
+D_CHUNK = 64
 
 
 def accumulating_if(mma, keep):
@@ -320,6 +325,22 @@ class Descales(Group):
         return dq * dk, dv
 
 
+def _paged(variant) -> bool:
+    return variant.page_size > 0
+
+
+@dataclass(frozen=True)
+class PagedKeys(Group):
+    """The mixed form's chunks (`page_size`): K and V are a paged cache, sequence b's key k on page
+    page_table[b, k // page_size], row k % page_size; page p's first row is row p · rows_per_page
+    of the cache's ragged tensor maps. Page ids outside [0, pages) read nothing (zero rows)."""
+
+    page_table: Ptr = pointer("int32", align=4)
+    page_table_stride: I64 = abi("page_table.stride_b")
+    pages: I32
+    rows_per_page: I32
+
+
 @dataclass(frozen=True)
 class SdpaForwardArgs:
     """Q, K and V through tensor maps (their host code: `SdpaForwardWgmma.tma_atoms`), O and LSE
@@ -337,6 +358,7 @@ class SdpaForwardArgs:
     softmax: SoftmaxScales
     descales: Descales | None = when(_fp8)
     v_maps: Ptr | None = when(_fp8, dtype="int32", align=MAP_BYTES)
+    paged: PagedKeys | None = when(_paged)
 
 
 # ------------------------------------------------------------------------------ the variant
@@ -365,6 +387,9 @@ class SdpaFwdVariant(Variant):
     # e4m3 at d=128: three consumer warpgroups (192-row tiles of 96-key blocks) instead of two;
     # the ops pick it where the rows are long (dense: and the tiles fill the SMs' last turn; NOTES v12)
     three_consumers: bool = False
+    # the mixed form's prefill chunks: K and V read from a paged cache of pages of this many rows
+    # (`PagedKeys`), box by box within a page; 0: K and V are tensors (every other form)
+    page_size: int = 0
 
     @property
     def v_in_p_order(self) -> bool:
@@ -380,6 +405,7 @@ class SdpaFwdVariant(Variant):
         name += ".v_p_order" if self.v_in_p_order else ""
         name += ".o_f32" if self.o_float32 else ""
         name += ".m192" if self.three_consumers else ""
+        name += f".paged_p{self.page_size}" if self.page_size else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
@@ -504,6 +530,10 @@ class SdpaForwardWgmma(Kernel):
         self.has_lse = variant.has_lse
         self.varlen = variant.varlen
         self.tiles = tiles if tiles is not None else variant.tile_shape
+        # a paged cache's keys per TMA box: within one page and one key block
+        self.box_rows = math.gcd(variant.page_size, self.tiles.block_n) if variant.page_size else 0
+        if variant.page_size and (self.fp8 or not variant.varlen or variant.walk != "static"):
+            raise ValueError(f"{variant.name}: a paged cache is read by the 16-bit variable-length static walk")
         self.launch_options = dict(min_blocks_per_mp=1)
         if variant.o_float32 and not (self.fp8 and self.head_dim in O_FLOAT32_HEAD_DIMS):
             raise ValueError(f"{variant.name}: O in float32 is built for e4m3 at head dims {O_FLOAT32_HEAD_DIMS}")
@@ -560,8 +590,14 @@ class SdpaForwardWgmma(Kernel):
         sQ, sK, sV = self._smem_layouts()
         op = cpasync.CopyBulkTensorTileG2SOp()
         q_info = cpasync.make_tiled_tma_atom(op, gQ, cute.select(sQ, mode=[0, 1]), (wg_m, d))
-        k_info = cpasync.make_tiled_tma_atom(op, gK, cute.select(sK, mode=[0, 1]), (t.block_n, d))
-        v_info = cpasync.make_tiled_tma_atom(op, gV, cute.select(sV, mode=[0, 1]), (d, t.block_n))
+        if cutlass.const_expr(self.variant.page_size > 0):
+            # a paged cache: boxes of `box_rows` keys of one page by 64 of d (`_load_paged_block`)
+            k_box, v_box = self._box_layouts()
+            k_info = cpasync.make_tiled_tma_atom(op, gK, k_box, (self.box_rows, D_CHUNK))
+            v_info = cpasync.make_tiled_tma_atom(op, gV, v_box, (D_CHUNK, self.box_rows))
+        else:
+            k_info = cpasync.make_tiled_tma_atom(op, gK, cute.select(sK, mode=[0, 1]), (t.block_n, d))
+            v_info = cpasync.make_tiled_tma_atom(op, gV, cute.select(sV, mode=[0, 1]), (d, t.block_n))
         return {"q": TmaTensor(*q_info), "k": TmaTensor(*k_info), "v": TmaTensor(*v_info)}
 
     def _shared_storage(self):
@@ -627,6 +663,16 @@ class SdpaForwardWgmma(Kernel):
         v_major = LayoutEnum.ROW_MAJOR if self.fp8 else LayoutEnum.COL_MAJOR
         sV = sm90.make_smem_layout_b(v_major, (wg_m, self.head_dim, t.block_n), self.dtype, t.stages)
         return sQ, sK, sV
+
+    def _box_layouts(self):
+        """A paged cache's TMA boxes in shared memory: (box_rows, 64) of K and (64, box_rows) of V,
+        each a piece of a stage's tile (for every 64-wide piece of d, a stage's keys are
+        contiguous 128-byte rows in WGMMA's swizzle)."""
+        wg_m = self.tiles.block_m // self.tiles.consumers
+        rows = self.box_rows
+        k_box = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (wg_m, rows, D_CHUNK), self.dtype, 1)
+        v_box = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, (wg_m, D_CHUNK, rows), self.dtype, 1)
+        return cute.select(k_box, mode=[0, 1]), cute.select(v_box, mode=[0, 1])
 
     def _smem_layout_o(self):
         """O's staging buffer (rows, d, consumer) in O's dtype: Q's layout when they share it."""
@@ -740,7 +786,7 @@ class SdpaForwardWgmma(Kernel):
             producers = 32 if cutlass.const_expr(self.variant.walk == "dynamic") else 1
             if wg_tidx < producers:
                 loaded = self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
-                                       (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket, v_maps)  # fmt: skip
+                                       (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket, (v_maps, args.paged))  # fmt: skip
                 if cutlass.const_expr(self.tiles.v_reorder):
                     self._end_v_loads(v_pipe, v_end, loaded)
             if cutlass.const_expr(self.tiles.v_reorder):
@@ -801,8 +847,9 @@ class SdpaForwardWgmma(Kernel):
     # ---------------------------------------------------------------- producer
     @cute.jit
     def _produce(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window, q_load, k_load, v_load,
-                 ticket, v_maps):  # fmt: skip
-        loads = (q_pipe, k_pipe, v_pipe, sQ, sK, sV, q_load, k_load, v_load, v_maps)
+                 ticket, sources):  # fmt: skip
+        """`sources`: (the sequences' Vᵀ maps (e4m3 variable lengths), the paged cache's `PagedKeys`)."""
+        loads = (q_pipe, k_pipe, v_pipe, sQ, sK, sV, q_load, k_load, v_load, sources)
         first, num_tiles, grid = self._schedule(tiles)
         loaded = cutlass.Int32(0)  # K/V blocks issued so far: the ring position
         q_loads = cutlass.Int32(0)  # Q buffer uses so far: its phase
@@ -880,47 +927,109 @@ class SdpaForwardWgmma(Kernel):
         nothing). A thread or a whole warp may run it: the copies and arrivals elect a lane."""
         t = self.tiles
         d = self.head_dim
-        wg_m = t.block_m // t.consumers
         ring = Ring(t.stages)
-        q_pipe, k_pipe, v_pipe, sQ, sK, sV, (q_tma, mQ), (k_tma, mK), (v_tma, mV), v_maps = loads
+        _, k_pipe, v_pipe, _, sK, sV, q_load, (k_tma, mK), (v_tma, mV), (v_maps, paged) = loads
         one = cute.make_layout(1)
         seq = seqs.get(batch)
         keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
         n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
         if n_end > n_first:
             head_kv = head // shape.group
-            mQ_seq = self._ragged_view(mQ, head, seq.q_start, seq.q_len, batch, 0)
-            mK_seq = self._ragged_view(mK, head_kv, seq.k_start, seq.kv_len, batch, 0)
-            v_desc = None
-            if cutlass.const_expr(self.fp8 and self.varlen):
-                # Vᵀ through the sequence's own map, whose key extent ends at the sequence's end
-                v_start = seq.v_start
-                if cutlass.const_expr(self.variant.v_layout == "packed"):
-                    v_start = aligned_start(seq.v_start, batch)  # packed: v_start is the first token
-                mV_seq = cute.domain_offset((0, v_start), mV[None, None, head_kv])
-                v_desc = sequence_map(v_maps, batch)
+            mQ_seq = self._ragged_view(q_load[1], head, seq.q_start, seq.q_len, batch, 0)
+            if cutlass.const_expr(self.variant.page_size > 0):
+                self._load_q(loads, mQ_seq, m_block, q_loads)
+                pt_row = paged.page_table + cutlass.Int64(batch) * paged.page_table_stride
+                where = (pt_row, paged.pages, paged.rows_per_page, seq.kv_len, head_kv)
+                for n_block in range(n_end - 1, n_first - 1, -1):
+                    stage, phase = ring.at(loaded + (n_end - 1 - n_block))
+                    # the block's pages are read before the stage's wait, so the reads overlap it
+                    block = (n_block, self._block_pages(where, n_block), stage, phase)
+                    self._load_paged_block(k_pipe, k_tma, mK, sK, block, where, keys_mode=0)
+                    self._load_paged_block(v_pipe, v_tma, mV, sV, block, where, keys_mode=1)
             else:
-                mV_seq = self._ragged_view(mV, head_kv, seq.v_start, seq.kv_len, batch, 1)
-            # rows past the end of a sequence arrive as zeros (TMA's out-of-bounds fill)
-            gK = cute.local_tile(mK_seq, (t.block_n, d), (None, 0))  # (n, d, blocks)
-            gV = cute.local_tile(mV_seq, (d, t.block_n), (0, None))  # (d, n, blocks)
-            tKsK, tKgK = cpasync.tma_partition(k_tma, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-            tVsV, tVgV = cpasync.tma_partition(v_tma, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-
-            q_pipe.sync_object_empty.wait(0, q_loads % 2 ^ 1)
-            q_pipe.sync_object_full.arrive(0, None)  # expects every consumer's rows
-            for c in cutlass.range_constexpr(t.consumers):
-                gQ = cute.local_tile(mQ_seq, (wg_m, d), (m_block * t.consumers + c, 0))
-                tQsQ, tQgQ = cpasync.tma_partition(
-                    q_tma, 0, one, cute.group_modes(sQ[None, None, c], 0, 2), cute.group_modes(gQ, 0, 2)
+                mK_seq = self._ragged_view(mK, head_kv, seq.k_start, seq.kv_len, batch, 0)
+                v_desc = None
+                if cutlass.const_expr(self.fp8 and self.varlen):
+                    # Vᵀ through the sequence's own map, whose key extent ends at the sequence's end
+                    v_start = seq.v_start
+                    if cutlass.const_expr(self.variant.v_layout == "packed"):
+                        v_start = aligned_start(seq.v_start, batch)  # packed: v_start is the first token
+                    mV_seq = cute.domain_offset((0, v_start), mV[None, None, head_kv])
+                    v_desc = sequence_map(v_maps, batch)
+                else:
+                    mV_seq = self._ragged_view(mV, head_kv, seq.v_start, seq.kv_len, batch, 1)
+                # rows past the end of a sequence arrive as zeros (TMA's out-of-bounds fill)
+                gK = cute.local_tile(mK_seq, (t.block_n, d), (None, 0))  # (n, d, blocks)
+                gV = cute.local_tile(mV_seq, (d, t.block_n), (0, None))  # (d, n, blocks)
+                tKsK, tKgK = cpasync.tma_partition(
+                    k_tma, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
                 )
-                cute.copy(q_tma, tQgQ, tQsQ, tma_bar_ptr=q_pipe.sync_object_full.get_barrier(0))
-
-            for n_block in range(n_end - 1, n_first - 1, -1):
-                stage, phase = ring.at(loaded + (n_end - 1 - n_block))
-                self._load_stage(k_pipe, k_tma, tKgK[None, n_block], tKsK[None, stage], stage, phase)
-                self._load_stage(v_pipe, v_tma, tVgV[None, n_block], tVsV[None, stage], stage, phase, v_desc)
+                tVsV, tVgV = cpasync.tma_partition(
+                    v_tma, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+                )
+                self._load_q(loads, mQ_seq, m_block, q_loads)
+                for n_block in range(n_end - 1, n_first - 1, -1):
+                    stage, phase = ring.at(loaded + (n_end - 1 - n_block))
+                    self._load_stage(k_pipe, k_tma, tKgK[None, n_block], tKsK[None, stage], stage, phase)
+                    self._load_stage(v_pipe, v_tma, tVgV[None, n_block], tVsV[None, stage], stage, phase, v_desc)
         return cutlass.max(n_end - n_first, 0)
+
+    @cute.jit
+    def _load_q(self, loads, mQ_seq, m_block, q_loads):
+        """A tile's Q, each consumer's rows by one TMA load, once the consumers released the
+        previous tile's (`q_loads`: the Q buffer's uses so far)."""
+        t = self.tiles
+        wg_m = t.block_m // t.consumers
+        q_pipe, _, _, sQ, _, _, (q_tma, _), _, _, _ = loads
+        one = cute.make_layout(1)
+        q_pipe.sync_object_empty.wait(0, q_loads % 2 ^ 1)
+        q_pipe.sync_object_full.arrive(0, None)  # expects every consumer's rows
+        for c in cutlass.range_constexpr(t.consumers):
+            gQ = cute.local_tile(mQ_seq, (wg_m, self.head_dim), (m_block * t.consumers + c, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(
+                q_tma, 0, one, cute.group_modes(sQ[None, None, c], 0, 2), cute.group_modes(gQ, 0, 2)
+            )
+            cute.copy(q_tma, tQgQ, tQsQ, tma_bar_ptr=q_pipe.sync_object_full.get_barrier(0))
+
+    def _block_pages(self, where, n_block):
+        """The page of each box of key block n_block (read from the page table: positions past
+        the sequence read its last one, within the table), or -1 for a page id outside the cache."""
+        pt_row, pages, _, kv_len, _ = where
+        result = []
+        for i in range(self.tiles.block_n // self.box_rows):
+            key = cutlass.max(cutlass.min(n_block * self.tiles.block_n + i * self.box_rows, kv_len - 1), 0)
+            page = cute.make_tensor(pt_row + key // self.variant.page_size, cute.make_layout(1))[0]
+            result.append(cutlass.select_(page < pages, cutlass.max(page, -1), -1))
+        return tuple(result)
+
+    @cute.jit
+    def _load_paged_block(self, pipe, tma, mX, sX, block, where, keys_mode: int):
+        """One K or V block of a paged cache into its ring stage, box by box: `box_rows` keys of one
+        page (ragged: rows the sequence lacks, or a bad page's, are zero-filled and count toward
+        the stage's bytes like any) by 64 of d. `keys_mode`: 0 for K's (keys, d) tiles, 1 for V's
+        (d, keys)."""
+        n_block, pages, stage, phase = block
+        _, _, rows_per_page, kv_len, head_kv = where
+        rows_ = self.box_rows
+        pipe.sync_object_empty.wait(stage, phase ^ 1)
+        pipe.sync_object_full.arrive(stage, None)
+        for i in cutlass.range_constexpr(self.tiles.block_n // rows_):
+            key = n_block * self.tiles.block_n + i * rows_
+            page = pages[i]
+            valid = cutlass.select_(page < 0, 0, cutlass.max(cutlass.min(kv_len - key, rows_), 0))
+            start = cutlass.max(page, 0) * rows_per_page + key % self.variant.page_size + valid
+            rows = mX[None, None, head_kv, RAGGED_ROWS, start]
+            for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
+                if cutlass.const_expr(keys_mode == 0):
+                    g_box = cute.local_tile(cute.domain_offset((RAGGED_ROWS - valid, 0), rows), (rows_, D_CHUNK), (0, c))
+                    s_box = cute.local_tile(sX[None, None, stage], (rows_, D_CHUNK), (i, c))
+                else:
+                    g_box = cute.local_tile(cute.domain_offset((0, RAGGED_ROWS - valid), rows), (D_CHUNK, rows_), (c, 0))
+                    s_box = cute.local_tile(sX[None, None, stage], (D_CHUNK, rows_), (c, i))
+                s_part, g_part = cpasync.tma_partition(
+                    tma, 0, cute.make_layout(1), cute.group_modes(s_box, 0, 2), cute.group_modes(g_box, 0, 2)
+                )
+                cute.copy(tma, g_part, s_part, tma_bar_ptr=pipe.sync_object_full.get_barrier(stage))
 
     @staticmethod
     def _load_stage(pipe, tma, src, dst, stage, phase, desc=None):

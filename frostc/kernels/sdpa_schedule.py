@@ -80,6 +80,8 @@ class ScheduleArgs:
     window_left: I32
     window_right: I32
     maps: VMaps | None = when(_writes_v_maps)
+    # the mixed form: sequences of at most this many queries are the paged decode kernel's (no units)
+    decode_tokens: I32 | None = when(lambda variant: variant.mixed)
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,16 @@ class ScheduleVariant(Variant):
     block_m: int
     block_n: int
     v_maps_of: Variant | None = None
+    # the mixed form's chunks: queries from cu_seqlens_q (`packed` capacities in tokens), keys from
+    # per-sequence lengths over a paged cache; only sequences of more than `decode_tokens` queries
+    # become units (the paged decode kernel takes the others)
+    mixed: bool = False
 
     @property
     def name(self) -> str:
-        if self.packed:
+        if self.mixed:
+            form = "mixed"
+        elif self.packed:
             form = "packed"
         else:
             form = "padded." + "+".join(x for x, given in (("q", self.q_lengths), ("kv", self.kv_lengths)) if given)
@@ -157,6 +165,8 @@ class SdpaSchedule(Kernel):
         maps = None
         if cutlass.const_expr(args.maps is not None):
             maps = (args.maps.v.tmap, args.maps.v_maps, args.maps.v_rows, args.maps.v_packed)
+        if cutlass.const_expr(self.v.mixed):
+            ints = (*ints, args.decode_tokens)
         self._schedule(args.q_lengths, args.kv_lengths, args.sequences, args.units, args.tile_count, ints, maps)
 
     @cute.jit
@@ -165,6 +175,7 @@ class SdpaSchedule(Kernel):
         re-laid packed Vᵀ) or None."""
         batch, q_capacity, kv_capacity, max_seqlen_q, max_seqlen_kv, unit_capacity, heads_q = ints[:7]
         window_left, window_right = ints[7], ints[8]
+        decode_tokens = ints[9] if cutlass.const_expr(self.v.mixed) else None
         tidx, _, _ = cute.arch.thread_idx()
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         counts = storage.counts.get_tensor(cute.make_layout(BUCKETS))
@@ -175,8 +186,10 @@ class SdpaSchedule(Kernel):
         # 1. each sequence's clamped lengths into the table; count the units of each cost
         caps = (q_capacity, kv_capacity, max_seqlen_q, max_seqlen_kv)
         for b in range(tidx, batch, THREADS):
-            q_token, q_len = self._lengths(q_lengths, b, caps[0], caps[2], self.v.q_lengths)
-            kv_token, kv_len = self._lengths(kv_lengths, b, caps[1], caps[3], self.v.kv_lengths)
+            q_token, q_len = self._lengths(q_lengths, b, caps[0], caps[2], self.v.q_lengths, self.v.packed)
+            # the mixed form's keys: each sequence's length (its pages; no token offset)
+            kv_packed = self.v.packed and not self.v.mixed
+            kv_token, kv_len = self._lengths(kv_lengths, b, caps[1], caps[3], self.v.kv_lengths, kv_packed)
             row = cute.make_tensor(sequences + b * 4, cute.make_layout(4))
             row[0] = q_token
             row[1] = q_len
@@ -194,7 +207,7 @@ class SdpaSchedule(Kernel):
                 else:
                     write_sequence_map(v_tma, maps, b, b * v_rows + kv_token + kv_end)
             keys = KeyRange.of(self.v.mask, window_left, window_right, q_len, kv_len)
-            m_blocks = (q_len + self.v.block_m - 1) // self.v.block_m
+            m_blocks = self._query_blocks(q_len, decode_tokens)
             # runs of query blocks of equal cost (a whole sequence without a diagonal) take one
             # atomic and stay together in the list: the tiles that run at once share K and V
             run_bucket, run_start = cutlass.Int32(-1), cutlass.Int32(0)
@@ -236,7 +249,7 @@ class SdpaSchedule(Kernel):
             row = cute.make_tensor(sequences + b * 4, cute.make_layout(4))
             q_len, kv_len = row[1], row[3]
             keys = KeyRange.of(self.v.mask, window_left, window_right, q_len, kv_len)
-            m_blocks = (q_len + self.v.block_m - 1) // self.v.block_m
+            m_blocks = self._query_blocks(q_len, decode_tokens)
             run_bucket, run_start = cutlass.Int32(-1), cutlass.Int32(0)
             for m in range(0, m_blocks + 1, 1):  # one past the end flushes the last run
                 bucket = self._bucket(keys, cutlass.min(m, m_blocks - 1), q_len)
@@ -245,6 +258,13 @@ class SdpaSchedule(Kernel):
                     self._write_units(units, place, b, run_start, m - run_start, unit_capacity)
                 run_start = cutlass.select_(bucket != run_bucket, m, run_start)
                 run_bucket = bucket
+
+    def _query_blocks(self, q_len, decode_tokens):
+        """The sequence's query blocks: none for the mixed form's decodes (`decode_tokens`)."""
+        m_blocks = (q_len + self.v.block_m - 1) // self.v.block_m
+        if cutlass.const_expr(self.v.mixed):
+            m_blocks = cutlass.select_(q_len > decode_tokens, m_blocks, 0)
+        return m_blocks
 
     @cute.jit
     def _write_units(self, units, place, b, first_block, count, capacity):
@@ -256,10 +276,10 @@ class SdpaSchedule(Kernel):
                 unit[0] = b
                 unit[1] = first_block + i
 
-    def _lengths(self, lengths, b, capacity, max_seqlen, given: bool):
+    def _lengths(self, lengths, b, capacity, max_seqlen, given: bool, packed: bool):
         """(token offset, length) of sequence b, clamped: a packed sequence lies within the
         buffer's tokens and is at most max_seqlen long; a padded one fits its rows."""
-        if cutlass.const_expr(self.v.packed):
+        if cutlass.const_expr(packed):
             return packed_span(lengths, b, capacity, max_seqlen)
         if cutlass.const_expr(given):
             length = cute.make_tensor(lengths + b, cute.make_layout(1))[0]

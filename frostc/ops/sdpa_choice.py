@@ -106,7 +106,7 @@ def tile_capacity(node: Sdpa, block_m: int) -> int:
 def unit_capacity(node: Sdpa, block_m: int) -> int:
     """The most (sequence, query block) units any lengths within the capacities make."""
     per_sequence = node.batch * -(-node.seq_q // block_m)
-    if node.form == "packed":  # sum of ceil(len / m) <= (tokens + batch * (m - 1)) / m
+    if node.form in ("packed", "mixed"):  # sum of ceil(len / m) <= (tokens + batch * (m - 1)) / m
         return min(per_sequence, (node.tokens_q + node.batch * (block_m - 1)) // block_m)
     return per_sequence
 
@@ -134,17 +134,20 @@ class DecodeConfig:
     chunk: int  # keys per split, a whole number of key blocks
 
 
-def choose_decode(node: Sdpa, dtype: str, kv_cache_dtype: str, target: Target) -> DecodeConfig:
+def choose_decode(
+    node: Sdpa, dtype: str, kv_cache_dtype: str, target: Target, chunks_apart: bool = False
+) -> DecodeConfig:
     """The paged attention's tiles and key splits (`dtype`: Q's; `kv_cache_dtype`: the caches').
 
     Splits: one when the (sequence, KV head) CTAs already fill UNSPLIT_WAVES waves of the
     resident slots; else enough splits for WAVES waves at full capacity, each at least
     MIN_CHUNK_KEYS keys (SHORT_CHUNK_KEYS when those would fill less than half the slots). The
     chunk is a whole number of the variant's key blocks (an e4m3 cache's chunks of twice the keys
-    were tried, bench/NOTES.md decode v5)."""
+    were tried, bench/NOTES.md decode v5). `chunks_apart`: a mixed node whose chunks run on the
+    forward kernel (`frostc.ops.sdpa_mixed`): this kernel's CTAs are one row block per sequence."""
     few_rows = DTYPES[kv_cache_dtype].quantized and decode_rows(node) <= FEW_ROWS
     tiles = decode_tiles(node.head_dim, node.page_size, dtype, kv_cache_dtype, few_rows)
-    units = node.heads_kv * row_block_ctas(node, tiles.rows)
+    units = node.heads_kv * row_block_ctas(node, tiles.rows, chunks_apart)
     slots = target.sms * tiles.ctas_per_sm
     blocks = -(-_keys_seen(node, tiles.block_n) // tiles.block_n)
     wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
@@ -160,14 +163,17 @@ def decode_rows(node: Sdpa) -> int:
     return node.seq_q * (node.heads_q // node.heads_kv)
 
 
-def row_block_ctas(node: Sdpa, rows_per_cta: int) -> int:
+def row_block_ctas(node: Sdpa, rows_per_cta: int, chunks_apart: bool = False) -> int:
     """The paged attention's CTAs per KV head and split: a block of `rows_per_cta` query rows
     each. The rows form (s_new · group rows per sequence) has them all; the mixed form one per
     sequence, then as many as the step's tokens can fill beyond each sequence's first (found
-    on the device): a chunk's further row blocks, never more than the buffer's tokens make."""
+    on the device): a chunk's further row blocks, never more than the buffer's tokens make. With
+    its chunks apart (on the forward kernel), one per sequence."""
     row_blocks = -(-decode_rows(node) // rows_per_cta)
     if node.form != "mixed":
         return node.batch * row_blocks
+    if chunks_apart:
+        return node.batch
     group = node.heads_q // node.heads_kv
     return node.batch + min(node.tokens_q * group // rows_per_cta, node.batch * (row_blocks - 1))
 

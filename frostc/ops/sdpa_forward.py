@@ -321,6 +321,7 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
         softmax=softmax,
         descales=descales,
         v_maps=v_maps,
+        paged=None,
     )
     grid = (tile_capacity(node, variant.tile_shape.block_m), 1, 1)
     return launch(node.name, variant, grid, args)
@@ -368,6 +369,7 @@ def _schedule_launch(
         window_left=node.mask.window_left or 0,
         window_right=node.mask.window_right or 0,
         maps=maps,
+        decode_tokens=None,
     )  # fmt: skip
     return launch(node.name, variant, (1, 1, 1), args)
 

@@ -29,6 +29,7 @@ from frostc.kernels.sdpa_decode_paged import (
 )
 from frostc.ops.rows import INT32_MAX, bhs_strides, check_head_dim, check_row_layout, check_tma_strides, tma_stride
 from frostc.ops.sdpa_choice import choose_decode, decode_rows, row_block_ctas
+from frostc.ops.sdpa_mixed import chunk_launches, chunks_apart, decode_tokens
 from frostc.ops.sdpa_node import Sdpa
 from frostc.resolved import ResolvedLaunch, Workspace, launch
 from frostc.target import TARGETS
@@ -43,18 +44,27 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     if node.form == "mixed":
         ctx.length_contract(node.q_lengths, "offsets", node.seq_q, node.tokens_q)
     dtype, kv_cache_dtype = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
-    config = choose_decode(node, dtype, kv_cache_dtype, TARGETS[ctx.graph.target])
+    apart = chunks_apart(node, kv_cache_dtype)
+    config = choose_decode(node, dtype, kv_cache_dtype, TARGETS[ctx.graph.target], apart)
     splits, chunk, tiles = config.splits, config.chunk, config.tiles
     variant = PagedDecodeVariant(
         dtype, kv_cache_dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, few_rows=config.few_rows,
-        packed=node.form == "mixed",
+        packed=node.form == "mixed", chunks_apart=apart,
     )  # fmt: skip
+    # the mixed form's chunks, when apart: the scheduling kernel and the forward kernel over the
+    # pages, after the decodes (which may start early behind an append: `mark_early_starts`)
+    chunks = chunk_launches(node, ctx) if apart else ()
     if splits == 1:
-        return (_attention_launch(node, variant, splits, chunk, None, ctx),)
+        return (_attention_launch(node, variant, splits, chunk, None, ctx), *chunks)
     # a row's partial result from each split: (sequence, KV head, split, row), or with packed
     # queries (split, token, query head)
-    rows = node.tokens_q * node.heads_q if node.form == "mixed" else node.batch * node.heads_kv * decode_rows(node)
+    if apart:  # the decodes' rows only: a row block's a sequence
+        rows = node.batch * node.heads_kv * tiles.rows
+    elif node.form == "mixed":
+        rows = node.tokens_q * node.heads_q
+    else:
+        rows = node.batch * node.heads_kv * decode_rows(node)
     partials = splits * rows
     workspace = {
         "o_partial": ctx.workspace(f"{node.name}.o_partial", partials * node.head_dim * 4),
@@ -62,7 +72,8 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     }
     return (
         _attention_launch(node, variant, splits, chunk, workspace, ctx),
-        _combine_launch(node, splits, chunk, tiles.block_n, workspace, ctx),
+        _combine_launch(node, splits, chunk, tiles, workspace, ctx, apart),
+        *chunks,
     )
 
 
@@ -98,7 +109,7 @@ def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     rows_per_cta = decode_tiles(node.head_dim, node.page_size, q.dtype, k.dtype).rows
     row_blocks = -(-decode_rows(node) // rows_per_cta)
     if node.form == "mixed":
-        if node.batch <= MAX_GRID[2] < row_block_ctas(node, rows_per_cta):
+        if node.batch <= MAX_GRID[2] < row_block_ctas(node, rows_per_cta, chunks_apart(node, k.dtype)):
             ctx.problem(
                 f"{q.path}.dims[0]",
                 f"{node.tokens_q} tokens of {node.heads_q // node.heads_kv} query heads per KV head make up to "
@@ -170,8 +181,9 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
         lse_strides=_query_strides(lse, node), page_table_stride=table.strides[0], scale_strides=scale_strides,
         softmax=softmax, q_scale=node.attn_scale if variant.quantized else None, packed=_packed_queries(node, ctx),
     )  # fmt: skip
-    if node.form == "mixed":  # each sequence's first row block, then the chunks' further ones
-        return launch(node.name, variant, (splits, node.heads_kv, row_block_ctas(node, variant.tile_shape.rows)), args)
+    if node.form == "mixed":  # each sequence's first row block, then (chunks not apart) the chunks' further ones
+        ctas = row_block_ctas(node, variant.tile_shape.rows, variant.chunks_apart)
+        return launch(node.name, variant, (splits, node.heads_kv, ctas), args)
     return launch(node.name, variant, (splits, node.heads_kv * row_blocks, node.batch), args)
 
 
@@ -181,19 +193,25 @@ def _cache_tma_strides(cache) -> tuple[int, int, int]:
 
 
 def _combine_launch(
-    node: Sdpa, splits: int, chunk: int, block_n: int, workspace: dict[str, int], ctx
+    node: Sdpa, splits: int, chunk: int, tiles, workspace: dict[str, int], ctx, apart: bool
 ) -> ResolvedLaunch:
     o = ctx.slot(node.o)
     lse = ctx.slot(node.lse) if node.lse else None
     mixed = node.form == "mixed"
-    variant = DecodeCombineVariant(o.dtype, node.head_dim, lse is not None, packed=mixed, causal=mixed and node.causal)
+    # with the chunks apart only the decodes' rows were split: at most one row block a sequence
+    decode_rows_max = decode_tokens(node) * (node.heads_q // node.heads_kv) if apart else 0
+    variant = DecodeCombineVariant(
+        o.dtype, node.head_dim, lse is not None, packed=mixed, causal=mixed and node.causal, decode_rows=decode_rows_max
+    )
     args = DecodeCombineArgs(
         Workspace(workspace["o_partial"]), Workspace(workspace["lse_partial"]), ctx.slot(node.kv_lengths), o, lse,
-        heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=decode_rows(node), capacity=node.seq_kv,
-        chunk=chunk, splits=splits, s_new=node.seq_q, window_left=_window_left(node), block_n=block_n,
+        heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=tiles.rows if apart else decode_rows(node),
+        capacity=node.seq_kv, chunk=chunk, splits=splits, s_new=node.seq_q, window_left=_window_left(node),
+        block_n=tiles.block_n,
         o_strides=_query_strides(o, node), lse_strides=_query_strides(lse, node), packed=_packed_queries(node, ctx),
     )  # fmt: skip
-    return launch(node.name, variant, (decode_rows(node), node.heads_kv, node.batch), args)
+    rows = min(decode_rows(node), decode_rows_max) if apart else decode_rows(node)
+    return launch(node.name, variant, (rows, node.heads_kv, node.batch), args)
 
 
 def _window_left(node: Sdpa) -> int:

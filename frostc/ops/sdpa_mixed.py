@@ -1,0 +1,155 @@
+"""The mixed form's prefill chunks: the forward kernel's tiles over the paged cache.
+
+A mixed step holds decodes (one token, or 1 + k speculative ones) and prefill chunks side by
+side. The paged decode kernel is at the memory bound for the decodes, but a chunk's hundreds of
+query rows want the forward kernel's 128-row tiles on two consumer warpgroups (bench/NOTES.md,
+mixed v2: a chunk on the decode kernel ran at 0.49x the packed plan). So when a sequence can hold
+more query rows than one of the decode kernel's row blocks, the node becomes two halves, both
+decided on the device from the step's lengths:
+
+- the paged decode kernel (and its combine) over the sequences whose rows fit one row block
+  (`decode_tokens` queries or fewer), grid z = the batch;
+- the scheduling kernel lists the other sequences' query blocks, longest first, and the forward
+  kernel (`SdpaFwdVariant.page_size`) walks them, reading K and V from the pages box by box.
+
+Every sequence belongs to exactly one half, so every output row is written once. A 16-bit cache
+only (the e4m3 forward kernel reads V with its keys innermost, which a cache's pages are not):
+an e4m3 cache keeps the whole step on the paged decode kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+from frost_runtime.dtypes import DTYPES
+
+from frostc.contexts import ResolveContext
+from frostc.kernels.interface import BhsStrides, TmaSource
+from frostc.kernels.sdpa_common import LOG2_E, MaskFlags, SoftmaxScales
+from frostc.kernels.sdpa_decode_paged import decode_tiles
+from frostc.kernels.sdpa_fwd_wgmma import (
+    ForwardShape,
+    Outputs,
+    PagedKeys,
+    SdpaForwardArgs,
+    SdpaFwdVariant,
+    TileWorkspace,
+)
+from frostc.kernels.sdpa_schedule import ScheduleArgs, ScheduleVariant
+from frostc.ops.rows import HEAD_DIMS, tma_stride
+from frostc.ops.sdpa_choice import tile_capacity, unit_capacity
+from frostc.ops.sdpa_node import Sdpa
+from frostc.resolved import ResolvedLaunch, Workspace, launch
+
+BOX_ROWS_MIN = 8  # a TMA box of a page must hold whole 8-row swizzle atoms
+
+
+def decode_tokens(node: Sdpa) -> int:
+    """The most queries a sequence may have and still be the paged decode kernel's: its query
+    rows (tokens x the GQA group) fit one row block."""
+    rows = decode_tiles(node.head_dim, node.page_size, "bf16", "bf16").rows
+    return rows // (node.heads_q // node.heads_kv)
+
+
+def chunks_apart(node: Sdpa, kv_cache_dtype: str) -> bool:
+    """Whether the node's chunks run on the forward kernel: a mixed node over a 16-bit cache
+    whose sequences may have more queries than a decode row block holds."""
+    if node.form != "mixed" or DTYPES[kv_cache_dtype].quantized or node.head_dim not in HEAD_DIMS:
+        return False
+    if decode_tokens(node) < 1 or node.seq_q <= decode_tokens(node):
+        return False  # every sequence is a decode (or the group outgrows a row block)
+    return math.gcd(node.page_size, forward_variant(node, "bf16").tile_shape.block_n) >= BOX_ROWS_MIN
+
+
+def forward_variant(node: Sdpa, dtype: str) -> SdpaFwdVariant:
+    return SdpaFwdVariant(
+        dtype, node.head_dim, node.mask.flags, node.lse is not None, varlen=True, page_size=node.page_size
+    )
+
+
+def chunk_launches(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ResolvedLaunch]:
+    """The scheduling kernel's launch (the chunks' query blocks) and the forward kernel's over
+    the pages, in that order."""
+    variant = forward_variant(node, ctx.slot(node.q).dtype)
+    tiles = variant.tile_shape
+    units = unit_capacity(node, tiles.block_m)
+    workspace = {
+        "sequences": ctx.workspace(f"{node.name}.chunk_sequences", 16 * node.batch),
+        "tiles": ctx.workspace(f"{node.name}.chunk_tiles", 8 * units),
+        "tile_count": ctx.workspace(f"{node.name}.chunk_tile_count", 4),
+    }
+    return _schedule_launch(node, variant, units, workspace, ctx), _attention_launch(node, variant, workspace, ctx)
+
+
+def _schedule_launch(node: Sdpa, attention: SdpaFwdVariant, units: int, workspace: dict[str, int], ctx):
+    tiles = attention.tile_shape
+    flags = node.mask.flags
+    variant = ScheduleVariant(
+        packed=True, q_lengths=True, kv_lengths=True, mask=MaskFlags(flags.right, flags.left, flags.bottom_right),
+        block_m=tiles.block_m, block_n=tiles.block_n, mixed=True,
+    )  # fmt: skip
+    args = ScheduleArgs(
+        ctx.slot(node.q_lengths), ctx.slot(node.kv_lengths),
+        *(Workspace(workspace[name]) for name in ("sequences", "tiles", "tile_count")),
+        batch=node.batch, q_capacity=node.tokens_q, kv_capacity=node.seq_kv, max_seqlen_q=node.seq_q,
+        max_seqlen_kv=node.seq_kv, unit_capacity=units, heads_q=node.heads_q,
+        window_left=node.mask.window_left or 0, window_right=0, maps=None, decode_tokens=decode_tokens(node),
+    )  # fmt: skip
+    return launch(node.name, variant, (1, 1, 1), args)
+
+
+def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, workspace: dict[str, int], ctx) -> ResolvedLaunch:
+    q, k, v, o = (ctx.slot(name) for name in (node.q, node.k, node.v, node.o))
+    lse = ctx.slot(node.lse) if node.lse else None
+    table = ctx.slot(node.page_table)
+    mask = node.mask
+    if mask.softcap is not None:  # s -> softcap * tanh(s / softcap): tanh(raw * scale / cap), then * cap
+        softmax = SoftmaxScales(scale_log2=mask.softcap * LOG2_E, score_scale=node.attn_scale / mask.softcap)
+    else:
+        softmax = SoftmaxScales(scale_log2=node.attn_scale * LOG2_E, score_scale=0.0)
+    shape = ForwardShape(
+        batch=node.batch, heads_q=node.heads_q, seq_q=node.seq_q, seq_kv=node.seq_kv,
+        group=node.heads_q // node.heads_kv, window_left=mask.window_left or 0, window_right=0,
+        q_rows=0, k_rows=0, v_rows=0,
+    )  # fmt: skip
+    row_stride = tma_stride(k.dims[1], k.strides[1], k.dtype)
+    paged = PagedKeys(
+        table, page_table_stride=table.strides[0], pages=node.pages,
+        rows_per_page=k.strides[0] // row_stride if node.pages > 1 else node.page_size,
+    )  # fmt: skip
+    args = SdpaForwardArgs(
+        q=TmaSource(q, _packed_tma_strides(q), node.heads_q),
+        k=TmaSource(k, _cache_tma_strides(k), node.heads_kv),
+        v=TmaSource(v, _cache_tma_strides(v), node.heads_kv),
+        outputs=Outputs(o, lse),
+        workspace=TileWorkspace(*(Workspace(workspace[name]) for name in ("sequences", "tiles", "tile_count")), None),
+        shape=shape,
+        o_strides=_packed_strides(o),
+        lse_strides=_packed_strides(lse),
+        softmax=softmax,
+        descales=None,
+        v_maps=None,
+        paged=paged,
+    )
+    return launch(node.name, variant, (tile_capacity(node, variant.tile_shape.block_m), 1, 1), args)
+
+
+def _packed_strides(slot) -> BhsStrides:
+    """(b, h, s) strides of a packed (tokens, h, ...) tensor: no b (the kernel adds each
+    sequence's first token)."""
+    if slot is None:
+        return BhsStrides(0, 0, 0)
+    return BhsStrides(0, slot.strides[1], slot.strides[0])
+
+
+def _packed_tma_strides(slot) -> tuple[int, int, int]:
+    """Packed q's (b, h, s) strides as its tensor map takes them (b: never stepped)."""
+    extents = (0, slot.dims[1], slot.dims[0])
+    return tuple(tma_stride(extent, st, slot.dtype) for extent, st in zip(extents, (0, slot.strides[1], slot.strides[0])))
+
+
+def _cache_tma_strides(cache) -> tuple[int, int, int]:
+    """A cache's strides in the forward kernel's (b, h, s) order: (page, head, row); its tensor
+    maps see the pages as ragged rows (the page stride is a whole number of rows, checked)."""
+    page, row, head = (tma_stride(n, stride, cache.dtype) for n, stride in zip(cache.dims[:3], cache.strides[:3]))
+    return (page, head, row)
