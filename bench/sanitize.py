@@ -194,7 +194,7 @@ def targets() -> list[Target]:
           mixed=MixedCase("bf16", 4, 300, 150, 8, 2, 64, 64, 8, True, lse="ht", window_left=90, softcap=30.0)),
         # the chunks apart (16-bit caches): the decodes on the paged kernel, the chunks on the
         # forward kernel over the pages (bench/NOTES.md, mixed v3)
-        t("mixed-chunks-split-p16", "mixed form, chunks on the forward kernel over pages of 16, decodes split + combine",
+        t("mixed-chunks-split-p16", "mixed form, chunks on the forward kernel, pages of 16, decodes split + combine",
           mixed=MixedCase("bf16", 6, 256, 128, 32, 8, 128, 16, 256, True, lse="th")),
         t("mixed-chunks-d256", "mixed form, chunks on the forward kernel at d 256, window + softcap",
           mixed=MixedCase("bf16", 4, 200, 120, 16, 2, 256, 16, 40, True, window_left=100, softcap=30.0)),

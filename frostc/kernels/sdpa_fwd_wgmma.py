@@ -1010,22 +1010,24 @@ class SdpaForwardWgmma(Kernel):
         (d, keys)."""
         n_block, pages, stage, phase = block
         _, _, rows_per_page, kv_len, head_kv = where
-        rows_ = self.box_rows
+        box = self.box_rows
         pipe.sync_object_empty.wait(stage, phase ^ 1)
         pipe.sync_object_full.arrive(stage, None)
-        for i in cutlass.range_constexpr(self.tiles.block_n // rows_):
-            key = n_block * self.tiles.block_n + i * rows_
+        for i in cutlass.range_constexpr(self.tiles.block_n // box):
+            key = n_block * self.tiles.block_n + i * box
             page = pages[i]
-            valid = cutlass.select_(page < 0, 0, cutlass.max(cutlass.min(kv_len - key, rows_), 0))
+            valid = cutlass.select_(page < 0, 0, cutlass.max(cutlass.min(kv_len - key, box), 0))
             start = cutlass.max(page, 0) * rows_per_page + key % self.variant.page_size + valid
             rows = mX[None, None, head_kv, RAGGED_ROWS, start]
             for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
                 if cutlass.const_expr(keys_mode == 0):
-                    g_box = cute.local_tile(cute.domain_offset((RAGGED_ROWS - valid, 0), rows), (rows_, D_CHUNK), (0, c))
-                    s_box = cute.local_tile(sX[None, None, stage], (rows_, D_CHUNK), (i, c))
+                    box_rows = cute.domain_offset((RAGGED_ROWS - valid, 0), rows)
+                    g_box = cute.local_tile(box_rows, (box, D_CHUNK), (0, c))
+                    s_box = cute.local_tile(sX[None, None, stage], (box, D_CHUNK), (i, c))
                 else:
-                    g_box = cute.local_tile(cute.domain_offset((0, RAGGED_ROWS - valid), rows), (D_CHUNK, rows_), (c, 0))
-                    s_box = cute.local_tile(sX[None, None, stage], (D_CHUNK, rows_), (c, i))
+                    box_rows = cute.domain_offset((0, RAGGED_ROWS - valid), rows)
+                    g_box = cute.local_tile(box_rows, (D_CHUNK, box), (c, 0))
+                    s_box = cute.local_tile(sX[None, None, stage], (D_CHUNK, box), (c, i))
                 s_part, g_part = cpasync.tma_partition(
                     tma, 0, cute.make_layout(1), cute.group_modes(s_box, 0, 2), cute.group_modes(g_box, 0, 2)
                 )

@@ -144,8 +144,8 @@ def _packed_strides(slot) -> BhsStrides:
 
 def _packed_tma_strides(slot) -> tuple[int, int, int]:
     """Packed q's (b, h, s) strides as its tensor map takes them (b: never stepped)."""
-    extents = (0, slot.dims[1], slot.dims[0])
-    return tuple(tma_stride(extent, st, slot.dtype) for extent, st in zip(extents, (0, slot.strides[1], slot.strides[0])))
+    extents, strides = (0, slot.dims[1], slot.dims[0]), (0, slot.strides[1], slot.strides[0])
+    return tuple(tma_stride(extent, stride, slot.dtype) for extent, stride in zip(extents, strides))
 
 
 def _cache_tma_strides(cache) -> tuple[int, int, int]:
