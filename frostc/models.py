@@ -49,6 +49,19 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"num_key_value_heads": None},
     "mistral": {"num_key_value_heads": 8, "sliding_window": 4096},
     "qwen2": {"num_key_value_heads": 32, "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
+    # Qwen3: Qwen2's windows (layer_types, max_window_layers) with head_dim a key of its own (128);
+    # Qwen3-MoE and Mixtral: Mistral's window on every layer (layer_types unread), head_dim or
+    # hidden_size // heads. Attention is the same as the families above (Qwen3's q/k RMSNorm runs
+    # before it, in the model's code)
+    "qwen3": {
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+    },
+    "qwen3_moe": {"num_key_value_heads": 4, "use_sliding_window": False, "sliding_window": 4096},
+    "mixtral": {"num_key_value_heads": 8, "sliding_window": None},
     "gemma2": {
         "num_key_value_heads": 4,
         "head_dim": 256,
@@ -242,6 +255,26 @@ def _qwen2(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, None]
     return _windows(types, window), None, None
 
 
+def _qwen3_moe(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, None]:
+    """Qwen3-MoE: the window (when `use_sliding_window`) on every layer, as Qwen3MoeAttention
+    reads `config.sliding_window` whatever the layer; it has no layer_types."""
+    window = f.int("sliding_window") if f.bool("use_sliding_window") else None
+    types = [SLIDING if window is not None else FULL] * layers
+    why = "Qwen3MoeModel ignores layer_types (its window, if use_sliding_window, applies to every layer)"
+    _check_ignored_layer_types(f, layers, types, why)
+    return _windows(types, window), None, None
+
+
+def _mixtral(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, None]:
+    """Mixtral: Mistral's rule (sliding_window, null by default, on every layer)."""
+    window = f.int("sliding_window")
+    types = [SLIDING if window is not None else FULL] * layers
+    _check_ignored_layer_types(
+        f, layers, types, "MixtralModel ignores layer_types (sliding_window applies to every layer)"
+    )
+    return _windows(types, window), None, None
+
+
 def _gemma2(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], float | None, float | None]:
     if f.bool("use_bidirectional_attention"):
         f.problem("use_bidirectional_attention", "true: frostc plans causal language models; set it false or remove it")
@@ -262,7 +295,15 @@ def _check_ignored_layer_types(f: _Fields, layers: int, meant: list[str], why: s
         f.problem("layer_types", f"disagrees with the model: {why}; frostc will not guess which is meant: remove it")
 
 
-_FAMILIES = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "gemma2": _gemma2}
+_FAMILIES = {
+    "llama": _llama,
+    "mistral": _mistral,
+    "qwen2": _qwen2,
+    "qwen3": _qwen2,  # Qwen3Config: the same window rules as Qwen2's
+    "qwen3_moe": _qwen3_moe,
+    "mixtral": _mixtral,
+    "gemma2": _gemma2,
+}
 assert set(_FAMILIES) == set(DEFAULTS)
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "ModelAttention", "load_model_config", "read_model"]

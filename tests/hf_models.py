@@ -1,9 +1,10 @@
-"""Small random-weight Hugging Face models of the four families issue 19 serves, their frostc plan
-sets, and the greedy-generation comparison the HF backend's tests use (CPU and GPU alike).
+"""Small random-weight Hugging Face models of the families the HF backend serves, their frostc
+plan sets, and the greedy-generation comparison the HF backend's tests use (CPU and GPU alike).
 
 Each config keeps the family's attention traits at a small size: Llama-3 GQA 4:1, Qwen2 7:1,
-Mistral a sliding window shorter than the prompts plus the generation, Gemma-2 alternating
-window layers with softcap and head dim 256. The plan sets come from the configs' JSON through
+Qwen3 its q/k norms and a head dim of its own, Mistral and Mixtral a sliding window shorter than
+the prompts plus the generation (Mixtral's experts behind it), Gemma-2 alternating window layers
+with softcap and head dim 256. The plan sets come from the configs' JSON through
 `frostc from-config`'s functions (batch sizes 1, 2, 4; a cache of 256 tokens).
 """
 
@@ -46,6 +47,29 @@ TINY: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 2,
         "num_attention_heads": 8,
         "num_key_value_heads": 2,
+        "sliding_window": 24,
+    },
+    # Qwen3: q/k RMSNorm before attention, head_dim its own key (64 here, hidden_size / heads 85)
+    "qwen3": _COMMON
+    | {
+        "model_type": "qwen3",
+        "hidden_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "use_sliding_window": False,
+    },
+    # Mixtral: Mistral's attention (here its window) in front of a mixture of experts
+    "mixtral": _COMMON
+    | {
+        "model_type": "mixtral",
+        "hidden_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
         "sliding_window": 24,
     },
     "gemma2": _COMMON

@@ -53,6 +53,65 @@ MISTRAL_7B_V01: dict[str, Any] = {
     "vocab_size": 32000,
 }
 
+# Qwen3-8B's config.json (head_dim its own key; no window)
+QWEN3_8B: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "rope_theta": 1000000,
+    "rms_norm_eps": 1e-06,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151936,
+}
+
+# Qwen3-30B-A3B's (the MoE: 32 q heads over 4 KV heads of 128, hidden 2048)
+QWEN3_30B_A3B: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151936,
+}
+
+# Mixtral-8x7B's (Mistral's attention, no window)
+MIXTRAL_8X7B: dict[str, Any] = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 32768,
+    "sliding_window": None,
+    "rope_theta": 1000000.0,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 32000,
+}
+
 GEMMA2_9B: dict[str, Any] = {
     "architectures": ["Gemma2ForCausalLM"],
     "model_type": "gemma2",

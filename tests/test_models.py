@@ -11,7 +11,17 @@ import pytest
 
 from frostc.errors import DescriptionError
 from frostc.models import SUPPORTED_MODEL_TYPES, load_model_config, read_model
-from tests.model_configs import GEMMA2_9B, GEMMA2_27B, LLAMA3_8B, MISTRAL_7B_V01, QWEN2_7B, edited
+from tests.model_configs import (
+    GEMMA2_9B,
+    GEMMA2_27B,
+    LLAMA3_8B,
+    MISTRAL_7B_V01,
+    MIXTRAL_8X7B,
+    QWEN2_7B,
+    QWEN3_8B,
+    QWEN3_30B_A3B,
+    edited,
+)
 
 
 def problems(config) -> list[tuple[str, str]]:
@@ -74,6 +84,44 @@ def test_qwen2_sliding_layer_types_without_use_sliding_window_have_no_window() -
     # Qwen2Config sets sliding_window = None unless use_sliding_window, whatever layer_types says
     config = edited(QWEN2_7B, layer_types=["sliding_attention"] * 28)
     assert read_model(config).window_left == (None,) * 28
+
+
+def test_qwen3_8b_reads_its_own_head_dim_and_no_window() -> None:
+    m = read_model(QWEN3_8B)
+    assert (m.model_type, m.layers, m.heads, m.kv_heads, m.head_dim, m.dtype) == ("qwen3", 36, 32, 8, 128, "bf16")
+    assert m.window_left == (None,) * 36 and m.scale == 128**-0.5 and m.softcap is None
+
+
+def test_qwen3_head_dim_defaults_to_128_like_its_config_class_not_hidden_over_heads() -> None:
+    config = {k: v for k, v in QWEN3_8B.items() if k != "head_dim"} | {"hidden_size": 5120, "num_attention_heads": 64}
+    assert read_model(config).head_dim == 128  # Qwen3Config's own default (5120 / 64 would be 80)
+
+
+def test_qwen3_slides_like_qwen2_from_max_window_layers_on() -> None:
+    m = read_model(edited(QWEN3_8B, use_sliding_window=True, sliding_window=4096, max_window_layers=30))
+    assert m.window_left == (None,) * 30 + (4095,) * 6
+
+
+def test_qwen3_moe_slides_on_every_layer_when_asked_and_derives_head_dim_when_absent() -> None:
+    m = read_model(QWEN3_30B_A3B)
+    assert (m.model_type, m.layers, m.heads, m.kv_heads, m.head_dim) == ("qwen3_moe", 48, 32, 4, 128)
+    assert m.window_left == (None,) * 48
+    sliding = read_model(edited(QWEN3_30B_A3B, use_sliding_window=True, sliding_window=2048, head_dim=None))
+    assert sliding.window_left == (2047,) * 48 and sliding.head_dim == 2048 // 32
+
+
+def test_mixtral_is_mistrals_attention_without_a_window_by_default() -> None:
+    m = read_model(MIXTRAL_8X7B)
+    assert (m.model_type, m.layers, m.heads, m.kv_heads, m.head_dim) == ("mixtral", 32, 32, 8, 128)
+    assert m.window_left == (None,) * 32
+    config = {k: v for k, v in MIXTRAL_8X7B.items() if k != "sliding_window"}
+    assert read_model(config).window_left == (None,) * 32  # MixtralConfig's default: null
+    assert read_model(edited(MIXTRAL_8X7B, sliding_window=4096)).window_left == (4095,) * 32
+
+
+def test_qwen3_moe_and_mixtral_refuse_layer_types_that_disagree() -> None:
+    only(edited(MIXTRAL_8X7B, layer_types=["sliding_attention"] * 32), "layer_types", "MixtralModel ignores")
+    only(edited(QWEN3_30B_A3B, layer_types=["sliding_attention"] * 48), "layer_types", "Qwen3MoeModel ignores")
 
 
 def test_gemma2_9b_even_layers_slide_with_a_softcap_and_the_scalar_scale() -> None:

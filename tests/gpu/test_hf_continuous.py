@@ -139,4 +139,6 @@ def test_a_manager_adds_and_cancels_and_reuses_its_pages() -> None:
     pages = sum(-(-(len(p) + 16) // 16) for p in first + later)
     assert pages > cache.num_blocks  # more than the pool holds at once: pages were freed and reused
     assert free == 1.0, "blocks still held at the end"
-    _served_by_plans(cb.calls)
+    # async batching with a mask-free attention: transformers' CUDA graphs are on, so only the
+    # captures' calls are counted (every step replays one)
+    _served_by_plans(cb.calls, graphs=True)
