@@ -214,7 +214,9 @@ def check(
 
 @app.command("from-config")
 def from_config(
-    config: Path = typer.Argument(..., help="A Hugging Face config.json (llama, mistral, qwen2, gemma2)."),
+    config: Path = typer.Argument(
+        ..., help="A Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2)."
+    ),
     batch_sizes: str = typer.Option(
         "cuda-graphs", "--batch-sizes", help='Batch buckets: "1,2,4", or "cuda-graphs" (vLLM\'s 51 capture sizes).'
     ),

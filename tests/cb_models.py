@@ -23,7 +23,14 @@ CB_TINY: dict[str, dict[str, Any]] = {
     family: fields | ({"sliding_window": WINDOW} if "sliding_window" in fields else {})
     for family, fields in TINY.items()
 }
-PEER = {"llama": "sdpa", "qwen2": "sdpa", "mistral": "sdpa", "gemma2": "paged|eager"}  # Gemma-2 has no sdpa
+PEER = {  # transformers' own attention in continuous batching (Gemma-2 has no sdpa)
+    "llama": "sdpa",
+    "qwen2": "sdpa",
+    "qwen3": "sdpa",
+    "mistral": "sdpa",
+    "mixtral": "sdpa",
+    "gemma2": "paged|eager",
+}
 TIE_GAP = 0.05  # a near tie: the exact fp32 logits of the two tokens are closer than this
 
 
