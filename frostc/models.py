@@ -15,6 +15,11 @@ masking_utils.py of each family), read for this module:
   without `layer_types`, even layers slide ("sliding_attention" if (i + 1) % 2); the scale is
   `query_pre_attn_scalar` ** -0.5 (not head_dim ** -0.5), `attn_logit_softcapping` caps every
   layer's scores (`final_logit_softcapping` is the LM head's, not attention's).
+- qwen3: Qwen2's window rules, head_dim a key of its own (default 128). qwen3_moe and mixtral: one
+  window (qwen3_moe: only with `use_sliding_window`) on every layer, `layer_types` unread. gemma3:
+  the text model's config is `text_config` (gemma3_text: the config itself); Gemma-2's scale,
+  `layer_types` or every `sliding_window_pattern`-th layer full (default 6), no softcap unless
+  `attn_logit_softcapping` is given.
 - head_dim: the explicit key when present and not null, else hidden_size // heads (Gemma2Config
   defaults it to 256). The dtype: `dtype`, else the older `torch_dtype` (as PreTrainedConfig does).
 - A key a config leaves out takes the default of transformers' config class for its model type
@@ -62,6 +67,18 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "qwen3_moe": {"num_key_value_heads": 4, "use_sliding_window": False, "sliding_window": 4096},
     "mixtral": {"num_key_value_heads": 8, "sliding_window": None},
+    # Gemma-3's text model: Gemma-2's scale, windows by layer_types or every sliding_window_pattern-th
+    # layer full (1 in 6), no softcap by default; "gemma3" (the multimodal checkpoints) nests it in
+    # text_config (`read_model` reads it there)
+    "gemma3_text": {
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "attn_logit_softcapping": None,
+        "use_bidirectional_attention": False,
+    },
     "gemma2": {
         "num_key_value_heads": 4,
         "head_dim": 256,
@@ -71,7 +88,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "use_bidirectional_attention": None,
     },
 }
-SUPPORTED_MODEL_TYPES = tuple(sorted(DEFAULTS))
+NESTED = {"gemma3": "gemma3_text"}  # model types whose text model's config is `text_config`
+SUPPORTED_MODEL_TYPES = tuple(sorted([*DEFAULTS, *NESTED]))
 
 
 @dataclass(frozen=True)
@@ -156,6 +174,8 @@ class _Fields:
 def read_model(config: dict[str, Any]) -> ModelAttention:
     """The attention of the model a config.json describes; a DescriptionError lists every problem."""
     model_type = config.get("model_type")
+    if model_type in NESTED:
+        return read_model(_text_config(config, NESTED[model_type]))
     if model_type not in DEFAULTS:
         got = describe(model_type) if "model_type" in config else "no model_type"
         message = f"{got} is not a model frostc can plan; supported: {quoted(SUPPORTED_MODEL_TYPES)}"
@@ -185,6 +205,20 @@ def read_model(config: dict[str, Any]) -> ModelAttention:
         softcap=softcap,
         window_left=window_left,
     )
+
+
+def _text_config(config: dict[str, Any], text_type: str) -> dict[str, Any]:
+    """A multimodal checkpoint's text model config (`text_config`) as a config of model type
+    `text_type`, the dtype taken from the top level where the text config names none."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        message = f"expected the text model's config (a JSON object), got {describe(text)}"
+        raise DescriptionError([Problem("text_config", message)])
+    inner = dict(text) | {"model_type": text_type}
+    for key in ("dtype", "torch_dtype"):
+        if inner.get(key) is None and config.get(key) is not None:
+            inner[key] = config[key]
+    return inner
 
 
 def _head_dim(f: _Fields, heads: int | None) -> int | None:
@@ -288,6 +322,24 @@ def _gemma2(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], float | No
     return _windows(types, window), scalar**-0.5 if scalar else None, f.float("attn_logit_softcapping")
 
 
+def _gemma3(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], float | None, float | None]:
+    if f.bool("use_bidirectional_attention"):
+        f.problem("use_bidirectional_attention", "true: frostc plans causal language models; set it false or remove it")
+    window = f.int("sliding_window")
+    types = _layer_types(f, layers)
+    pattern = f.int("sliding_window_pattern")
+    if types is None and pattern is not None:  # Gemma3TextConfig: every pattern-th layer is full
+        types = [SLIDING if (i + 1) % pattern else FULL for i in range(layers)]
+    scalar = f.float("query_pre_attn_scalar")
+    if scalar is None and "query_pre_attn_scalar" in f.config and f.config["query_pre_attn_scalar"] is None:
+        f.problem("query_pre_attn_scalar", "null: Gemma-3 scales scores by query_pre_attn_scalar ** -0.5; give it")
+    return (
+        _windows(types or [FULL] * layers, window),
+        scalar**-0.5 if scalar else None,
+        f.float("attn_logit_softcapping"),
+    )
+
+
 def _check_ignored_layer_types(f: _Fields, layers: int, meant: list[str], why: str) -> None:
     """A family whose model ignores `layer_types`: accept it only when it says what the model does."""
     types = _layer_types(f, layers)
@@ -303,6 +355,7 @@ _FAMILIES = {
     "qwen3_moe": _qwen3_moe,
     "mixtral": _mixtral,
     "gemma2": _gemma2,
+    "gemma3_text": _gemma3,
 }
 assert set(_FAMILIES) == set(DEFAULTS)
 

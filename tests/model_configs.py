@@ -112,6 +112,45 @@ MIXTRAL_8X7B: dict[str, Any] = {
     "vocab_size": 32000,
 }
 
+# Gemma-3-27B's config.json: the multimodal checkpoint, its text model in text_config (the dtype at
+# the top); 5 sliding layers of 1024 to 1 full, head dim 128, the scale from query_pre_attn_scalar
+GEMMA3_27B: dict[str, Any] = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "torch_dtype": "bfloat16",
+    "text_config": {
+        "model_type": "gemma3_text",
+        "hidden_size": 5376,
+        "intermediate_size": 21504,
+        "num_hidden_layers": 62,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "head_dim": 128,
+        "query_pre_attn_scalar": 168,
+        "sliding_window": 1024,
+        "max_position_embeddings": 131072,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+    },
+    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152},
+}
+
+# Gemma-3-1B's (text only): head dim 256, one KV head, windows of 512
+GEMMA3_1B: dict[str, Any] = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 1152,
+    "intermediate_size": 6912,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 512,
+    "sliding_window_pattern": 6,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+}
+
 GEMMA2_9B: dict[str, Any] = {
     "architectures": ["Gemma2ForCausalLM"],
     "model_type": "gemma2",

@@ -14,6 +14,8 @@ from frostc.models import SUPPORTED_MODEL_TYPES, load_model_config, read_model
 from tests.model_configs import (
     GEMMA2_9B,
     GEMMA2_27B,
+    GEMMA3_1B,
+    GEMMA3_27B,
     LLAMA3_8B,
     MISTRAL_7B_V01,
     MIXTRAL_8X7B,
@@ -122,6 +124,33 @@ def test_mixtral_is_mistrals_attention_without_a_window_by_default() -> None:
 def test_qwen3_moe_and_mixtral_refuse_layer_types_that_disagree() -> None:
     only(edited(MIXTRAL_8X7B, layer_types=["sliding_attention"] * 32), "layer_types", "MixtralModel ignores")
     only(edited(QWEN3_30B_A3B, layer_types=["sliding_attention"] * 48), "layer_types", "Qwen3MoeModel ignores")
+
+
+def test_gemma3_27b_is_read_from_text_config_five_sliding_layers_to_one_full() -> None:
+    m = read_model(GEMMA3_27B)
+    assert (m.model_type, m.layers, m.heads, m.kv_heads, m.head_dim, m.dtype) == (
+        "gemma3_text",
+        62,
+        32,
+        16,
+        128,
+        "bf16",
+    )
+    assert m.window_left == tuple(None if (i + 1) % 6 == 0 else 1023 for i in range(62))
+    assert m.scale == 168**-0.5 and m.softcap is None
+
+
+def test_gemma3_1b_text_only_config_and_its_layer_types_win() -> None:
+    m = read_model(GEMMA3_1B)
+    assert (m.model_type, m.kv_heads, m.head_dim) == ("gemma3_text", 1, 256)
+    assert m.window_left[:6] == (511,) * 5 + (None,) and m.scale == 256**-0.5
+    types = ["full_attention", "sliding_attention"] * 13
+    assert read_model(edited(GEMMA3_1B, layer_types=types)).window_left == (None, 511) * 13
+
+
+def test_gemma3_without_a_text_config_names_it() -> None:
+    only(edited(GEMMA3_27B, text_config=...), "text_config", "JSON object")
+    only(edited(GEMMA3_27B, text_config={**GEMMA3_27B["text_config"], "num_hidden_layers": 0}), "num_hidden_layers")
 
 
 def test_gemma2_9b_even_layers_slide_with_a_softcap_and_the_scalar_scale() -> None:

@@ -271,7 +271,7 @@ def _check_padded_rows(node: Sdpa, ctx: ResolveContext) -> None:
 def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, workspace) -> ResolvedLaunch:
     slots = {role: ctx.slot(name) for role, name in (node.inputs + node.outputs)}
     varlen = node.form != "dense"
-    strides = {role: _bhs_strides(slots.get(role), node.form) for role in ("q", "k", "v", "o", "lse")}
+    strides = {role: form_strides(slots.get(role), node.form) for role in ("q", "k", "v", "o", "lse")}
     relaid = "v_relaid" in workspace  # V's map addresses the re-laid Vᵀ in the workspace, not V's slot
     if relaid:
         strides["v"] = _relaid_strides(node)
@@ -279,10 +279,7 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
         role: strides[role][0] // strides[role][2] if node.form == "padded" else 0 for role in ("q", "k", "v")
     }
     mask = node.mask
-    if mask.softcap is not None:  # s -> softcap * tanh(s / softcap): tanh(raw * scale / cap), then * cap
-        softmax = SoftmaxScales(scale_log2=mask.softcap * LOG2_E, score_scale=node.attn_scale / mask.softcap)
-    else:
-        softmax = SoftmaxScales(scale_log2=node.attn_scale * LOG2_E, score_scale=0.0)
+    softmax = softmax_scales(node)
     shape = ForwardShape(
         batch=node.batch, heads_q=node.heads_q, seq_q=node.seq_q, seq_kv=node.seq_kv,
         group=node.heads_q // node.heads_kv, window_left=mask.window_left or 0, window_right=mask.window_right or 0,
@@ -290,7 +287,7 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
     )  # fmt: skip
     q_extents = node.heads_q if varlen else (node.seq_q, node.heads_q, node.batch)
     kv_extents = node.heads_kv if varlen else (node.seq_kv, node.heads_kv, node.batch)
-    tma = {role: _tma_strides(slots[role], strides[role]) for role in ("q", "k", "v")}
+    tma = {role: map_strides(slots[role], strides[role]) for role in ("q", "k", "v")}
     v_base = Workspace(workspace["v_relaid"]) if relaid else slots["v"]
     if relaid:  # (b, h, d) strides of Vᵀ (b, h, d, pitch)
         tma["v"] = (*tma["v"][:2], tma_stride(node.head_dim, relaid_pitch(node.seq_kv), "e4m3"))
@@ -325,6 +322,14 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
     )
     grid = (tile_capacity(node, variant.tile_shape.block_m), 1, 1)
     return launch(node.name, variant, grid, args)
+
+
+def softmax_scales(node: Sdpa) -> SoftmaxScales:
+    """The forward kernel's softmax scales: with a softcap, s -> softcap * tanh(s / softcap) is
+    tanh(raw * scale / cap) (score_scale), then * cap (in the exponent's scale)."""
+    if node.mask.softcap is not None:
+        return SoftmaxScales(scale_log2=node.mask.softcap * LOG2_E, score_scale=node.attn_scale / node.mask.softcap)
+    return SoftmaxScales(scale_log2=node.attn_scale * LOG2_E, score_scale=0.0)
 
 
 def _region(workspace: dict[str, int], name: str) -> Workspace | None:
@@ -388,7 +393,7 @@ def _pack_launch(
     return launch(node.name, variant, variant.grid(pitch, node.heads_kv), args)
 
 
-def _bhs_strides(slot, form: str) -> tuple[int, int, int]:
+def form_strides(slot, form: str) -> tuple[int, int, int]:
     """(b, h, s) element strides of q, k, v, o or lse; packed tensors have no b (0); an absent
     tensor has zeros."""
     if slot is None:
@@ -398,7 +403,7 @@ def _bhs_strides(slot, form: str) -> tuple[int, int, int]:
     return (slot.strides[0], slot.strides[1], slot.strides[2])
 
 
-def _tma_strides(slot, strides: tuple[int, int, int]) -> tuple[int, int, int]:
+def map_strides(slot, strides: tuple[int, int, int]) -> tuple[int, int, int]:
     """(b, h, s) strides TMA accepts; a packed tensor's absent b has extent 0 (never stepped)."""
     extents = (0, slot.dims[1], slot.dims[0]) if len(slot.dims) == 3 else slot.dims[:3]
     return tuple(tma_stride(extent, st, slot.dtype) for extent, st in zip(extents, strides))

@@ -25,7 +25,7 @@ from frost_runtime.dtypes import DTYPES
 
 from frostc.contexts import ResolveContext
 from frostc.kernels.interface import BhsStrides, TmaSource
-from frostc.kernels.sdpa_common import LOG2_E, MaskFlags, SoftmaxScales
+from frostc.kernels.sdpa_common import MaskFlags
 from frostc.kernels.sdpa_decode_paged import decode_tiles
 from frostc.kernels.sdpa_fwd_wgmma import (
     ForwardShape,
@@ -38,6 +38,7 @@ from frostc.kernels.sdpa_fwd_wgmma import (
 from frostc.kernels.sdpa_schedule import ScheduleArgs, ScheduleVariant
 from frostc.ops.rows import HEAD_DIMS, tma_stride
 from frostc.ops.sdpa_choice import tile_capacity, unit_capacity
+from frostc.ops.sdpa_forward import form_strides, map_strides, softmax_scales
 from frostc.ops.sdpa_node import Sdpa
 from frostc.resolved import ResolvedLaunch, Workspace, launch
 
@@ -103,10 +104,6 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, workspace: dict[str, 
     lse = ctx.slot(node.lse) if node.lse else None
     table = ctx.slot(node.page_table)
     mask = node.mask
-    if mask.softcap is not None:  # s -> softcap * tanh(s / softcap): tanh(raw * scale / cap), then * cap
-        softmax = SoftmaxScales(scale_log2=mask.softcap * LOG2_E, score_scale=node.attn_scale / mask.softcap)
-    else:
-        softmax = SoftmaxScales(scale_log2=node.attn_scale * LOG2_E, score_scale=0.0)
     shape = ForwardShape(
         batch=node.batch, heads_q=node.heads_q, seq_q=node.seq_q, seq_kv=node.seq_kv,
         group=node.heads_q // node.heads_kv, window_left=mask.window_left or 0, window_right=0,
@@ -118,34 +115,20 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, workspace: dict[str, 
         rows_per_page=k.strides[0] // row_stride if node.pages > 1 else node.page_size,
     )  # fmt: skip
     args = SdpaForwardArgs(
-        q=TmaSource(q, _packed_tma_strides(q), node.heads_q),
+        q=TmaSource(q, map_strides(q, form_strides(q, "packed")), node.heads_q),
         k=TmaSource(k, _cache_tma_strides(k), node.heads_kv),
         v=TmaSource(v, _cache_tma_strides(v), node.heads_kv),
         outputs=Outputs(o, lse),
         workspace=TileWorkspace(*(Workspace(workspace[name]) for name in ("sequences", "tiles", "tile_count")), None),
         shape=shape,
-        o_strides=_packed_strides(o),
-        lse_strides=_packed_strides(lse),
-        softmax=softmax,
+        o_strides=BhsStrides(*form_strides(o, "packed")),
+        lse_strides=BhsStrides(*form_strides(lse, "packed")),
+        softmax=softmax_scales(node),
         descales=None,
         v_maps=None,
         paged=paged,
     )
     return launch(node.name, variant, (tile_capacity(node, variant.tile_shape.block_m), 1, 1), args)
-
-
-def _packed_strides(slot) -> BhsStrides:
-    """(b, h, s) strides of a packed (tokens, h, ...) tensor: no b (the kernel adds each
-    sequence's first token)."""
-    if slot is None:
-        return BhsStrides(0, 0, 0)
-    return BhsStrides(0, slot.strides[1], slot.strides[0])
-
-
-def _packed_tma_strides(slot) -> tuple[int, int, int]:
-    """Packed q's (b, h, s) strides as its tensor map takes them (b: never stepped)."""
-    extents, strides = (0, slot.dims[1], slot.dims[0]), (0, slot.strides[1], slot.strides[0])
-    return tuple(tma_stride(extent, stride, slot.dtype) for extent, stride in zip(extents, strides))
 
 
 def _cache_tma_strides(cache) -> tuple[int, int, int]:
