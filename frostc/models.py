@@ -272,9 +272,14 @@ def _llama(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, None]
 
 
 def _mistral(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, None]:
-    window = f.int("sliding_window")
-    types = [SLIDING if window is not None else FULL] * layers
     why = "MistralModel ignores layer_types (sliding_window applies to every layer; transformers warns: use Ministral)"
+    return _every_layer(f, layers, f.int("sliding_window"), why)
+
+
+def _every_layer(f: _Fields, layers: int, window: int | None, why: str) -> tuple[tuple[int | None, ...], None, None]:
+    """A family whose one window (or none) applies to every layer, its model ignoring
+    `layer_types` (`why` says so when a config's layer_types disagree)."""
+    types = [SLIDING if window is not None else FULL] * layers
     _check_ignored_layer_types(f, layers, types, why)
     return _windows(types, window), None, None
 
@@ -293,20 +298,14 @@ def _qwen3_moe(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, N
     """Qwen3-MoE: the window (when `use_sliding_window`) on every layer, as Qwen3MoeAttention
     reads `config.sliding_window` whatever the layer; it has no layer_types."""
     window = f.int("sliding_window") if f.bool("use_sliding_window") else None
-    types = [SLIDING if window is not None else FULL] * layers
     why = "Qwen3MoeModel ignores layer_types (its window, if use_sliding_window, applies to every layer)"
-    _check_ignored_layer_types(f, layers, types, why)
-    return _windows(types, window), None, None
+    return _every_layer(f, layers, window, why)
 
 
 def _mixtral(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, None]:
     """Mixtral: Mistral's rule (sliding_window, null by default, on every layer)."""
-    window = f.int("sliding_window")
-    types = [SLIDING if window is not None else FULL] * layers
-    _check_ignored_layer_types(
-        f, layers, types, "MixtralModel ignores layer_types (sliding_window applies to every layer)"
-    )
-    return _windows(types, window), None, None
+    why = "MixtralModel ignores layer_types (sliding_window applies to every layer)"
+    return _every_layer(f, layers, f.int("sliding_window"), why)
 
 
 def _gemma2(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], float | None, float | None]:

@@ -14,10 +14,24 @@ from __future__ import annotations
 from frost_runtime.dtypes import ATTENTION, KV_CACHE, SCALE_DTYPE, is_quantized
 
 from frostc.contexts import CheckedTensor, NodeContext
+from frostc.ops.rows import tma_stride
 
 PAGE_SIZE_STEP = 16  # page sizes are multiples of this: a TMA box of the cache never spans pages
 MAX_PAGE_SIZE = 256
 MAX_NEW_TOKENS = 16  # new tokens per sequence and step: decode, speculative decoding, short chunks
+
+
+def cache_tma_strides(cache) -> tuple[int, int, int]:
+    """A cache slot's (page, row, head) strides as its tensor map takes them."""
+    return tuple(tma_stride(extent, stride, cache.dtype) for extent, stride in zip(cache.dims[:3], cache.strides[:3]))
+
+
+def rows_per_page(cache, pages: int, page_size: int) -> int:
+    """The cache's rows from one page to the next, as its ragged tensor maps count rows (the page
+    stride is a whole number of rows: sdpa_paged checks it)."""
+    if pages <= 1:
+        return page_size
+    return cache.strides[0] // tma_stride(cache.dims[1], cache.strides[1], cache.dtype)
 
 
 def page_size_problem(page_size: int) -> str | None:

@@ -69,11 +69,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     _record_length_contracts(node, ctx)
     tiles = variant.tile_shape
     units = unit_capacity(node, tiles.block_m)
-    workspace = {
-        "sequences": ctx.workspace(f"{node.name}.sequences", 16 * node.batch),
-        "tiles": ctx.workspace(f"{node.name}.tiles", 8 * units),
-        "tile_count": ctx.workspace(f"{node.name}.tile_count", 4),
-    }
+    workspace = schedule_workspace(node, units, ctx)
     if node.fp8:  # each sequence's Vᵀ tensor map, written by the scheduling kernel
         workspace["v_maps"] = ctx.workspace(f"{node.name}.v_maps", MAP_BYTES * node.batch)
     if config.v_source == "repacked":  # packed V, transposed from 16-key boundaries (vt_pack)
@@ -88,6 +84,16 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     if relaid:
         return (schedule, _relay_launch(node, variant, workspace["v_relaid"], ctx), attention)
     return (schedule, attention)
+
+
+def schedule_workspace(node: Sdpa, units: int, ctx: ResolveContext, prefix: str = "") -> dict[str, int]:
+    """The scheduling kernel's regions, which the attention launch reads: the sequences' table,
+    the list of `units` (sequence, query block) units and their count (`prefix`: before each name)."""
+    return {
+        "sequences": ctx.workspace(f"{node.name}.{prefix}sequences", 16 * node.batch),
+        "tiles": ctx.workspace(f"{node.name}.{prefix}tiles", 8 * units),
+        "tile_count": ctx.workspace(f"{node.name}.{prefix}tile_count", 4),
+    }
 
 
 def _relaid_region(node: Sdpa, ctx: ResolveContext) -> int:

@@ -36,9 +36,10 @@ from frostc.kernels.sdpa_fwd_wgmma import (
     TileWorkspace,
 )
 from frostc.kernels.sdpa_schedule import ScheduleArgs, ScheduleVariant
-from frostc.ops.rows import HEAD_DIMS, tma_stride
+from frostc.ops.paged_cache import cache_tma_strides, rows_per_page
+from frostc.ops.rows import HEAD_DIMS
 from frostc.ops.sdpa_choice import tile_capacity, unit_capacity
-from frostc.ops.sdpa_forward import form_strides, map_strides, softmax_scales
+from frostc.ops.sdpa_forward import form_strides, map_strides, schedule_workspace, softmax_scales
 from frostc.ops.sdpa_node import Sdpa
 from frostc.resolved import ResolvedLaunch, Workspace, launch
 
@@ -74,11 +75,7 @@ def chunk_launches(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, Res
     variant = forward_variant(node, ctx.slot(node.q).dtype)
     tiles = variant.tile_shape
     units = unit_capacity(node, tiles.block_m)
-    workspace = {
-        "sequences": ctx.workspace(f"{node.name}.chunk_sequences", 16 * node.batch),
-        "tiles": ctx.workspace(f"{node.name}.chunk_tiles", 8 * units),
-        "tile_count": ctx.workspace(f"{node.name}.chunk_tile_count", 4),
-    }
+    workspace = schedule_workspace(node, units, ctx, prefix="chunk_")
     return _schedule_launch(node, variant, units, workspace, ctx), _attention_launch(node, variant, workspace, ctx)
 
 
@@ -109,15 +106,14 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, workspace: dict[str, 
         group=node.heads_q // node.heads_kv, window_left=mask.window_left or 0, window_right=0,
         q_rows=0, k_rows=0, v_rows=0,
     )  # fmt: skip
-    row_stride = tma_stride(k.dims[1], k.strides[1], k.dtype)
     paged = PagedKeys(
         table, page_table_stride=table.strides[0], pages=node.pages,
-        rows_per_page=k.strides[0] // row_stride if node.pages > 1 else node.page_size,
+        rows_per_page=rows_per_page(k, node.pages, node.page_size),
     )  # fmt: skip
     args = SdpaForwardArgs(
         q=TmaSource(q, map_strides(q, form_strides(q, "packed")), node.heads_q),
-        k=TmaSource(k, _cache_tma_strides(k), node.heads_kv),
-        v=TmaSource(v, _cache_tma_strides(v), node.heads_kv),
+        k=TmaSource(k, _bhs_order(cache_tma_strides(k)), node.heads_kv),
+        v=TmaSource(v, _bhs_order(cache_tma_strides(v)), node.heads_kv),
         outputs=Outputs(o, lse),
         workspace=TileWorkspace(*(Workspace(workspace[name]) for name in ("sequences", "tiles", "tile_count")), None),
         shape=shape,
@@ -131,8 +127,8 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, workspace: dict[str, 
     return launch(node.name, variant, (tile_capacity(node, variant.tile_shape.block_m), 1, 1), args)
 
 
-def _cache_tma_strides(cache) -> tuple[int, int, int]:
-    """A cache's strides in the forward kernel's (b, h, s) order: (page, head, row); its tensor
-    maps see the pages as ragged rows (the page stride is a whole number of rows, checked)."""
-    page, row, head = (tma_stride(n, stride, cache.dtype) for n, stride in zip(cache.dims[:3], cache.strides[:3]))
+def _bhs_order(page_row_head: tuple[int, int, int]) -> tuple[int, int, int]:
+    """A cache's (page, row, head) strides in the forward kernel's (b, h, s) order: its tensor maps
+    see the pages as ragged rows, so the page stride is never stepped over."""
+    page, row, head = page_row_head
     return (page, head, row)

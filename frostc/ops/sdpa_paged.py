@@ -27,7 +27,8 @@ from frostc.kernels.sdpa_decode_paged import (
     PagedDecodeVariant,
     decode_tiles,
 )
-from frostc.ops.rows import INT32_MAX, bhs_strides, check_head_dim, check_row_layout, check_tma_strides, tma_stride
+from frostc.ops.paged_cache import cache_tma_strides, rows_per_page
+from frostc.ops.rows import INT32_MAX, bhs_strides, check_head_dim, check_row_layout, check_tma_strides
 from frostc.ops.sdpa_choice import choose_decode, decode_rows, row_block_ctas
 from frostc.ops.sdpa_mixed import chunk_launches, chunks_apart, decode_tokens
 from frostc.ops.sdpa_node import Sdpa
@@ -152,11 +153,10 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     table = ctx.slot(node.page_table)
     rows = decode_rows(node)
     row_blocks = -(-rows // variant.tile_shape.rows)
-    row_stride = tma_stride(k.dims[1], k.strides[1], k.dtype)
     sizes = DecodeSizes(
         batch=node.batch, heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, s_new=node.seq_q, rows=rows,
         row_blocks=row_blocks, max_pages=table.dims[1], pages=node.pages,
-        rows_per_page=k.strides[0] // row_stride if node.pages > 1 else node.page_size, chunk=chunk, splits=splits,
+        rows_per_page=rows_per_page(k, node.pages, node.page_size), chunk=chunk, splits=splits,
         window_left=_window_left(node),
     )  # fmt: skip
     # a quantized cache's kernel scales Q by attn_scale itself (before fp16), and the scores by
@@ -174,8 +174,8 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     # the partial results: workspace with several splits, unused (null) with one
     partials = [Workspace(workspace[name]) if workspace else None for name in ("o_partial", "lse_partial")]
     args = PagedDecodeArgs(
-        k=TmaSource(k, _cache_tma_strides(k), extents=node.heads_kv),
-        v=TmaSource(v, _cache_tma_strides(v), extents=node.heads_kv),
+        k=TmaSource(k, cache_tma_strides(k), extents=node.heads_kv),
+        v=TmaSource(v, cache_tma_strides(v), extents=node.heads_kv),
         tensors=DecodeTensors(q, o, lse, table, ctx.slot(node.kv_lengths), *partials),
         scales=scales, sizes=sizes, q_strides=_query_strides(q, node), o_strides=_query_strides(o, node),
         lse_strides=_query_strides(lse, node), page_table_stride=table.strides[0], scale_strides=scale_strides,
@@ -185,11 +185,6 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
         ctas = row_block_ctas(node, variant.tile_shape.rows, variant.chunks_apart)
         return launch(node.name, variant, (splits, node.heads_kv, ctas), args)
     return launch(node.name, variant, (splits, node.heads_kv * row_blocks, node.batch), args)
-
-
-def _cache_tma_strides(cache) -> tuple[int, int, int]:
-    """A cache's (page, row, head) strides as its tensor map takes them."""
-    return tuple(tma_stride(extent, stride, cache.dtype) for extent, stride in zip(cache.dims[:3], cache.strides[:3]))
 
 
 def _combine_launch(
