@@ -31,6 +31,11 @@ from frostc.kernels.sequences import packed_span
 THREADS = 256
 WARPS = THREADS // 32
 VECTOR = 4  # fp32 elements per 16-byte load
+# the mixed form with its chunks apart: query rows one CTA merges, one after the other. A serving
+# bucket's grid covers every sequence its tokens could hold, most of them empty or one-token
+# decodes (4 of up to 64 rows at GQA 4): one CTA a row launched ~60 empty CTAs for each useful one
+# (0.23 s of a 64-request continuous-batching job, bench/RESULTS.md "bench/serve.py after mixed v3")
+ROWS_PER_CTA = 16
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,14 @@ class DecodeCombineVariant(Variant):
         return {"threads": THREADS, "split_groups": THREADS // (self.head_dim // VECTOR)}
 
     @property
+    def rows_per_cta(self) -> int:
+        return ROWS_PER_CTA if self.decode_rows else 1
+
+    @property
     def grid_rule(self) -> str:
+        if self.decode_rows:
+            rows = f"ceil(min(s_new * group, {self.decode_rows}) / {ROWS_PER_CTA})"
+            return f"({rows}, heads_kv, batch): {ROWS_PER_CTA} rows a CTA, the decodes' only"
         return "(s_new * group, heads_kv, batch): one CTA per query row"
 
     def kernel(self) -> "DecodeCombine":
@@ -120,7 +132,11 @@ class DecodeCombine(Kernel):
             rows = s_new * args.group
             if cutlass.const_expr(self.v.decode_rows > 0):  # a chunk's rows are not this launch's
                 rows = cutlass.select_(rows > self.v.decode_rows, 0, rows)
-            if row < rows:
+                first = row * ROWS_PER_CTA
+                for r in range(first, cutlass.min(first + ROWS_PER_CTA, rows), 1):
+                    self._combine(args, r, head_kv, b, s_new, q_start)
+                    cute.arch.sync_threads()  # the pieces and the scratch are free for the next row
+            elif row < rows:
                 self._combine(args, row, head_kv, b, s_new, q_start)
         else:
             self._combine(args, row, head_kv, b, args.s_new, None)

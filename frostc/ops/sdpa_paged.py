@@ -205,7 +205,7 @@ def _combine_launch(
         block_n=tiles.block_n,
         o_strides=_query_strides(o, node), lse_strides=_query_strides(lse, node), packed=_packed_queries(node, ctx),
     )  # fmt: skip
-    rows = min(decode_rows(node), decode_rows_max) if apart else decode_rows(node)
+    rows = -(-min(decode_rows(node), decode_rows_max) // variant.rows_per_cta) if apart else decode_rows(node)
     return launch(node.name, variant, (rows, node.heads_kv, node.batch), args)
 
 
