@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from frostc.errors import INPUT_ERRORS, FrostcError, input_error_message, internal_error_message
+from frostc.serving import ENGINES, VLLM_MAX_NUM_BATCHED_TOKENS, VLLM_MAX_NUM_SEQS
 
 app = typer.Typer(
     add_completion=False,
@@ -257,6 +258,25 @@ def from_config(
     cb_blocks: int | None = typer.Option(
         None, "--cb-blocks", help="transformers' num_blocks: the pool the mixed plans read (with --cb-tokens)."
     ),
+    engine: str = typer.Option(
+        "transformers",
+        "--engine",
+        help="Who serves the plans: transformers (frost_runtime.hf) or vllm (frost_vllm: mixed plans only).",
+    ),
+    max_num_seqs: int = typer.Option(
+        VLLM_MAX_NUM_SEQS, "--max-num-seqs", help="vLLM's --max-num-seqs: a step's sequences (with --engine vllm)."
+    ),
+    max_num_batched_tokens: int = typer.Option(
+        VLLM_MAX_NUM_BATCHED_TOKENS,
+        "--max-num-batched-tokens",
+        help="vLLM's --max-num-batched-tokens: its longest step (with --engine vllm).",
+    ),
+    kv_layout: str = typer.Option(
+        "nhd", "--kv-layout", help="vLLM's cache layout, VLLM_KV_CACHE_LAYOUT: nhd or hnd (with --engine vllm)."
+    ),
+    kv_scales: str = typer.Option(
+        "tensor", "--kv-scales", help="An e4m3 cache's scales for vLLM: tensor (its checkpoints') or head."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the plans (validated and resolved); build nothing."),
     as_json: bool = typer.Option(False, "--json", help="The listing as JSON."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Plan set to write (.frostset)."),
@@ -271,11 +291,13 @@ def from_config(
     from frostc.serving import (
         PHASES,
         ContinuousBatching,
+        VllmEngine,
         deployment,
         dry_run_summary,
         layer_kinds,
         parse_batch_sizes,
         print_dry_run,
+        vllm_token_buckets,
     )
 
     try:
@@ -287,10 +309,17 @@ def from_config(
             if cb_blocks is None:
                 _fail("--cb-tokens needs --cb-blocks: transformers' num_blocks (ContinuousBatchingConfig), its pool")
             cb = ContinuousBatching(parse_batch_sizes(cb_tokens, "--cb-tokens"), cb_requests, cb_blocks)
+        if engine not in ENGINES:
+            _fail(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
+        vllm, sizes = None, parse_batch_sizes(batch_sizes)
+        if engine == "vllm":  # the buckets are tokens: the capture sizes, then doubling to the longest step
+            if batch_sizes.strip() == "cuda-graphs":
+                sizes = vllm_token_buckets(max_num_batched_tokens)
+            vllm = VllmEngine(sizes, max_num_seqs, max_num_batched_tokens, kv_layout.lower(), kv_scales)
         dep = deployment(
             model,
             dtype=dtype,
-            batch_sizes=parse_batch_sizes(batch_sizes),
+            batch_sizes=sizes,
             max_prompt_tokens=max_prompt_tokens,
             max_cache_len=max_cache_len,
             page_size=page_size,
@@ -301,6 +330,7 @@ def from_config(
             qkv_layout=qkv_layout,
             glue=layers,
             cb=cb,
+            vllm=vllm,
         )
     except FrostcError as exc:
         _fail(f"{config} cannot be planned:\n{exc}")
@@ -326,7 +356,7 @@ def _build_set(model, dep, output: Path, phase: str | None, name: str | None, qu
     from frostc.serving import glue_list, layer_kinds, plan_list
 
     phases = None if phase is None else (phase,)
-    name = name or f"{model.model_type}-{dep.dtype}-tp{dep.tp}"
+    name = name or f"{model.model_type}-{dep.dtype}-tp{dep.tp}" + ("-vllm" if dep.vllm else "")
     entries = [e for e in plan_list(layer_kinds(model, dep), dep) if phases is None or e.phase in phases]
     glue = glue_list(dep) if phases is None or "decode" in phases else ()
     total = sum(1 for e in entries if not e.unsupported) + len(glue)

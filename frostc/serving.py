@@ -12,8 +12,10 @@ form, kv_append then sdpa, with 1 + `speculative` new tokens per sequence over a
 pages of `page_size` tokens, in the model's dtype or in e4m3 (`kv_cache_dtype`: half the bytes,
 with one float32 scale per KV head and layer, the serving side's to set). A continuous-batching
 deployment (`cb_tokens`) adds the mixed phase: per token bucket, the mixed form with the packed
-append over transformers' own pool by strides (`ContinuousBatching`). Nothing here compiles:
-building the plan set comes later.
+append over transformers' own pool by strides (`ContinuousBatching`). A vLLM deployment
+(`VllmEngine`) has the mixed phase only: per token bucket, the mixed form with the slots append
+(`slot_mapping`) over vLLM's per-layer cache by strides, K and V the two halves of its last dim.
+Nothing here compiles: building the plan set comes later.
 """
 
 from __future__ import annotations
@@ -61,6 +63,46 @@ class ContinuousBatching:
         return min(tokens, self.requests)
 
 
+# vLLM V1 (frost_vllm): its cache layouts (VLLM_KV_CACHE_LAYOUT; NHD = LBNHC, its default, HND = LBHNC),
+# the grain of an e4m3 cache's scales (its checkpoints load one per tensor), its server defaults on an
+# H100/H200 (EngineArgs: max_num_seqs 1024, max_num_batched_tokens 8192)
+ENGINES = ("transformers", "vllm")  # who serves a set: frost_runtime.hf, or frost_vllm
+VLLM_LAYOUTS = ("nhd", "hnd")
+VLLM_KV_SCALES = ("tensor", "head")
+VLLM_MAX_NUM_SEQS, VLLM_MAX_NUM_BATCHED_TOKENS = 1024, 8192
+
+
+@dataclass(frozen=True)
+class VllmEngine:
+    """A vLLM V1 deployment (`frost_vllm`): what its mixed plans' buckets and capacities and its
+    cache's strides come from. Each step's tokens (padded to a CUDA-graph capture size, or not)
+    take the smallest bucket that holds them; the page count is `Deployment.pages`, the one vLLM is
+    started with (`--num-gpu-blocks-override`), because the plans' bounds are fixed at build."""
+
+    tokens: tuple[int, ...]  # the token buckets, increasing; the largest >= max_num_batched_tokens
+    max_num_seqs: int  # vLLM's --max-num-seqs: a step's sequences are at most min(tokens, this)
+    max_num_batched_tokens: int  # vLLM's --max-num-batched-tokens: the largest step
+    layout: str = "nhd"  # one of VLLM_LAYOUTS
+    kv_scales: str = "tensor"  # one of VLLM_KV_SCALES: an e4m3 cache's k_scale / v_scale, (1,) or (hkv,)
+
+    def sequences(self, tokens: int) -> int:
+        """The page table's rows of a bucket: a step has at most one sequence per token."""
+        return min(tokens, self.max_num_seqs)
+
+
+def vllm_token_buckets(max_num_batched_tokens: int) -> tuple[int, ...]:
+    """vLLM's CUDA-graph capture sizes up to its largest step, then doubling to that step: a
+    captured step's padded tokens are a bucket exactly (no staging), a longer one is staged into
+    the next power of two (or the largest step)."""
+    sizes = {t for t in CUDA_GRAPH_BATCH_SIZES if t <= max_num_batched_tokens}
+    t = 1024
+    while t < max_num_batched_tokens:
+        sizes.add(t)
+        t *= 2
+    sizes.add(max_num_batched_tokens)
+    return tuple(sorted(sizes))
+
+
 @dataclass(frozen=True)
 class Deployment:
     """How the model is served: what every plan's capacities come from."""
@@ -77,6 +119,7 @@ class Deployment:
     qkv_layout: str = "separate"  # one of QKV_LAYOUTS: how decode plans take q, k_new, v_new
     glue: ModelLayers | None = None  # the decoder layers, when the set holds the decode step's glue plans
     cb: ContinuousBatching | None = None  # a transformers continuous-batching deployment: the mixed phase
+    vllm: VllmEngine | None = None  # a vLLM deployment: the mixed phase only
 
     @property
     def quantized_cache(self) -> bool:
@@ -122,6 +165,7 @@ def deployment(
     qkv_layout: str = "separate",
     glue: ModelLayers | None = None,
     cb: ContinuousBatching | None = None,
+    vllm: VllmEngine | None = None,
 ) -> Deployment:
     """The options, checked against each other and the model; None takes the default: the config's
     dtype, a cache of the model's max positions, prompts up to the cache's length, and a pool of
@@ -169,6 +213,10 @@ def deployment(
         bad("--qkv-layout", f"{qkv_layout!r}: decode plans take q, k and v as {quoted(QKV_LAYOUTS)}")
     if cb is not None:
         _check_cb(model, cb, kv_cache_dtype, dtype, page_size, bad)
+    if vllm is not None:
+        _check_vllm(vllm, cb, pages, bad)
+        if glue is not None:
+            bad("--glue", "the glue plans are for transformers' fused layers (hf_fuse); leave the flag out with vllm")
     if problems:
         raise DescriptionError(problems)
     max_pages = -(-max_cache_len // page_size)
@@ -189,8 +237,30 @@ def deployment(
     return Deployment(
         dtype, tuple(batch_sizes), max_prompt_tokens, max_cache_len, page_size, pages, speculative, tp,
         kv_cache_dtype or dtype,
-        qkv_layout, glue, cb,
+        qkv_layout, glue, cb, vllm,
     )  # fmt: skip
+
+
+def _check_vllm(vllm: VllmEngine, cb: ContinuousBatching | None, pages: int | None, bad) -> None:
+    """One engine a set; vLLM's limits positive, the buckets taking its largest step, its pool's
+    block count given (the plans' bounds are fixed at build: vLLM is started with the same)."""
+    if cb is not None:
+        bad("--engine", "vllm: the --cb-* flags are transformers' continuous batching; leave them out")
+    if vllm.max_num_seqs < 1:
+        bad("--max-num-seqs", f"{vllm.max_num_seqs}: vLLM's --max-num-seqs is >= 1")
+    if vllm.max_num_batched_tokens < 1:
+        bad("--max-num-batched-tokens", f"{vllm.max_num_batched_tokens}: vLLM's --max-num-batched-tokens is >= 1")
+    elif not vllm.tokens or vllm.tokens[-1] < vllm.max_num_batched_tokens:
+        most = vllm.tokens[-1] if vllm.tokens else 0
+        bad("--batch-sizes", f"the largest token bucket {most} is below --max-num-batched-tokens "
+                             f"{vllm.max_num_batched_tokens}: a step that long would have no plan; add it")  # fmt: skip
+    if vllm.layout not in VLLM_LAYOUTS:
+        bad("--kv-layout", f"{vllm.layout!r}: vLLM's cache layouts are {quoted(VLLM_LAYOUTS)} (VLLM_KV_CACHE_LAYOUT)")
+    if vllm.kv_scales not in VLLM_KV_SCALES:
+        bad("--kv-scales", f"{vllm.kv_scales!r}: an e4m3 cache's scales are {quoted(VLLM_KV_SCALES)}")
+    if pages is None:
+        bad("--pages", "give the pool's block count, and start vLLM with the same: vllm serve ... "
+                       "--num-gpu-blocks-override PAGES (the plans' page bounds are fixed at build)")  # fmt: skip
 
 
 def _check_cb(model: ModelAttention, cb: ContinuousBatching, kv_cache_dtype, dtype, page_size: int, bad) -> None:
@@ -306,7 +376,10 @@ class PlanEntry:
 
 def plan_list(kinds: tuple[LayerKind, ...], dep: Deployment) -> tuple[PlanEntry, ...]:
     """Every kind's prefill plans, then its decode plans, each over the batch buckets, in order; a
-    continuous-batching deployment's mixed plans, over its token buckets, after them."""
+    continuous-batching deployment's mixed plans, over its token buckets, after them; a vLLM
+    deployment's mixed plans alone."""
+    if dep.vllm is not None:
+        return vllm_entries(kinds, dep)
     plans = [
         PlanEntry(key, kind.index, phase, batch, _DESCRIBE[phase](key, kind, dep, batch), None)
         for kind in kinds
@@ -317,6 +390,17 @@ def plan_list(kinds: tuple[LayerKind, ...], dep: Deployment) -> tuple[PlanEntry,
     if dep.cb is not None:
         plans += mixed_entries(kinds, dep)
     return tuple(plans)
+
+
+def vllm_entries(kinds: tuple[LayerKind, ...], dep: Deployment) -> tuple[PlanEntry, ...]:
+    """A vLLM deployment's plans: each kind's mixed plan per token bucket, nothing else (vLLM runs
+    every step, all-decode ones included, as one packed mix)."""
+    return tuple(
+        PlanEntry(key, kind.index, "mixed", tokens, vllm_mixed_description(key, kind, dep, tokens), None)
+        for kind in kinds
+        for tokens in dep.vllm.tokens
+        for key in [f"{kind.name}-mixed-t{tokens}"]
+    )
 
 
 def mixed_entries(kinds: tuple[LayerKind, ...], dep: Deployment) -> list[PlanEntry]:
@@ -361,6 +445,49 @@ def mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: int, 
     g.sdpa(
         name="attn", q="q", k="k_cache", v="v_cache", o="o", causal=True, window_left=kind.window_left,
         softcap=kind.softcap, attn_scale=kind.scale, **lengths,
+    )  # fmt: skip
+    return g.build()
+
+
+def vllm_cache_strides(layout: str, page_size: int, kv_heads: int, head_dim: int) -> list[int]:
+    """The (pages, page_size, hkv, d) strides of K's (or V's) view of one layer of vLLM's cache,
+    whose logical shape is (blocks, hkv, page_size, 2d): K the first d of the last dim, V the
+    second (V's view starts d elements in). nhd stores (blocks, page_size, hkv, 2d), hnd (blocks,
+    hkv, page_size, 2d)."""
+    block = page_size * kv_heads * 2 * head_dim
+    if layout == "nhd":
+        return [block, kv_heads * 2 * head_dim, 2 * head_dim, 1]
+    return [block, 2 * head_dim, page_size * 2 * head_dim, 1]
+
+
+def vllm_mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: int) -> Description:
+    """A vLLM step (docs/serving.md, "vLLM"): this step's K/V written to the slots vLLM assigned
+    (kv_append's slots form; −1, its padding, skipped), then the packed queries over each
+    sequence's pages. The caches are the two halves of vLLM's per-layer cache by strides; the
+    lengths and the page table are the metadata builder's copies of vLLM's (frost_vllm)."""
+    g = GraphBuilder(name)
+    vllm, b, d = dep.vllm, dep.vllm.sequences(tokens), kind.head_dim
+    for tensor, heads in (("q", kind.heads), ("k_new", kind.kv_heads), ("v_new", kind.kv_heads), ("o", kind.heads)):
+        g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, d])
+    strides = vllm_cache_strides(vllm.layout, dep.page_size, kind.kv_heads, d)
+    for cache in ("k_cache", "v_cache"):
+        g.tensor(cache, dtype=dep.kv_cache_dtype, dims=[dep.pages, dep.page_size, kind.kv_heads, d], strides=strides)
+    scales = {}
+    if dep.quantized_cache:
+        grain = 1 if vllm.kv_scales == "tensor" else kind.kv_heads
+        scales = {name: g.tensor(name, dtype=SCALE_DTYPE, dims=[grain]) for name in ("k_scale", "v_scale")}
+    g.tensor("slot_mapping", dtype="int32", dims=[tokens])
+    g.tensor("page_table", dtype="int32", dims=[b, dep.max_pages])
+    g.tensor("cache_len", dtype="int32", dims=[b])
+    g.tensor("cu_q", dtype="int32", dims=[b + 1])
+    g.node(
+        "kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache",
+        slot_mapping="slot_mapping", **scales,
+    )  # fmt: skip
+    g.sdpa(
+        name="attn", q="q", k="k_cache", v="v_cache", o="o", causal=True, window_left=kind.window_left,
+        softcap=kind.softcap, attn_scale=kind.scale, page_table="page_table", seq_len_kv="cache_len",
+        cu_seqlens_q="cu_q", **scales,
     )  # fmt: skip
     return g.build()
 
@@ -570,6 +697,15 @@ def dry_run_summary(model: ModelAttention, dep: Deployment, kinds: tuple[LayerKi
                 "num_blocks": dep.cb.blocks,
                 "pool_blocks": dict(dep.cb.pool_blocks),  # each layer group's view of transformers' pool
             },
+            "vllm": None
+            if dep.vllm is None
+            else {
+                "tokens": list(dep.vllm.tokens),
+                "max_num_seqs": dep.vllm.max_num_seqs,
+                "max_num_batched_tokens": dep.vllm.max_num_batched_tokens,
+                "kv_layout": dep.vllm.layout,
+                "kv_scales": dep.vllm.kv_scales if dep.quantized_cache else None,
+            },
         },
         "kinds": [
             {
@@ -616,17 +752,30 @@ def print_dry_run(s: dict, console, source: str) -> None:
     )
     per_rank = s["kinds"][0]
     gib = d["kv_pool_bytes_per_layer"] / 2**30
-    sizes = d["batch_sizes"]
-    graphs = " (the CUDA-graph capture sizes)" if tuple(sizes) == CUDA_GRAPH_BATCH_SIZES else ""
+    cache = (
+        f"  cache: {d['kv_cache_dtype']}, {d['max_cache_len']} tokens per sequence, pages of {d['page_size']} "
+        f"({d['max_pages']} per sequence), pool of {d['pages']} pages: {gib:,.1f} GiB of K and V per layer per "
+        f"rank, {gib * m['layers']:,.1f} GiB for {m['layers']} layers"
+    )
+    if d["vllm"] is not None:  # its steps are any mix: no prefill or decode buckets
+        v = d["vllm"]
+        scales = f", e4m3 scales per {v['kv_scales']}" if v["kv_scales"] else ""
+        steps = (
+            f"  vLLM steps: token buckets {_sizes_text(v['tokens'])}; start vLLM with --max-num-seqs "
+            f"{v['max_num_seqs']} --max-num-batched-tokens {v['max_num_batched_tokens']} --max-model-len "
+            f"{d['max_cache_len']} --block-size {d['page_size']} --num-gpu-blocks-override {d['pages']}, "
+            f"VLLM_KV_CACHE_LAYOUT={v['kv_layout'].upper()}{scales}"
+        )
+    else:
+        graphs = " (the CUDA-graph capture sizes)" if tuple(d["batch_sizes"]) == CUDA_GRAPH_BATCH_SIZES else ""
+        steps = (
+            f"  batch sizes {_sizes_text(d['batch_sizes'])}{graphs}; prefill: up to {d['max_prompt_tokens']} "
+            f"tokens per step\n  decode: {d['new_tokens']} new {'token' if d['new_tokens'] == 1 else 'tokens'} per "
+            f"sequence per step ({d['speculative']} speculative), q, k and v {_QKV_TEXT[d['qkv_layout']]}"
+        )
     console.print(
         f"serving {d['dtype']}, tp {d['tp']}: {per_rank['heads']} heads and {per_rank['kv_heads']} KV heads per rank\n"
-        f"  batch sizes {_sizes_text(sizes)}{graphs}; prefill: up to {d['max_prompt_tokens']} tokens per step\n"
-        f"  cache: {d['kv_cache_dtype']}, {d['max_cache_len']} tokens per sequence, pages of {d['page_size']} "
-        f"({d['max_pages']} per "
-        f"sequence), pool of {d['pages']} pages: {gib:,.1f} GiB of K and V per layer per rank, "
-        f"{gib * m['layers']:,.1f} GiB for {m['layers']} layers\n"
-        f"  decode: {d['new_tokens']} new {'token' if d['new_tokens'] == 1 else 'tokens'} per sequence per step "
-        f"({d['speculative']} speculative), q, k and v {_QKV_TEXT[d['qkv_layout']]}",
+        f"{cache}\n{steps}",
         highlight=False,
     )
     for note in s["notes"]:

@@ -1,6 +1,6 @@
 """Build the plans the GPU tests need into tests/.built (ignored by git; carried to the GPU).
 
-    python -m tests.gpu.build_plans [--only sdpa|decode|append|hf|fp8|mixed|cb]
+    python -m tests.gpu.build_plans [--only sdpa|decode|append|hf|fp8|mixed|cb|vllm]
 
 Runs on the CPU machine: compiling needs the CuTe DSL, which the GPU machine does not have.
 The sdpa plans go to manifest.json (and two-nodes.frost), the paged-KV decode plans of
@@ -292,7 +292,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="Build the GPU tests' plans into tests/.built.")
     parser.add_argument(
         "--only",
-        choices=["sdpa", "decode", "append", "hf", "fp8", "mixed", "cb"],
+        choices=["sdpa", "decode", "append", "hf", "fp8", "mixed", "cb", "vllm"],
         help="build one group only (default: all)",
     )
     args = parser.parse_args()
@@ -303,6 +303,10 @@ def main() -> int:
         build_fp8()
     if args.only in (None, "cb"):
         build_cb_sets()
+    if args.only in (None, "vllm"):  # tests/gpu/test_vllm_launch.py's (and tests/vllm/'s) sets
+        from tests.vllm_sets import main as build_vllm_sets
+
+        build_vllm_sets()
     if args.only in (None, "hf"):
         build_hf_sets()
         build_set_of_tiny_llama()
