@@ -1,5 +1,5 @@
 """Small plan sets built for vLLM (`frostc from-config --engine vllm`), for frost_vllm's tests: the
-CPU ones (the set checks and the metadata builder, in vLLM 0.32's venv: tests/vllm/) and the GPU
+CPU ones (the set checks and the metadata builder, in vLLM 0.32's venv: tests/vllm_backend/) and the GPU
 ones (the launch path on tensors shaped as vLLM hands them: tests/gpu/test_vllm_launch.py).
 
 Each set: token buckets 1, 4, 16 and 64 (vLLM's max_num_batched_tokens 64), at most 8 sequences a
@@ -62,12 +62,11 @@ def build_vllm_set(case: VllmSetCase) -> bytes:
 
 
 def main() -> None:
-    """python -m tests.vllm_sets: build every case into tests/.built/vllm (what tests/vllm and
+    """python -m tests.vllm_sets: build every case into tests/.built/vllm (what tests/vllm_backend and
     the GPU tests read)."""
     import time
 
     from frostc.planfile import write_atomic
-
     from tests.hf_models import build_tiny_set
 
     BUILT.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ import torch
 from frost_runtime import dtypes
 from frost_runtime.planset import KindInfo
 
-from frost_vllm.plans import FLAGS, SetError, VllmSet
+from frost_vllm.plans import SetError, VllmSet
 from frost_vllm.step import Step
 
 
@@ -140,8 +140,8 @@ class LayerLauncher:
             problems.append(f"the layer's cache is {tuple(kv_cache.shape)}, the set's {want}: check --block-size and "
                             "--tensor-parallel-size")  # fmt: skip
         elif kv_cache.shape[0] != s.pages:
-            problems.append(f"{FLAGS['num_gpu_blocks']}: the cache has {kv_cache.shape[0]} blocks, the set's plans "
-                            f"{s.pages}: start vLLM with --num-gpu-blocks-override {s.pages}")  # fmt: skip
+            problems.append(f"the cache has {kv_cache.shape[0]} blocks, the set's plans {s.pages}: start vLLM with "
+                            f"--num-gpu-blocks-override {s.pages}")  # fmt: skip
         else:
             layout = "nhd" if kv_cache.stride(2) > kv_cache.stride(1) else "hnd"
             if layout != s.layout:

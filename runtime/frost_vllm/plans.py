@@ -24,14 +24,14 @@ from frost_runtime.schema import TensorSlot
 ENV = "FROSTC_PLAN_SET"  # the plan set's path, in every vLLM process (the plugin reads it there)
 PHASE = "mixed"
 REBUILD = "build it with: frostc from-config CONFIG.json --engine vllm --pages N -o SET.frostset"
-# how `frostc from-config --engine vllm` spells what vLLM is started with (the fix a message names)
+# each setting: vLLM's flag, and frostc from-config's for the same (the fixes a message names)
 FLAGS = {
-    "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "max_model_len": "--max-model-len (frostc: --max-cache-len)",
-    "block_size": "--block-size (frostc: --page-size)",
-    "num_gpu_blocks": "--num-gpu-blocks-override (frostc: --pages)",
-    "tensor_parallel_size": "--tensor-parallel-size (frostc: --tp)",
+    "max_num_seqs": ("--max-num-seqs", "--max-num-seqs"),
+    "max_num_batched_tokens": ("--max-num-batched-tokens", "--max-num-batched-tokens"),
+    "max_model_len": ("--max-model-len", "--max-cache-len"),
+    "block_size": ("--block-size", "--page-size"),
+    "num_gpu_blocks": ("--num-gpu-blocks-override", "--pages"),
+    "tensor_parallel_size": ("--tensor-parallel-size", "--tp"),
 }
 
 
@@ -164,12 +164,14 @@ def deployment_problems(s: VllmSet, d: Deployment) -> list[str]:
     problems = []
 
     def over(field: str, got: int, most: int) -> None:
+        vllm, frostc = FLAGS[field]
         if got > most:
-            problems.append(f"{FLAGS[field]} {got}: the set's plans take at most {most}")
+            problems.append(f"{vllm} {got}: the set's plans take at most {most} (frostc from-config {frostc})")
 
     def differs(field: str, got: int | None, want: int) -> None:
+        vllm, frostc = FLAGS[field]
         if got != want:
-            problems.append(f"{FLAGS[field]} {got}: the set was built for {want}")
+            problems.append(f"{vllm} {got}: the set was built for {want} (frostc from-config {frostc})")
 
     over("max_num_seqs", d.max_num_seqs, s.max_sequences)
     over("max_num_batched_tokens", d.max_num_batched_tokens, s.max_tokens)
@@ -177,7 +179,7 @@ def deployment_problems(s: VllmSet, d: Deployment) -> list[str]:
     differs("block_size", d.block_size, s.page_size)
     differs("tensor_parallel_size", d.tensor_parallel_size, s.tp)
     if d.num_gpu_blocks is None:
-        problems.append(f"{FLAGS['num_gpu_blocks']} not given: start vLLM with --num-gpu-blocks-override {s.pages}")
+        problems.append(f"--num-gpu-blocks-override not given: start vLLM with --num-gpu-blocks-override {s.pages}")
     else:
         differs("num_gpu_blocks", d.num_gpu_blocks, s.pages)
     return problems

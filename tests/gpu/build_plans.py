@@ -303,7 +303,7 @@ def main() -> int:
         build_fp8()
     if args.only in (None, "cb"):
         build_cb_sets()
-    if args.only in (None, "vllm"):  # tests/gpu/test_vllm_launch.py's (and tests/vllm/'s) sets
+    if args.only in (None, "vllm"):  # tests/gpu/test_vllm_launch.py's (and tests/vllm_backend/'s) sets
         from tests.vllm_sets import main as build_vllm_sets
 
         build_vllm_sets()

@@ -1,5 +1,5 @@
 """frost_vllm's launch path on the GPU, on tensors shaped exactly as vLLM 0.32 hands them (vLLM
-itself does not fit the GPU machine; its classes are tested on the CPU in tests/vllm/):
+itself does not fit the GPU machine; its classes are tested on the CPU in tests/vllm_backend/):
 
 - the per-layer cache (blocks, hkv, page_size, 2d) with vLLM's NHD or HND strides, K and V its
   halves, an fp8 cache as uint8 with 0-dim scales;

@@ -2,7 +2,7 @@
 selection, `validate_configuration`'s refusals, the metadata builder on vLLM's own
 `CommonAttentionMetadata` (decode, chunked prefill, mixed and padded steps) against the slot values
 the plans expect, and the impl's choice of layer kind. vLLM 0.32 wants transformers < 5.20, so
-these run in a venv of their own: `bash tests/vllm/run.sh` (CI runs it); elsewhere they skip.
+these run in a venv of their own: `bash tests/vllm_backend/run.sh` (CI runs it); elsewhere they skip.
 The launch itself needs a GPU: tests/gpu/test_vllm_launch.py runs it on tensors shaped as here.
 """
 
@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM 0.32 is not in this venv: run `bash tests/vllm/run.sh` (its own venv)")
+pytest.importorskip("vllm", reason="vLLM 0.32 is not in this venv: run `bash tests/vllm_backend/run.sh` (its own venv)")
 
 import torch  # noqa: E402
+from frost_vllm import plans  # noqa: E402
+from frost_vllm.backend import FrostcBackend, FrostcImpl, FrostcMetadataBuilder  # noqa: E402
+from frost_vllm.plans import SetError  # noqa: E402
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.config.attention import AttentionConfig  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
@@ -21,9 +24,6 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E4
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
-from frost_vllm import plans  # noqa: E402
-from frost_vllm.backend import FrostcBackend, FrostcImpl, FrostcMetadataBuilder  # noqa: E402
-from frost_vllm.plans import SetError  # noqa: E402
 from tests.vllm_sets import (  # noqa: E402
     CASES,
     MAX_MODEL_LEN,
@@ -155,7 +155,8 @@ def test_the_backend_states_the_sets_layout_and_block_size(monkeypatch) -> None:
 def vllm_config(model_dir, **changes) -> VllmConfig:
     """A real VllmConfig of the tiny Llama as vLLM would be started for the test sets."""
     settings = dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                    max_model_len=MAX_MODEL_LEN, block_size=PAGE_SIZE, num_gpu_blocks_override=PAGES) | changes  # fmt: skip
+                    max_model_len=MAX_MODEL_LEN, block_size=PAGE_SIZE, num_gpu_blocks_override=PAGES)  # fmt: skip
+    settings |= changes
     model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=settings["max_model_len"],
                         dtype="bfloat16")  # fmt: skip
     scheduler = SchedulerConfig(
@@ -198,7 +199,10 @@ def test_the_builder_supports_cuda_graphs_for_every_batch(monkeypatch, model_dir
         (dict(max_num_batched_tokens=128), "--max-num-batched-tokens 128"),
         (dict(block_size=32), "--block-size 32"),
         (dict(num_gpu_blocks_override=None), "--num-gpu-blocks-override 96"),
-        (dict(num_gpu_blocks_override=200), "--num-gpu-blocks-override (frostc: --pages) 200"),
+        (
+            dict(num_gpu_blocks_override=200),
+            "--num-gpu-blocks-override 200: the set was built for 96 (frostc from-config --pages)",
+        ),
     ],
 )
 def test_the_builder_refuses_an_engine_the_set_was_not_built_for(monkeypatch, model_dir, changes, named) -> None:

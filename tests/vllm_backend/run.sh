@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# frost_vllm's tests against vLLM 0.32's real classes, on the CPU (tests/vllm/). vLLM 0.32 pins
+# frost_vllm's tests against vLLM 0.32's real classes, on the CPU (tests/vllm_backend/). vLLM 0.32 pins
 # torch 2.13.0 (this machine's) but transformers < 5.20 (frostc's tests take 5.23), so it gets a
 # venv of its own: made once (~75 s, 2.1 GB; VLLM_VENV, default .vllm-venv), with vLLM and the
 # small packages its attention classes import (not its CUDA kernels, triton or xformers), and
@@ -21,4 +21,4 @@ if [ ! -x "$V/bin/python" ] || ! "$V/bin/python" -c "import vllm, frost_vllm" 2>
     "$V/bin/pip" install -q -e ./runtime --no-deps
 fi
 .venv/bin/python -m tests.vllm_sets
-"$V/bin/python" -m pytest -q -p no:cacheprovider tests/vllm "$@"
+"$V/bin/python" -m pytest -q -p no:cacheprovider tests/vllm_backend "$@"
