@@ -32,7 +32,10 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
 
 # Options of other programs that the docs name in passing (vLLM's).
-FOREIGN_OPTIONS = {"--num-gpu-blocks-override"}
+# vLLM's flags, which the pages name beside frostc's (a vLLM deployment must match its plan set)
+FOREIGN_OPTIONS = {
+    "--num-gpu-blocks-override", "--max-model-len", "--block-size", "--tensor-parallel-size", "--attention-backend",
+}  # fmt: skip
 
 
 def page_id(page: Path) -> str:
