@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU machine's checks after a kernel or runtime change, one device call each (600 s at most):
 #   bash bench/gpu_checks.sh tests    # the whole GPU suite, then compute-sanitizer on SANITIZE_ONLY
+#   bash bench/gpu_checks.sh verify   # one call when devices are scarce: the GPU suite, compute-sanitizer
+#                                     # on SANITIZE_ONLY, and bench/serve.py's frostc rows (64 requests, profiled)
 #   bash bench/gpu_checks.sh decode   # bench/decode.py
 #   bash bench/gpu_checks.sh model    # bench/model.py (add MODEL_ARGS="--compiled-model" to time that too)
 #   bash bench/gpu_checks.sh mixed    # bench/mixed.py; FlashAttention-4 beside it when .peer/part2 is carried
@@ -31,6 +33,17 @@ tests)
         echo "memcheck $filter: $(( ($(date +%s%N) - start) / 1000000 )) ms, $(tail -1 "$OUT/control-$filter.log")"
     done
     ;;
+verify)
+    python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
+    timeout 250 python -m pytest tests/gpu -q -p no:cacheprovider -rs > "$OUT/pytest.log" 2>&1
+    echo "pytest rc=$?"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
+    timeout 130 python bench/sanitize.py run --only "${SANITIZE_ONLY:-}" > "$OUT/sanitize.txt" 2>&1
+    echo "sanitize rc=$?"; tail -12 "$OUT/sanitize.txt"
+    timeout 170 python bench/serve.py run --requests 64 --attn frostc --profile --md "$OUT/serve.md" \
+        > "$OUT/serve.log" 2>&1
+    echo "serve rc=$?"; tail -25 "$OUT/serve.log"
+    ;;
 mixed)
     if [ -d .peer/part2 ]; then
         bash .peer/part2/install.sh > "$OUT/fa4-install.log" 2>&1; tail -1 "$OUT/fa4-install.log"
@@ -56,6 +69,6 @@ model)
     echo "model rc=$?"; tail -30 "$OUT/model.log"
     ;;
 *)
-    echo "usage: bash bench/gpu_checks.sh tests|decode|model|mixed" >&2; exit 2
+    echo "usage: bash bench/gpu_checks.sh tests|verify|decode|model|mixed" >&2; exit 2
     ;;
 esac
