@@ -156,6 +156,11 @@ class FrostcMetadataBuilder(AttentionMetadataBuilder[FrostcMetadata]):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.set = active_set()
         problems = deployment_problems(self.set, engine_deployment(vllm_config))
+        spec_block = getattr(kv_cache_spec, "block_size", self.set.page_size)
+        if spec_block != self.set.page_size:  # the hybrid allocator may give a group blocks of its own
+            group = ", ".join(layer_names[:2]) + (", ..." if len(layer_names) > 2 else "")
+            problems.append(f"the KV-cache group of {group} has blocks of {spec_block} tokens, the set's pages "
+                            f"{self.set.page_size}: serve this model with another backend")  # fmt: skip
         if problems:
             raise SetError(f"vLLM's settings do not match {self.set.path}: " + "; ".join(problems))
         self.buffers = StepBuffers(self.set, device)

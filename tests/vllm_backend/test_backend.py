@@ -211,6 +211,13 @@ def test_the_builder_refuses_an_engine_the_set_was_not_built_for(monkeypatch, mo
     assert named in str(caught.value)
 
 
+def test_the_builder_refuses_a_group_whose_blocks_are_not_the_sets_pages(monkeypatch, model_dir) -> None:
+    use_set(monkeypatch, LLAMA.path)
+    spec = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    with pytest.raises(SetError, match="blocks of 32 tokens"):
+        FrostcMetadataBuilder(spec, ["model.layers.0.self_attn.attn"], vllm_config(model_dir), "cpu")
+
+
 def common_metadata(lens, padded_reqs: int = 0, padded_tokens: int = 0, seed: int = 0) -> CommonAttentionMetadata:
     """vLLM 0.32's CommonAttentionMetadata as its GPU runner fills it (on the CPU): (new tokens,
     context) per request, then `padded_reqs` requests of no tokens and length 0 (block-table rows
