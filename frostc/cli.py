@@ -216,7 +216,9 @@ def check(
 @app.command("from-config")
 def from_config(
     config: Path = typer.Argument(
-        ..., help="A Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2, gemma3)."
+        ...,
+        help="A Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2, gemma3, phi3, "
+        "gpt_oss, deepseek_v2/v3).",
     ),
     batch_sizes: str = typer.Option(
         "cuda-graphs", "--batch-sizes", help='Batch buckets: "1,2,4", or "cuda-graphs" (vLLM\'s 51 capture sizes).'

@@ -20,6 +20,14 @@ masking_utils.py of each family), read for this module:
   the text model's config is `text_config` (gemma3_text: the config itself); Gemma-2's scale,
   `layer_types` or every `sliding_window_pattern`-th layer full (default 6), no softcap unless
   `attn_logit_softcapping` is given.
+- phi3 (Phi-3, Phi-3.5, Phi-4): `sliding_window` (null: none) on every layer, head_dim hidden_size
+  // heads (96 for Phi-3-mini). gpt_oss: `layer_types` (default: even layers slide), window 128,
+  attention sinks on every layer. deepseek_v2 / deepseek_v3 (MLA): query/key head dim
+  qk_nope_head_dim + qk_rope_head_dim (192), value head dim `v_head_dim` (128), one KV head per
+  head in the prefill form, scale qk_head_dim ** -0.5 times yarn's mscale(factor, mscale_all_dim)
+  squared; its decode is the absorbed latent form (one kv_lora_rank + qk_rope_head_dim wide K).
+  Their attention is read and planned; the kernels that attention needs beyond frostc's (head dim
+  96, d_v != d_qk, sinks, the latent decode) are named as each plan's gap (`kernel_gap`).
 - head_dim: the explicit key when present and not null, else hidden_size // heads (Gemma2Config
   defaults it to 256). The dtype: `dtype`, else the older `torch_dtype` (as PreTrainedConfig does).
 - A key a config leaves out takes the default of transformers' config class for its model type
@@ -41,6 +49,7 @@ from frost_runtime import dtypes
 from frostc.description import read_text_file
 from frostc.errors import DescriptionError, Problem
 from frostc.field_checks import describe, is_int, is_number, quoted
+from frostc.ops.rows import HEAD_DIMS
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 LEGACY_LAYER_TYPES = {"attention": FULL}  # transformers' remap_legacy_layer_types
@@ -88,6 +97,27 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "use_bidirectional_attention": None,
     },
 }
+# Phi-3/4: Mistral's rule (one window on every layer, none by default); gpt-oss: alternate layers
+# slide over 128 keys, sinks everywhere; DeepSeek-V2/V3: MLA (query/key 192 wide, value 128)
+DEFAULTS |= {
+    "phi3": {"num_key_value_heads": None, "sliding_window": None},
+    "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128},
+    "deepseek_v2": {
+        "num_key_value_heads": None,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "kv_lora_rank": 512,
+    },  # fmt: skip
+    "deepseek_v3": {
+        "num_key_value_heads": 128,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "kv_lora_rank": 512,
+    },  # fmt: skip
+}
+MLA = ("deepseek_v2", "deepseek_v3")
 NESTED = {"gemma3": "gemma3_text"}  # model types whose text model's config is `text_config`
 SUPPORTED_MODEL_TYPES = tuple(sorted([*DEFAULTS, *NESTED]))
 
@@ -106,6 +136,23 @@ class ModelAttention:
     scale: float  # the scores' multiplier
     softcap: float | None  # every layer's, when the family has one
     window_left: tuple[int | None, ...]  # per layer: keys before the query's own it sees; None: all
+    head_dim_v: int | None = None  # the values' head dim where it is not head_dim (MLA's prefill)
+    sinks: bool = False  # a learned logit per head joins every row's softmax (gpt-oss)
+    latent_dim: int | None = None  # MLA: the absorbed decode's K width (kv_lora_rank + qk_rope_head_dim)
+
+    @property
+    def kernel_gap(self) -> str | None:
+        """What this attention needs that frostc's kernels do not compute yet; None: nothing."""
+        gaps = []
+        if self.head_dim not in HEAD_DIMS:
+            gaps.append(f"head dim {self.head_dim} (frostc's kernels take {', '.join(map(str, HEAD_DIMS))})")
+        if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
+            gaps.append(f"a value head dim {self.head_dim_v} beside the query/key's {self.head_dim}")
+        if self.sinks:
+            gaps.append("attention sinks (a learned logit per head in every row's softmax)")
+        if self.latent_dim is not None:
+            gaps.append(f"MLA's absorbed decode (one {self.latent_dim}-wide latent K per token)")
+        return "; ".join(gaps) + " (issue 44)" if gaps else None
 
     @property
     def sliding_window(self) -> int | None:
@@ -185,7 +232,8 @@ def read_model(config: dict[str, Any]) -> ModelAttention:
     heads = f.int("num_attention_heads", required=True)
     kv_heads = f.int("num_key_value_heads")
     kv_heads = heads if kv_heads is None else kv_heads
-    head_dim = _head_dim(f, heads)
+    mla = _mla(f) if model_type in MLA else {}
+    head_dim = mla["head_dim"] if mla else _head_dim(f, heads)
     max_positions = f.int("max_position_embeddings", required=True)
     dtype = _dtype(f)
     if heads and kv_heads and heads % kv_heads:
@@ -204,7 +252,19 @@ def read_model(config: dict[str, Any]) -> ModelAttention:
         scale=scale if scale is not None else head_dim**-0.5,
         softcap=softcap,
         window_left=window_left,
+        head_dim_v=mla.get("head_dim_v"),
+        sinks=model_type == "gpt_oss",  # GptOssAttention's `sinks`, on every layer
+        latent_dim=mla.get("latent_dim"),
     )
+
+
+def _mla(f: _Fields) -> dict[str, int | None]:
+    """DeepSeek's MLA in its prefill form: query/key qk_nope + qk_rope wide, values v_head_dim; the
+    absorbed decode's latent K kv_lora_rank + qk_rope wide."""
+    nope, rope, v, rank = (f.int(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
+    if None in (nope, rope):
+        return {"head_dim": None}
+    return {"head_dim": nope + rope, "head_dim_v": v, "latent_dim": None if rank is None else rank + rope}
 
 
 def _text_config(config: dict[str, Any], text_type: str) -> dict[str, Any]:
@@ -339,6 +399,37 @@ def _gemma3(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], float | No
     )
 
 
+def _phi3(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, None]:
+    """Phi-3/4: `sliding_window` (null by default) on every layer; Phi3Model has no layer_types."""
+    why = "Phi3Model ignores layer_types (sliding_window applies to every layer)"
+    return _every_layer(f, layers, f.int("sliding_window"), why)
+
+
+def _gpt_oss(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], None, None]:
+    """gpt-oss: `layer_types`, by default even layers sliding (GptOssConfig), over `sliding_window`."""
+    types = _layer_types(f, layers) or [SLIDING if (i + 1) % 2 else FULL for i in range(layers)]
+    return _windows(types, f.int("sliding_window")), None, None
+
+
+def _deepseek(f: _Fields, layers: int) -> tuple[tuple[int | None, ...], float | None, None]:
+    """DeepSeek-V2/V3: no window; scale qk_head_dim ** -0.5, times mscale(factor, mscale_all_dim)
+    squared under yarn rope scaling (modeling_deepseek_v3's yarn_apply_mscale)."""
+    nope, rope = f.int("qk_nope_head_dim"), f.int("qk_rope_head_dim")
+    if None in (nope, rope):
+        return (None,) * layers, None, None
+    scale = (nope + rope) ** -0.5
+    rope_parameters = f.config.get("rope_parameters") or f.config.get("rope_scaling") or {}
+    if not isinstance(rope_parameters, dict):
+        return (None,) * layers, scale, None
+    rope_type = rope_parameters.get("rope_type", rope_parameters.get("type"))  # transformers renames "type"
+    if rope_type not in (None, "default") and rope_parameters.get("mscale_all_dim"):
+        factor = rope_parameters.get("factor", 1)
+        if is_number(factor) and factor > 1:
+            mscale = 0.1 * rope_parameters["mscale_all_dim"] * math.log(factor) + 1.0
+            scale *= mscale * mscale
+    return (None,) * layers, scale, None
+
+
 def _check_ignored_layer_types(f: _Fields, layers: int, meant: list[str], why: str) -> None:
     """A family whose model ignores `layer_types`: accept it only when it says what the model does."""
     types = _layer_types(f, layers)
@@ -355,6 +446,10 @@ _FAMILIES = {
     "mixtral": _mixtral,
     "gemma2": _gemma2,
     "gemma3_text": _gemma3,
+    "phi3": _phi3,
+    "gpt_oss": _gpt_oss,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
 }
 assert set(_FAMILIES) == set(DEFAULTS)
 

@@ -332,6 +332,7 @@ class LayerKind:
     window_left: int | None
     softcap: float | None
     scale: float
+    gap: str | None = None  # what frostc's kernels cannot compute of it yet (ModelAttention.kernel_gap)
 
     @property
     def name(self) -> str:
@@ -347,7 +348,8 @@ def layer_kinds(model: ModelAttention, dep: Deployment) -> tuple[LayerKind, ...]
         window = window if window is not None and window < dep.max_cache_len - 1 else None
         attention = (heads, kv_heads, model.head_dim, dep.dtype, window, model.softcap, model.scale)
         by_attention.setdefault(attention, []).append(layer)
-    return tuple(LayerKind(i, tuple(layers), *a) for i, (a, layers) in enumerate(by_attention.items()))
+    gap = model.kernel_gap
+    return tuple(LayerKind(i, tuple(layers), *a, gap) for i, (a, layers) in enumerate(by_attention.items()))
 
 
 def dropped_windows(model: ModelAttention, dep: Deployment) -> str | None:
@@ -381,7 +383,7 @@ def plan_list(kinds: tuple[LayerKind, ...], dep: Deployment) -> tuple[PlanEntry,
     if dep.vllm is not None:
         return vllm_entries(kinds, dep)
     plans = [
-        PlanEntry(key, kind.index, phase, batch, _DESCRIBE[phase](key, kind, dep, batch), None)
+        PlanEntry(key, kind.index, phase, batch, _DESCRIBE[phase](key, kind, dep, batch), kind.gap)
         for kind in kinds
         for phase in ("prefill", "decode")
         for batch in dep.batch_sizes
@@ -396,7 +398,7 @@ def vllm_entries(kinds: tuple[LayerKind, ...], dep: Deployment) -> tuple[PlanEnt
     """A vLLM deployment's plans: each kind's mixed plan per token bucket, nothing else (vLLM runs
     every step, all-decode ones included, as one packed mix)."""
     return tuple(
-        PlanEntry(key, kind.index, "mixed", tokens, vllm_mixed_description(key, kind, dep, tokens), None)
+        PlanEntry(key, kind.index, "mixed", tokens, vllm_mixed_description(key, kind, dep, tokens), kind.gap)
         for kind in kinds
         for tokens in dep.vllm.tokens
         for key in [f"{kind.name}-mixed-t{tokens}"]
@@ -411,7 +413,7 @@ def mixed_entries(kinds: tuple[LayerKind, ...], dep: Deployment) -> list[PlanEnt
     for kind in kinds:
         owning = [name for name, layers in groups.items() if set(kind.layers) & set(layers)]
         pool = (blocks[owning[0]], len(groups[owning[0]]))
-        why = None
+        why = kind.gap
         if len(owning) > 1:
             why = "its layers are in both of transformers' cache groups (a window as long as the cache)"
         for tokens in sorted(dep.cb.tokens):

@@ -192,3 +192,76 @@ def edited(config: dict[str, Any], **changes: Any) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+# microsoft/Phi-3-mini-4k-instruct (head dim 3072 / 32 = 96, a window on every layer) and
+# microsoft/phi-4 (the same model type at head dim 128, no window)
+PHI3_MINI: dict[str, Any] = {
+    "architectures": ["Phi3ForCausalLM"],
+    "model_type": "phi3",
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "max_position_embeddings": 4096,
+    "sliding_window": 2047,
+    "torch_dtype": "bfloat16",
+}
+
+PHI4: dict[str, Any] = {
+    "architectures": ["Phi3ForCausalLM"],
+    "model_type": "phi3",
+    "hidden_size": 5120,
+    "intermediate_size": 17920,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 10,
+    "max_position_embeddings": 16384,
+    "sliding_window": None,
+    "torch_dtype": "bfloat16",
+}
+
+# openai/gpt-oss-20b: alternating sliding (128) and full layers, attention sinks, head dim 64
+GPT_OSS_20B: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072,
+    "num_local_experts": 32,
+    "torch_dtype": "bfloat16",
+}
+
+# deepseek-ai/DeepSeek-V3: MLA (query/key 128 + 64 = 192 wide, values 128, latent 512 + 64), yarn x40
+DEEPSEEK_V3: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "max_position_embeddings": 163840,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 40,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+    },  # fmt: skip
+    "torch_dtype": "bfloat16",
+}

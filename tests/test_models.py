@@ -5,6 +5,7 @@ layer types), and every bad config refused with one problem per field, named by 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -12,13 +13,17 @@ import pytest
 from frostc.errors import DescriptionError
 from frostc.models import SUPPORTED_MODEL_TYPES, load_model_config, read_model
 from tests.model_configs import (
+    DEEPSEEK_V3,
     GEMMA2_9B,
     GEMMA2_27B,
     GEMMA3_1B,
     GEMMA3_27B,
+    GPT_OSS_20B,
     LLAMA3_8B,
     MISTRAL_7B_V01,
     MIXTRAL_8X7B,
+    PHI3_MINI,
+    PHI4,
     QWEN2_7B,
     QWEN3_8B,
     QWEN3_30B_A3B,
@@ -289,3 +294,55 @@ def test_a_missing_file_names_it(tmp_path: Path) -> None:
     with pytest.raises(DescriptionError) as e:
         load_model_config(tmp_path / "nope.json")
     assert "cannot read the file" in str(e.value)
+
+
+def test_phi3_mini_is_read_with_its_head_dim_96_named_as_the_kernel_gap() -> None:
+    m = read_model(PHI3_MINI)
+    assert (m.model_type, m.layers, m.heads, m.kv_heads, m.head_dim) == ("phi3", 32, 32, 32, 96)
+    assert m.window_left == (2046,) * 32 and m.scale == 96**-0.5
+    assert m.kernel_gap is not None and "head dim 96" in m.kernel_gap
+    phi4 = read_model(PHI4)
+    assert (phi4.head_dim, phi4.kv_heads, phi4.window_left, phi4.kernel_gap) == (128, 10, (None,) * 40, None)
+
+
+def test_gpt_oss_alternates_windows_and_names_its_sinks() -> None:
+    m = read_model(GPT_OSS_20B)
+    assert (m.model_type, m.layers, m.heads, m.kv_heads, m.head_dim) == ("gpt_oss", 24, 64, 8, 64)
+    assert m.window_left == (127, None) * 12 and m.sinks
+    assert "attention sinks" in m.kernel_gap
+    default = {k: v for k, v in GPT_OSS_20B.items() if k != "layer_types"}
+    assert read_model(default).window_left == (127, None) * 12  # GptOssConfig: even layers slide
+
+
+def test_deepseek_v3_is_mla_192_over_128_with_yarns_scale() -> None:
+    m = read_model(DEEPSEEK_V3)
+    assert (m.model_type, m.layers, m.heads, m.kv_heads, m.head_dim, m.head_dim_v) == (
+        "deepseek_v3", 61, 128, 128, 192, 128,
+    )  # fmt: skip
+    mscale = 0.1 * math.log(40) + 1.0
+    assert math.isclose(m.scale, 192**-0.5 * mscale**2) and m.window_left == (None,) * 61
+    assert m.latent_dim == 576
+    for named in ("head dim 192", "value head dim 128", "576-wide latent K"):
+        assert named in m.kernel_gap
+    plain = {k: v for k, v in DEEPSEEK_V3.items() if k != "rope_scaling"}
+    assert math.isclose(read_model(plain).scale, 192**-0.5)
+
+
+def test_from_config_lists_a_gap_family_plan_by_plan_and_builds_none(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from frostc.cli import app
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GPT_OSS_20B))
+    runner = CliRunner()
+    listed = runner.invoke(app, ["from-config", str(path), "--batch-sizes", "1,2", "--max-cache-len", "4096",
+                                 "--dry-run", "--json"])  # fmt: skip
+    assert listed.exit_code == 0, listed.output
+    statuses = {p["status"] for p in json.loads(listed.output)["plans"]}
+    assert len(statuses) == 1 and "attention sinks" in statuses.pop()
+    built = runner.invoke(app, ["from-config", str(path), "--batch-sizes", "1", "--max-cache-len", "4096",
+                                "-o", str(tmp_path / "set.frostset")])  # fmt: skip
+    assert built.exit_code == 2 and "attention sinks" in built.output and not (tmp_path / "set.frostset").exists()
