@@ -59,13 +59,18 @@ def _served_by_plans(calls, *, graphs: bool = False, every_layer_slides: bool = 
     """Every call through a plan, but a sliding layer's chunks that wrap its ring (the reference).
     Under graphs the attention's Python runs only when transformers captures (each step padded to
     a mix), and it pads max_length_k, so every mixed step of a sliding layer takes the reference
-    (docs/serving.md): a model whose layers all slide (Mistral) runs none through plans there."""
+    (docs/serving.md): a model whose layers all slide (Mistral, Mixtral) runs none through plans there."""
     others = {k for k in calls if "via plans" not in k}
     assert all("wraps its ring" in k for k in others), others
     if not graphs:
         assert calls["mixed via plans"] > 0 and calls["decode via plans"] > 0, calls
     elif not every_layer_slides:
         assert calls["mixed via plans"] > 0, calls
+
+
+def _every_layer_slides(family: str) -> bool:
+    """Mistral and Mixtral: one window on every layer (their plan sets' kinds say so)."""
+    return all(info.window_left is not None for info in _plans(family).kind_info.values())
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
@@ -83,7 +88,7 @@ def test_generate_batch_through_the_plans(family: str, graphs: bool) -> None:
     got = {rid: o.generated_tokens for rid, o in out.items()}
     by_id = dict(zip(expected, inputs))
     print(family, "graphs" if graphs else "eager", near_ties(model, by_id, expected, got), dict(cb.calls))
-    _served_by_plans(cb.calls, graphs=graphs, every_layer_slides=family == "mistral")
+    _served_by_plans(cb.calls, graphs=graphs, every_layer_slides=_every_layer_slides(family))
     if graphs:
         return
     # without graphs, every step's attention is served by a plan or the reference: the same tokens as
