@@ -48,7 +48,7 @@ class LayerLauncher:
     def preload(self) -> None:
         """Load every bucket's plan now (a server's start: no load inside a request)."""
         for bucket in self.set.buckets:
-            self._plan(bucket.tokens)
+            self.plan_for(bucket.tokens)
 
     def run(
         self,
@@ -83,7 +83,7 @@ class LayerLauncher:
         }
         if quantized:
             buffers["k_scale"], buffers["v_scale"] = self._scale(k_scale, "k"), self._scale(v_scale, "v")
-        plan, workspace = self._plan(tokens)
+        plan, workspace = self.plan_for(tokens)
         plan.execute(*(buffers[name] for name in plan.slots), workspace=workspace)
         if o.data_ptr() != output.data_ptr():  # staged: the step's rows back into vLLM's output
             rows = min(step.tokens, output.shape[0])
@@ -116,7 +116,8 @@ class LayerLauncher:
             )
         return scale.reshape(grain).to(torch.float32)
 
-    def _plan(self, tokens: int):
+    def plan_for(self, tokens: int):
+        """The plan of the bucket taking `tokens` rows, and its workspace (loaded at first use)."""
         if tokens not in self._plans:
             bucket = self.set.bucket(tokens)
             plan = self._load(self.set.key(self.kind.kind, bucket))
