@@ -84,10 +84,29 @@ def _step(s, bucket: int):
     return meta, (q, k, v), contiguous, output, cache
 
 
+def _ways(s, launcher, builder, bucket: int) -> dict:
+    """The four calls of a bucket's step, each ready to time."""
+    from frost_vllm.launch import cache_views
+
+    meta, fused, contiguous, output, cache = _step(s, bucket)
+    step = builder.prepare(**meta)
+    plan, workspace = launcher.plan_for(bucket)
+    k_cache, v_cache = cache_views(cache, s.head_dim, quantized=False)
+    named = dict(q=contiguous[0], k_new=contiguous[1], v_new=contiguous[2], o=output, k_cache=k_cache,
+                 v_cache=v_cache, slot_mapping=step.slot_mapping, page_table=step.page_table,
+                 cache_len=step.cache_len, cu_q=step.cu_q)  # fmt: skip
+    buffers = [named[name] for name in plan.slots]
+    return {
+        "plan": lambda: plan.execute(*buffers, workspace=workspace),
+        "contiguous": lambda: launcher.run(*contiguous, cache, step, output),
+        "fused QKV": lambda: launcher.run(*fused, cache, step, output),
+        "builder": lambda: builder.prepare(**meta),
+    }
+
+
 def run(md=None, json_path=None) -> int:
     import torch
-
-    from frost_vllm.launch import LayerLauncher, cache_views
+    from frost_vllm.launch import LayerLauncher
     from frost_vllm.plans import read_vllm_set
     from frost_vllm.step import StepBuffers
 
@@ -97,21 +116,7 @@ def run(md=None, json_path=None) -> int:
     builder = StepBuffers(s, "cuda")
     rows = []
     for bucket in BUCKETS:
-        meta, fused, contiguous, output, cache = _step(s, bucket)
-        step = builder.prepare(**meta)
-        plan, workspace = launcher.plan_for(bucket)
-        k_cache, v_cache = cache_views(cache, s.head_dim, quantized=False)
-        named = dict(q=contiguous[0], k_new=contiguous[1], v_new=contiguous[2], o=output, k_cache=k_cache,
-                     v_cache=v_cache, slot_mapping=step.slot_mapping, page_table=step.page_table,
-                     cache_len=step.cache_len, cu_q=step.cu_q)  # fmt: skip
-        buffers = [named[name] for name in plan.slots]
-        ways = {
-            "plan": lambda: plan.execute(*buffers, workspace=workspace),
-            "contiguous": lambda: launcher.run(*contiguous, cache, step, output),
-            "fused QKV": lambda: launcher.run(*fused, cache, step, output),
-            "builder": lambda: builder.prepare(**meta),
-        }
-        for name, fn in ways.items():
+        for name, fn in _ways(s, launcher, builder, bucket).items():
             fn()
             torch.cuda.synchronize()
             host = _host_us(fn)
