@@ -2,8 +2,8 @@
 frostc's mixed plans as its attention, beside FlashAttention-4 and sdpa in the same run (issue 42).
 
     python bench/serve.py build      # CPU machine: the mixed plan set, into bench/.built/serve
-    python bench/serve.py run [--requests 64,256] [--attn frostc,flash_attention_4,sdpa] [--profile]
-                              [--md FILE] [--json FILE]     # GPU machine
+    python bench/serve.py run [--requests 64,256] [--attn frostc,flash_attention_4,sdpa,frostc-fused]
+                              [--profile] [--md FILE] [--json FILE]     # GPU machine
 
 The job (issue 42's): Llama-3-8B's shapes, random bf16 weights (no Hub); N requests of random token
 ids whose prompt lengths are log-normal (median ~450, at most 4096: 64 requests hold ~44k prompt
@@ -12,7 +12,9 @@ attention runs under one `ContinuousBatchingConfig` (pages of 256 tokens, a pool
 8192 tokens a step: transformers' default step budget); graphs and async batching as transformers
 decides them for the attention (on for the mask-free kinds: frostc and FlashAttention-4; off for
 sdpa). frostc's set holds one mixed plan per token bucket (64 to 8192: transformers pads a step's
-queries to a multiple of 64 under graphs).
+queries to a multiple of 64 under graphs), and the glue plans (RMSNorm, the add before it, SiLU's
+product) of those buckets' rows: `frostc-fused` is frostc's attention in hf_fuse's fused decoder
+layers, whose norms and activation run through them.
 
 Per attention and request count: the wall of the first call (plans loaded, graphs captured, JIT
 for FlashAttention-4) and of a warm second call; generated and total tokens/s; how frostc's calls
@@ -42,7 +44,9 @@ STEP_TOKENS = 8192  # max_batch_tokens: transformers' default
 BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, STEP_TOKENS)
 NEW_TOKENS = 128
 MEDIAN_PROMPT, SIGMA, LONGEST = 500, 0.92, 4096  # 64 requests: 43.9k prompt tokens, median 451
-ATTENTIONS = ("frostc", "flash_attention_4", "sdpa")
+# frostc-fused: frostc's attention with hf_fuse's fused layers and the set's glue plans for the token
+# buckets; it changes the model in place, so it runs after the others
+ATTENTIONS = ("frostc", "flash_attention_4", "sdpa", "frostc-fused")
 
 
 def config() -> dict:
@@ -56,14 +60,14 @@ def config() -> dict:
 
 def build() -> int:
     from frostc.buildset import build_set
-    from frostc.models import read_model
+    from frostc.models import read_layers, read_model
     from frostc.planfile import write_atomic
     from frostc.serving import CB_MAX_REQUESTS, ContinuousBatching, deployment
 
     BUILT.mkdir(parents=True, exist_ok=True)
     model = read_model(config())
-    cb = ContinuousBatching(BUCKETS, CB_MAX_REQUESTS, BLOCKS)
-    dep = deployment(model, batch_sizes=(1,), page_size=PAGE, cb=cb)
+    cb = ContinuousBatching(BUCKETS, CB_MAX_REQUESTS, BLOCKS)  # with the glue plans of its token buckets
+    dep = deployment(model, batch_sizes=(1,), page_size=PAGE, cb=cb, glue=read_layers(config()))
     start = time.perf_counter()
     result = build_set(model, dep, name="llama3-8b-cb", phases=("mixed",))
     write_atomic(SET, result.data)
@@ -141,10 +145,15 @@ def _use(model, attention: str):
     import frost_runtime
     from frost_runtime.hf import continuous
 
-    if attention != "frostc":
+    if not attention.startswith("frostc"):
         model.set_attn_implementation(attention)
         return None
-    cb = continuous.install(model, frost_runtime.read_set(SET))
+    plans = frost_runtime.read_set(SET)
+    if attention == "frostc-fused":
+        from frost_runtime import hf_fuse
+
+        hf_fuse.fuse_layers(model, plans)
+    cb = continuous.install(model, plans)
     start = time.perf_counter()
     loaded = cb.executor.preload()
     print(f"frostc: {loaded} mixed plans loaded in {time.perf_counter() - start:.2f} s", flush=True)
@@ -158,7 +167,7 @@ def available(attention: str) -> str | None:
             import flash_attn.cute  # noqa: F401
         except ImportError as exc:
             return f"flash_attn.cute does not import ({exc}): ../shared/tools/fa4-peer"
-    if attention == "frostc" and not SET.exists():
+    if attention.startswith("frostc") and not SET.exists():
         return f"{SET} is not built: python bench/serve.py build"
     return None
 
@@ -231,7 +240,7 @@ def run(requests: str = "64,256", attn: str = ",".join(ATTENTIONS), profile_call
     import torch
 
     counts = [int(n) for n in requests.split(",")]
-    attentions = [a.strip() for a in attn.split(",")]
+    attentions = sorted((a.strip() for a in attn.split(",")), key=lambda a: a == "frostc-fused")  # fused: last
     ceiling = common.read_ceiling()["bytes_per_s"]
     gemm = gemm_rate()
     torch.cuda.empty_cache()  # the probes' buffers: transformers sizes its pool from what is free

@@ -88,7 +88,7 @@ def build_set(
         digest = hashlib.sha256(data).hexdigest()
         plans.append((planset.SetEntry(e.key, e.key, e.phase, e.batch, kind.name, kind.layers, digest), data))
     glue = []
-    for g in glue_list(dep) if phases is None or "decode" in phases else ():
+    for g in glue_list(dep, phases):
         report("plan", g.key)
         data = build(g.description, progress=on_kernel)
         report("done", g.key)

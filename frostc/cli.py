@@ -360,7 +360,7 @@ def _build_set(model, dep, output: Path, phase: str | None, name: str | None, qu
     phases = None if phase is None else (phase,)
     name = name or f"{model.model_type}-{dep.dtype}-tp{dep.tp}" + ("-vllm" if dep.vllm else "")
     entries = [e for e in plan_list(layer_kinds(model, dep), dep) if phases is None or e.phase in phases]
-    glue = glue_list(dep) if phases is None or "decode" in phases else ()
+    glue = glue_list(dep, phases)
     total = sum(1 for e in entries if not e.unsupported) + len(glue)
     try:
         with _SetProgress(quiet, total) as report:

@@ -562,12 +562,18 @@ class GluePlan:
     description: Description
 
 
-def glue_list(dep: Deployment) -> tuple[GluePlan, ...]:
-    """With --glue, each glue op for the rows of every decode bucket (frost_runtime.hf_fuse
-    launches them between a fused layer's GEMMs); none otherwise."""
+def glue_list(dep: Deployment, phases: tuple[str, ...] | None = None) -> tuple[GluePlan, ...]:
+    """With --glue, each glue op for the rows of every decode bucket and, with continuous batching,
+    of every token bucket (a step's padded rows): frost_runtime.hf_fuse launches them between a
+    fused layer's GEMMs. `phases`: only those phases' rows (None: all). None without --glue."""
     if dep.glue is None:
         return ()
-    rows = sorted({b * dep.new_tokens for b in dep.batch_sizes})
+    rows: set[int] = set()
+    if phases is None or "decode" in phases:
+        rows |= {b * dep.new_tokens for b in dep.batch_sizes}
+    if dep.cb is not None and (phases is None or "mixed" in phases):
+        rows |= set(dep.cb.tokens)
+    rows = sorted(rows)
     return tuple(
         GluePlan(f"glue-{op}-t{t}", op, t, _GLUE[op](f"glue-{op}-t{t}", dep, dep.glue, t)) for op in _GLUE for t in rows
     )

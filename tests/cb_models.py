@@ -76,14 +76,18 @@ def peer_tokens(model, family: str, inputs, new_tokens: int, **config) -> dict[s
 
 def build_cb_set(family: str) -> bytes:
     """The family's mixed plans (frostc from-config --phase mixed --cb-tokens 16,64 --cb-blocks 128
-    --page-size 16, bf16): one per layer kind and token bucket."""
+    --page-size 16, bf16): one per layer kind and token bucket; for the families hf_fuse fuses
+    (--glue), the glue plans of the buckets' rows too."""
+    from frost_runtime.hf_fuse import FAMILIES
+
     from frostc.buildset import build_set
-    from frostc.models import read_model
+    from frostc.models import read_layers, read_model
     from frostc.serving import ContinuousBatching, deployment
 
     model = read_model(CB_TINY[family])
     cb = ContinuousBatching(CB_TOKENS, CB_REQUESTS, POOL_BLOCKS)
-    dep = deployment(model, batch_sizes=(1,), max_cache_len=MAX_CACHE_LEN, page_size=PAGE, cb=cb)
+    glue = read_layers(CB_TINY[family]) if family in FAMILIES else None
+    dep = deployment(model, batch_sizes=(1,), max_cache_len=MAX_CACHE_LEN, page_size=PAGE, cb=cb, glue=glue)
     return build_set(model, dep, name=f"tiny-{family}-cb", phases=("mixed",)).data
 
 

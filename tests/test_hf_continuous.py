@@ -213,6 +213,24 @@ def test_generate_batch_through_frostc_gives_the_peers_tokens(family: str) -> No
     assert set(cb.calls) == {"mixed via reference", "decode via reference"}, cb.calls
 
 
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_fused_layers_under_continuous_batching_give_the_peers_tokens(family: str) -> None:
+    """hf_fuse's fused decoder layers (one QKV GEMM, rotary in place, the norms and SiLU's product
+    as one kernel each) inside transformers' continuous batching: the peer's tokens, every
+    attention call served by frostc, no host read; the layers hand position_ids on to the attention
+    as HF's do (a sliding group's lengths come from them)."""
+    from frost_runtime import hf_fuse
+
+    model = cb_model(family)
+    inputs = prompts(24, 100, seed=list(TINY).index(family))
+    expected = peer_tokens(model, family, inputs, 10)
+    hf_fuse.fuse_layers(model)
+    cb = Guarded().install(model)
+    out = model.generate_batch(inputs, generation_config=greedy(10), continuous_batching_config=cb_config())
+    assert {rid: o.generated_tokens for rid, o in out.items()} == expected
+    assert set(cb.calls) == {"mixed via reference", "decode via reference"}, cb.calls
+
+
 def test_a_finished_calls_pool_is_freed() -> None:
     """frostc keeps each pool's views only while transformers holds the cache: the next
     generate_batch sizes its pool from free memory, which a kept pool would take (on the GPU the

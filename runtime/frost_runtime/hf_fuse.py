@@ -282,7 +282,17 @@ def _layer_forward(
 ) -> torch.Tensor:
     glue: Glue = self.frostc_glue
     normed = glue.norm(self.input_layernorm, hidden_states)
-    attended = _attention(self.self_attn, normed, position_embeddings, attention_mask, past_key_values, **kwargs)
+    # position_ids on to the attention function, as HF's decoder layers hand them (continuous
+    # batching's frostc attention reads a sliding group's lengths from them)
+    attended = _attention(
+        self.self_attn,
+        normed,
+        position_embeddings,
+        attention_mask,
+        past_key_values,
+        position_ids=position_ids,
+        **kwargs,
+    )
     hidden_states, normed = glue.add_norm(self.post_attention_layernorm, attended, hidden_states)
     act = glue.silu_mul(F.linear(normed, self.mlp.gate_up_weight))
     # the residual add in the down projection's epilogue (one rounding, not HF's two), in place:

@@ -104,6 +104,28 @@ def test_generate_batch_through_the_plans(family: str, graphs: bool) -> None:
     print(family, near_ties(model, by_id, tokens(exact), tokens(out)))
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fused_layers_with_glue_plans_under_graphs(family: str) -> None:
+    """hf_fuse's fused layers inside continuous batching under transformers' graphs: the norms and
+    SiLU's product through the set's glue plans of the token buckets, the attention through the
+    mixed plans; the peer's tokens or near ties."""
+    from frost_runtime import hf_fuse
+
+    plans = _plans(family)
+    model = cb_model(family, device="cuda", dtype=torch.bfloat16)
+    inputs = prompts(REQUESTS, LONGEST, seed=11)
+    expected = peer_tokens(model, family, inputs, NEW_TOKENS)
+    hf_fuse.fuse_layers(model, plans)
+    cb = SyncFree(PlanExecutor(plans)).install(model)
+    config = cb_config(use_cuda_graph=True, use_async_batching=True)
+    out = model.generate_batch(inputs, generation_config=greedy(NEW_TOKENS), continuous_batching_config=config)
+    got = {rid: o.generated_tokens for rid, o in out.items()}
+    glue = model.model.norm.frostc_glue.calls
+    print(family, "fused", near_ties(model, dict(zip(expected, inputs)), expected, got), dict(cb.calls), dict(glue))
+    _served_by_plans(cb.calls, graphs=True)
+    assert {"rms_norm", "add_rms_norm", "silu_mul"} <= set(glue), glue
+
+
 def test_a_manager_adds_and_cancels_and_reuses_its_pages() -> None:
     family = "llama"
     plans = _plans(family)
