@@ -247,7 +247,10 @@ def from_config(
         help="Decode's q, k, v: separate (rows of their own) or fused (views of one QKV buffer, as hf_fuse makes).",
     ),
     glue: bool = typer.Option(
-        False, "--glue", help="Also the decode step's norm and activation plans, for fused layers (hf_fuse)."
+        False,
+        "--glue",
+        help="Also the norm and activation plans of the decode (and --cb-tokens) buckets' rows, for "
+        "fused layers (hf_fuse).",
     ),
     cb_tokens: str | None = typer.Option(
         None,
