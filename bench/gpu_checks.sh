@@ -3,6 +3,9 @@
 #   bash bench/gpu_checks.sh tests    # the whole GPU suite, then compute-sanitizer on SANITIZE_ONLY
 #   bash bench/gpu_checks.sh verify   # one call when devices are scarce: the GPU suite, compute-sanitizer
 #                                     # on SANITIZE_ONLY, and bench/serve.py's frostc rows (64 requests, profiled)
+#   bash bench/gpu_checks.sh serve    # bench/serve.py: frostc, FlashAttention-4 (when a `mixed` call just
+#                                     # installed it into /tmp/site) and frostc-fused, 64 and 256 requests;
+#                                     # then bench/vllm_launch.py. Carry .hfslim, bench/.built/serve, bench/.built/vllm
 #   bash bench/gpu_checks.sh decode   # bench/decode.py
 #   bash bench/gpu_checks.sh model    # bench/model.py (add MODEL_ARGS="--compiled-model" to time that too)
 #   bash bench/gpu_checks.sh mixed    # bench/mixed.py; FlashAttention-4 beside it when .peer/part2 is carried
@@ -44,6 +47,17 @@ verify)
         > "$OUT/serve.log" 2>&1
     echo "serve rc=$?"; tail -25 "$OUT/serve.log"
     ;;
+serve)
+    python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
+    if [ -d /tmp/site ]; then
+        export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+    fi
+    timeout 480 python bench/serve.py run --requests 64,256 --attn frostc,flash_attention_4,frostc-fused --profile \
+        --md "$OUT/serve.md" > "$OUT/serve.log" 2>&1
+    echo "serve rc=$?"; grep -E "requests:|^\|" "$OUT/serve.log" | cut -c1-300 | tail -16
+    timeout 60 python bench/vllm_launch.py run --md "$OUT/vllm_launch.md" > "$OUT/vllm_launch.log" 2>&1
+    echo "vllm_launch rc=$?"; tail -12 "$OUT/vllm_launch.log"
+    ;;
 mixed)
     if [ -d .peer/part2 ]; then
         bash .peer/part2/install.sh > "$OUT/fa4-install.log" 2>&1; tail -1 "$OUT/fa4-install.log"
@@ -69,6 +83,6 @@ model)
     echo "model rc=$?"; tail -30 "$OUT/model.log"
     ;;
 *)
-    echo "usage: bash bench/gpu_checks.sh tests|verify|decode|model|mixed" >&2; exit 2
+    echo "usage: bash bench/gpu_checks.sh tests|verify|serve|decode|model|mixed" >&2; exit 2
     ;;
 esac
