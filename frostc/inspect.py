@@ -258,10 +258,15 @@ def print_set(ps, console: Console) -> None:
     console.print(f"content {h['content_hash'][:16]}…")
     console.print(f"sha256 {h['sha256']}  (the set file's; what read_set(..., sha256=) pins)", highlight=False)
     v = s["serving"]
+    steps = (  # a set of mixed plans only (continuous batching, vLLM) has no prefill or decode steps
+        ""
+        if {p["phase"] for p in s["plans"]} == {"mixed"}
+        else f"prefill up to {v['max_prompt_tokens']} tokens per step; "
+        f"{v['new_tokens']} new {'token' if v['new_tokens'] == 1 else 'tokens'} per decode step; "
+    )
     console.print(
         f"serving: a {v['kv_cache_dtype']} paged cache of {v['pages']} pages of {v['page_size']} tokens, up to "
-        f"{v['max_cache_len']} tokens per sequence; prefill up to {v['max_prompt_tokens']} tokens per step; "
-        f"{v['new_tokens']} new {'token' if v['new_tokens'] == 1 else 'tokens'} per decode step; tp {v['tp']}",
+        f"{v['max_cache_len']} tokens per sequence; {steps}tp {v['tp']}",
         highlight=False,
     )
     rows = [
