@@ -103,12 +103,13 @@ def sets(tmp_path_factory):
 
 
 def test_the_set_says_what_vllm_must_be_started_with(sets) -> None:
-    llama, llama_e4m3, gemma = (sets[c.name] for c in CASES)
+    llama, llama_e4m3, gemma, per_head = (sets[c.name] for c in CASES)
     assert [b.tokens for b in llama.buckets] == [1, 4, 16, 64]
     assert [b.sequences for b in llama.buckets] == [1, 4, MAX_NUM_SEQS, MAX_NUM_SEQS]
     assert (llama.pages, llama.page_size, llama.max_pages) == (PAGES, PAGE_SIZE, MAX_MODEL_LEN // PAGE_SIZE)
     assert (llama.layout, llama.kv_cache_dtype, llama.scale_grain) == ("nhd", "bf16", None)
     assert (llama_e4m3.layout, llama_e4m3.kv_cache_dtype, llama_e4m3.scale_grain) == ("hnd", "e4m3", "tensor")
+    assert (per_head.layout, per_head.kv_cache_dtype, per_head.scale_grain) == ("nhd", "e4m3", "head")
     assert [(k.window_left, k.softcap) for k in gemma.kinds] == [(23, 50.0), (None, 50.0)]
     good = Deployment(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN, PAGE_SIZE, PAGES, 1)
     assert deployment_problems(llama, good) == []
@@ -177,7 +178,8 @@ def test_the_launch_binds_what_each_plans_slots_declare(sets, case, rows) -> Non
         torch.tensor([0, rows], dtype=torch.int32), torch.tensor([rows + 5], dtype=torch.int32),
         torch.arange(1, 1 + MAX_MODEL_LEN // PAGE_SIZE, dtype=torch.int32)[None], torch.arange(rows) + 5, 1, rows,
     )  # fmt: skip
-    scales = (torch.tensor(0.5), torch.tensor(0.25)) if quantized else (None, None)
+    grain = () if s.scale_grain == "tensor" else (hkv,)  # vLLM's 0-dim scales, or one per KV head
+    scales = (torch.full(grain, 0.5), torch.full(grain, 0.25)) if quantized else (None, None)
     launcher.run(q, k, v, cache, step, output, *scales)
     (plan,) = loaded.values()
     (call,) = plan.calls

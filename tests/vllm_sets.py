@@ -4,8 +4,8 @@ ones (the launch path on tensors shaped as vLLM hands them: tests/gpu/test_vllm_
 
 Each set: token buckets 1, 4, 16 and 64 (vLLM's max_num_batched_tokens 64), at most 8 sequences a
 step, a cache of 512 tokens a sequence in a pool of 96 pages of 16; tiny Llama (GQA 4:1, one
-kind) in both of vLLM's layouts, over an e4m3 cache with per-tensor scales in HND, and tiny Gemma-2
-(window and softcap layers: two kinds).
+kind) in both of vLLM's layouts, over an e4m3 cache with per-tensor scales in HND and with per-head
+scales in NHD, and tiny Gemma-2 (window and softcap layers: two kinds).
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ TRANSFORMERS_SET = BUILT / "tiny-llama-transformers.frostset"  # prefill and dec
 class VllmSetCase:
     family: str
     layout: str  # "nhd" | "hnd"
-    kv_cache_dtype: str | None = None  # None: the model's dtype; "e4m3": per-tensor scales
+    kv_cache_dtype: str | None = None  # None: the model's dtype; or "e4m3"
+    kv_scales: str = "tensor"  # an e4m3 cache's: "tensor" (vLLM's 0-dim) or "head"
 
     @property
     def name(self) -> str:
         cache = f"-kv_{self.kv_cache_dtype}" if self.kv_cache_dtype else ""
+        cache += "-per_head" if self.kv_cache_dtype and self.kv_scales == "head" else ""
         return f"tiny-{self.family}-vllm-{self.layout}{cache}"
 
     @property
@@ -42,6 +44,7 @@ CASES = (
     VllmSetCase("llama", "nhd"),
     VllmSetCase("llama", "hnd", "e4m3"),
     VllmSetCase("gemma2", "nhd"),
+    VllmSetCase("llama", "nhd", "e4m3", "head"),
 )
 
 
@@ -53,7 +56,7 @@ def build_vllm_set(case: VllmSetCase) -> bytes:
     from frostc.serving import VllmEngine, deployment
 
     model = read_model(TINY[case.family])
-    engine = VllmEngine(TOKENS, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, case.layout)
+    engine = VllmEngine(TOKENS, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, case.layout, case.kv_scales)
     dep = deployment(
         model, batch_sizes=TOKENS, max_cache_len=MAX_MODEL_LEN, page_size=PAGE_SIZE, pages=PAGES,
         kv_cache_dtype=case.kv_cache_dtype, vllm=engine,

@@ -2,7 +2,7 @@
 itself does not fit the GPU machine; its classes are tested on the CPU in tests/vllm_backend/):
 
 - the per-layer cache (blocks, hkv, page_size, 2d) with vLLM's NHD or HND strides, K and V its
-  halves, an fp8 cache as uint8 with 0-dim scales;
+  halves, an fp8 cache as uint8 with 0-dim scales (vLLM's checkpoints) or one per KV head;
 - q, k and v as views of one fused QKV projection (vLLM's `qkv.split`), rows padded past the
   step's tokens (a CUDA-graph capture size), `output` a view of a (tokens, hq * d) buffer;
 - `query_start_loc` and `seq_lens` int32 with vLLM's padding requests (no tokens, length 0, a
@@ -44,7 +44,7 @@ def _skip_reason() -> str | None:
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
 MIXES = ("decode", "speculative", "prefill", "chunk", "mixed", "padded")
 GRAPH_MIXES = 30
-SCALES = (0.03, 0.05)  # k and v: vLLM's 0-dim _k_scale, _v_scale
+SCALES = (0.03, 0.05)  # k and v: vLLM's 0-dim _k_scale, _v_scale (per head: these, rising 10 % a head)
 
 
 class VllmStep:
@@ -61,10 +61,16 @@ class VllmStep:
         self.launchers = [LayerLauncher(self.set, k) for k in self.set.kinds]
         self.builder = StepBuffers(self.set, "cuda")
         self.quantized = self.set.scale_grain is not None
-        self.scales = [torch.tensor(x, device="cuda") for x in SCALES] if self.quantized else [None, None]
+        self.scales = [self._scale(x) for x in SCALES] if self.quantized else [None, None]
         self.caches = [self._new_cache() for _ in self.launchers]
         kind = self.set.kinds[0]
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[kind.dtype]
+
+    def _scale(self, value: float):
+        """vLLM's scale: 0-dim, or (hkv,) for a set built with per-head scales."""
+        if self.set.scale_grain == "tensor":
+            return torch.tensor(value, device="cuda")
+        return value * (1 + 0.1 * torch.arange(self.set.kv_heads, device="cuda", dtype=torch.float32))
 
     def _new_cache(self):
         s = self.set
@@ -136,9 +142,10 @@ class VllmStep:
         if self.quantized:
             as_bits(cache).fill_(FP8_NAN)
             real = torch.randn(cache.shape, device="cuda", generator=self.gen)
-            k, v = (quantize(real[..., half], scale.reshape(1))
+            by_head = real.transpose(1, 2)  # (blocks, page, hkv, 2d): quantize scales the last two dims
+            k, v = (quantize(by_head[..., half], scale.reshape(-1))
                     for half, scale in ((slice(0, d), self.scales[0]), (slice(d, 2 * d), self.scales[1])))  # fmt: skip
-            fresh = torch.cat([k, v], -1).view(torch.uint8)
+            fresh = torch.cat([k, v], -1).transpose(1, 2).view(torch.uint8)
         else:
             cache.fill_(float("nan"))
             fresh = torch.randn(cache.shape, device="cuda", dtype=cache.dtype, generator=self.gen)
@@ -184,7 +191,7 @@ class VllmStep:
         for t, slot in enumerate(slots):
             block, row = divmod(slot, PAGE_SIZE)
             for half, new, scale in ((slice(0, d), k[t], self.scales[0]), (slice(d, 2 * d), v[t], self.scales[1])):
-                value = quantize(new[None], scale.reshape(1))[0].view(torch.uint8) if self.quantized else new
+                value = quantize(new[None], scale.reshape(-1))[0].view(torch.uint8) if self.quantized else new
                 expected[block, :, row, half] = value
         wrong = (as_bits(self.caches[i]) != as_bits(expected)).sum().item()
         assert wrong == 0, f"layer kind {i}: {wrong} cache elements differ from the expected ({self._where()})"
@@ -198,7 +205,7 @@ class VllmStep:
         rows = cache[blocks].transpose(1, 2).reshape(-1, self.set.kv_heads, 2 * d)[:length].double()
         k, v = rows[..., :d], rows[..., d:]
         if self.quantized:
-            k, v = k * SCALES[0], v * SCALES[1]
+            k, v = (x * scale.double().reshape(1, -1, 1) for x, scale in zip((k, v), self.scales))
         return k.transpose(0, 1), v.transpose(0, 1)
 
     def _assert_output(self, i: int) -> None:

@@ -34,7 +34,7 @@ from tests.vllm_sets import (  # noqa: E402
     TRANSFORMERS_SET,
 )
 
-LLAMA, LLAMA_HND_E4M3, GEMMA2 = CASES
+LLAMA, LLAMA_HND_E4M3, GEMMA2, LLAMA_PER_HEAD = CASES
 
 
 @pytest.fixture(autouse=True)
@@ -100,6 +100,9 @@ def test_the_sets_model_is_valid(monkeypatch) -> None:
     assert FrostcBackend.validate_configuration(**config) == []
     use_set(monkeypatch, LLAMA_HND_E4M3.path)
     assert FrostcBackend.validate_configuration(**selector_config(kv_cache_dtype="fp8")) == []
+    use_set(monkeypatch, LLAMA_PER_HEAD.path)
+    config = selector_config(kv_cache_dtype="fp8_e4m3", use_per_head_quant_scales=True)
+    assert FrostcBackend.validate_configuration(**config) == []
 
 
 @pytest.mark.parametrize(
@@ -147,6 +150,8 @@ def test_the_backend_states_the_sets_layout_and_block_size(monkeypatch) -> None:
     use_set(monkeypatch, LLAMA_HND_E4M3.path)
     assert FrostcBackend.supported_kv_cache_layouts() == (KVCacheLayout.LBHNC,)
     assert not FrostcBackend.supports_per_head_quant_scales()
+    use_set(monkeypatch, LLAMA_PER_HEAD.path)
+    assert FrostcBackend.supports_per_head_quant_scales()
 
 
 # ---------------------------------------------------------------------------- the metadata builder
