@@ -32,9 +32,11 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
 
 # Options of other programs that the docs name in passing (vLLM's).
-# vLLM's flags, which the pages name beside frostc's (a vLLM deployment must match its plan set)
+# vLLM's and `transformers serve`'s flags, which the pages name beside frostc's (a deployment must
+# match its plan set), and `python -m frost_runtime.hf.serve`'s own --plans
 FOREIGN_OPTIONS = {
     "--num-gpu-blocks-override", "--max-model-len", "--block-size", "--tensor-parallel-size", "--attention-backend",
+    "--continuous-batching", "--attn-implementation", "--cb-block-size", "--cb-num-blocks", "--plans",
 }  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""The two hooks frostc needs in transformers' continuous batching (5.23), and nothing else.
+"""The hooks frostc needs in transformers' continuous batching (5.23) and its `transformers serve`,
+and nothing else.
 
 transformers tells a mask-free attention (one that takes `cu_seq_lens_q` / `cu_seq_lens_k` and needs
 no 4-D mask) by its name: `is_flash_attention_requested`, i.e. `"flash" in name`. Two places use it:
@@ -14,6 +15,12 @@ CUDA graphs and async batching then follow transformers' defaults for mask-free 
 replayed step holds its own metadata: transformers warms each graph up with an eager forward and
 captures the same forward with the same arguments, and continuous.py never shares a step across a
 capture's edge (on the H100, 2026-12-05, graph-replayed steps gave the same tokens as eager ones).
+
+`transformers serve` (cli/serving/model_manager.py) checks `--attn-implementation` against a fixed
+set (eager, sdpa, flash_attention_2/3, flex_attention) or a Hub kernel, before any model loads: a
+name registered with `AttentionInterface` is refused there though `from_pretrained` would take it.
+The third hook lets the names in `MASK_FREE` through that check; upstream, the check would accept
+any registered name (`AttentionInterface`'s global mapping).
 
 Naming frostc's attention "...flash..." is not the way: `set_attn_implementation` sends a flash
 name that is not FlashAttention 2/3/4 to the Hugging Face Hub kernel loader, which fails for a
@@ -47,6 +54,12 @@ def _patch() -> None:
     manager.switch_to_cb_friendly_attn = _keep_mask_free(manager.switch_to_cb_friendly_attn)
     for module in (initialization, cache):  # the defaults for graphs and async batching; the memory plan
         module.is_flash_attention_requested = _or_mask_free(module.is_flash_attention_requested)
+    try:  # `transformers serve`: its module imports without the serving extras; they are needed to run it
+        from transformers.cli.serving import model_manager
+    except ImportError:
+        model_manager = None
+    if model_manager is not None:
+        model_manager.ModelManager._validate_args = _serve_accepts_mask_free(model_manager.ModelManager._validate_args)
     _PATCHED = True
 
 
@@ -74,3 +87,21 @@ def _or_mask_free(is_flash):
         return is_flash(config, requested_attention_implementation, version)
 
     return is_flash_attention_requested
+
+
+def _serve_accepts_mask_free(validate):
+    """`transformers serve`'s argument check, passing a mask-free name's attention (the others as
+    before: quantization and every other name still go through it)."""
+
+    @functools.wraps(validate)
+    def _validate_args(self) -> None:
+        name = self.attn_implementation
+        if name not in MASK_FREE:
+            return validate(self)
+        self.attn_implementation = None  # checked as if none were given; it is registered
+        try:
+            validate(self)
+        finally:
+            self.attn_implementation = name
+
+    return _validate_args
