@@ -192,3 +192,23 @@ def test_the_launch_binds_what_each_plans_slots_declare(sets, case, rows) -> Non
     assert (call["q"].data_ptr() != q.data_ptr()) == staged
     assert torch.equal(call["q"][:rows], q[: step.bucket.tokens])
     assert call["k_cache"].data_ptr() == cache.data_ptr()  # the cache in place, never copied
+
+
+def test_the_vllm_free_half_loads_neither_vllm_nor_the_compiler() -> None:
+    """plans.py, step.py and launch.py run where only the runtime is (the GPU machine): they import
+    no vLLM, no frostc and no DSL."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    runtime = Path(__file__).resolve().parent.parent / "runtime"
+    code = (
+        "import sys\n"
+        "import frost_vllm.plans, frost_vllm.step, frost_vllm.launch\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'frostc', 'cutlass', 'typer', 'rich'))\n"
+        "assert not bad, bad\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=runtime)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
