@@ -47,19 +47,21 @@ def model_text(model: ModelAttention, dep: Deployment) -> str:
     softcap = f", softcap {model.softcap:g}" if model.softcap else ""
     sizes = ",".join(map(str, dep.batch_sizes))
     tokens = "token" if dep.new_tokens == 1 else "tokens"
+    served = (
+        f"{model.model_type}: {model.layers} layers, {model.heads} heads, {model.kv_heads} KV heads, head dim "
+        f"{model.head_dim}, scale {model.scale:.6g}{window}{softcap}; served {dep.dtype}, tp {dep.tp}, "
+    )
     if dep.vllm is not None:  # mixed plans only: token buckets, no prefill or decode steps
         v = dep.vllm
         return (
-            f"{model.model_type}: {model.layers} layers, {model.heads} heads, {model.kv_heads} KV heads, head dim "
-            f"{model.head_dim}, scale {model.scale:.6g}{window}{softcap}; served {dep.dtype}, tp {dep.tp}, for vLLM: "
-            f"token buckets {sizes}, up to {v.max_num_seqs} sequences a step, {dep.kv_cache_dtype} cache "
-            f"{dep.max_cache_len} tokens in blocks of {dep.page_size} ({dep.pages} blocks), layout {v.layout.upper()}"
+            f"{served}for vLLM: token buckets {sizes}, up to {v.max_num_seqs} sequences a step, {dep.kv_cache_dtype} "
+            f"cache {dep.max_cache_len} tokens in blocks of {dep.page_size} ({dep.pages} blocks), layout "
+            f"{v.layout.upper()}"
         )[: planset.MAX_MODEL_CHARS]
     return (
-        f"{model.model_type}: {model.layers} layers, {model.heads} heads, {model.kv_heads} KV heads, head dim "
-        f"{model.head_dim}, scale {model.scale:.6g}{window}{softcap}; served {dep.dtype}, tp {dep.tp}, batch sizes "
-        f"{sizes}, prefill {dep.max_prompt_tokens} tokens, {dep.kv_cache_dtype} cache {dep.max_cache_len} tokens in "
-        f"pages of {dep.page_size} ({dep.pages} pages), {dep.new_tokens} new {tokens} per decode step"
+        f"{served}batch sizes {sizes}, prefill {dep.max_prompt_tokens} tokens, {dep.kv_cache_dtype} cache "
+        f"{dep.max_cache_len} tokens in pages of {dep.page_size} ({dep.pages} pages), {dep.new_tokens} new {tokens} "
+        "per decode step"
         + (f"; q, k, v {dep.qkv_layout}" if dep.qkv_layout != "separate" else "")
         + (f"; glue: hidden {dep.glue.hidden_size}, MLP {dep.glue.intermediate_size}" if dep.glue else "")
     )[: planset.MAX_MODEL_CHARS]

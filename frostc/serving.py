@@ -432,17 +432,13 @@ def mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: int, 
     own views; they share these strides)."""
     g = GraphBuilder(name)
     blocks, layers = pool
-    b, d = dep.cb.sequences(tokens), kind.head_dim
-    for tensor, heads in (("q", kind.heads), ("k_new", kind.kv_heads), ("v_new", kind.kv_heads), ("o", kind.heads)):
-        g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, d])
+    d = kind.head_dim
+    _step_rows(g, kind, tokens)
     row = kind.kv_heads * d
     strides = [2 * layers * dep.page_size * row, row, d, 1]
     for cache in ("k_cache", "v_cache"):
         g.tensor(cache, dtype=kind.dtype, dims=[blocks, dep.page_size, kind.kv_heads, d], strides=strides)
-    g.tensor("page_table", dtype="int32", dims=[b, dep.max_pages])
-    g.tensor("cache_len", dtype="int32", dims=[b])
-    g.tensor("cu_q", dtype="int32", dims=[b + 1])
-    lengths = dict(page_table="page_table", seq_len_kv="cache_len", cu_seqlens_q="cu_q")
+    lengths = _step_lengths(g, dep.cb.sequences(tokens), dep.max_pages)
     g.node("kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache", **lengths)
     g.sdpa(
         name="attn", q="q", k="k_cache", v="v_cache", o="o", causal=True, window_left=kind.window_left,
@@ -468,9 +464,8 @@ def vllm_mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: 
     sequence's pages. The caches are the two halves of vLLM's per-layer cache by strides; the
     lengths and the page table are the metadata builder's copies of vLLM's (frost_vllm)."""
     g = GraphBuilder(name)
-    vllm, b, d = dep.vllm, dep.vllm.sequences(tokens), kind.head_dim
-    for tensor, heads in (("q", kind.heads), ("k_new", kind.kv_heads), ("v_new", kind.kv_heads), ("o", kind.heads)):
-        g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, d])
+    vllm, d = dep.vllm, kind.head_dim
+    _step_rows(g, kind, tokens)
     strides = vllm_cache_strides(vllm.layout, dep.page_size, kind.kv_heads, d)
     for cache in ("k_cache", "v_cache"):
         g.tensor(cache, dtype=dep.kv_cache_dtype, dims=[dep.pages, dep.page_size, kind.kv_heads, d], strides=strides)
@@ -479,19 +474,30 @@ def vllm_mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: 
         grain = 1 if vllm.kv_scales == "tensor" else kind.kv_heads
         scales = {name: g.tensor(name, dtype=SCALE_DTYPE, dims=[grain]) for name in ("k_scale", "v_scale")}
     g.tensor("slot_mapping", dtype="int32", dims=[tokens])
-    g.tensor("page_table", dtype="int32", dims=[b, dep.max_pages])
-    g.tensor("cache_len", dtype="int32", dims=[b])
-    g.tensor("cu_q", dtype="int32", dims=[b + 1])
+    lengths = _step_lengths(g, vllm.sequences(tokens), dep.max_pages)
     g.node(
         "kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache",
         slot_mapping="slot_mapping", **scales,
     )  # fmt: skip
     g.sdpa(
         name="attn", q="q", k="k_cache", v="v_cache", o="o", causal=True, window_left=kind.window_left,
-        softcap=kind.softcap, attn_scale=kind.scale, page_table="page_table", seq_len_kv="cache_len",
-        cu_seqlens_q="cu_q", **scales,
+        softcap=kind.softcap, attn_scale=kind.scale, **lengths, **scales,
     )  # fmt: skip
     return g.build()
+
+
+def _step_rows(g: GraphBuilder, kind: LayerKind, tokens: int) -> None:
+    """A mixed step's packed rows: q, k_new, v_new and o, (tokens, heads, d) each."""
+    for tensor, heads in (("q", kind.heads), ("k_new", kind.kv_heads), ("v_new", kind.kv_heads), ("o", kind.heads)):
+        g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, kind.head_dim])
+
+
+def _step_lengths(g: GraphBuilder, sequences: int, max_pages: int) -> dict[str, str]:
+    """A mixed step's page table, key lengths and query prefix sums; the sdpa keys naming them."""
+    g.tensor("page_table", dtype="int32", dims=[sequences, max_pages])
+    g.tensor("cache_len", dtype="int32", dims=[sequences])
+    g.tensor("cu_q", dtype="int32", dims=[sequences + 1])
+    return dict(page_table="page_table", seq_len_kv="cache_len", cu_seqlens_q="cu_q")
 
 
 def prefill_description(name: str, kind: LayerKind, dep: Deployment, batch: int) -> Description:

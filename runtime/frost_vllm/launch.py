@@ -43,7 +43,9 @@ class LayerLauncher:
         self._load = load if load is not None else s.plans.load
         self._plans: dict[int, tuple[object, object]] = {}  # bucket tokens -> (plan, workspace)
         self._staging: dict[str, torch.Tensor] = {}  # role -> (max tokens, heads, d)
-        self._checked: set[int] = set()  # data_ptr of caches already checked
+        # data_ptr of a layer's cache -> its K and V views: checked and made once (vLLM allocates
+        # each layer's cache once, at start), not on every step
+        self._caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def preload(self) -> None:
         """Load every bucket's plan now (a server's start: no load inside a request)."""
@@ -63,10 +65,11 @@ class LayerLauncher:
     ) -> None:
         """Append the step's K/V to its slots and attend: output's first `step.tokens` rows."""
         quantized = self.set.scale_grain is not None
-        if kv_cache.data_ptr() not in self._checked:
+        views = self._caches.get(kv_cache.data_ptr())
+        if views is None:
             self._check(query, kv_cache)
-            self._checked.add(kv_cache.data_ptr())
-        k_cache, v_cache = cache_views(kv_cache, self.kind.head_dim, quantized)
+            views = self._caches[kv_cache.data_ptr()] = cache_views(kv_cache, self.kind.head_dim, quantized)
+        k_cache, v_cache = views
         tokens = step.bucket.tokens
         o = self._bound_rows("o", output, tokens, copy=False)
         buffers = {
