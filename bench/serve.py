@@ -2,7 +2,7 @@
 frostc's mixed plans as its attention, beside FlashAttention-4 and sdpa in the same run (issue 42).
 
     python bench/serve.py build      # CPU machine: the mixed plan set, into bench/.built/serve
-    python bench/serve.py run [--requests 64,256] [--attn frostc,flash_attention_4,sdpa,frostc-fused]
+    python bench/serve.py run [--requests 64,256] [--attn frostc,flash_attention_4,sdpa,frostc-fused,frostc-fused-e4m3]
                               [--profile] [--md FILE] [--json FILE]     # GPU machine
 
 The job (issue 42's): Llama-3-8B's shapes, random bf16 weights (no Hub); N requests of random token
@@ -37,6 +37,7 @@ import common
 
 BUILT = common.BUILT / "serve"
 SET = BUILT / "llama3-8b-cb.frostset"
+SET_E4M3 = BUILT / "llama3-8b-cb-e4m3.frostset"  # the same over an e4m3 pool (frostc's per-head scales)
 
 PAGE = 256  # ContinuousBatchingConfig.page_size (transformers' default)
 BLOCKS = 512  # num_blocks: 131,072 tokens of pool, 16 GiB for this shape
@@ -45,8 +46,9 @@ BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, STEP_TOKENS)
 NEW_TOKENS = 128
 MEDIAN_PROMPT, SIGMA, LONGEST = 500, 0.92, 4096  # 64 requests: 43.9k prompt tokens, median 451
 # frostc-fused: frostc's attention with hf_fuse's fused layers and the set's glue plans for the token
-# buckets; it changes the model in place, so it runs after the others
-ATTENTIONS = ("frostc", "flash_attention_4", "sdpa", "frostc-fused")
+# buckets; it changes the model in place, so it runs after the others; frostc-fused-e4m3: the same
+# fused layers, the pool in e4m3 (half the bytes of K/V read and written)
+ATTENTIONS = ("frostc", "flash_attention_4", "sdpa", "frostc-fused", "frostc-fused-e4m3")
 
 
 def config() -> dict:
@@ -67,11 +69,12 @@ def build() -> int:
     BUILT.mkdir(parents=True, exist_ok=True)
     model = read_model(config())
     cb = ContinuousBatching(BUCKETS, CB_MAX_REQUESTS, BLOCKS)  # with the glue plans of its token buckets
-    dep = deployment(model, batch_sizes=(1,), page_size=PAGE, cb=cb, glue=read_layers(config()))
-    start = time.perf_counter()
-    result = build_set(model, dep, name="llama3-8b-cb", phases=("mixed",))
-    write_atomic(SET, result.data)
-    print(f"{SET.name}: {result.plans} plans, {len(result.data):,} bytes ({time.perf_counter() - start:.1f} s)")
+    for path, kv in ((SET, None), (SET_E4M3, "e4m3")):
+        dep = deployment(model, batch_sizes=(1,), page_size=PAGE, cb=cb, glue=read_layers(config()), kv_cache_dtype=kv)
+        start = time.perf_counter()
+        result = build_set(model, dep, name=path.stem, phases=("mixed",))
+        write_atomic(path, result.data)
+        print(f"{path.name}: {result.plans} plans, {len(result.data):,} bytes ({time.perf_counter() - start:.1f} s)")
     return 0
 
 
@@ -148,11 +151,11 @@ def _use(model, attention: str):
     if not attention.startswith("frostc"):
         model.set_attn_implementation(attention)
         return None
-    plans = frost_runtime.read_set(SET)
-    if attention == "frostc-fused":
+    plans = frost_runtime.read_set(SET_E4M3 if attention.endswith("e4m3") else SET)
+    if attention.startswith("frostc-fused") and not hasattr(model.model.norm, "frostc_glue"):
         from frost_runtime import hf_fuse
 
-        hf_fuse.fuse_layers(model, plans)
+        hf_fuse.fuse_layers(model, plans)  # once: both sets' glue plans are the same
     cb = continuous.install(model, plans)
     start = time.perf_counter()
     loaded = cb.executor.preload()
@@ -167,8 +170,9 @@ def available(attention: str) -> str | None:
             import flash_attn.cute  # noqa: F401
         except ImportError as exc:
             return f"flash_attn.cute does not import ({exc}): ../shared/tools/fa4-peer"
-    if attention.startswith("frostc") and not SET.exists():
-        return f"{SET} is not built: python bench/serve.py build"
+    wanted = SET_E4M3 if attention.endswith("e4m3") else SET
+    if attention.startswith("frostc") and not wanted.exists():
+        return f"{wanted} is not built: python bench/serve.py build"
     return None
 
 
@@ -240,7 +244,7 @@ def run(requests: str = "64,256", attn: str = ",".join(ATTENTIONS), profile_call
     import torch
 
     counts = [int(n) for n in requests.split(",")]
-    attentions = sorted((a.strip() for a in attn.split(",")), key=lambda a: a == "frostc-fused")  # fused: last
+    attentions = sorted((a.strip() for a in attn.split(",")), key=lambda a: a.startswith("frostc-fused"))  # fused: last
     ceiling = common.read_ceiling()["bytes_per_s"]
     gemm = gemm_rate()
     torch.cuda.empty_cache()  # the probes' buffers: transformers sizes its pool from what is free
@@ -316,7 +320,7 @@ def markdown(r: dict) -> str:
         lines.append(f"- {attention}: skipped ({why})")
     for row in r["rows"]:
         if row["calls"]:
-            lines.append(f"- frostc's calls, {row['requests']} requests (both calls): {row['calls']}")
+            lines.append(f"- {row['attention']}'s calls, {row['requests']} requests (both calls): {row['calls']}")
     if r["profiles"]:
         lines += ["", "| profile (warm call) | wall s | GPU busy s | idle | " + " | ".join(f for f, _ in FAMILIES)
                   + " | other |", "|---|---:|---:|---:|" + "---:|" * (len(FAMILIES) + 1)]  # fmt: skip

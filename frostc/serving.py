@@ -212,7 +212,7 @@ def deployment(
     if qkv_layout not in QKV_LAYOUTS:
         bad("--qkv-layout", f"{qkv_layout!r}: decode plans take q, k and v as {quoted(QKV_LAYOUTS)}")
     if cb is not None:
-        _check_cb(model, cb, kv_cache_dtype, dtype, page_size, bad)
+        _check_cb(model, cb, page_size, bad)
     if vllm is not None:
         _check_vllm(vllm, cb, pages, bad)
         if glue is not None:
@@ -232,7 +232,7 @@ def deployment(
         cb = replace(
             cb,
             groups=tuple(groups.items()),
-            pool_blocks=tuple(cb_pool_blocks(model, dtype, page_size, cb.blocks, kv_heads).items()),
+            pool_blocks=tuple(cb_pool_blocks(model, kv_cache_dtype or dtype, page_size, cb.blocks, kv_heads).items()),
         )
     return Deployment(
         dtype, tuple(batch_sizes), max_prompt_tokens, max_cache_len, page_size, pages, speculative, tp,
@@ -263,16 +263,15 @@ def _check_vllm(vllm: VllmEngine, cb: ContinuousBatching | None, pages: int | No
                        "--num-gpu-blocks-override PAGES (the plans' page bounds are fixed at build)")  # fmt: skip
 
 
-def _check_cb(model: ModelAttention, cb: ContinuousBatching, kv_cache_dtype, dtype, page_size: int, bad) -> None:
-    """transformers' pool holds the model's dtype, its rings whole pages; its buckets and sizes > 0."""
+def _check_cb(model: ModelAttention, cb: ContinuousBatching, page_size: int, bad) -> None:
+    """transformers' rings are whole pages; its buckets and sizes > 0. (An e4m3 pool is frostc's:
+    frost_runtime.hf.cb_patches has transformers allocate it in that dtype.)"""
     if not cb.tokens or any(t < 1 for t in cb.tokens) or len(set(cb.tokens)) != len(cb.tokens):
         bad("--cb-tokens", f"{list(cb.tokens)}: give distinct token buckets, each >= 1 (transformers' padded steps)")
     if cb.requests < 1:
         bad("--cb-requests", f"{cb.requests}: transformers' max_requests_per_batch is >= 1")
     if cb.blocks < 1:
         bad("--cb-blocks", f"{cb.blocks}: give transformers' num_blocks (ContinuousBatchingConfig), >= 1")
-    if kv_cache_dtype is not None and kv_cache_dtype != dtype:
-        bad("--kv-cache-dtype", "transformers' continuous-batching pool holds the model's dtype: leave the flag out")
     window = model.sliding_window
     if window is not None and window % page_size:
         bad("--page-size", f"{page_size} does not divide the sliding window {window}: transformers' ring of "
@@ -290,7 +289,8 @@ def cb_groups(model: ModelAttention) -> dict[str, tuple[int, ...]]:
 def cb_pool_blocks(model: ModelAttention, dtype: str, page_size: int, num_blocks: int, kv_heads: int) -> dict[str, int]:
     """Blocks of each group's view of transformers' pool, as transformers 5.23 sizes it from
     `num_blocks` (cache.py: sectors the lcm of the groups' block bytes and 128, two trash sectors
-    ahead of them; every group views the whole pool in blocks of its own size)."""
+    ahead of them; every group views the whole pool in blocks of its own size); `dtype`: the
+    pool's (the model's, or e4m3)."""
     page_bytes = 2 * page_size * kv_heads * model.head_dim * DTYPES[dtype].bytes
     block_bytes = {name: page_bytes * len(layers) for name, layers in cb_groups(model).items()}
     sector = math.lcm(*block_bytes.values(), CB_SECTOR_ALIGN)
@@ -437,12 +437,17 @@ def mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: int, 
     row = kind.kv_heads * d
     strides = [2 * layers * dep.page_size * row, row, d, 1]
     for cache in ("k_cache", "v_cache"):
-        g.tensor(cache, dtype=kind.dtype, dims=[blocks, dep.page_size, kind.kv_heads, d], strides=strides)
+        g.tensor(cache, dtype=dep.kv_cache_dtype, dims=[blocks, dep.page_size, kind.kv_heads, d], strides=strides)
+    scales = {}
+    if dep.quantized_cache:  # frostc's per KV head (transformers keeps none): the runtime holds them
+        scales = {name: g.tensor(name, dtype=SCALE_DTYPE, dims=[kind.kv_heads]) for name in ("k_scale", "v_scale")}
     lengths = _step_lengths(g, dep.cb.sequences(tokens), dep.max_pages)
-    g.node("kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache", **lengths)
+    g.node(
+        "kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache", **lengths, **scales
+    )  # fmt: skip
     g.sdpa(
         name="attn", q="q", k="k_cache", v="v_cache", o="o", causal=True, window_left=kind.window_left,
-        softcap=kind.softcap, attn_scale=kind.scale, **lengths,
+        softcap=kind.softcap, attn_scale=kind.scale, **lengths, **scales,
     )  # fmt: skip
     return g.build()
 

@@ -74,10 +74,10 @@ def peer_tokens(model, family: str, inputs, new_tokens: int, **config) -> dict[s
     return {rid: o.generated_tokens for rid, o in out.items()}
 
 
-def build_cb_set(family: str) -> bytes:
+def build_cb_set(family: str, kv_cache_dtype: str | None = None) -> bytes:
     """The family's mixed plans (frostc from-config --phase mixed --cb-tokens 16,64 --cb-blocks 128
     --page-size 16, bf16): one per layer kind and token bucket; for the families hf_fuse fuses
-    (--glue), the glue plans of the buckets' rows too."""
+    (--glue), the glue plans of the buckets' rows too. `kv_cache_dtype` "e4m3": an e4m3 pool."""
     from frost_runtime.hf_fuse import FAMILIES
 
     from frostc.buildset import build_set
@@ -87,8 +87,15 @@ def build_cb_set(family: str) -> bytes:
     model = read_model(CB_TINY[family])
     cb = ContinuousBatching(CB_TOKENS, CB_REQUESTS, POOL_BLOCKS)
     glue = read_layers(CB_TINY[family]) if family in FAMILIES else None
-    dep = deployment(model, batch_sizes=(1,), max_cache_len=MAX_CACHE_LEN, page_size=PAGE, cb=cb, glue=glue)
-    return build_set(model, dep, name=f"tiny-{family}-cb", phases=("mixed",)).data
+    dep = deployment(
+        model, batch_sizes=(1,), max_cache_len=MAX_CACHE_LEN, page_size=PAGE, cb=cb, glue=glue,
+        kv_cache_dtype=kv_cache_dtype,
+    )  # fmt: skip
+    return build_set(model, dep, name=cb_set_name(family, kv_cache_dtype), phases=("mixed",)).data
+
+
+def cb_set_name(family: str, kv_cache_dtype: str | None = None) -> str:
+    return f"tiny-{family}-cb" + (f"-kv_{kv_cache_dtype}" if kv_cache_dtype else "")
 
 
 def near_ties(model, inputs: dict[str, list[int]], expected: dict, got: dict) -> str:

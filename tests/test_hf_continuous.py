@@ -191,6 +191,94 @@ def test_pool_views_are_the_pool_itself() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# An e4m3 pool (frostc's: transformers allocates it so through cb_patches.pool_dtype)
+
+
+def _e4m3_cache(family: str):
+    """The family's model on frostc's attention with an e4m3 pool, and transformers' cache for it."""
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+    from transformers.generation.continuous_batching.distributed import DistributedHelper
+
+    model = cb_model(family)
+    cb = continuous.install(model, kv_cache_dtype="e4m3")
+    helper = DistributedHelper(device_mesh=None, cpu_group_timeout=None, tp_plan={})
+    config = cb_config()
+    config.max_blocks_per_request, config.max_memory_percent = 0, 0.6
+    cache = PagedAttentionCache(model.config, config, "cpu", helper, dtype=torch.float32)
+    return model, cb, cache
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_an_e4m3_pool_is_written_and_read_with_per_head_scales(family: str) -> None:
+    """transformers allocates the pool in e4m3 (half the bytes of the same blocks); a layer's first
+    step sets its (hkv,) scales from its K/V (amax / 448, twice the headroom); the step's rows land
+    in the pool quantized with them (x / scale, saturated, to nearest), and the attention over
+    random past pages and the step's rows is a float64 reference's over the dequantized keys.
+    Mistral: its window bites (the reference reads the ring before the step writes it)."""
+    from frost_runtime.hf import pools
+
+    try:
+        model, cb, cache = _e4m3_cache(family)
+        allocators = list(cache.cache_allocators.values())
+        assert all(a.cache_tensor.dtype == torch.float8_e4m3fn for a in allocators)
+        raw = torch.randn(cache.cache_tensor.numel(), generator=torch.Generator().manual_seed(1)) * 40
+        cache.cache_tensor.copy_(raw.to(torch.float8_e4m3fn).view(torch.uint8))  # random past pages
+        kwargs, lengths, read = _mix(cache, random.Random(5), sequences=5)
+        layer = 1
+        module = model.model.layers[layer].self_attn
+        allocator = cache.layer_to_allocator[layer]
+        geo = cb_cache.geometry(allocator)
+        rows = kwargs["position_ids"].shape[1]
+        hq, hkv, d = model.config.num_attention_heads, model.config.num_key_value_heads, module.head_dim
+        g = torch.Generator().manual_seed(2)
+        q, k, v = (torch.randn(1, h, rows, d, generator=g) * 3 for h in (hq, hkv, hkv))
+        past = [x.clone().float() for x in cb_cache.layer_rows(allocator, geo, layer)]  # before the step writes
+        window = model.config.sliding_window if geo.window is not None else None
+        out, _ = cb.attention(
+            module, q, k, v, None, scaling=module.scaling, sliding_window=window, cache=cache, **kwargs
+        )  # fmt: skip
+        k_scale, v_scale = (pools.head_scales(x[0], head_dim=0) for x in (k, v))
+        assert torch.equal(cb._pool(allocator).scales[layer][0], k_scale)
+        k_rows, _ = cb_cache.layer_rows(allocator, geo, layer)
+        written = kwargs["write_index"][geo.index][: sum(qn for _, qn in lengths)]
+        stored = pools.quantize(k[0].transpose(0, 1), k_scale)[: written.shape[0]]
+        assert torch.equal(k_rows[written].view(torch.uint8), stored.view(torch.uint8))
+        expected = _float64_attention(q, k, v, (k_scale, v_scale), past, lengths, read, geo, module.scaling)
+        got = out[0, : expected.shape[0]].double()
+        assert torch.allclose(got, expected, atol=2e-4, rtol=2e-4), (got - expected).abs().max()
+    finally:
+        continuous.install(None)  # the model's dtype again for every later pool
+
+
+def _float64_attention(q, k, v, scales, past, lengths, read, geo, scaling: float) -> torch.Tensor:
+    """(rows, hq, d): each sequence's queries over its past keys (the rows transformers' read_index
+    names in the layer's token rows before the step, dequantized) and its new ones (as the pool
+    holds them), causal, within the window."""
+    from frost_runtime.hf import pools
+
+    hq, hkv = q.shape[1], k.shape[1]
+    new = [pools.quantize(x[0].transpose(0, 1), s).double() * s.double().view(1, -1, 1) for x, s in zip((k, v), scales)]
+    old = [x.double() * s.double().view(1, -1, 1) for x, s in zip(past, scales)]
+    outs, at_q, at_read = [], 0, 0
+    for past_len, query in lengths:
+        cached = past_len if geo.window is None else min(past_len, geo.window - 1)
+        rows = torch.tensor(read[geo.index][at_read : at_read + cached], dtype=torch.int64)
+        keys, values = (torch.cat([o[rows], n[at_q : at_q + query]]) for o, n in zip(old, new))
+        positions = torch.arange(past_len - cached, past_len + query)
+        for j in range(query):
+            p = past_len + j
+            seen = positions <= p
+            if geo.window is not None:
+                seen &= positions > p - geo.window
+            kk, vv = (x[seen].repeat_interleave(hq // hkv, dim=1) for x in (keys, values))  # (n, hq, d)
+            weights = torch.softmax(torch.einsum("hd,nhd->hn", q[0, :, at_q + j].double(), kk) * scaling, dim=-1)
+            outs.append(torch.einsum("hn,nhd->hd", weights, vv))
+        at_q += query
+        at_read += cached + query  # read_index lists the past rows, then the step's
+    return torch.stack(outs)
+
+
+# ---------------------------------------------------------------------------------------------
 # Whole generations
 
 

@@ -413,11 +413,31 @@ def test_continuous_batching_sizes_the_pool_as_transformers_5_23() -> None:
     assert dict(dep.cb.pool_blocks) == {"full_attention": 1002}
 
 
+def test_an_e4m3_pool_halves_the_pages_and_adds_per_head_scales() -> None:
+    """With --kv-cache-dtype e4m3 the pool holds e4m3 (transformers allocates it so through
+    cb_patches): a page is half the bytes, a sector one block of them, so 1000 blocks are the
+    same 1002 with the trash in half the memory; the mixed plans read and append e4m3 pages with
+    one float32 scale per KV head."""
+    from frostc.serving import ContinuousBatching
+
+    cb = ContinuousBatching((64,), 1024, 1000)
+    _, dep, kinds = planned(LLAMA3_8B, batch_sizes=(1,), kv_cache_dtype="e4m3", cb=cb)
+    assert dict(dep.cb.pool_blocks) == {"full_attention": 1002}
+    mixed = [e for e in plan_list(kinds, dep) if e.phase == "mixed"]
+    tensors = {t.name: t for t in mixed[0].description.tensors}
+    assert tensors["k_cache"].dtype == tensors["v_cache"].dtype == "e4m3"
+    assert tensors["k_cache"].dims == (1002, 16, 8, 128)
+    assert tensors["k_scale"].dims == tensors["v_scale"].dims == (8,) and tensors["k_scale"].dtype == "fp32"
+    nodes = {n.name: n for n in mixed[0].description.nodes}
+    assert nodes["append"].get("k_scale") == nodes["attn"].get("k_scale") == "k_scale"
+    assert check_entry(mixed[0]) == ()
+
+
 @pytest.mark.parametrize(
     ("config", "options", "flag", "words"),
     [
         (MISTRAL_7B_V01, {"page_size": 48}, "--page-size", "does not divide the sliding window 4096"),
-        (LLAMA3_8B, {"kv_cache_dtype": "e4m3"}, "--kv-cache-dtype", "holds the model's dtype"),
+        (LLAMA3_8B, {"kv_cache_dtype": "fp16"}, "--kv-cache-dtype", "holds the model's bf16"),
         (LLAMA3_8B, {"tokens": ()}, "--cb-tokens", "distinct token buckets"),
         (LLAMA3_8B, {"blocks": 0}, "--cb-blocks", "num_blocks"),
     ],

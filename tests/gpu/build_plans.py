@@ -278,14 +278,16 @@ def build_hf_sets() -> None:
 
 def build_cb_sets() -> None:
     """tests/gpu/test_hf_continuous.py's sets: the four tiny families' mixed plans for transformers'
-    continuous batching (tests/cb_models.py: token buckets 16 and 64, a pool of 128 blocks of 16)."""
-    from tests.cb_models import CB_TINY, build_cb_set
+    continuous batching (tests/cb_models.py: token buckets 16 and 64, a pool of 128 blocks of 16),
+    and Llama's over an e4m3 pool."""
+    from tests.cb_models import CB_TINY, build_cb_set, cb_set_name
 
     (BUILT / "cb").mkdir(exist_ok=True)
-    for family in CB_TINY:
+    for family, kv in [(family, None) for family in CB_TINY] + [("llama", "e4m3")]:
         start = time.time()
-        write_atomic(BUILT / "cb" / f"tiny-{family}-cb.frostset", build_cb_set(family))
-        print(f"[cb] tiny-{family}-cb.frostset ({time.time() - start:.0f} s)", flush=True)
+        name = cb_set_name(family, kv) + ".frostset"
+        write_atomic(BUILT / "cb" / name, build_cb_set(family, kv))
+        print(f"[cb] {name} ({time.time() - start:.0f} s)", flush=True)
 
 
 def main() -> int:

@@ -31,14 +31,23 @@ import frost_runtime  # noqa: E402
 from frost_runtime.hf import continuous  # noqa: E402
 from frost_runtime.hf.cb_plans import PlanExecutor  # noqa: E402
 
-from tests.cb_models import CB_TINY, cb_config, cb_model, greedy, near_ties, peer_tokens, prompts  # noqa: E402
+from tests.cb_models import (  # noqa: E402
+    CB_TINY,
+    cb_config,
+    cb_model,
+    cb_set_name,
+    greedy,
+    near_ties,
+    peer_tokens,
+    prompts,
+)
 
 SETS = Path(__file__).resolve().parent.parent / ".built" / "cb"
 REQUESTS, LONGEST, NEW_TOKENS = 32, 100, 12
 
 
-def _plans(family: str):
-    path = SETS / f"tiny-{family}-cb.frostset"
+def _plans(family: str, kv_cache_dtype: str | None = None):
+    path = SETS / f"{cb_set_name(family, kv_cache_dtype)}.frostset"
     if not path.exists():
         pytest.skip(f"{path} is not built: run `python -m tests.gpu.build_plans --only cb` on the build machine")
     return frost_runtime.read_set(path)
@@ -124,6 +133,77 @@ def test_fused_layers_with_glue_plans_under_graphs(family: str) -> None:
     print(family, "fused", near_ties(model, dict(zip(expected, inputs)), expected, got), dict(cb.calls), dict(glue))
     _served_by_plans(cb.calls, graphs=True)
     assert {"rms_norm", "add_rms_norm", "silu_mul"} <= set(glue), glue
+
+
+class CheckedAgainstReference(PlanExecutor):
+    """The plans, each eager step checked: the rows the plan appended are the step's K/V quantized
+    with the layer's scales (x / scale, to nearest, saturated), and its output is the fp32
+    reference's over the same e4m3 pages."""
+
+    def __init__(self, plans):
+        super().__init__(plans)
+        self.checked = 0
+        self.worst = 0.0
+
+    def __call__(self, call):
+        out, served = super().__call__(call)
+        if served != "plans" or torch.cuda.is_current_stream_capturing():
+            return out, served
+        torch.cuda.set_sync_debug_mode("default")  # the check reads the device; the plan did not
+        try:
+            self._check(call, out)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+        return out, served
+
+    def _check(self, call, out) -> None:
+        from frost_runtime.hf import cb_reference, pools
+
+        real = _real_rows(call.step)
+        written = call.write_index[: call.step.rows][real]
+        for pages, x, scale in ((call.k_rows, call.k, call.k_scale), (call.v_rows, call.v, call.v_scale)):
+            stored = pages[written].view(torch.uint8)
+            want = pools.quantize(x[: call.step.rows][real], scale).view(torch.uint8)
+            assert torch.equal(stored, want), f"layer {call.layer}: the appended rows"
+        want = cb_reference.attend(
+            call.step, call.q, call.k, call.v, call.k_pages, call.v_pages, call.scale, call.window_left,
+            call.softcap, overlay=False, kv_scales=(call.k_scale, call.v_scale),
+        )  # fmt: skip
+        error = float((out.float() - want.float())[real].abs().max()) if bool(real.any()) else 0.0
+        self.worst = max(self.worst, error)
+        assert error < 2e-2, f"layer {call.layer}: plan vs reference over the e4m3 pages, max |diff| {error:.4f}"
+        self.checked += 1
+
+
+def _real_rows(step) -> torch.Tensor:
+    """The step's query rows that belong to a sequence (not transformers' padding)."""
+    t = torch.arange(step.rows, device=step.cu_seqlens_q.device)
+    return (t >= step.cu_seqlens_q[0]) & (t < step.cu_seqlens_q[-1])
+
+
+def test_an_e4m3_pool_through_the_plans() -> None:
+    """Llama over an e4m3 pool (`frostc from-config --kv-cache-dtype e4m3 --cb-tokens ...`):
+    transformers allocates the pool in e4m3 (half the bytes), every eager step's appended rows and
+    output checked against the reference over the same pages; then under transformers' graphs,
+    every call through a plan, the tokens printed beside the bf16 peer's."""
+    plans = _plans("llama", "e4m3")
+    model = cb_model("llama", device="cuda", dtype=torch.bfloat16)
+    inputs = prompts(REQUESTS, LONGEST, seed=21)
+    expected = peer_tokens(model, "llama", inputs, NEW_TOKENS)
+    checked = CheckedAgainstReference(plans)
+    cb = SyncFree(checked, kv_cache_dtype="e4m3").install(model)
+    config = cb_config(use_cuda_graph=False, use_async_batching=False)
+    out = model.generate_batch(inputs, generation_config=greedy(NEW_TOKENS), continuous_batching_config=config)
+    assert checked.checked > 0 and set(cb.calls) == {"mixed via plans", "decode via plans"}, dict(cb.calls)
+    print(f"e4m3 eager: {checked.checked} steps checked, worst |plan - reference| {checked.worst:.4f}")
+    graphed = SyncFree(PlanExecutor(plans), kv_cache_dtype="e4m3").install(model)
+    config = cb_config(use_cuda_graph=True, use_async_batching=True)
+    again = model.generate_batch(inputs, generation_config=greedy(NEW_TOKENS), continuous_batching_config=config)
+    _served_by_plans(graphed.calls, graphs=True)
+    same = sum(again[r].generated_tokens == out[r].generated_tokens for r in out)
+    peer = sum(again[r].generated_tokens == expected[r] for r in out)
+    print(f"e4m3 under graphs: {same} of {len(out)} requests as eager e4m3, {peer} as the bf16 peer (sdpa)")
+    continuous.install(model)  # the model's dtype again for later pools
 
 
 def test_a_manager_adds_and_cancels_and_reuses_its_pages() -> None:

@@ -22,6 +22,12 @@ name registered with `AttentionInterface` is refused there though `from_pretrain
 The third hook lets the names in `MASK_FREE` through that check; upstream, the check would accept
 any registered name (`AttentionInterface`'s global mapping).
 
+transformers' pool holds the model's dtype (`PagedAttentionCache(dtype=model.dtype)`: "for now,
+activation and cache are the same"). An e4m3 set's attention asks for an e4m3 pool (`pool_dtype`):
+the fourth hook passes that dtype to the cache, whose allocators then view the byte pool as e4m3
+pages; frostc's plans append into them and read them with their scales (transformers' own write
+and read of the pool are never called for frostc's attention).
+
 Naming frostc's attention "...flash..." is not the way: `set_attn_implementation` sends a flash
 name that is not FlashAttention 2/3/4 to the Hugging Face Hub kernel loader, which fails for a
 name that is not a Hub repository. So frostc registers "frostc_cb" and, here, makes the two checks
@@ -35,12 +41,23 @@ from __future__ import annotations
 import functools
 
 MASK_FREE: set[str] = set()  # attention names continuous batching treats as mask-free (flash-like)
+POOL_DTYPES: dict[str, object] = {}  # attention name -> the dtype its pool holds, where not the model's
 _PATCHED = False
 
 
 def allow(name: str) -> None:
     """Make transformers' continuous batching accept `name` as a mask-free attention (idempotent)."""
     MASK_FREE.add(name)
+    _patch()
+
+
+def pool_dtype(name: str, dtype) -> None:
+    """Have transformers allocate the pool of a model on attention `name` in `dtype` (torch's
+    float8_e4m3fn for an e4m3 set); None: the model's dtype again."""
+    if dtype is None:
+        POOL_DTYPES.pop(name, None)
+    else:
+        POOL_DTYPES[name] = dtype
     _patch()
 
 
@@ -54,6 +71,7 @@ def _patch() -> None:
     manager.switch_to_cb_friendly_attn = _keep_mask_free(manager.switch_to_cb_friendly_attn)
     for module in (initialization, cache):  # the defaults for graphs and async batching; the memory plan
         module.is_flash_attention_requested = _or_mask_free(module.is_flash_attention_requested)
+    cache.PagedAttentionCache.__init__ = _in_pool_dtype(cache.PagedAttentionCache.__init__)
     try:  # `transformers serve`: its module imports without the serving extras; they are needed to run it
         from transformers.cli.serving import model_manager
     except ImportError:
@@ -87,6 +105,22 @@ def _or_mask_free(is_flash):
         return is_flash(config, requested_attention_implementation, version)
 
     return is_flash_attention_requested
+
+
+def _in_pool_dtype(init):
+    """`PagedAttentionCache(..., dtype=)`, with the pool's dtype for an attention in `POOL_DTYPES`.
+    transformers uses that one dtype for its allocators' pages, its bytes per block (so
+    `num_blocks` counts blocks of the pool's dtype) and its estimate of activation memory (only
+    where it infers num_blocks or max_batch_tokens, which frostc's sets fix)."""
+
+    @functools.wraps(init)
+    def __init__(self, config, *args, **kwargs) -> None:
+        dtype = POOL_DTYPES.get(getattr(config, "_attn_implementation", None))
+        if dtype is not None:
+            kwargs["dtype"] = dtype
+        init(self, config, *args, **kwargs)
+
+    return __init__
 
 
 def _serve_accepts_mask_free(validate):

@@ -8,8 +8,9 @@ through the plan set's mixed plan for its layer kind and token bucket (`frostc f
   to under graphs). A step of fewer rows or sequences is staged into the bucket's shapes (the rows
   past the step's last sequence are not the plan's: the padding is never appended nor attended).
 - **The pool by strides.** The layer's K and V page views (cb_cache.py) are bound as they are; their
-  block count must be the plan's (transformers sizes its pool from `num_blocks`: the set records the
-  one it was built for).
+  block count and dtype must be the plan's (transformers sizes its pool from `num_blocks`: the set
+  records the one it was built for; an e4m3 set's pool is e4m3, with frostc's per-head scales of
+  the layer: continuous.py).
 - **Checked first**: heads, KV heads, head dim, dtype, scale, window and softcap against the set's
   layer kind; a mismatch raises naming the field.
 - **The reference where no plan fits**: a step over the largest bucket, a set without mixed plans
@@ -144,8 +145,19 @@ def _buffers(call: LayerCall, slots: dict) -> dict[str, torch.Tensor]:
             "ContinuousBatchingConfig the num_blocks the set was built with (frostc from-config --cb-blocks), "
             "or build the set with yours"
         )
+    pool_dtype = dtypes.from_torch(call.k_pages.dtype) or str(call.k_pages.dtype)
+    if pool_dtype != slots["k_cache"].dtype:
+        raise ValueError(
+            f"kv_cache_dtype: transformers' pool holds {pool_dtype}, the plan set's mixed plans read "
+            f"{slots['k_cache'].dtype}: install frostc's attention with the set (continuous.install(model, plans)), "
+            "which has transformers allocate the pool in the set's dtype"
+        )
+    scales = {}
+    if "k_scale" in slots:
+        scales = {"k_scale": call.k_scale, "v_scale": call.v_scale}
     step = call.step
     return {
+        **scales,
         "q": _rows(call.q, tokens),
         "k_new": _rows(call.k, tokens),
         "v_new": _rows(call.v, tokens),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from frost_runtime.hf.cb_step import Step
+from frost_runtime.hf.pools import quantize
 
 TOKENS_AT_ONCE = 16  # query rows per pass: bounds the (rows, keys, hkv, d) gathers
 
@@ -29,21 +30,28 @@ def attend(
     window_left: int | None,
     softcap: float | None,
     overlay: bool = True,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(rows, hq, d) in q's dtype: each sequence's queries over its keys, causal (a query sees the
     positions up to its own, and within the window); rows outside the sequences are 0. `overlay`:
     this step's rows come from k_new / v_new (the pages do not hold them yet); False: from the pages
-    (a plan's contract: it appended them first)."""
+    (a plan's contract: it appended them first). `kv_scales`: an e4m3 pool's (hkv,) K and V
+    scales: the pages are read dequantized, and this step's rows as the pool will hold them."""
     rows, hq, d = q.shape
     hkv = k_new.shape[1]
     seq, pos, valid = _token_positions(step, rows)
     keys, values = _keys(step, k_pages, v_pages)  # (b, n + 1, hkv, d) fp32: the last column a dump
     n = keys.shape[1] - 1
     i = seq.clamp(max=step.sequences - 1)
+    new_rows = (k_new.float(), v_new.float())
+    if kv_scales is not None:
+        for x, kv_scale in zip((keys, values), kv_scales):
+            x.mul_(kv_scale.view(1, 1, -1, 1))
+        new_rows = tuple(quantize(x, s).float() * s.view(1, -1, 1) for x, s in zip((k_new, v_new), kv_scales))
     if overlay:  # this step's rows where they belong; the others into the dump (no boolean indexing: no sync)
         at = torch.where(valid & (pos < n), pos, n)
-        keys.index_put_((i, at), k_new.float())
-        values.index_put_((i, at), v_new.float())
+        keys.index_put_((i, at), new_rows[0])
+        values.index_put_((i, at), new_rows[1])
     j = torch.arange(n + 1, device=q.device)
     out = torch.zeros(rows, hkv, hq // hkv, d, dtype=torch.float32, device=q.device)
     qg = q.float().reshape(rows, hkv, hq // hkv, d)

@@ -34,7 +34,8 @@ from typing import Protocol
 
 import torch
 
-from frost_runtime.hf import cb_cache, cb_patches, cb_reference, cb_step
+from frost_runtime import dtypes
+from frost_runtime.hf import cb_cache, cb_patches, cb_reference, cb_step, pools
 from frost_runtime.hf.cb_cache import GroupGeometry
 from frost_runtime.hf.cb_step import Step
 
@@ -59,11 +60,16 @@ class LayerCall:
     scale: float
     window_left: int | None
     softcap: float | None
+    k_scale: torch.Tensor | None = None  # an e4m3 pool's (hkv,) float32 scales (frostc's); None: unscaled
+    v_scale: torch.Tensor | None = None
 
     def write(self) -> None:
-        """The step's K/V into the pages, by transformers' own write (as its `update` would)."""
-        self.k_rows.index_copy_(0, self.write_index, self.k)
-        self.v_rows.index_copy_(0, self.write_index, self.v)
+        """The step's K/V into the pages where transformers' write_index says (as its `update`
+        would), quantized with the layer's scales into an e4m3 pool."""
+        for rows, x, scale in ((self.k_rows, self.k, self.k_scale), (self.v_rows, self.v, self.v_scale)):
+            if scale is not None:  # float8 has few ops: copy its bytes
+                rows, x = rows.view(torch.uint8), pools.quantize(x, scale).view(torch.uint8)
+            rows.index_copy_(0, self.write_index, x)
 
     @property
     def wraps_ring(self) -> bool:
@@ -91,8 +97,9 @@ class ReferenceExecutor:
 
     def __call__(self, call: LayerCall) -> tuple[torch.Tensor, str]:
         out = cb_reference.attend(
-            call.step, call.q, call.k, call.v, call.k_pages, call.v_pages, call.scale, call.window_left, call.softcap
-        )
+            call.step, call.q, call.k, call.v, call.k_pages, call.v_pages, call.scale, call.window_left, call.softcap,
+            kv_scales=None if call.k_scale is None else (call.k_scale, call.v_scale),
+        )  # fmt: skip
         call.write()
         return out, "reference"
 
@@ -104,17 +111,32 @@ class _Pool:
 
     geometry: GroupGeometry
     views: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)  # layer -> page and row views
+    scales: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # an e4m3 pool's, by layer
 
 
 class ContinuousAttention:
     """The attention transformers' continuous batching calls under `NAME`; `calls` counts what
     served each call (outside torch.compile)."""
 
-    def __init__(self, executor: Executor | None = None, *, name: str = NAME, max_pages: int | None = None):
+    def __init__(
+        self,
+        executor: Executor | None = None,
+        *,
+        name: str = NAME,
+        max_pages: int | None = None,
+        kv_cache_dtype: str | None = None,
+    ):
         """`max_pages`: the page tables' width (pages per sequence); default: the model's
-        `max_position_embeddings` in pages, or the plans' (PlanExecutor.max_pages)."""
+        `max_position_embeddings` in pages, or the plans' (PlanExecutor.max_pages).
+        `kv_cache_dtype`: "e4m3" for an e4m3 pool (with frostc's per-head scales); None: the
+        model's dtype (the pool transformers allocates)."""
+        if kv_cache_dtype is not None and not (
+            kv_cache_dtype in dtypes.DTYPES and dtypes.DTYPES[kv_cache_dtype].quantized
+        ):
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: give 'e4m3', or leave it out (the model's dtype)")
         self.executor = executor if executor is not None else ReferenceExecutor()
         self.name = name
+        self.kv_cache_dtype = kv_cache_dtype
         self.max_pages = max_pages or getattr(self.executor, "max_pages", None)
         self.calls: Counter[str] = Counter()
         # allocator -> its layout and its layers' views, held weakly: a finished generate_batch's
@@ -128,6 +150,8 @@ class ContinuousAttention:
 
         AttentionInterface.register(self.name, self.attention)
         cb_patches.allow(self.name)
+        pool = None if self.kv_cache_dtype is None else dtypes.torch_dtype(self.kv_cache_dtype)
+        cb_patches.pool_dtype(self.name, pool)  # the name's pools in e4m3, or back to the model's dtype
         if model is not None:
             model.set_attn_implementation(self.name)
         return self
@@ -177,6 +201,7 @@ class ContinuousAttention:
         rows, d = query.shape[2], query.shape[3]
         step = self._step(kwargs, geo, module, rows)
         k_pages, v_pages, k_rows, v_rows = self._views(allocator, geo, layer)
+        k_scale, v_scale = self._scales(allocator, layer, k_pages.dtype, key, value)
         return LayerCall(
             layer=layer,
             geo=geo,
@@ -192,7 +217,26 @@ class ContinuousAttention:
             scale=scaling if scaling is not None else 1 / math.sqrt(d),
             window_left=None if sliding_window is None else sliding_window - 1,  # HF's window counts the query
             softcap=softcap or None,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
+
+    def _scales(self, allocator, layer: int, pool_dtype, key, value) -> tuple[torch.Tensor | None, ...]:
+        """An e4m3 pool's scales of the layer, (hkv,) float32 each: set on the device from the K/V
+        of the layer's first step (pools.head_scales: amax / 448 with twice the headroom), then
+        fixed for the pool's life (pages written with them are never rescaled). (None, None) for a
+        pool in the model's dtype."""
+        if pool_dtype != torch.float8_e4m3fn:
+            return None, None
+        scales = self._pool(allocator).scales
+        if layer not in scales:
+            if _capturing(key):
+                raise ValueError(
+                    f"layer {layer}: an e4m3 pool's scales are set by its first step, which must run eagerly; "
+                    "transformers warms every graph up eagerly first: capture after a warm-up step"
+                )
+            scales[layer] = (pools.head_scales(key[0], head_dim=0), pools.head_scales(value[0], head_dim=0))
+        return scales[layer]
 
     def _pool(self, allocator) -> _Pool:
         pool = self._pools.get(allocator)
@@ -246,13 +290,33 @@ def _capturing(t: torch.Tensor) -> bool:
 
 
 def install(
-    model=None, plans=None, *, executor: Executor | None = None, name: str = NAME, max_pages: int | None = None
+    model=None,
+    plans=None,
+    *,
+    executor: Executor | None = None,
+    name: str = NAME,
+    max_pages: int | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> ContinuousAttention:
     """A `ContinuousAttention` registered with transformers under `name`; `model` switched to it.
     With `plans` (a plan set with mixed plans: `frostc from-config --cb-tokens`), the steps run its
-    plans on the GPU (cb_plans.PlanExecutor); without, the fp32 torch reference."""
-    if plans is not None and executor is None:
-        from frost_runtime.hf.cb_plans import PlanExecutor
+    plans on the GPU (cb_plans.PlanExecutor); without, the fp32 torch reference. The pool holds the
+    set's cache dtype (`kv_cache_dtype` without a set: "e4m3" or the model's, None); an e4m3 pool is
+    allocated so by transformers through cb_patches.pool_dtype."""
+    if plans is not None:
+        if kv_cache_dtype is not None:
+            raise ValueError("kv_cache_dtype: the plan set's pool dtype decides; leave it out")
+        kv_cache_dtype = pool_dtype(plans)
+        if executor is None:
+            from frost_runtime.hf.cb_plans import PlanExecutor
 
-        executor = PlanExecutor(plans)
-    return ContinuousAttention(executor, name=name, max_pages=max_pages).install(model)
+            executor = PlanExecutor(plans)
+    attention = ContinuousAttention(executor, name=name, max_pages=max_pages, kv_cache_dtype=kv_cache_dtype)
+    return attention.install(model)
+
+
+def pool_dtype(plans) -> str | None:
+    """A plan set's pool dtype for `ContinuousAttention(kv_cache_dtype=)`: "e4m3", or None (the
+    model's)."""
+    kv = plans.serving.kv_cache_dtype
+    return kv if dtypes.DTYPES[kv].quantized else None

@@ -38,8 +38,7 @@ class Pools:
         if self.scales is None:
             return
         for scale, x in zip(self.scales, (key, value)):
-            amax = x.detach().float().abs().amax(dim=(0, 2, 3))
-            scale.copy_((amax * (KV_SCALE_HEADROOM / dtypes.E4M3_MAX)).clamp_min(MIN_KV_SCALE))
+            scale.copy_(head_scales(x, head_dim=1))
 
     def append(self, key, value, slots: torch.Tensor) -> None:
         """Write (b, hkv, s, d) K/V into the pools' rows `slots` ((b * s,), pool rows of
@@ -72,6 +71,14 @@ def allocate(serving: ServingInfo, info: KindInfo, like: torch.Tensor) -> tuple[
         return pools, None
     ones = torch.ones(info.kv_heads, dtype=torch.float32, device=like.device)
     return pools, (ones, ones.clone())
+
+
+def head_scales(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """(hkv,) float32 scales for `x`'s rows, its KV heads along `head_dim`: amax / 448 times
+    KV_SCALE_HEADROOM, on the device (no host read)."""
+    dims = tuple(i for i in range(x.dim()) if i != head_dim)
+    amax = x.detach().float().abs().amax(dim=dims)
+    return (amax * (KV_SCALE_HEADROOM / dtypes.E4M3_MAX)).clamp_min(MIN_KV_SCALE)
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
