@@ -182,7 +182,7 @@ def _free_memory() -> None:
 def why_not(attention: str, s: Setup) -> str | None:
     """Why `attention` cannot serve here, or None (bench/serve.py's `available`; --tiny's frostc is
     the reference, which needs no set)."""
-    if s.tiny and attention == "frostc":
+    if s.tiny and attention in ("frostc", "frostc-fused"):
         return None
     if attention == "flash_attention_4" and not s.device.startswith("cuda"):
         return f"FlashAttention-4 needs a GPU, not {s.device}"
@@ -217,14 +217,18 @@ def _free_port() -> int:
 def _register(attention: str, s: Setup) -> tuple[str, object | None]:
     """The name to hand `Serve` for `attention`, and frostc's attention object (or None)."""
     from frost_runtime.hf import cb_patches, continuous
+    from frost_runtime.hf import serve as hf_serve
 
-    if attention == "frostc":
+    hf_serve.fuse_on_load(False)  # what an earlier server of this process asked for, undone
+    if attention in ("frostc", "frostc-fused"):
         plans = None
         if not s.tiny:
             import frost_runtime
 
             plans = frost_runtime.read_set(serve.SET)
-        return continuous.NAME, continuous.install(None, plans)  # what `python -m frost_runtime.hf.serve` does
+        # what `python -m frost_runtime.hf.serve [--fuse]` does
+        hf_serve.fuse_on_load(attention == "frostc-fused", plans)
+        return continuous.NAME, continuous.install(None, plans)
     if attention == "flash_attention_4":
         # Serve's --attn-implementation check knows FlashAttention 2 and 3 only; cb_patches lets a
         # mask-free name through it (FA4 is one; nothing else changes for it: it is a flash name)

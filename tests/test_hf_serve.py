@@ -58,9 +58,17 @@ def _post(port: int, body: dict) -> dict:
         return json.loads(response.read())
 
 
-def test_transformers_serve_answers_through_frostcs_attention(tmp_path) -> None:
+@pytest.mark.parametrize("fuse", [False, True], ids=["hf-layers", "fused-layers"])
+def test_transformers_serve_answers_through_frostcs_attention(tmp_path, monkeypatch, fuse: bool) -> None:
+    """`--fuse`: the server fuses the model it loads (hf_fuse; glue in torch without plans): the
+    same tokens."""
+    from frost_runtime import hf_fuse
     from transformers.cli.serve import Serve
 
+    fused = []
+    real_fuse = hf_fuse.fuse_layers
+    monkeypatch.setattr(hf_fuse, "fuse_layers", lambda m, plans=None: fused.append(real_fuse(m, plans)))
+    serve.fuse_on_load(fuse)
     model = _saved_model(tmp_path)
     expected = next(iter(peer_tokens(model, "llama", [PROMPT], NEW_TOKENS).values()))
     cb = continuous.install(None)  # what `python -m frost_runtime.hf.serve` registers (no plans: the reference)
@@ -84,6 +92,8 @@ def test_transformers_serve_answers_through_frostcs_attention(tmp_path) -> None:
         answer = _post(port, body)
     finally:
         server.kill_server()
+        serve.fuse_on_load(False)
+    assert fused == ([model.config.num_hidden_layers] if fuse else [])
     words = answer["choices"][0]["message"]["content"].split()
     assert [int(w[1:]) for w in words] == expected
     assert answer["usage"] == {"completion_tokens": NEW_TOKENS, "prompt_tokens": len(PROMPT),
@@ -101,6 +111,10 @@ def test_the_command_adds_frostcs_attention_and_the_sets_page_size(monkeypatch, 
     assert serve.main(["MODEL", "--port", "9000"]) == 0
     assert calls == [["serve", "MODEL", "--port", "9000", "--continuous-batching", "--attn-implementation",
                       continuous.NAME]]  # fmt: skip
+    assert serve.main(["MODEL", "--fuse"]) == 0  # fuses what it loads; transformers never sees the flag
+    assert calls[-1] == ["serve", "MODEL", "--continuous-batching", "--attn-implementation", continuous.NAME]
+    assert serve._FUSE["on"]
+    serve.fuse_on_load(False)
     from transformers import AttentionInterface
 
     assert continuous.NAME in AttentionInterface._global_mapping

@@ -1,7 +1,7 @@
 """`transformers serve --continuous-batching` with frostc's attention (transformers 5.23, its
 `serving` extra installed):
 
-    python -m frost_runtime.hf.serve MODEL --plans SET.frostset [transformers serve's options]
+    python -m frost_runtime.hf.serve MODEL --plans SET.frostset [--fuse] [transformers serve's options]
 
 The command registers frostc's continuous-batching attention, `frostc_cb`, in this process. With
 `--plans` it runs the set's mixed plans; without, it runs the fp32 torch reference (a check on any
@@ -12,17 +12,48 @@ The server must load its model in the process that registered the name, which is
 command of its own. transformers' `serve` checks `--attn-implementation` against a fixed list;
 cb_patches.py lets the registered name through.
 
+`--fuse`: the model's decoder layers fused as it loads (frost_runtime.hf_fuse: one QKV GEMM, rotary
+in place, the norms and SiLU's product through the set's glue plans where it has them: a set built
+with `--glue`); Llama-family models only, refused by name otherwise.
+
 Give `--cb-num-blocks` the `--cb-blocks` the set was built with (`frostc from-config --cb-tokens
 ... --cb-blocks N`); the plans refuse another pool by name.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from frost_runtime.hf import continuous
 
-USAGE = "python -m frost_runtime.hf.serve MODEL [--plans SET.frostset] [transformers serve options]"
+USAGE = "python -m frost_runtime.hf.serve MODEL [--plans SET.frostset] [--fuse] [transformers serve options]"
+_FUSE: dict = {"on": False, "plans": None}  # what a loaded model gets: read by the patched loader
+
+
+def fuse_on_load(on: bool, plans=None) -> None:
+    """Have `transformers serve` fuse each model it loads from now on (hf_fuse.fuse_layers, with
+    `plans`' glue plans), or stop doing so (`on` False)."""
+    from transformers.cli.serving import model_manager
+
+    _FUSE.update(on=on, plans=plans)
+    manager = model_manager.ModelManager
+    if not getattr(manager._load_model, "frostc_fuses", False):
+        manager._load_model = _fusing(manager._load_model)
+
+
+def _fusing(load):
+    @functools.wraps(load)
+    def _load_model(self, *args, **kwargs):
+        model = load(self, *args, **kwargs)
+        if _FUSE["on"]:
+            from frost_runtime import hf_fuse
+
+            hf_fuse.fuse_layers(model, _FUSE["plans"])
+        return model
+
+    _load_model.frostc_fuses = True
+    return _load_model
 
 
 def serve_arguments(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -49,7 +80,11 @@ def serve_arguments(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    plans_path, args = serve_arguments(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    fuse = "--fuse" in argv
+    if fuse:
+        argv.remove("--fuse")
+    plans_path, args = serve_arguments(argv)
     plans = None
     if plans_path is not None:
         import frost_runtime
@@ -58,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         if not any(flag in args for flag in ("--cb-block-size", "--cb_block_size")):
             args += ["--cb-block-size", str(plans.serving.page_size)]
     continuous.install(None, plans)  # registers frostc_cb; a model loaded with it runs the plans
+    fuse_on_load(fuse, plans)
     from transformers.cli.transformers import app
 
     try:
