@@ -6,6 +6,8 @@
 #   bash bench/gpu_checks.sh serve    # bench/serve.py: frostc, FlashAttention-4 (when a `mixed` call just
 #                                     # installed it into /tmp/site) and frostc-fused, 64 and 256 requests;
 #                                     # then bench/vllm_launch.py. Carry .hfslim, bench/.built/serve, bench/.built/vllm
+#   bash bench/gpu_checks.sh http     # bench/serve_http.py run: transformers serve, frostc-fused and FlashAttention-4
+#   bash bench/gpu_checks.sh soak     # bench/serve_http.py soak: 5 minutes at concurrency 64, cancellations
 #   bash bench/gpu_checks.sh decode   # bench/decode.py
 #   bash bench/gpu_checks.sh model    # bench/model.py (add MODEL_ARGS="--compiled-model" to time that too)
 #   bash bench/gpu_checks.sh mixed    # bench/mixed.py; FlashAttention-4 beside it when .peer/part2 is carried
@@ -57,6 +59,24 @@ serve)
     echo "serve rc=$?"; grep -E "requests:|^\|" "$OUT/serve.log" | cut -c1-300 | tail -16
     timeout 60 python bench/vllm_launch.py run --md "$OUT/vllm_launch.md" > "$OUT/vllm_launch.log" 2>&1
     echo "vllm_launch rc=$?"; tail -12 "$OUT/vllm_launch.log"
+    ;;
+http|soak)
+    # transformers serve under streaming clients (bench/serve_http.py); carry .hfslim, .hfserve (the
+    # serving extra's wheels) and bench/.built/serve; FlashAttention-4 joins when /tmp/site has it
+    python3 -m pip install -q --no-index --find-links .hfslim --find-links .hfserve transformers==5.23.0 \
+        fastapi uvicorn openai accelerate 2>&1 | grep -v WARNING | tail -3
+    if [ -d /tmp/site ]; then
+        export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+    fi
+    if [ "$1" = http ]; then
+        timeout 560 python bench/serve_http.py run --attn "${HTTP_ATTN:-frostc-fused,flash_attention_4}" \
+            --md "$OUT/http.md" --json "$OUT/http.json" > "$OUT/http.log" 2>&1
+        echo "http rc=$?"; grep -E "^\|" "$OUT/http.log" | tail -14; grep -E "^- " "$OUT/http.log" | tail -8
+    else
+        timeout 570 python bench/serve_http.py soak --attn frostc-fused --seconds "${SOAK_S:-300}" \
+            --concurrency "${SOAK_C:-64}" --md "$OUT/soak.md" --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1
+        echo "soak rc=$?"; tail -30 "$OUT/soak.log"
+    fi
     ;;
 mixed)
     if [ -d .peer/part2 ]; then
