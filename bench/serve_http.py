@@ -6,6 +6,7 @@
                                    [--device cuda] [--md FILE] [--json FILE] [--plot FILE.png]
     python bench/serve_http.py soak [--attn frostc] [--seconds 300] [--concurrency 64]
                                     [--cancel-share 0.2] [--tiny] [--md FILE] [--json FILE]
+    python bench/serve_http.py plot RUN.json FILE.png   # a run's --json plotted where matplotlib is
 
 The server is transformers' own (`transformers.cli.serve.Serve`, 5.23), started in this process
 (one attention at a time, each on a fresh port, then killed) so that frostc's attention can be
@@ -71,6 +72,7 @@ TINY_NEW_TOKENS = 8
 TINY_SHRINK = 16  # --tiny prompts: bench/serve.py's lengths / 16 (median ~28, at most 256 < 512 positions)
 HOST = "127.0.0.1"  # not "localhost": one address, no resolver ambiguity between client and server
 REQUEST_TIMEOUT_S = 900.0  # a socket read: the first request may wait for JIT and graph captures
+STALL_S = 120.0  # a loaded request's socket read: a stream silent this long is an error (a dead server loop)
 HEALTH_TIMEOUT_S = 120.0
 MEMORY_EVERY_S = 2.0
 FLAT_SLACK = 64 << 20  # bytes: allocated memory may grow this much over the soak's second half
@@ -364,11 +366,11 @@ def body(s: Setup, job: Job) -> bytes:
     }).encode()  # fmt: skip
 
 
-def stream(port: int, payload: bytes, job: Job) -> Sample:
+def stream(port: int, payload: bytes, job: Job, timeout: float = STALL_S) -> Sample:
     """POST one streaming chat completion and read its server-sent events to the end (or close the
-    connection after `job.cancel_after` content chunks)."""
+    connection after `job.cancel_after` content chunks); `timeout`: the longest silence (s)."""
     sample = Sample(len(job.prompt), job.max_tokens, job.cancel_after)
-    conn = http.client.HTTPConnection(HOST, port, timeout=REQUEST_TIMEOUT_S)
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
     words = 0
     sample.sent = time.perf_counter()
     try:
@@ -520,7 +522,7 @@ def first_request(r: Running, s: Setup) -> Sample:
     rng = random.Random(-1)
     length = serve.MEDIAN_PROMPT // TINY_SHRINK if s.tiny else serve.MEDIAN_PROMPT
     job = Job([rng.randrange(1, s.vocab) for _ in range(length)], s.max_tokens)
-    sample = stream(r.port, body(s, job), job)
+    sample = stream(r.port, body(s, job), job, timeout=REQUEST_TIMEOUT_S)
     if not sample.ok:
         raise RuntimeError(f"{r.attention}: the first request failed: {sample.error or sample.tokens}")
     print(f"{r.attention}: first request TTFT {sample.ttft:.2f} s, answered in {sample.end:.2f} s", flush=True)
@@ -926,6 +928,9 @@ def _soak_checks(samples: list[Sample], wall: float, pool: Pool | str, memory, l
         "requests": (not bad, f"{completed} answered fully, {cancelled} cancelled cleanly, {len(bad)} not"),
         "pool": (isinstance(pool, Pool) and pool.whole, _pool_text(pool)),
         "health": (health, "/health ok after the soak" if health else "/health not ok after the soak"),
+        "loop": (manager is not None and manager.is_running(),
+                 "transformers' generation loop running after the soak" if manager is not None and
+                 manager.is_running() else "transformers' generation loop is not running (it died: see the log)"),
         "logs": (logs.count == 0, f"{logs.count} warnings or errors logged" + "".join(f"; {x}" for x in logs.first)),
     }  # fmt: skip
     if memory is not None:
@@ -1009,7 +1014,10 @@ def main(argv: list[str] | None = None) -> int:
         __doc__, build="the frostc plan set (bench/serve.py build: the same file; CPU machine)",
         run="the benchmark (GPU machine)", soak="the soak: cancellations, memory, the page pool (GPU machine)",
         client="(internal) the load generator run and soak start: a load on stdin, its samples on stdout",
+        plot="the plot of a run's --json (any machine with matplotlib): plot RUN.json FILE.png",
     )  # fmt: skip
+    commands["plot"].add_argument("results", type=Path, metavar="RUN.json")
+    commands["plot"].add_argument("path", type=Path, metavar="FILE.png")
     run_parser, soak_parser = commands["run"], commands["soak"]
     _options(run_parser, ATTENTIONS, "attentions, in this order", "inf: as fast as the cap allows")
     run_parser.add_argument("--concurrency", default=CONCURRENCY, help=f"levels (default {CONCURRENCY})")
@@ -1020,7 +1028,14 @@ def main(argv: list[str] | None = None) -> int:
     soak_parser.add_argument("--seconds", type=float, default=300.0, help="arrivals for this long (default 300)")
     soak_parser.add_argument("--concurrency", type=int, default=64, help="requests in flight at most (default 64)")
     soak_parser.add_argument("--cancel-share", type=float, default=0.2, help="share cancelled by the client")
-    return common.dispatch(parser, {"build": serve.build, "run": run, "soak": soak, "client": client}, argv)
+    functions = {"build": serve.build, "run": run, "soak": soak, "client": client, "plot": plot_file}
+    return common.dispatch(parser, functions, argv)
+
+
+def plot_file(results: Path, path: Path) -> int:
+    """`plot`: write_plot from a run's saved numbers (the GPU machine may lack matplotlib)."""
+    write_plot(json.loads(results.read_text()), path)
+    return 0 if path.exists() else 1
 
 
 if __name__ == "__main__":

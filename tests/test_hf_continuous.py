@@ -335,6 +335,34 @@ def test_a_finished_calls_pool_is_freed() -> None:
     assert cb.calls["mixed via reference"] > 0
 
 
+def test_a_cancelled_request_is_finished_as_it_is_cleared() -> None:
+    """transformers 5.23's race under async batching (cb_patches): a request cancelled while the
+    step holding it is in flight reached `update_batch` with its blocks freed, and
+    `mark_complete_blocks` raised KeyError (the soak's server loop died of it). Unpatched, the
+    cleared state stays DECODING and raises; patched, it is FINISHED and skipped."""
+    from transformers.generation.continuous_batching.requests import RequestState, RequestStatus
+    from transformers.generation.continuous_batching.scheduler import FIFOScheduler
+
+    continuous.install(None)  # the hooks
+    _, cache = _paged_cache("llama", allow_block_sharing=True)
+    scheduler = FIFOScheduler(cache, 0.0, 8)
+    unpatched = FIFOScheduler.clear_cancelled_requests.__wrapped__
+    for clear, raises in ((unpatched, True), (FIFOScheduler.clear_cancelled_requests, False)):
+        state = RequestState(request_id=f"r{raises}", initial_tokens=list(range(1, 41)))
+        state.status = RequestStatus.DECODING
+        assert cache.can_store_request_tokens(state, 40)
+        scheduler.active_requests[state.request_id] = state
+        scheduler.set_request_cancellation(state.request_id)
+        assert clear(scheduler) == [state]
+        if raises:
+            assert state.status == RequestStatus.DECODING
+            with pytest.raises(KeyError):
+                cache.mark_complete_blocks(state, {"full_attention": 2})  # the step in flight's update
+        else:
+            assert state.status == RequestStatus.FINISHED
+            cache.mark_complete_blocks(state, {"full_attention": 2})
+
+
 def test_outside_continuous_batching_the_name_is_refused() -> None:
     model = cb_model("llama")
     continuous.install(model)

@@ -28,6 +28,15 @@ the fourth hook passes that dtype to the cache, whose allocators then view the b
 pages; frostc's plans append into them and read them with their scales (transformers' own write
 and read of the pool are never called for frostc's attention).
 
+One more hook fixes a bug of transformers 5.23 that any attention meets under async batching
+(found by bench/serve_http.py's soak, 2026-12-06: the server's generation loop died after 136 s of
+streamed requests with cancellations): `Scheduler.clear_cancelled_requests` frees a cancelled
+request's blocks but leaves its state PREFILLING or DECODING, so a step already in flight that
+holds it reaches `update_batch`, which skips only FINISHED and PENDING states in async mode and
+calls `cache.mark_complete_blocks` on the freed request: KeyError, and the loop stops for every
+request. The hook marks cancelled states FINISHED as they are cleared (the upstream fix is that
+one line in `clear_cancelled_requests`).
+
 Naming frostc's attention "...flash..." is not the way: `set_attn_implementation` sends a flash
 name that is not FlashAttention 2/3/4 to the Hugging Face Hub kernel loader, which fails for a
 name that is not a Hub repository. So frostc registers "frostc_cb" and, here, makes the two checks
@@ -72,6 +81,9 @@ def _patch() -> None:
     for module in (initialization, cache):  # the defaults for graphs and async batching; the memory plan
         module.is_flash_attention_requested = _or_mask_free(module.is_flash_attention_requested)
     cache.PagedAttentionCache.__init__ = _in_pool_dtype(cache.PagedAttentionCache.__init__)
+    from transformers.generation.continuous_batching import scheduler
+
+    scheduler.Scheduler.clear_cancelled_requests = _finishing_cancelled(scheduler.Scheduler.clear_cancelled_requests)
     try:  # `transformers serve`: its module imports without the serving extras; they are needed to run it
         from transformers.cli.serving import model_manager
     except ImportError:
@@ -121,6 +133,21 @@ def _in_pool_dtype(init):
         init(self, config, *args, **kwargs)
 
     return __init__
+
+
+def _finishing_cancelled(clear):
+    """`clear_cancelled_requests`, its states marked FINISHED: a step in flight skips them."""
+
+    @functools.wraps(clear)
+    def clear_cancelled_requests(self):
+        from transformers.generation.continuous_batching.requests import RequestStatus
+
+        states = clear(self)
+        for state in states:
+            state.status = RequestStatus.FINISHED
+        return states
+
+    return clear_cancelled_requests
 
 
 def _serve_accepts_mask_free(validate):
