@@ -30,6 +30,8 @@ PEER = {  # transformers' own attention in continuous batching (Gemma-2 has no s
     "mistral": "sdpa",
     "mixtral": "sdpa",
     "gemma2": "paged|eager",
+    "gemma3": "sdpa",
+    "phi3": "sdpa",
 }
 TIE_GAP = 0.05  # a near tie: the exact fp32 logits of the two tokens are closer than this
 

@@ -4,7 +4,8 @@ plan sets, and the greedy-generation comparison the HF backend's tests use (CPU 
 Each config keeps the family's attention traits at a small size: Llama-3 GQA 4:1, Qwen2 7:1,
 Qwen3 its q/k norms and a head dim of its own, Mistral and Mixtral a sliding window shorter than
 the prompts plus the generation (Mixtral's experts behind it), Gemma-2 alternating window layers
-with softcap and head dim 256. The plan sets come from the configs' JSON through
+with softcap and head dim 256, Gemma-3 its `layer_types` (sliding and global) with q/k norms,
+Phi-3/4 its fused QKV projection at head dim 128. The plan sets come from the configs' JSON through
 `frostc from-config`'s functions (batch sizes 1, 2, 4; a cache of 256 tokens).
 """
 
@@ -84,6 +85,33 @@ TINY: dict[str, dict[str, Any]] = {
         "sliding_window": 24,
         "attn_logit_softcapping": 50.0,
         "final_logit_softcapping": 30.0,
+    },
+    # Gemma-3: sliding and global layers from `layer_types` (here 2:1; 5:1 in the real ones), q/k
+    # norms, query_pre_attn_scalar, head dim 256, no softcap
+    "gemma3": _COMMON
+    | {
+        "model_type": "gemma3_text",
+        "hidden_size": 512,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 24,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    },
+    # Phi-3 / Phi-4: one fused qkv_proj (split before attention), head dim 128 (Phi-4's; Phi-3's 96
+    # has no kernel yet); token ids inside the tiny vocab
+    "phi3": _COMMON
+    | {
+        "model_type": "phi3",
+        "hidden_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
     },
 }
 

@@ -18,7 +18,8 @@ from frost_runtime import hf  # noqa: E402
 
 from tests.hf_models import MAX_CACHE_LEN, TINY, build_tiny_set, greedy, hf_model, judge, left_padded_prompts  # noqa: E402
 
-REFERENCE = {"llama": "sdpa", "qwen2": "sdpa", "qwen3": "sdpa", "mistral": "sdpa", "mixtral": "sdpa", "gemma2": "eager"}
+REFERENCE = {"llama": "sdpa", "qwen2": "sdpa", "qwen3": "sdpa", "mistral": "sdpa", "mixtral": "sdpa", "gemma2": "eager",
+             "gemma3": "sdpa", "phi3": "sdpa"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

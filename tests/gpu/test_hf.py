@@ -29,7 +29,8 @@ from tests.hf_models import TINY, greedy, hf_model, judge, left_padded_prompts  
 SETS = Path(__file__).resolve().parent.parent / ".built" / "hf"
 PROMPTS = [7, 30, 19, 12]
 NEW_TOKENS = 64
-REFERENCE = {"llama": "sdpa", "qwen2": "sdpa", "qwen3": "sdpa", "mistral": "sdpa", "mixtral": "sdpa", "gemma2": "eager"}
+REFERENCE = {"llama": "sdpa", "qwen2": "sdpa", "qwen3": "sdpa", "mistral": "sdpa", "mixtral": "sdpa", "gemma2": "eager",
+             "gemma3": "sdpa", "phi3": "sdpa"}  # fmt: skip
 
 
 def _plans(family: str, suffix: str = ""):
