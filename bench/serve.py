@@ -179,9 +179,14 @@ def available(attention: str) -> str | None:
 # ---------------------------------------------------------------------------- the profile
 
 FAMILIES = (  # (family, substrings of a kernel's name, lower case), first match wins
-    ("attention", ("frostc_", "flash", "fmha", "attention", "sdpa", "cudnn")),
-    ("K/V gathers and copies", ("index", "gather", "scatter", "copy", "cat", "memcpy", "memset", "fill")),
+    ("attention", ("frostc_sdpa", "flash", "fmha", "attention", "sdpa", "cudnn")),
+    # frostc's kv_append is the pool write transformers' own `update` does with index_copy_ for FA4
+    (
+        "K/V gathers and copies",
+        ("frostc_kv_append", "index", "gather", "scatter", "copy", "cat", "memcpy", "memset", "fill"),
+    ),  # fmt: skip
     ("GEMMs", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "cublas", "sm90_", "splitk")),
+    # frostc's glue plans (frostc_rms_norm, frostc_add_rms_norm, frostc_silu_mul) among them
     ("norms, activations, elementwise", ("elementwise", "reduce", "norm", "silu", "softmax", "rsqrt", "pow", "mul")),
 )
 
@@ -332,6 +337,11 @@ def markdown(r: dict) -> str:
                 + " | ".join(f"{s:.2f} s ({s / kernel_s:.0%})" for s in shares)
                 + " |"
             )
+        lines.append("")
+        for attention, p in r["profiles"].items():  # what the attention family is made of
+            mine = [(name, s) for name, s in p["top_kernels_s"].items() if family(name) == "attention"]
+            named = ", ".join(f"{name.split('(')[0][:70]} {s:.3f} s" for name, s in mine)
+            lines.append(f"- {attention}'s attention kernels among the top 12: {named or 'none'}")
     return "\n".join(lines) + "\n"
 
 

@@ -44,7 +44,11 @@ def test_the_floor_adds_the_prefill_at_the_gemm_rate_and_the_steps_at_the_read_r
 @pytest.mark.parametrize(
     "name, family",
     [
-        ("frostc_mixed_attention_kernel_0", "attention"),
+        ("frostc_sdpa_decode_paged_bf16_d128_p256_causal_br_packed_decodes_split_0", "attention"),
+        ("frostc_sdpa_decode_combine_bf16_d128_packed_causal_decodes_r64_0", "attention"),
+        ("frostc_kv_append_packed_bf16_d128_0", "K/V gathers and copies"),  # the pool write, as FA4's index_copy_
+        ("frostc_silu_mul_bf16_n14336_0", "norms, activations, elementwise"),  # glue plans: not attention
+        ("frostc_add_rms_norm_bf16_n4096_0", "norms, activations, elementwise"),
         ("flash_fwd_kernel", "attention"),
         ("void at::native::index_elementwise_kernel<128, 4>", "K/V gathers and copies"),
         ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>", "K/V gathers and copies"),
