@@ -36,7 +36,7 @@ PAGES = [README, *DOCS]
 # match its plan set), and `python -m frost_runtime.hf.serve`'s own --plans
 FOREIGN_OPTIONS = {
     "--num-gpu-blocks-override", "--max-model-len", "--block-size", "--tensor-parallel-size", "--attention-backend",
-    "--continuous-batching", "--attn-implementation", "--cb-block-size", "--cb-num-blocks", "--plans",
+    "--continuous-batching", "--attn-implementation", "--cb-block-size", "--cb-num-blocks",
 }  # fmt: skip
 
 
@@ -486,7 +486,9 @@ def command_problems(page: Path) -> list[str]:
             problems.append(f"`{program} {verb}` is not a verb")
             continue
         problems += [f"`{program} {verb}` has no option {o}" for o in options if o not in known]
-    every = set().union(*frostc.values(), *runtime.values(), golden)
+    from frost_runtime.hf import serve as hf_serve  # python -m frost_runtime.hf.serve's own options
+
+    every = set().union(*frostc.values(), *runtime.values(), golden, hf_serve.OPTIONS)
     for span in inline_spans(page):
         if span.startswith("--"):
             for option in OPTION.findall(span):

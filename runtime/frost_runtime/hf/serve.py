@@ -28,6 +28,7 @@ import sys
 from frost_runtime.hf import continuous
 
 USAGE = "python -m frost_runtime.hf.serve MODEL [--plans SET.frostset] [--fuse] [transformers serve options]"
+OPTIONS = ("--plans", "--fuse")  # this command's own; the rest are transformers serve's
 _FUSE: dict = {"on": False, "plans": None}  # what a loaded model gets: read by the patched loader
 
 
