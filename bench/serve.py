@@ -222,6 +222,74 @@ def profile(model, inputs) -> dict:
     }
 
 
+# transformers' generation thread, step by step (5.23, generation/continuous_batching): what a phase
+# is called here, and the methods it is (class path, method); async batching has IOs of its own
+_IOS = ("input_outputs.ContinuousBatchingIOs", "input_outputs.ContinuousBatchingAsyncIOs")
+HOST_PHASES = (
+    ("schedule the next step", (("continuous_api.ContinuousBatchProcessor", "prepare_next_batch"),)),
+    ("the step's inputs to the device", tuple((io, "get_model_kwargs") for io in _IOS)),
+    ("forward: launch or graph replay", (("model_runner.ModelRunner", "compute_batch"),)),
+    ("wait for the previous step's tokens", tuple((io, "prepare_batch_update") for io in _IOS)),
+    ("update the requests", (("continuous_api.ContinuousBatchProcessor", "update_batch"),)),
+)
+
+
+class HostPhases:
+    """Wall seconds transformers' generation thread spends in each of HOST_PHASES over a call
+    (wrappers around the methods while inside; a phase inside itself counted once, different
+    phases apart, so the update's time includes its wait). What the GPU's idle share is made of,
+    measured: a host-bound loop spends its steps scheduling and updating, a GPU-bound one waits
+    for the step's tokens."""
+
+    def __init__(self, phases=HOST_PHASES):
+        self.phases = phases
+        self.seconds: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self._depth: Counter[str] = Counter()
+        self._saved: list[tuple[type, str, object]] = []
+
+    def __enter__(self) -> HostPhases:
+        import importlib
+
+        for label, methods in self.phases:
+            for path, method in methods:
+                module, cls = path.rsplit(".", 1)
+                owner = getattr(importlib.import_module(f"transformers.generation.continuous_batching.{module}"), cls)
+                self._saved.append((owner, method, owner.__dict__.get(method)))
+                setattr(owner, method, self._timed(label, getattr(owner, method)))
+        return self
+
+    def _timed(self, label: str, original):
+        def timed(*args, **kwargs):
+            outermost = self._depth[label] == 0
+            self._depth[label] += 1
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._depth[label] -= 1
+                if outermost:
+                    self.seconds[label] += time.perf_counter() - start
+                    self.calls[label] += 1
+
+        return timed
+
+    def __exit__(self, *exc) -> None:
+        for owner, method, original in reversed(self._saved):
+            if original is None:  # it was inherited: the class's own lookup again
+                delattr(owner, method)
+            else:
+                setattr(owner, method, original)
+        self._saved.clear()
+
+
+def host_phases(model, inputs) -> dict:
+    """One warm call with HostPhases around it: its wall, each phase's seconds and calls."""
+    with HostPhases() as phases:
+        wall, _ = _job(model, inputs)
+    return {"wall_s": wall, "seconds": dict(phases.seconds), "calls": dict(phases.calls)}
+
+
 def _union_s(spans: list[tuple[float, float]]) -> float:
     total, end = 0.0, -math.inf
     for a, b in sorted(spans):
@@ -292,6 +360,7 @@ def run(requests: str = "64,256", attn: str = ",".join(ATTENTIONS), profile_call
                   f"{row['generated_per_s']:,.0f} generated tok/s, {row['x_floor']:.2f}x floor")  # fmt: skip
         if profile_calls:
             result["profiles"][attention] = profile(model, jobs[min(counts)])
+            result["profiles"][attention]["host"] = host_phases(model, jobs[min(counts)])
             print(f"{attention} profile: {result['profiles'][attention]}", flush=True)
         torch.cuda.empty_cache()
     common.publish(markdown(result), result, md, json_path)
@@ -337,6 +406,13 @@ def markdown(r: dict) -> str:
                 + " | ".join(f"{s:.2f} s ({s / kernel_s:.0%})" for s in shares)
                 + " |"
             )
+        lines += ["", "| host loop (warm call, unprofiled) | wall s | " + " | ".join(p for p, _ in HOST_PHASES)
+                  + " |", "|---|---:|" + "---:|" * len(HOST_PHASES)]  # fmt: skip
+        for attention, p in r["profiles"].items():
+            host = p.get("host")
+            if host:
+                cells = [f"{host['seconds'].get(label, 0.0):.2f}" for label, _ in HOST_PHASES]
+                lines.append(f"| {attention} | {host['wall_s']:.2f} | " + " | ".join(cells) + " |")
         lines.append("")
         for attention, p in r["profiles"].items():  # what the attention family is made of
             mine = [(name, s) for name, s in p["top_kernels_s"].items() if family(name) == "attention"]

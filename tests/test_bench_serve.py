@@ -86,3 +86,34 @@ def test_the_table_compares_each_row_with_flash_attention_4_at_its_request_count
     table = serve.markdown(result)
     assert "| frostc | 64 | 44,000 |" in table and "| 1.50× |" in table
     assert "- sdpa: skipped (not asked)" in table and "mixed via plans" in table
+
+
+def test_host_phases_time_transformers_loop_and_put_its_methods_back(serve) -> None:
+    """HostPhases around a CPU generate_batch (sync IOs; the async ones are wrapped the same way):
+    every phase of every step timed once (the async IOs' nested call to the sync ones not twice),
+    and transformers' methods restored on exit."""
+    pytest.importorskip("transformers")
+    import importlib
+
+    from tests.cb_models import cb_config, cb_model, greedy, prompts
+
+    def methods():
+        found = {}
+        for _, targets in serve.HOST_PHASES:
+            for path, method in targets:
+                module, cls = path.rsplit(".", 1)
+                owner = getattr(importlib.import_module(f"transformers.generation.continuous_batching.{module}"), cls)
+                found[(path, method)] = owner.__dict__.get(method)
+        return found
+
+    before = methods()
+    model = cb_model("llama")
+    model.set_attn_implementation("sdpa")
+    with serve.HostPhases() as phases:
+        out = model.generate_batch(prompts(6, 40), generation_config=greedy(4), continuous_batching_config=cb_config())
+    assert len(out) == 6 and methods() == before
+    labels = [label for label, _ in serve.HOST_PHASES]
+    steps = phases.calls["forward: launch or graph replay"]
+    assert steps >= 4 and set(phases.calls) == set(labels), phases.calls
+    assert phases.calls["the step's inputs to the device"] == steps  # once a step, never nested twice
+    assert all(phases.seconds[label] > 0 for label in labels)
