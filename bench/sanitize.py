@@ -104,6 +104,13 @@ def targets() -> list[Target]:
           "packed", window_left=60, window_right=30, tokens_q=900, tokens_kv=900)),
         t("padded-d128-softcap", "padded, softcap", _dense("fp16", 2, 4, 4, 300, 300, 128, False, form="padded",
           lengths="kv", softcap=40.0)),
+        # attention sinks (gpt-oss): the epilogue's sink term, rows with no key (the sink's LSE)
+        t("sinks-d64-window-br", "sinks, window, bottom-right (rows without keys)",
+          _dense("bf16", 1, 8, 1, 700, 300, 64, True, alignment="bottom_right", window_left=127, sinks=True)),
+        t("sinks-packed-d128", "sinks, packed", Case("fp16", 3, 8, 2, 400, 500, 128, True, "thd", True,
+          "packed", tokens_q=900, tokens_kv=1200, sinks=True)),
+        t("sinks-d128-dynamic", "sinks, causal, dynamic walk",
+          _dense("bf16", 1, 4, 2, 2000, 2000, 128, True, "bhsd", sinks=True)),
         # paged decode
         t("decode-split", "kv_append + split-KV + combine",
           decode=DecodeCase("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd")),

@@ -149,7 +149,9 @@ class ModelAttention:
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             gaps.append(f"a value head dim {self.head_dim_v} beside the query/key's {self.head_dim}")
         if self.sinks:
-            gaps.append("attention sinks (a learned logit per head in every row's softmax)")
+            # the prefill forms (dense, padded, packed) take them; the serving plans need the paged
+            # decode and the mixed form too
+            gaps.append("attention sinks in the paged decode and mixed forms (the prefill forms take them)")
         if self.latent_dim is not None:
             gaps.append(f"MLA's absorbed decode (one {self.latent_dim}-wide latent K per token)")
         return "; ".join(gaps) + " (issue 44)" if gaps else None

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 import cutlass
 import cutlass.cute as cute
 
-from frostc.kernels.sdpa_common import LN_2, QUAD_LANES, lane_reduce
+from frostc.kernels.sdpa_common import LN_2, LOG2_E, QUAD_LANES, lane_reduce
 
 # the online softmax keeps a row's reference max until a block raises it by more than this
 # (log2 units; probabilities stay <= 2**8 = 256, exact in bf16/fp16 range and fp32 sums)
@@ -135,20 +135,33 @@ class OnlineSoftmax:
             o_mn[r, None] = o_mn[r, None].load() * self.correction[r]
 
     @cute.jit
-    def normalize(self, o_mn, out_scale=None):
+    def normalize(self, o_mn, out_scale=None, sink=None):
         """O /= row sum (0 for a row that saw no key), times `out_scale` unless None; row_sum
-        becomes the quad's total."""
+        becomes the quad's total. `sink`: a logit (natural log, already scaled: gpt-oss's
+        attention sinks) whose exponential joins the sum as a key with no value, taken against
+        the row's reference max as the scores were (against 0 for a row that saw no key)."""
         for r in cutlass.range_constexpr(cute.size(self.row_sum)):
             total = self.lane_sum(self.row_sum[r])
+            if cutlass.const_expr(sink is not None):
+                reference = self.row_max[r]
+                shift = cutlass.select_(
+                    reference == -cutlass.Float32.inf, cutlass.Float32(0.0), reference * self.scale_log2
+                )
+                total = total + cute.math.exp2(sink * LOG2_E - self._shifted(shift), fastmath=True)
             self.row_sum[r] = total
             inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
             if cutlass.const_expr(out_scale is not None):
                 inv = inv * out_scale
             o_mn[r, None] = o_mn[r, None].load() * inv
 
-    def lse(self, r):
-        """Natural-log log-sum-exp of row r (after `normalize`); -inf for a row that saw no key."""
+    def lse(self, r, sinks: bool = False):
+        """Natural-log log-sum-exp of row r (after `normalize`); -inf for a row that saw no key,
+        or with `sinks` (normalize took a sink) the sink's own logit there: its sum is the sink's
+        term alone, taken against 0."""
         log2_sum = cute.math.log2(self.row_sum[r])
         if cutlass.const_expr(self.limits.p_scale_log2 != 0.0):
             log2_sum = log2_sum - self.limits.p_scale_log2
-        return (self.row_max[r] * self.scale_log2 + log2_sum) * LN_2
+        reference = self.row_max[r] * self.scale_log2
+        if cutlass.const_expr(sinks):
+            reference = cutlass.select_(self.row_max[r] == -cutlass.Float32.inf, cutlass.Float32(0.0), reference)
+        return (reference + log2_sum) * LN_2

@@ -329,6 +329,10 @@ def _paged(variant) -> bool:
     return variant.page_size > 0
 
 
+def _sinks(variant) -> bool:
+    return variant.sinks
+
+
 @dataclass(frozen=True)
 class PagedKeys(Group):
     """The mixed form's chunks (`page_size`): K and V are a paged cache, sequence b's key k on page
@@ -359,6 +363,9 @@ class SdpaForwardArgs:
     descales: Descales | None = when(_fp8)
     v_maps: Ptr | None = when(_fp8, dtype="int32", align=MAP_BYTES)
     paged: PagedKeys | None = when(_paged)
+    # attention sinks (gpt-oss): one float32 logit per query head that joins every row's softmax
+    # denominator (a key with no value)
+    sinks: Ptr | None = when(_sinks, dtype="fp32", align=4)
 
 
 # ------------------------------------------------------------------------------ the variant
@@ -390,6 +397,8 @@ class SdpaFwdVariant(Variant):
     # the mixed form's prefill chunks: K and V read from a paged cache of pages of this many rows
     # (`PagedKeys`), box by box within a page; 0: K and V are tensors (every other form)
     page_size: int = 0
+    # a per-head sink logit in every row's softmax denominator (`SdpaForwardArgs.sinks`)
+    sinks: bool = False
 
     @property
     def v_in_p_order(self) -> bool:
@@ -406,6 +415,7 @@ class SdpaFwdVariant(Variant):
         name += ".o_f32" if self.o_float32 else ""
         name += ".m192" if self.three_consumers else ""
         name += f".paged_p{self.page_size}" if self.page_size else ""
+        name += ".sinks" if self.sinks else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
@@ -797,7 +807,7 @@ class SdpaForwardWgmma(Kernel):
             self._consume(
                 q_pipe, k_pipe, (v_pipe, v_full), sQ, sK, sV, sO, tiles, seqs, shape, window,
                 (o, o_sh, o_ss), (lse, lse_sh, lse_ss),
-                wg - 1, wg_tidx, scale_log2, score_scale, ticket, descales,
+                wg - 1, wg_tidx, scale_log2, score_scale, ticket, (descales, args.sinks),
             )  # fmt: skip
 
     def _schedule(self, tiles):
@@ -1053,9 +1063,11 @@ class SdpaForwardWgmma(Kernel):
 
     @cute.jit
     def _consume(self, q_pipe, k_pipe, v_pipes, sQ, sK, sV, sO, tiles, seqs, shape, window, o_args, lse_args, consumer,
-                 wg_tidx, scale_log2, score_scale, ticket, descales):  # fmt: skip
-        """`v_pipes`: V's pipeline and the barrier its stages are read after (e4m3: once reordered)."""
+                 wg_tidx, scale_log2, score_scale, ticket, per_head):  # fmt: skip
+        """`v_pipes`: V's pipeline and the barrier its stages are read after (e4m3: once reordered);
+        `per_head`: the e4m3 descales and the sinks, each None where the variant has none."""
         v_pipe, v_full = v_pipes
+        descales, sinks = per_head
         t = self.tiles
         wg_m = t.block_m // t.consumers
         qk_mma, pv_mma = self._mmas()
@@ -1088,7 +1100,7 @@ class SdpaForwardWgmma(Kernel):
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
         q_loads = cutlass.Int32(0)  # Q buffer uses so far: its phase
         args = (operands, (q_pipe, k_pipe, v_pipe, v_full), turns, softmax, sO, o_args, lse_args, window, wg_tidx,
-                score_scale, (descales, shape.group))  # fmt: skip
+                score_scale, (descales, shape.group, sinks))  # fmt: skip
         if cutlass.const_expr(self.variant.walk == "dynamic"):
             # the producer publishes each tile (`TicketWalk`); past the end: stop
             tile = ticket.read()
@@ -1131,7 +1143,11 @@ class SdpaForwardWgmma(Kernel):
         t = self.tiles
         wg_m = t.block_m // t.consumers
         ring = Ring(t.stages)
-        operands, pipes, turns, softmax, sO, o_args, lse_args, window, wg_tidx, score_scale, (descales, group) = args
+        operands, pipes, turns, softmax, sO, o_args, lse_args, window, wg_tidx, score_scale, per_head = args
+        descales, group, sinks = per_head
+        sink = None  # the head's sink logit (natural log), or None without sinks
+        if cutlass.const_expr(self.variant.sinks):
+            sink = cute.make_tensor(sinks + head, cute.make_layout(1))[0]
         qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, consumer = operands
         q_pipe, k_pipe, v_pipe, v_full = pipes
         my_turn, their_turn = turns
@@ -1212,7 +1228,7 @@ class SdpaForwardWgmma(Kernel):
                 pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE + consumer, num_threads=128).arrive_and_wait()
 
             self._epilogue(pv_mma, acc_O, tile_softmax, sO[None, None, consumer], o_args, lse_args, seq, head, row_tile,
-                           consumer, wg_tidx, out_scale)  # fmt: skip
+                           consumer, wg_tidx, out_scale, sink)  # fmt: skip
             if cutlass.const_expr(not t.o_buffer):
                 # O has left the Q buffer. Its st/ld.shared are the generic proxy and the next
                 # tile's Q arrives by TMA (the async proxy): PTX orders the two only through a
@@ -1221,7 +1237,7 @@ class SdpaForwardWgmma(Kernel):
                 cute.arch.sync_warp()
                 self._release(q_pipe, 0)
         else:
-            self._empty_rows(pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx)
+            self._empty_rows(pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx, sink)
         return n_blocks
 
     @cute.jit
@@ -1549,15 +1565,16 @@ class SdpaForwardWgmma(Kernel):
 
     @cute.jit
     def _epilogue(
-        self, pv_mma, acc_O, softmax, sO, o_args, lse_args, seq, head, row_tile, consumer, wg_tidx, out_scale
+        self, pv_mma, acc_O, softmax, sO, o_args, lse_args, seq, head, row_tile, consumer, wg_tidx, out_scale, sink
     ):
-        """Normalize O (times `out_scale`, V's descale, unless None), stage it through shared
-        memory (its own buffer, or this warpgroup's Q buffer, whose last S = Q Kᵀ is done) and
-        store whole 16-byte row pieces; write the LSE."""
+        """Normalize O (times `out_scale`, V's descale, unless None; the head's `sink` logit in
+        the denominator unless None), stage it through shared memory (its own buffer, or this
+        warpgroup's Q buffer, whose last S = Q Kᵀ is done) and store whole 16-byte row pieces;
+        write the LSE."""
         t = self.tiles
         wg_m = t.block_m // t.consumers
         d = self.head_dim
-        softmax.normalize(wgmma_rows_by_cols(acc_O), out_scale)
+        softmax.normalize(wgmma_rows_by_cols(acc_O), out_scale, sink)
         rO = cute.make_fragment_like(acc_O, self.out_dtype)
         rO.store(acc_O.load().to(self.out_dtype))
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype), pv_mma)
@@ -1582,11 +1599,12 @@ class SdpaForwardWgmma(Kernel):
             for r in cutlass.range_constexpr(cute.size(softmax.row_sum)):
                 row = c_mn[r, 0][0]
                 if wg_tidx % 4 == 0 and row < seq.q_len:
-                    mLSE[row] = softmax.lse(r)
+                    mLSE[row] = softmax.lse(r, sink is not None)
 
     @cute.jit
-    def _empty_rows(self, pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx):
-        """A tile whose rows see no key: O = 0 and LSE = -inf, straight from registers."""
+    def _empty_rows(self, pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx, sink):
+        """A tile whose rows see no key: O = 0 and LSE = -inf (with sinks: the sink's logit, its
+        only term), straight from registers."""
         t = self.tiles
         wg_m = t.block_m // t.consumers
         d = self.head_dim
@@ -1606,7 +1624,10 @@ class SdpaForwardWgmma(Kernel):
             for r in cutlass.range_constexpr(cute.size(c_mn.shape[0])):
                 row = c_mn[r, 0][0]
                 if wg_tidx % 4 == 0 and row < seq.q_len:
-                    mLSE[row] = -cutlass.Float32.inf
+                    if cutlass.const_expr(sink is not None):
+                        mLSE[row] = sink
+                    else:
+                        mLSE[row] = -cutlass.Float32.inf
 
     def _lse_rows(self, lse_args, seq, head):
         lse, lse_sh, lse_ss = lse_args

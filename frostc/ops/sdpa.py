@@ -25,6 +25,11 @@ coordinate on a 16-byte boundary: `frostc.kernels.vt_pack`).
 With variable lengths the scheduling kernel also writes each sequence's Vᵀ tensor map into the
 workspace (keys innermost cannot be ragged: `frostc.kernels.sequence_maps`).
 
+Attention sinks (gpt-oss): `sinks`, float32 (hq,), one logit per query head that joins every
+row's softmax denominator as a key with no value: O = Σ exp(s_j) v_j / (Σ exp(s_j) + exp(sink)),
+the LSE includes it (a row that sees no key has O = 0 and LSE = sink). The dense, padded and
+packed forms take them, in bf16 and fp16.
+
 Variable lengths stay on the device: the plan fixes capacities (batch, tokens or rows,
 max_seqlen_*), a scheduling kernel of the same plan turns the lengths into a tile list in the
 caller's workspace, and the attention kernel walks it. Masks: causal (diagonal aligned top-left
@@ -59,12 +64,13 @@ KEYS = (
     "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "max_seqlen_q", "max_seqlen_kv",
     "attn_scale", "causal", "diagonal_alignment", "window_left", "window_right", "softcap", "inference",
     "page_table", "k_scale", "v_scale", "q_descale", "k_descale", "v_descale", "o_accumulation",
-    "debug_tile_visits",
+    "debug_tile_visits", "sinks",
 )  # fmt: skip
 
 ALIGNMENTS = ("top_left", "bottom_right")
 DATA_DTYPES = ATTENTION  # q, k, v and o (frost_runtime.dtypes)
 LSE_DTYPE = "fp32"
+SINKS_DTYPE = "fp32"  # one logit per query head
 LENGTH_DTYPE = "int32"
 DESCALE_EXAMPLE = "amax(|x|) / 448 of the unquantized tensor"
 OUT_DTYPES_FP8 = ATTENTION  # o of e4m3 q, k, v
@@ -80,6 +86,7 @@ _DENSE_DIMS = {
     "v": ("b", "hkv", "skv", "dv"),
     "o": ("b", "hq", "sq", "dv"),
     "lse": ("b", "hq", "sq"),
+    "sinks": ("hq",),
     "seq_len_q": ("b",),
     "seq_len_kv": ("b",),
 }
@@ -89,6 +96,7 @@ _PACKED_DIMS = {
     "v": ("tkv", "hkv", "dv"),
     "o": ("tq", "hq", "dv"),
     "lse": ("tq", "hq"),
+    "sinks": ("hq",),
     "cu_seqlens_q": ("b + 1",),
     "cu_seqlens_kv": ("b + 1",),
 }
@@ -133,7 +141,7 @@ def validate(ctx: NodeContext) -> Sdpa | None:
     form = _check_form(ctx)
     dims_of = _DIMS_OF_FORM[form]
     over_cache = form in CACHE_FORMS
-    roles = list(dims_of) if over_cache else ["q", "k", "v", "o", "lse"]
+    roles = list(dims_of) if over_cache else ["q", "k", "v", "o", "lse", "sinks"]
     roles += {"packed": list(PACKED_KEYS), "paged": [], "mixed": []}.get(form, list(PADDED_KEYS))
     tensors: dict[str, CheckedTensor] = {}
     for role in roles:
@@ -148,10 +156,22 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         )
         if c is not None:
             tensors[role] = c
+    if over_cache and ctx.given("sinks"):
+        ctx.problem(
+            "sinks",
+            f"attention sinks are in the dense, padded and packed forms; the {form} form (a paged cache) does not "
+            "take them yet: remove sinks, or prefill with the packed form",
+        )
     sizes = _check_shapes(tensors, dims_of, ctx)
     if form == "mixed":
         sizes = _check_sequence_counts(tensors, sizes, ctx)
     fp8 = _check_dtypes(tensors, ctx, form)
+    if fp8 and ctx.given("sinks"):
+        ctx.problem(
+            "sinks",
+            "attention sinks with e4m3 q, k and v are not built yet (the bf16 and fp16 kernels take them): "
+            "remove sinks, or give q, k and v in bf16 or fp16",
+        )
     _check_descales(ctx, fp8, sizes, form)
     if over_cache:
         check_cache_scales(ctx, (tensors.get("k"), tensors.get("v")), (sizes or {}).get("hkv"))
@@ -218,6 +238,7 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         v_descale=ctx.value("v_descale") if fp8 else None,
         o_accumulation=o_accumulation or "tensor_cores",
         debug_tile_visits=bool(debug_tile_visits),
+        sinks=None if over_cache else ctx.value("sinks"),
     )
 
 
@@ -287,7 +308,7 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
     for role in dims_of:
         c = tensors.get(role)
         if c is None or c.dims is None:
-            ok = ok and role in ("lse", *PADDED_KEYS)  # optional roles may be absent
+            ok = ok and role in ("lse", "sinks", *PADDED_KEYS)  # optional roles may be absent
             continue
         for i, (name, size) in enumerate(zip(dims_of[role], c.dims)):
             if name not in sizes:
@@ -362,9 +383,11 @@ def _check_dtypes(tensors: dict[str, CheckedTensor], ctx: NodeContext, form: str
                 ctx.problems_at(c.at("dtype"), message)
         elif role == "lse" and c.dtype != LSE_DTYPE:
             ctx.problems_at(c.at("dtype"), f'lse must be {LSE_DTYPE}, got "{c.dtype}"')
+        elif role == "sinks" and c.dtype != SINKS_DTYPE:
+            ctx.problems_at(c.at("dtype"), f'sinks are logits, one per query head: {SINKS_DTYPE}, got "{c.dtype}"')
         elif role == "page_table" and c.dtype != LENGTH_DTYPE:
             ctx.problems_at(c.at("dtype"), f'page_table holds page ids: it must be {LENGTH_DTYPE}, got "{c.dtype}"')
-        elif role not in ("q", "k", "v", "o", "lse", "page_table") and c.dtype != LENGTH_DTYPE:
+        elif role not in ("q", "k", "v", "o", "lse", "sinks", "page_table") and c.dtype != LENGTH_DTYPE:
             ctx.problems_at(c.at("dtype"), f'{role} holds sequence lengths: it must be {LENGTH_DTYPE}, got "{c.dtype}"')
     return fp8
 

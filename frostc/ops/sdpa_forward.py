@@ -158,6 +158,7 @@ def _variant(node: Sdpa, config: ForwardConfig, ctx: ResolveContext) -> SdpaFwdV
         v_layout=config.v_layout,
         o_float32=node.o_accumulation == "float32",
         three_consumers=config.three_consumers,
+        sinks=node.sinks is not None,
     )
 
 
@@ -325,6 +326,7 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
         descales=descales,
         v_maps=v_maps,
         paged=None,
+        sinks=slots.get("sinks"),
     )
     grid = (tile_capacity(node, variant.tile_shape.block_m), 1, 1)
     return launch(node.name, variant, grid, args)

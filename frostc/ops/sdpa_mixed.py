@@ -123,6 +123,7 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, workspace: dict[str, 
         descales=None,
         v_maps=None,
         paged=paged,
+        sinks=None,  # the mixed form takes none yet (validation refuses them)
     )
     return launch(node.name, variant, (tile_capacity(node, variant.tile_shape.block_m), 1, 1), args)
 

@@ -76,6 +76,7 @@ class Sdpa:
     o_accumulation: str = "tensor_cores"  # e4m3: O_ACCUMULATIONS
     # a debug build: the dynamic tile walk counts each tile's visits into the workspace
     debug_tile_visits: bool = False
+    sinks: str | None = None  # float32 (hq,): each head's sink logit in the softmax denominator
 
     @property
     def causal(self) -> bool:
@@ -97,7 +98,8 @@ class Sdpa:
         length_keys = PACKED_KEYS if self.form == "packed" else PADDED_KEYS
         roles += [(key, name) for key, name in zip(length_keys, (self.q_lengths, self.kv_lengths)) if name]
         descales = (("q_descale", self.q_descale), ("k_descale", self.k_descale), ("v_descale", self.v_descale))
-        return tuple(roles) + tuple((role, name) for role, name in descales if name)
+        optional = (*descales, ("sinks", self.sinks))
+        return tuple(roles) + tuple((role, name) for role, name in optional if name)
 
     @property
     def outputs(self) -> tuple[tuple[str, str], ...]:

@@ -235,9 +235,11 @@ def _sdpa(sizes: tuple[str, ...], roles: tuple[str, ...], optional: tuple[str, .
 
 # (op, form) -> what its nodes record: the ops of frostc.ops, each op's record made by its module
 NODE_FORMS = {
-    ("sdpa", "dense"): _sdpa(_SDPA_SIZES, _SDPA_ROLES, ("lse", *_DESCALES)),
-    ("sdpa", "padded"): _sdpa(_SDPA_SIZES, _SDPA_ROLES, ("seq_len_q", "seq_len_kv", "lse", *_DESCALES)),
-    ("sdpa", "packed"): _sdpa(_SDPA_SIZES, (*_SDPA_ROLES, "cu_seqlens_q", "cu_seqlens_kv"), ("lse", *_DESCALES)),
+    ("sdpa", "dense"): _sdpa(_SDPA_SIZES, _SDPA_ROLES, ("lse", *_DESCALES, "sinks")),
+    ("sdpa", "padded"): _sdpa(_SDPA_SIZES, _SDPA_ROLES, ("seq_len_q", "seq_len_kv", "lse", *_DESCALES, "sinks")),
+    ("sdpa", "packed"): _sdpa(
+        _SDPA_SIZES, (*_SDPA_ROLES, "cu_seqlens_q", "cu_seqlens_kv"), ("lse", *_DESCALES, "sinks")
+    ),
     ("sdpa", "paged"): _sdpa(
         (*_SDPA_SIZES, "pages", "page_size"), (*_SDPA_ROLES, "page_table", "seq_len_kv"), ("lse", *_SCALES), (_SCALES,)
     ),

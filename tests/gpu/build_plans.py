@@ -36,6 +36,8 @@ def description(case: Case, g: GraphBuilder | None = None, prefix: str = ""):
     tensor = lambda name, **kw: g.tensor(prefix + name, **kw)  # noqa: E731
     b, hq, hkv, d = case.batch, case.heads_q, case.heads_kv, case.head_dim
     lengths = {}
+    if case.sinks:
+        tensor("sinks", dtype="fp32", dims=(hq,))
     if case.form == "packed":
         for name, dims in (("q", (case.tokens_q, hq, d)), ("k", (case.tokens_kv, hkv, d)),
                            ("v", (case.tokens_kv, hkv, d)), ("o", (case.tokens_q, hq, d))):  # fmt: skip
@@ -73,6 +75,7 @@ def description(case: Case, g: GraphBuilder | None = None, prefix: str = ""):
         window_right=case.window_right,
         softcap=case.softcap,
         debug_tile_visits=case.count_visits or None,
+        sinks=prefix + "sinks" if case.sinks else None,
         **lengths,
     )
     return g.build() if alone else g

@@ -63,6 +63,7 @@ class Case:
     tokens_kv: int = 0
     lengths: str = "qkv"  # padded: which sides have per-sequence lengths ("q", "kv", "qkv")
     count_visits: bool = False  # a debug build of the dynamic walk that counts tile visits
+    sinks: bool = False  # a float32 sink logit per query head (gpt-oss)
 
     @property
     def id(self) -> str:
@@ -85,6 +86,8 @@ class Case:
             extra += f"-packed_t{self.tokens_q}x{self.tokens_kv}"
         if self.count_visits:
             extra += "-visits"
+        if self.sinks:
+            extra += "-sinks"
         return base + extra
 
 
@@ -167,10 +170,44 @@ def visit_count_cases() -> list[Case]:
     return [replace(case, count_visits=True) for case in dynamic_walk_cases()]
 
 
+def sink_cases() -> list[Case]:
+    """Attention sinks (gpt-oss: d 64, 8 query heads a KV head, sliding layers of 128 keys between
+    full ones) in each form that takes them, with and without LSE, odd sizes; rows that see no key
+    (bottom-right, more queries than keys) get O = 0 and the sink as their LSE; a softcap and the
+    dynamic walk too."""
+    return [
+        Case("bf16", 2, 16, 2, 777, 777, 64, True, "bshd", True, "dense", "top_left", 127, sinks=True),
+        Case("fp16", 1, 8, 1, 1000, 300, 64, True, "bhsd", True, "dense", "bottom_right", sinks=True),
+        Case("bf16", 3, 8, 8, 129, 1000, 128, False, "bhsd", False, sinks=True),
+        Case("bf16", 1, 4, 2, 2000, 2000, 128, True, "bhsd", True, sinks=True),  # the dynamic walk
+        Case(
+            "fp16", 5, 8, 2, 1100, 1000, 256, False, "bshd", True, "padded", "top_left", None, None, 40.0, sinks=True
+        ),  # fmt: skip
+        Case(
+            "bf16",
+            7,
+            16,
+            2,
+            1100,
+            1000,
+            64,
+            True,
+            "thd",
+            True,
+            "packed",
+            "bottom_right",
+            127,
+            tokens_q=3001,
+            tokens_kv=2800,
+            sinks=True,
+        ),  # fmt: skip
+    ]
+
+
 def cases() -> list[Case]:
     return (
         dense_cases() + mask_cases() + varlen_cases() + long_tile_cases() + dynamic_walk_cases()
-        + visit_count_cases()
+        + visit_count_cases() + sink_cases()
     )  # fmt: skip
 
 

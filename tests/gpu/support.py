@@ -84,9 +84,11 @@ def allowed_keys(case: dict, q_len: int, kv_len: int, device="cuda"):
     return ok
 
 
-def reference_sequence(case: dict, q, k, v):
+def reference_sequence(case: dict, q, k, v, sinks=None):
     """float64 attention of one sequence: q (hq, sq, d), k and v (hkv, skv, d) -> O (hq, sq, d)
-    and the natural-log LSE (hq, sq). A row that sees no key has O = 0 and LSE = -inf."""
+    and the natural-log LSE (hq, sq). A row that sees no key has O = 0 and LSE = -inf. `sinks`
+    (hq,): each head's logit joins the denominator (a key with no value): the LSE includes it,
+    and a row that sees no key has LSE = the sink."""
     import torch
 
     hq, sq, d = q.shape
@@ -103,6 +105,8 @@ def reference_sequence(case: dict, q, k, v):
             s = case["softcap"] * torch.tanh(s / case["softcap"])
         s = s.masked_fill(~allowed, float("-inf"))
         lse[h] = torch.logsumexp(s, -1) if k.shape[1] else float("-inf")
+        if sinks is not None:
+            lse[h] = torch.logaddexp(lse[h], sinks[h].double().expand_as(lse[h]))
         p = torch.where(allowed, torch.exp(s - lse[h][:, None]), 0.0)
         out[h] = p @ v[h // group].double()
     return out, lse
@@ -173,6 +177,8 @@ class Buffers:
             if case["form"] == "padded":
                 for side in {"qkv": ("q", "kv"), "q": ("q",), "kv": ("kv",)}[case["lengths"]]:
                     self.tensors[f"{side}_lengths"] = torch.zeros(b, dtype=torch.int32, device="cuda")
+        if case.get("sinks"):
+            self.tensors["sinks"] = torch.empty(hq, dtype=torch.float32, device="cuda")
         self.workspace = plan.allocate_workspace()
         self.q_lens = [case["seq_q"]] * b
         self.kv_lens = [case["seq_kv"]] * b
@@ -224,6 +230,9 @@ class Buffers:
             for name in ("q", "k", "v"):
                 t = self.tensors[name]
                 t.copy_(torch.randn(t.shape, device="cuda", dtype=t.dtype))
+            if "sinks" in self.tensors:  # around the scores' range and above it: the sink matters
+                sinks = self.tensors["sinks"]
+                sinks.copy_(torch.randn(sinks.shape, device="cuda") * 2 + 1)
             for name, storage in self.storage.items():
                 storage.fill_(SENTINEL)
                 self.tensors[name].fill_(float("nan"))
@@ -287,7 +296,7 @@ class Buffers:
         rel_tol, abs_tol, lse_tol = TOLERANCE[self.case["dtype"]]
         err_sq = ref_sq = worst = lse_worst = 0.0
         for b, q, k, v, o, lse in self.sequences():
-            ref_o, ref_lse = reference_sequence(self.case, q, k, v)
+            ref_o, ref_lse = reference_sequence(self.case, q, k, v, self.tensors.get("sinks"))
             assert not torch.isnan(o).any(), f"sequence {b}: some O rows were never written"
             diff = o.double() - ref_o
             err_sq += float((diff * diff).sum())
