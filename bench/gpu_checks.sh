@@ -6,6 +6,7 @@
 #   bash bench/gpu_checks.sh serve    # bench/serve.py: frostc, FlashAttention-4 (when a `mixed` call just
 #                                     # installed it into /tmp/site) and frostc-fused, 64 and 256 requests;
 #                                     # then bench/vllm_launch.py. Carry .hfslim, bench/.built/serve, bench/.built/vllm
+#   bash bench/gpu_checks.sh sinks    # attention sinks: GPU cases, sanitizer targets, bench/sinks.py
 #   bash bench/gpu_checks.sh http     # bench/serve_http.py run: transformers serve, frostc-fused and FlashAttention-4
 #   bash bench/gpu_checks.sh soak     # bench/serve_http.py soak: 5 minutes at concurrency 64, cancellations
 #   bash bench/gpu_checks.sh decode   # bench/decode.py
@@ -59,6 +60,16 @@ serve)
     echo "serve rc=$?"; grep -E "requests:|^\|" "$OUT/serve.log" | cut -c1-300 | tail -16
     timeout 60 python bench/vllm_launch.py run --md "$OUT/vllm_launch.md" > "$OUT/vllm_launch.log" 2>&1
     echo "vllm_launch rc=$?"; tail -12 "$OUT/vllm_launch.log"
+    ;;
+sinks)
+    # attention sinks (issue 44): their GPU cases, their sanitizer targets, their cost
+    # (carry tests/.built, bench/.built/sanitize and bench/.built/sinks)
+    timeout 200 python -m pytest tests/gpu/test_sdpa.py -q -p no:cacheprovider -rs -k sinks > "$OUT/pytest-sinks.log" 2>&1
+    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-sinks.log" | tail -8
+    timeout 150 python bench/sanitize.py run --only sinks > "$OUT/sanitize-sinks.txt" 2>&1
+    echo "sanitize rc=$?"; tail -8 "$OUT/sanitize-sinks.txt"
+    timeout 200 python bench/sinks.py run --md "$OUT/sinks.md" > "$OUT/sinks.log" 2>&1
+    echo "sinks rc=$?"; tail -14 "$OUT/sinks.log"
     ;;
 http|soak)
     # transformers serve under streaming clients (bench/serve_http.py); carry .hfslim, .hfserve (the
