@@ -76,9 +76,31 @@ def test_e4m3_attention_refuses_sinks_by_name() -> None:
     assert "e4m3" in found["nodes[0].sinks"] and "remove sinks" in found["nodes[0].sinks"], found
 
 
-def test_the_mixed_form_refuses_sinks_by_name() -> None:
-    d = mixed_base()
+def _with_sinks(d: dict[str, Any]) -> dict[str, Any]:
     heads = d["tensors"]["q"]["dims"][1]
-    d = edited(d, **{"tensors.sinks": {"dtype": "fp32", "dims": [heads]}, "nodes.0.sinks": "sinks"})
+    return edited(d, **{"tensors.sinks": {"dtype": "fp32", "dims": [heads]}, "nodes.0.sinks": "sinks"})
+
+
+def test_every_launch_of_a_mixed_step_takes_the_sinks_where_its_rows_end() -> None:
+    """A mixed step with its chunks apart: the decode kernel (unsplit: it adds the sinks itself)
+    and the forward kernel over the pages; a decode-sized step split over its keys: the partials
+    leave the sinks out and the combine adds them once."""
+    plan = resolve(check(_with_sinks(mixed_base())))
+    decodes, _, chunks = plan.launches
+    assert decodes.variant.sinks and not decodes.variant.split and chunks.variant.sinks
+    assert decodes.variant.name.endswith(".sinks.lse") and ".sinks" in chunks.variant.name
+    split = resolve(check(_with_sinks(mixed_base(tokens=24, max_seqlen_q=4, max_pages=256))))
+    attention, combine = split.launches
+    assert attention.variant.split and not attention.variant.sinks  # partials without the sink
+    assert combine.variant.sinks and combine.variant.name.endswith(".sinks.lse")
+    without = resolve(check(mixed_base(tokens=24, max_seqlen_q=4, max_pages=256))).launches[0].variant
+    assert attention.variant == without  # the same split kernel as without sinks
+
+
+def test_an_e4m3_cache_refuses_sinks_by_name() -> None:
+    d = _with_sinks(mixed_base())
+    d = edited(d, **{"tensors.k_cache.dtype": "e4m3", "tensors.v_cache.dtype": "e4m3"})
+    d = edited(d, **{f"tensors.{r}": {"dtype": "fp32", "dims": [1]} for r in ("k_scale", "v_scale")})
+    d = edited(d, **{"nodes.0.k_scale": "k_scale", "nodes.0.v_scale": "v_scale"})
     found = {p.path: p.message for p in problems(d)}
-    assert "paged cache" in found["nodes[0].sinks"] and "remove sinks" in found["nodes[0].sinks"], found
+    assert "e4m3 cache" in found["nodes[0].sinks"] and "remove sinks" in found["nodes[0].sinks"], found

@@ -138,16 +138,18 @@ class OnlineSoftmax:
     def normalize(self, o_mn, out_scale=None, sink=None):
         """O /= row sum (0 for a row that saw no key), times `out_scale` unless None; row_sum
         becomes the quad's total. `sink`: a logit (natural log, already scaled: gpt-oss's
-        attention sinks) whose exponential joins the sum as a key with no value, taken against
-        the row's reference max as the scores were (against 0 for a row that saw no key)."""
+        attention sinks), or a function of the row giving it, whose exponential joins the sum as
+        a key with no value, taken against the row's reference max as the scores were (against
+        0 for a row that saw no key)."""
         for r in cutlass.range_constexpr(cute.size(self.row_sum)):
             total = self.lane_sum(self.row_sum[r])
             if cutlass.const_expr(sink is not None):
+                logit = sink(r) if cutlass.const_expr(callable(sink)) else sink
                 reference = self.row_max[r]
                 shift = cutlass.select_(
                     reference == -cutlass.Float32.inf, cutlass.Float32(0.0), reference * self.scale_log2
                 )
-                total = total + cute.math.exp2(sink * LOG2_E - self._shifted(shift), fastmath=True)
+                total = total + cute.math.exp2(logit * LOG2_E - self._shifted(shift), fastmath=True)
             self.row_sum[r] = total
             inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
             if cutlass.const_expr(out_scale is not None):

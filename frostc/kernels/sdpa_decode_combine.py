@@ -9,7 +9,9 @@ origin: 0, or with a sliding window the first new token's window start, down to 
 splits cover [origin, len), `sdpa_common.key_origin`): the attention
 kernel's CTAs past the end wrote nothing, so their workspace is stale, and a sequence too
 short to fill every split is merged from the splits it has. A row that sees no key (every
-split LSE = -inf, or no split) gets O = 0 and LSE = -inf.
+split LSE = -inf, or no split) gets O = 0 and LSE = -inf. Attention sinks (a sinks variant):
+the row's head's logit joins m's max and Σ w_s once, as a key with no value (its O = 0 then,
+its LSE the sink).
 
 One CTA per (row, KV head, sequence); 256 threads: the splits' LSE are reduced across the
 CTA, then O is summed with 16-byte loads, each thread a 4-float piece of d for every
@@ -57,6 +59,9 @@ class DecodeCombineArgs:
     o_strides: BhsStrides = facets("o")
     lse_strides: BhsStrides = facets("lse")
     packed: PackedQueries | None = when(packed)  # the mixed form: o and lse packed
+    # attention sinks: each query head's logit joins the merged denominator once (the splits'
+    # partials leave it out)
+    sinks: Ptr | None = when(lambda v: v.sinks, dtype="fp32", align=4)
 
 
 @dataclass(frozen=True)
@@ -73,12 +78,14 @@ class DecodeCombineVariant(Variant):
     # the mixed form with its chunks apart: only sequences of at most this many query rows were
     # split (the paged decode kernel's); the forward kernel wrote the others' rows. 0: all
     decode_rows: int = 0
+    sinks: bool = False  # attention sinks (`DecodeCombineArgs.sinks`)
 
     @property
     def name(self) -> str:
         name = f"sdpa_decode_combine.{self.dtype}.d{self.head_dim}" + (".packed" if self.packed else "")
         name += ".causal" if self.causal else ""
         name += f".decodes_r{self.decode_rows}" if self.decode_rows else ""
+        name += ".sinks" if self.sinks else ""
         return name + (".lse" if self.has_lse else "")
 
     @property
@@ -187,6 +194,10 @@ class DecodeCombine(Kernel):
         for s in range(tidx + THREADS, active, THREADS):
             largest = cute.arch.fmax(largest, lses[s])
         largest = self._cta_reduce(largest, reduce, tidx, cute.arch.fmax)
+        sink = cutlass.Float32(0.0)  # the row's head's sink logit (a sinks variant)
+        if cutlass.const_expr(self.v.sinks):
+            sink = cute.make_tensor(args.sinks + (head_kv * group + row % group), cute.make_layout(1))[0]
+            largest = cute.arch.fmax(largest, sink)
         shift = 0.0 if largest == -cutlass.Float32.inf else largest
         total = cutlass.Float32(0.0)
         if tidx < active:
@@ -194,6 +205,8 @@ class DecodeCombine(Kernel):
         for s in range(tidx + THREADS, active, THREADS):
             total = total + cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
         total = self._cta_reduce(total, reduce, tidx, lambda a, c: a + c)
+        if cutlass.const_expr(self.v.sinks):  # a key with no value: the denominator only, once
+            total = total + cute.math.exp2((sink - shift) * LOG2_E, fastmath=True)
 
         # Σ w_s O_s: thread (lane, grp) sums the 4-float piece `lane` of splits grp, grp + groups, ...
         acc = cute.make_rmem_tensor(VECTOR, cutlass.Float32)

@@ -195,6 +195,9 @@ class PagedDecodeArgs:
     softmax: SoftmaxScales
     q_scale: F32 | None = when(quantized)
     packed: PackedQueries | None = when(packed)  # the mixed form: q, o and lse packed
+    # attention sinks: a float32 logit per query head in each row's denominator (unsplit: here;
+    # split: the combine adds it once, the partials leave it out)
+    sinks: Ptr | None = when(lambda v: v.sinks, dtype="fp32", align=4)
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,7 @@ class PagedDecodeVariant(Variant):
     # fit one row block (decodes, speculative steps), one CTA row each (grid z = batch); the
     # forward kernel over the pages takes the others (`sdpa_fwd_wgmma`, `page_size`)
     chunks_apart: bool = False
+    sinks: bool = False  # attention sinks (`PagedDecodeArgs.sinks`); 16-bit caches only
 
     @property
     def quantized(self) -> bool:
@@ -236,6 +240,7 @@ class PagedDecodeVariant(Variant):
         name = f"sdpa_decode_paged.{self.dtype}{kv}.d{self.head_dim}.p{self.page_size}.{mask}"
         name += ".packed" if self.packed else ""
         name += ".decodes" if self.chunks_apart else ""
+        name += ".sinks" if self.sinks and not self.split else ""  # a split kernel's partials have none
         return name + (".split" if self.split else "") + (".lse" if self.has_lse and not self.split else "")
 
     @property
@@ -534,7 +539,8 @@ class PagedDecode(Kernel):
             (tensors.o, *args.o_strides.bhs()), (tensors.lse, *args.lse_strides.bhs()),
             (tensors.o_partial, tensors.lse_partial), (pt_row, first_pages),
             (sizes.group, s_new, rows, sizes.splits, split, sizes.window_left),
-            (sizes.heads_kv, sizes.pages, sizes.rows_per_page), (scale_log2, score_scale, dequant), tidx, warp,
+            (sizes.heads_kv, sizes.pages, sizes.rows_per_page), (scale_log2, score_scale, dequant, args.sinks), tidx,
+            warp,
         )  # fmt: skip
         if cutlass.const_expr(self.variant.packed):
             # a sequence's query rows fill its first row blocks: the others have nothing to do
@@ -724,7 +730,7 @@ class PagedDecode(Kernel):
                  lse_args, partials, heads_kv):  # fmt: skip
         t = self.tiles
         group, s_new, rows, splits, split, window_left = geometry
-        scale_log2, score_scale, _ = scales  # the third: a quantized cache's (PagedDecodeScaledCache)
+        scale_log2, score_scale, _, sinks = scales  # the third: a quantized cache's (PagedDecodeScaledCache)
         ring = Ring(t.stages)
         qk_mma, pv_mma = self._mmas()
         qk_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -782,8 +788,22 @@ class PagedDecode(Kernel):
             warpgroup.wait_group(0)
             self._release(v_pipe, last_stage)
 
-        softmax.normalize(wgmma_rows_by_cols(acc_O))  # no keys: O = 0, LSE = -inf
+        sink_of = None  # each row's head's sink (an unsplit sinks variant): it joins the denominator here
+        if cutlass.const_expr(self.variant.sinks and not self.variant.split):
+            sink_of = self._row_sinks(pv_thr, work, group, sinks)
+        softmax.normalize(wgmma_rows_by_cols(acc_O), None, sink_of)  # no keys: O = 0, LSE = -inf (or the sink)
         self._epilogue(pv_thr, acc_O, softmax, work, geometry, o_args, lse_args, partials, heads_kv)
+
+    def _row_sinks(self, pv_thr, work, group, sinks):
+        """Row r of this thread's accumulator -> its query head's sink logit (the rows of a
+        (sequence, KV head) are its tokens times the group's heads: head_kv · group + row % group)."""
+        c_mn = wgmma_rows_by_cols(pv_thr.partition_C(cute.make_identity_tensor((ROWS, self.head_dim))))
+
+        def sink_of(r):
+            row = work.row_block * ROWS + c_mn[r, 0][0]
+            return cute.make_tensor(sinks + (work.head_kv * group + row % group), cute.make_layout(1))[0]
+
+        return sink_of
 
     @cute.jit
     def _operands(self, k_pipe, v_pipe, k_at, v_at, tiles, tidx):
@@ -874,7 +894,7 @@ class PagedDecode(Kernel):
                         if quad_leader:
                             at = cutlass.Int64(work.batch) * lse_sb + cutlass.Int64(head) * lse_sh
                             at = at + cutlass.Int64(token) * lse_ss
-                            cute.make_tensor(lse + at, cute.make_layout(1))[0] = softmax.lse(r)
+                            cute.make_tensor(lse + at, cute.make_layout(1))[0] = softmax.lse(r, self.variant.sinks)
 
 
 # ------------------------------------------------------------------------------ a quantized cache
@@ -1012,7 +1032,7 @@ class PagedDecodeScaledCache(PagedDecode):
         t = self.tiles
         d = self.head_dim
         group, s_new, rows, splits, split, window_left = geometry
-        scale_log2, score_scale, dequant = scales
+        scale_log2, score_scale, dequant, _ = scales  # no sinks over a quantized cache (the op refuses them)
         ringK, ringV, merge = loaded
         warp, lane = tidx // 32, tidx % 32
         quad, pair = lane // 4, lane % 4

@@ -27,8 +27,8 @@ workspace (keys innermost cannot be ragged: `frostc.kernels.sequence_maps`).
 
 Attention sinks (gpt-oss): `sinks`, float32 (hq,), one logit per query head that joins every
 row's softmax denominator as a key with no value: O = Σ exp(s_j) v_j / (Σ exp(s_j) + exp(sink)),
-the LSE includes it (a row that sees no key has O = 0 and LSE = sink). The dense, padded and
-packed forms take them, in bf16 and fp16.
+the LSE includes it (a row that sees no key has O = 0 and LSE = sink). Every form takes them
+with bf16 or fp16 q, k and v, and over a 16-bit cache (not e4m3 yet).
 
 Variable lengths stay on the device: the plan fixes capacities (batch, tokens or rows,
 max_seqlen_*), a scheduling kernel of the same plan turns the lengths into a tile list in the
@@ -110,6 +110,7 @@ _MIXED_DIMS = {
     "page_table": ("b", "max_pages"),
     "seq_len_kv": ("b",),
     "cu_seqlens_q": ("b + 1",),
+    "sinks": ("hq",),
 }
 _PAGED_DIMS = {
     "q": ("b", "hq", "sq", "d"),
@@ -119,6 +120,7 @@ _PAGED_DIMS = {
     "lse": ("b", "hq", "sq"),
     "page_table": ("b", "max_pages"),
     "seq_len_kv": ("b",),
+    "sinks": ("hq",),
 }
 _DIM_WORDS = {
     "b": "batch", "hq": "heads", "sq": "sequence length", "d": "head dim", "hkv": "kv heads",
@@ -152,15 +154,16 @@ def validate(ctx: NodeContext) -> Sdpa | None:
             dims=f"({', '.join(names)})" if len(names) > 1 else f"({names[0]},)",
             output=role in ("o", "lse"),
             # a missing cu_seqlens_* is _check_form's to report, a paged node's lengths are not
-            required=role in ("q", "k", "v", "o") or (over_cache and role != "lse"),
+            required=role in ("q", "k", "v", "o") or (over_cache and role not in ("lse", "sinks")),
         )
         if c is not None:
             tensors[role] = c
-    if over_cache and ctx.given("sinks"):
+    k = tensors.get("k")
+    if over_cache and ctx.given("sinks") and k is not None and k.dtype is not None and is_quantized(k.dtype):
         ctx.problem(
             "sinks",
-            f"attention sinks are in the dense, padded and packed forms; the {form} form (a paged cache) does not "
-            "take them yet: remove sinks, or prefill with the packed form",
+            f"attention sinks over an {k.dtype} cache are not built yet (a 16-bit cache takes them): remove sinks, "
+            "or keep the cache in the model's dtype",
         )
     sizes = _check_shapes(tensors, dims_of, ctx)
     if form == "mixed":
@@ -238,7 +241,7 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         v_descale=ctx.value("v_descale") if fp8 else None,
         o_accumulation=o_accumulation or "tensor_cores",
         debug_tile_visits=bool(debug_tile_visits),
-        sinks=None if over_cache else ctx.value("sinks"),
+        sinks=ctx.value("sinks"),
     )
 
 

@@ -65,8 +65,9 @@ def chunks_apart(node: Sdpa, kv_cache_dtype: str) -> bool:
 
 def forward_variant(node: Sdpa, dtype: str) -> SdpaFwdVariant:
     return SdpaFwdVariant(
-        dtype, node.head_dim, node.mask.flags, node.lse is not None, varlen=True, page_size=node.page_size
-    )
+        dtype, node.head_dim, node.mask.flags, node.lse is not None, varlen=True, page_size=node.page_size,
+        sinks=node.sinks is not None,
+    )  # fmt: skip
 
 
 def chunk_launches(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ResolvedLaunch]:
@@ -123,7 +124,7 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, workspace: dict[str, 
         descales=None,
         v_maps=None,
         paged=paged,
-        sinks=None,  # the mixed form takes none yet (validation refuses them)
+        sinks=ctx.slot(node.sinks) if node.sinks else None,
     )
     return launch(node.name, variant, (tile_capacity(node, variant.tile_shape.block_m), 1, 1), args)
 

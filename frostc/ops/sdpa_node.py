@@ -94,7 +94,8 @@ class Sdpa:
             roles += [("cu_seqlens_q", self.q_lengths)]
         if self.form in CACHE_FORMS:
             roles += [("page_table", self.page_table), ("seq_len_kv", self.kv_lengths)]
-            return tuple(roles) + tuple((r, n) for r, n in (("k_scale", self.k_scale), ("v_scale", self.v_scale)) if n)
+            optional = (("k_scale", self.k_scale), ("v_scale", self.v_scale), ("sinks", self.sinks))
+            return tuple(roles) + tuple((r, n) for r, n in optional if n)
         length_keys = PACKED_KEYS if self.form == "packed" else PADDED_KEYS
         roles += [(key, name) for key, name in zip(length_keys, (self.q_lengths, self.kv_lengths)) if name]
         descales = (("q_descale", self.q_descale), ("k_descale", self.k_descale), ("v_descale", self.v_descale))

@@ -52,6 +52,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         dtype, kv_cache_dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, few_rows=config.few_rows,
         packed=node.form == "mixed", chunks_apart=apart,
+        sinks=node.sinks is not None and splits == 1,  # split: the combine adds them
     )  # fmt: skip
     # the mixed form's chunks, when apart: the scheduling kernel and the forward kernel over the
     # pages, after the decodes (which may start early behind an append: `mark_early_starts`)
@@ -180,6 +181,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
         scales=scales, sizes=sizes, q_strides=_query_strides(q, node), o_strides=_query_strides(o, node),
         lse_strides=_query_strides(lse, node), page_table_stride=table.strides[0], scale_strides=scale_strides,
         softmax=softmax, q_scale=node.attn_scale if variant.quantized else None, packed=_packed_queries(node, ctx),
+        sinks=ctx.slot(node.sinks) if variant.sinks else None,
     )  # fmt: skip
     if node.form == "mixed":  # each sequence's first row block, then (chunks not apart) the chunks' further ones
         ctas = row_block_ctas(node, variant.tile_shape.rows, variant.chunks_apart)
@@ -196,14 +198,16 @@ def _combine_launch(
     # with the chunks apart only the decodes' rows were split: at most one row block a sequence
     decode_rows_max = decode_tokens(node) * (node.heads_q // node.heads_kv) if apart else 0
     variant = DecodeCombineVariant(
-        o.dtype, node.head_dim, lse is not None, packed=mixed, causal=mixed and node.causal, decode_rows=decode_rows_max
-    )
+        o.dtype, node.head_dim, lse is not None, packed=mixed, causal=mixed and node.causal,
+        decode_rows=decode_rows_max, sinks=node.sinks is not None,
+    )  # fmt: skip
     args = DecodeCombineArgs(
         Workspace(workspace["o_partial"]), Workspace(workspace["lse_partial"]), ctx.slot(node.kv_lengths), o, lse,
         heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=tiles.rows if apart else decode_rows(node),
         capacity=node.seq_kv, chunk=chunk, splits=splits, s_new=node.seq_q, window_left=_window_left(node),
         block_n=tiles.block_n,
         o_strides=_query_strides(o, node), lse_strides=_query_strides(lse, node), packed=_packed_queries(node, ctx),
+        sinks=ctx.slot(node.sinks) if node.sinks else None,
     )  # fmt: skip
     rows = -(-min(decode_rows(node), decode_rows_max) // variant.rows_per_cta) if apart else decode_rows(node)
     return launch(node.name, variant, (rows, node.heads_kv, node.batch), args)

@@ -241,12 +241,15 @@ NODE_FORMS = {
         _SDPA_SIZES, (*_SDPA_ROLES, "cu_seqlens_q", "cu_seqlens_kv"), ("lse", *_DESCALES, "sinks")
     ),
     ("sdpa", "paged"): _sdpa(
-        (*_SDPA_SIZES, "pages", "page_size"), (*_SDPA_ROLES, "page_table", "seq_len_kv"), ("lse", *_SCALES), (_SCALES,)
+        (*_SDPA_SIZES, "pages", "page_size"),
+        (*_SDPA_ROLES, "page_table", "seq_len_kv"),
+        ("lse", *_SCALES, "sinks"),
+        (_SCALES,),
     ),
     ("sdpa", "mixed"): _sdpa(
         (*_SDPA_SIZES, "pages", "page_size"),
         (*_SDPA_ROLES, "cu_seqlens_q", "page_table", "seq_len_kv"),
-        ("lse", *_SCALES),
+        ("lse", *_SCALES, "sinks"),
         (_SCALES,),
     ),
     ("kv_append", ""): NodeForm(  # rows: k, v (b, hkv, s_new, d), every sequence s_new new tokens
