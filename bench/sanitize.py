@@ -111,6 +111,12 @@ def targets() -> list[Target]:
           "packed", tokens_q=900, tokens_kv=1200, sinks=True)),
         t("sinks-d128-dynamic", "sinks, causal, dynamic walk",
           _dense("bf16", 1, 4, 2, 2000, 2000, 128, True, "bhsd", sinks=True)),
+        t("sinks-decode-split", "sinks, paged decode split-KV + the combine's sink",
+          decode=DecodeCase("bf16", 1, 64, 8, 64, 16, 512, 1, True, True, "bshd", sinks=True)),
+        t("sinks-decode-unsplit", "sinks, paged decode in one launch, window, s_new 4",
+          decode=DecodeCase("fp16", 3, 16, 2, 64, 32, 32, 4, True, True, "bhsd", window_left=127, sinks=True)),
+        t("sinks-mixed-chunks", "sinks, mixed form: chunks on the forward kernel, unsplit decodes",
+          mixed=MixedCase("bf16", 6, 400, 160, 32, 4, 64, 16, 40, True, lse="th", window_left=127, sinks=True)),
         # paged decode
         t("decode-split", "kv_append + split-KV + combine",
           decode=DecodeCase("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd")),

@@ -149,9 +149,9 @@ class ModelAttention:
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             gaps.append(f"a value head dim {self.head_dim_v} beside the query/key's {self.head_dim}")
         if self.sinks:
-            # the prefill forms (dense, padded, packed) take them; the serving plans need the paged
-            # decode and the mixed form too
-            gaps.append("attention sinks in the paged decode and mixed forms (the prefill forms take them)")
+            # every form's kernels take them (sdpa's `sinks`); from-config's descriptions and the
+            # runtime's backends do not pass a layer's sinks yet
+            gaps.append("attention sinks in from-config's plans and the runtime's backends (sdpa's kernels take them)")
         if self.latent_dim is not None:
             gaps.append(f"MLA's absorbed decode (one {self.latent_dim}-wide latent K per token)")
         return "; ".join(gaps) + " (issue 44)" if gaps else None

@@ -100,6 +100,8 @@ def decode_description(case: DecodeCase):
             g.tensor(name, dtype="fp32", dims=(hkv if case.scales == "head" else 1,))
     g.tensor("page_table", dtype="int32", dims=(b, case.max_pages))
     g.tensor("cache_len", dtype="int32", dims=(b,))
+    if case.sinks:
+        g.tensor("sinks", dtype="fp32", dims=(hq,))
     if attend:
         g.tensor("o", dtype=case.dtype, dims=(b, hq, n, d), layout=case.layout)
         if case.lse:
@@ -110,7 +112,8 @@ def decode_description(case: DecodeCase):
     if attend:
         g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", lse="lse" if case.lse else None,
                page_table="page_table", seq_len_kv="cache_len", causal=case.causal or None,
-               window_left=case.window_left, softcap=case.softcap, **scales)  # fmt: skip
+               window_left=case.window_left, softcap=case.softcap, sinks="sinks" if case.sinks else None,
+               **scales)  # fmt: skip
     return g.build()
 
 
@@ -158,6 +161,8 @@ def mixed_description(case: MixedCase):
     g.tensor("page_table", dtype="int32", dims=(case.batch, case.max_pages))
     g.tensor("cache_len", dtype="int32", dims=(case.batch,))
     g.tensor("cu_q", dtype="int32", dims=(case.batch + 1,))
+    if case.sinks:
+        g.tensor("sinks", dtype="fp32", dims=(hq,))
     if case.append:  # the step's new K/V, packed like q, into the pages first
         for name in ("k_new", "v_new"):
             g.tensor(name, dtype=case.dtype, dims=(t, hkv, d))
@@ -165,7 +170,8 @@ def mixed_description(case: MixedCase):
                page_table="page_table", seq_len_kv="cache_len", cu_seqlens_q="cu_q", **scales)  # fmt: skip
     g.sdpa(name="attn", q="q", k="k_cache", v="v_cache", o="o", lse="lse" if case.lse else None,
            page_table="page_table", seq_len_kv="cache_len", cu_seqlens_q="cu_q", max_seqlen_q=case.max_seqlen_q,
-           causal=case.causal or None, window_left=case.window_left, softcap=case.softcap, **scales)  # fmt: skip
+           causal=case.causal or None, window_left=case.window_left, softcap=case.softcap,
+           sinks="sinks" if case.sinks else None, **scales)  # fmt: skip
     return g.build()
 
 

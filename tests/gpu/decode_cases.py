@@ -47,6 +47,7 @@ class DecodeCase(PagePool):
     softcap: float | None = None
     cache: str | None = None  # a quantized cache ("e4m3", with k_scale and v_scale); None: `dtype`
     scales: str = "head"  # a quantized cache's scales: one per kv head ("head") or one ("tensor")
+    sinks: bool = False  # a float32 sink logit per query head (gpt-oss); 16-bit caches
 
     @property
     def id(self) -> str:
@@ -58,6 +59,7 @@ class DecodeCase(PagePool):
             f"{'' if self.window_left is None else f'-w{self.window_left}'}"
             f"{'' if self.softcap is None else f'-cap{self.softcap:g}'}"
             f"{'' if self.cache is None else f'-kv{self.cache}-{self.scales}'}"
+            f"{'-sinks' if self.sinks else ''}"
         )
 
 
@@ -121,6 +123,12 @@ CASES = [
     # the accuracy pair: one shape, a bf16 cache and an e4m3 one (tests/gpu/test_fp8_cache.py)
     _("bf16", 4, 32, 8, 128, 64, 64, 1, False, False, "bshd", "sdpa"),
     _("bf16", 4, 32, 8, 128, 64, 64, 1, False, False, "bshd", "sdpa", cache="e4m3"),
+    # attention sinks (gpt-oss: d 64, 64 query heads over 8, windows of 128 on every other layer):
+    # unsplit (the decode kernel adds them), split over 8k keys (the combine does), a window and
+    # several new tokens
+    _("bf16", 8, 64, 8, 64, 16, 16, 1, True, True, "bshd", sinks=True),
+    _("bf16", 1, 64, 8, 64, 16, 512, 1, True, True, "bshd", sinks=True),
+    _("fp16", 3, 16, 2, 64, 32, 32, 4, True, True, "bhsd", window_left=127, sinks=True),
 ]
 # fmt: on
 del _

@@ -217,6 +217,9 @@ class DecodeBuffers(PlanBuffers):
             self.tensors |= cache_scales(case, seed, DEVICE)
         self.tensors["page_table"] = torch.zeros(b, case["max_pages"], dtype=torch.int32, device=DEVICE)
         self.tensors["cache_len"] = torch.zeros(b, dtype=torch.int32, device=DEVICE)
+        if case.get("sinks"):  # around the scores' range and above it: the sink matters
+            g = torch.Generator(device="cpu").manual_seed(seed + 1)
+            self.tensors["sinks"] = (torch.randn(case["heads_q"], generator=g) * 2 + 1).to(DEVICE)
         if has_append(case):
             for name in ("k_new", "v_new"):
                 self.tensors[name] = self._in_layout(b, hkv, n, d)
@@ -382,7 +385,7 @@ class DecodeBuffers(PlanBuffers):
         err_sq = ref_sq = worst = lse_worst = 0.0
         for b in range(self.case["batch"]):
             k, v = self.gathered(caches, b)
-            ref_o, ref_lse = reference_sequence(mask, t["q"][b], k, v)
+            ref_o, ref_lse = reference_sequence(mask, t["q"][b], k, v, t.get("sinks"))
             o = t["o"][b]
             assert not torch.isnan(o).any(), f"sequence {b} (len {self.lens[b]}): some O rows are NaN"
             diff = o.double() - ref_o

@@ -46,6 +46,7 @@ class MixedCase:
     scales: str = "head"  # e4m3: one scale per KV head ("head") or one ("tensor")
     cache_layout: str = "own"  # one of CACHE_LAYOUTS
     append: bool = False  # the plan appends the step's K/V (k_new, v_new packed like q) first
+    sinks: bool = False  # a float32 sink logit per query head (gpt-oss); 16-bit caches
 
     @property
     def pages(self) -> int:
@@ -65,6 +66,7 @@ class MixedCase:
             f"{'' if self.softcap is None else f'-cap{self.softcap:g}'}"
             f"{'' if self.cache is None else f'-kv{self.cache}-{self.scales}'}"
             f"{'' if self.cache_layout == 'own' else f'-{self.cache_layout}'}{'-append' if self.append else ''}"
+            f"{'-sinks' if self.sinks else ''}"
         )
 
     def cache_views(self) -> dict[str, tuple[str, int, tuple[int, int, int, int]]]:
@@ -117,6 +119,10 @@ def cases() -> list[MixedCase]:
         c("bf16", 7, 200, 96, 32, 8, 128, 16, 40, True, lse="th", append=True),
         c("bf16", 8, 32, 4, 32, 8, 128, 16, 96, True, cache_layout="vllm_nhd", append=True),  # decode-sized, split
         c("fp16", 4, 64, 32, 16, 2, 64, 64, 12, True, cache="e4m3", cache_layout="hf", append=True),
+        # attention sinks (gpt-oss: d 64, 8 query heads a KV head, windows of 128): chunks on the
+        # forward kernel beside unsplit decodes; a decode-sized bucket split over its keys (the combine)
+        c("bf16", 6, 400, 160, 32, 4, 64, 16, 40, True, lse="th", window_left=127, append=True, sinks=True),
+        c("bf16", 8, 32, 4, 32, 4, 64, 16, 96, True, lse="ht", sinks=True),
     ]
 
 

@@ -113,6 +113,9 @@ class MixedBuffers:
                 drawn = torch.rand(count, generator=torch.Generator().manual_seed(seed + i))
                 self.tensors[name] = ((0.5 + drawn) * (4 / E4M3_MAX)).to(DEVICE)
         self.tensors["q"] = torch.empty(t, hq, d, device=DEVICE, dtype=self.dtype)
+        if case.get("sinks"):  # around the scores' range and above it: the sink matters
+            g = torch.Generator(device="cpu").manual_seed(seed + 1)
+            self.tensors["sinks"] = (torch.randn(hq, generator=g) * 2 + 1).to(DEVICE)
         self._guarded("o", (t, hq, d), None, self.dtype)
         if case["lse"] == "ht":
             self._guarded("lse", (hq, t), (1, 0), torch.float32)
@@ -279,7 +282,7 @@ class MixedBuffers:
                 continue
             written[rows] = True
             k, v = self.gathered(b)
-            ref_o, ref_lse = reference_sequence(mask, t["q"][rows].transpose(0, 1), k, v)
+            ref_o, ref_lse = reference_sequence(mask, t["q"][rows].transpose(0, 1), k, v, t.get("sinks"))
             o = t["o"][rows].transpose(0, 1)
             assert not torch.isnan(o).any(), f"sequence {b} ({n} queries over {length} keys): NaN in O"
             diff = o.double() - ref_o
