@@ -1,25 +1,14 @@
 """bench/serve.py's arithmetic on the CPU: the job's prompts, its floor, the profile's kernel
 families and busy time, and the table."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from tests import bench_scripts
 
 
 @pytest.fixture(scope="module")
 def serve():
-    sys.path.insert(0, str(BENCH))  # serve.py imports its neighbour common.py
-    try:
-        spec = importlib.util.spec_from_file_location("serve", BENCH / "serve.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_scripts.load("serve")
 
 
 def test_the_job_is_seeded_and_log_normal(serve) -> None:

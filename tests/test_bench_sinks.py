@@ -1,28 +1,16 @@
 """bench/sinks.py on the CPU: its plans' descriptions (gpt-oss's attention with and without sinks)
 and its table."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from frostc.resolve import resolve
 from frostc.validate import validate
-
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from tests import bench_scripts
 
 
 @pytest.fixture(scope="module")
 def sinks():
-    sys.path.insert(0, str(BENCH))  # sinks.py imports its neighbour common.py
-    try:
-        spec = importlib.util.spec_from_file_location("bench_sinks", BENCH / "sinks.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_scripts.load("sinks")
 
 
 @pytest.mark.parametrize("mask", ["causal", "window"])

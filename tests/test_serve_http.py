@@ -6,35 +6,26 @@ arithmetic where the CPU cannot run FlashAttention-4.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests import bench_scripts
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 for _module in ("fastapi", "uvicorn", "openai", "accelerate"):
     pytest.importorskip(_module, reason="transformers' serving extra: pip install 'transformers[serving]==5.23.*'")
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
 NEW_TOKENS = 5
 PER_LEVEL = 6
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))  # serve_http.py imports its neighbours common.py and serve.py
-    try:
-        spec = importlib.util.spec_from_file_location("serve_http", BENCH / "serve_http.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up while it runs
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_scripts.load("serve_http")
 
 
 @pytest.fixture(scope="module")
