@@ -438,9 +438,7 @@ def mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: int, 
     strides = [2 * layers * dep.page_size * row, row, d, 1]
     for cache in ("k_cache", "v_cache"):
         g.tensor(cache, dtype=dep.kv_cache_dtype, dims=[blocks, dep.page_size, kind.kv_heads, d], strides=strides)
-    scales = {}
-    if dep.quantized_cache:  # frostc's per KV head (transformers keeps none): the runtime holds them
-        scales = {name: g.tensor(name, dtype=SCALE_DTYPE, dims=[kind.kv_heads]) for name in ("k_scale", "v_scale")}
+    scales = _cache_scales(g, dep, kind.kv_heads)  # frostc's per KV head (transformers keeps none)
     lengths = _step_lengths(g, dep.cb.sequences(tokens), dep.max_pages)
     g.node(
         "kv_append", name="append", k="k_new", v="v_new", k_cache="k_cache", v_cache="v_cache", **lengths, **scales
@@ -474,10 +472,7 @@ def vllm_mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: 
     strides = vllm_cache_strides(vllm.layout, dep.page_size, kind.kv_heads, d)
     for cache in ("k_cache", "v_cache"):
         g.tensor(cache, dtype=dep.kv_cache_dtype, dims=[dep.pages, dep.page_size, kind.kv_heads, d], strides=strides)
-    scales = {}
-    if dep.quantized_cache:
-        grain = 1 if vllm.kv_scales == "tensor" else kind.kv_heads
-        scales = {name: g.tensor(name, dtype=SCALE_DTYPE, dims=[grain]) for name in ("k_scale", "v_scale")}
+    scales = _cache_scales(g, dep, 1 if vllm.kv_scales == "tensor" else kind.kv_heads)
     g.tensor("slot_mapping", dtype="int32", dims=[tokens])
     lengths = _step_lengths(g, vllm.sequences(tokens), dep.max_pages)
     g.node(
@@ -489,6 +484,14 @@ def vllm_mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: 
         softcap=kind.softcap, attn_scale=kind.scale, **lengths, **scales,
     )  # fmt: skip
     return g.build()
+
+
+def _cache_scales(g: GraphBuilder, dep: Deployment, grain: int) -> dict[str, str]:
+    """A quantized cache's k_scale and v_scale (float32, `grain` each: 1 or the KV heads), and the
+    node keys naming them; nothing for a cache in the model's dtype."""
+    if not dep.quantized_cache:
+        return {}
+    return {name: g.tensor(name, dtype=SCALE_DTYPE, dims=[grain]) for name in ("k_scale", "v_scale")}
 
 
 def _step_rows(g: GraphBuilder, kind: LayerKind, tokens: int) -> None:
@@ -535,9 +538,7 @@ def decode_description(name: str, kind: LayerKind, dep: Deployment, batch: int) 
     g.tensor("v_new", dims=[batch, kind.kv_heads, dep.new_tokens, kind.head_dim], **new)
     for cache in ("k_cache", "v_cache"):
         g.tensor(cache, dtype=dep.kv_cache_dtype, dims=[dep.pages, dep.page_size, kind.kv_heads, kind.head_dim])
-    scales = {}
-    if dep.quantized_cache:  # one per KV head of the layer
-        scales = {name: g.tensor(name, dtype=SCALE_DTYPE, dims=[kind.kv_heads]) for name in ("k_scale", "v_scale")}
+    scales = _cache_scales(g, dep, kind.kv_heads)  # one per KV head of the layer
     g.tensor("page_table", dtype="int32", dims=[batch, dep.max_pages])
     g.tensor("cache_len", dtype="int32", dims=[batch])
     g.tensor("o", dims=[batch, kind.heads, dep.new_tokens, kind.head_dim], **rows)

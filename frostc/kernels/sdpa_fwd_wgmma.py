@@ -1621,13 +1621,13 @@ class SdpaForwardWgmma(Kernel):
         if cutlass.const_expr(self.has_lse):
             c_mn = wgmma_rows_by_cols(pv_mma.get_slice(wg_tidx).partition_C(cO))
             mLSE = self._lse_rows(lse_args, seq, head)
+            empty = -cutlass.Float32.inf  # with sinks: the sink, the only term of such a row
+            if cutlass.const_expr(sink is not None):
+                empty = sink
             for r in cutlass.range_constexpr(cute.size(c_mn.shape[0])):
                 row = c_mn[r, 0][0]
                 if wg_tidx % 4 == 0 and row < seq.q_len:
-                    if cutlass.const_expr(sink is not None):
-                        mLSE[row] = sink
-                    else:
-                        mLSE[row] = -cutlass.Float32.inf
+                    mLSE[row] = empty
 
     def _lse_rows(self, lse_args, seq, head):
         lse, lse_sh, lse_ss = lse_args

@@ -43,12 +43,13 @@ def attend(
     keys, values = _keys(step, k_pages, v_pages)  # (b, n + 1, hkv, d) fp32: the last column a dump
     n = keys.shape[1] - 1
     i = seq.clamp(max=step.sequences - 1)
-    new_rows = (k_new.float(), v_new.float())
     if kv_scales is not None:
         for x, kv_scale in zip((keys, values), kv_scales):
             x.mul_(kv_scale.view(1, 1, -1, 1))
-        new_rows = tuple(quantize(x, s).float() * s.view(1, -1, 1) for x, s in zip((k_new, v_new), kv_scales))
     if overlay:  # this step's rows where they belong; the others into the dump (no boolean indexing: no sync)
+        new_rows = (k_new.float(), v_new.float())
+        if kv_scales is not None:  # as the pool will hold them
+            new_rows = tuple(quantize(x, s).float() * s.view(1, -1, 1) for x, s in zip((k_new, v_new), kv_scales))
         at = torch.where(valid & (pos < n), pos, n)
         keys.index_put_((i, at), new_rows[0])
         values.index_put_((i, at), new_rows[1])
