@@ -341,19 +341,23 @@ def test_a_cancelled_request_is_finished_as_it_is_cleared() -> None:
     `mark_complete_blocks` raised KeyError (the soak's server loop died of it). Unpatched, the
     cleared state stays DECODING and raises; patched, it is FINISHED and skipped."""
     from transformers.generation.continuous_batching.requests import RequestState, RequestStatus
+    from transformers.generation.continuous_batching.continuous_api import OutputRouter
     from transformers.generation.continuous_batching.scheduler import FIFOScheduler
 
     continuous.install(None)  # the hooks
     _, cache = _paged_cache("llama", allow_block_sharing=True)
     scheduler = FIFOScheduler(cache, 0.0, 8)
+    scheduler.frostc_output_router = router = OutputRouter()  # as the batch processor's hook sets it
     unpatched = FIFOScheduler.clear_cancelled_requests.__wrapped__
     for clear, raises in ((unpatched, True), (FIFOScheduler.clear_cancelled_requests, False)):
         state = RequestState(request_id=f"r{raises}", initial_tokens=list(range(1, 41)))
         state.status = RequestStatus.DECODING
         assert cache.can_store_request_tokens(state, 40)
         scheduler.active_requests[state.request_id] = state
+        router.result_handlers[state.request_id] = (print, None)
         scheduler.set_request_cancellation(state.request_id)
         assert clear(scheduler) == [state]
+        assert (state.request_id in router.result_handlers) == raises
         if raises:
             assert state.status == RequestStatus.DECODING
             with pytest.raises(KeyError):
@@ -456,6 +460,7 @@ def test_a_manager_takes_requests_while_running_cancels_some_and_reuses_its_page
             cancelled.add(rid)
         results = _collect(manager, set(ids + later_ids) - cancelled)
         cache = manager.batch_processor.cache  # stop() lets the batch processor go
+        assert manager.batch_processor.scheduler.frostc_output_router is manager.output_router
         time.sleep(0.2)  # the loop's last step frees the last request's blocks
         free = cache.compute_free_capacity()
     finally:

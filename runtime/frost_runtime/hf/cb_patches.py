@@ -35,7 +35,10 @@ request's blocks but leaves its state PREFILLING or DECODING, so a step already 
 holds it reaches `update_batch`, which skips only FINISHED and PENDING states in async mode and
 calls `cache.mark_complete_blocks` on the freed request: KeyError, and the loop stops for every
 request. The hook marks cancelled states FINISHED as they are cleared (the upstream fix is that
-one line in `clear_cancelled_requests`).
+one line in `clear_cancelled_requests`). The same hook drops a cleared request's result handler
+from the output router: `register_result_handler` removes a handler only when its request
+finishes, which a cancelled one never does, so `transformers serve` kept one closure (and its
+stream's queue) per client disconnect (850 after the soak's 5 minutes).
 
 Naming frostc's attention "...flash..." is not the way: `set_attn_implementation` sends a flash
 name that is not FlashAttention 2/3/4 to the Hugging Face Hub kernel loader, which fails for a
@@ -84,6 +87,8 @@ def _patch() -> None:
     from transformers.generation.continuous_batching import scheduler
 
     scheduler.Scheduler.clear_cancelled_requests = _finishing_cancelled(scheduler.Scheduler.clear_cancelled_requests)
+    processor = continuous_api.ContinuousBatchProcessor
+    processor.__init__ = _scheduler_knows_router(processor.__init__)
     try:  # `transformers serve`: its module imports without the serving extras; they are needed to run it
         from transformers.cli.serving import model_manager
     except ImportError:
@@ -145,9 +150,25 @@ def _finishing_cancelled(clear):
         states = clear(self)
         for state in states:
             state.status = RequestStatus.FINISHED
+        router = getattr(self, "frostc_output_router", None)
+        if router is not None and states:  # no output reaches a FINISHED state: its handler is done
+            with router._lock:
+                for state in states:
+                    router.result_handlers.pop(state.request_id, None)
         return states
 
     return clear_cancelled_requests
+
+
+def _scheduler_knows_router(init):
+    """The batch processor's `__init__`, its scheduler given the output router (for the hook above)."""
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        self.scheduler.frostc_output_router = self.output_router
+
+    return __init__
 
 
 def _serve_accepts_mask_free(validate):
