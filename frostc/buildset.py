@@ -136,7 +136,7 @@ def kind_info(kind: LayerKind) -> planset.KindInfo:
     """What the set records of a layer kind: the attention a serving integration checks calls against."""
     return planset.KindInfo(
         kind.name, kind.layers, kind.heads, kind.kv_heads, kind.head_dim, kind.dtype, kind.scale,
-        kind.window_left, kind.softcap,
+        kind.window_left, kind.softcap, kind.sinks,
     )  # fmt: skip
 
 

@@ -26,8 +26,9 @@ masking_utils.py of each family), read for this module:
   qk_nope_head_dim + qk_rope_head_dim (192), value head dim `v_head_dim` (128), one KV head per
   head in the prefill form, scale qk_head_dim ** -0.5 times yarn's mscale(factor, mscale_all_dim)
   squared; its decode is the absorbed latent form (one kv_lora_rank + qk_rope_head_dim wide K).
-  Their attention is read and planned; the kernels that attention needs beyond frostc's (head dim
-  96, d_v != d_qk, sinks, the latent decode) are named as each plan's gap (`kernel_gap`).
+  Their attention is read and planned (gpt-oss's sinks: a float32 `sinks` tensor in every plan);
+  the kernels that attention needs beyond frostc's (head dim 96, d_v != d_qk, the latent decode)
+  are named as each plan's gap (`kernel_gap`).
 - head_dim: the explicit key when present and not null, else hidden_size // heads (Gemma2Config
   defaults it to 256). The dtype: `dtype`, else the older `torch_dtype` (as PreTrainedConfig does).
 - A key a config leaves out takes the default of transformers' config class for its model type
@@ -148,10 +149,6 @@ class ModelAttention:
             gaps.append(f"head dim {self.head_dim} (frostc's kernels take {', '.join(map(str, HEAD_DIMS))})")
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             gaps.append(f"a value head dim {self.head_dim_v} beside the query/key's {self.head_dim}")
-        if self.sinks:
-            # every form's kernels take them (sdpa's `sinks`); from-config's descriptions and the
-            # runtime's backends do not pass a layer's sinks yet
-            gaps.append("attention sinks in from-config's plans and the runtime's backends (sdpa's kernels take them)")
         if self.latent_dim is not None:
             gaps.append(f"MLA's absorbed decode (one {self.latent_dim}-wide latent K per token)")
         return "; ".join(gaps) + " (issue 44)" if gaps else None

@@ -29,6 +29,7 @@ from frostc.description import Description, GraphBuilder
 from frostc.errors import DescriptionError, Problem
 from frostc.field_checks import quoted
 from frostc.models import SERVED_DTYPES, ModelAttention, ModelLayers
+from frostc.ops.sdpa import SINKS_DTYPE
 
 # vLLM's default CUDA-graph capture sizes: 1, 2, 4, then 8..256 step 8, then 272..512 step 16
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, *range(8, 257, 8), *range(272, 513, 16))
@@ -332,6 +333,7 @@ class LayerKind:
     window_left: int | None
     softcap: float | None
     scale: float
+    sinks: bool  # each layer binds its own `sinks` (float32, one logit per query head on this rank)
     gap: str | None = None  # what frostc's kernels cannot compute of it yet (ModelAttention.kernel_gap)
 
     @property
@@ -346,7 +348,7 @@ def layer_kinds(model: ModelAttention, dep: Deployment) -> tuple[LayerKind, ...]
     by_attention: dict[tuple, list[int]] = {}
     for layer, window in enumerate(model.window_left):
         window = window if window is not None and window < dep.max_cache_len - 1 else None
-        attention = (heads, kv_heads, model.head_dim, dep.dtype, window, model.softcap, model.scale)
+        attention = (heads, kv_heads, model.head_dim, dep.dtype, window, model.softcap, model.scale, model.sinks)
         by_attention.setdefault(attention, []).append(layer)
     gap = model.kernel_gap
     return tuple(LayerKind(i, tuple(layers), *a, gap) for i, (a, layers) in enumerate(by_attention.items()))
@@ -445,7 +447,7 @@ def mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: int, 
     )  # fmt: skip
     g.sdpa(
         name="attn", q="q", k="k_cache", v="v_cache", o="o", causal=True, window_left=kind.window_left,
-        softcap=kind.softcap, attn_scale=kind.scale, **lengths, **scales,
+        softcap=kind.softcap, attn_scale=kind.scale, **lengths, **scales, **_sinks(g, kind),
     )  # fmt: skip
     return g.build()
 
@@ -481,9 +483,17 @@ def vllm_mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: 
     )  # fmt: skip
     g.sdpa(
         name="attn", q="q", k="k_cache", v="v_cache", o="o", causal=True, window_left=kind.window_left,
-        softcap=kind.softcap, attn_scale=kind.scale, **lengths, **scales,
+        softcap=kind.softcap, attn_scale=kind.scale, **lengths, **scales, **_sinks(g, kind),
     )  # fmt: skip
     return g.build()
+
+
+def _sinks(g: GraphBuilder, kind: LayerKind) -> dict[str, str]:
+    """The kind's `sinks` tensor (float32, one logit per query head) and the sdpa key naming it;
+    nothing for a model without sinks. Every layer of the kind binds its own."""
+    if not kind.sinks:
+        return {}
+    return {"sinks": g.tensor("sinks", dtype=SINKS_DTYPE, dims=[kind.heads])}
 
 
 def _cache_scales(g: GraphBuilder, dep: Deployment, grain: int) -> dict[str, str]:
@@ -522,7 +532,7 @@ def prefill_description(name: str, kind: LayerKind, dep: Deployment, batch: int)
     g.sdpa(
         name="attn", q="q", k="k", v="v", o="o", cu_seqlens_q="cu_seqlens", cu_seqlens_kv="cu_seqlens",
         max_seqlen_q=capacity, max_seqlen_kv=capacity, causal=True, window_left=kind.window_left,
-        softcap=kind.softcap, attn_scale=kind.scale,
+        softcap=kind.softcap, attn_scale=kind.scale, **_sinks(g, kind),
     )  # fmt: skip
     return g.build()
 
@@ -549,6 +559,7 @@ def decode_description(name: str, kind: LayerKind, dep: Deployment, batch: int) 
     g.sdpa(
         name="attn", q="q", k="k_cache", v="v_cache", o="o", page_table="page_table", seq_len_kv="cache_len",
         causal=True, window_left=kind.window_left, softcap=kind.softcap, attn_scale=kind.scale, **scales,
+        **_sinks(g, kind),
     )  # fmt: skip
     return g.build()
 

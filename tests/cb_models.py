@@ -23,7 +23,7 @@ CB_TINY: dict[str, dict[str, Any]] = {
     family: fields | ({"sliding_window": WINDOW} if "sliding_window" in fields else {})
     for family, fields in TINY.items()
 }
-PEER = {  # transformers' own attention in continuous batching (Gemma-2 has no sdpa)
+PEER = {  # transformers' own attention in continuous batching (Gemma-2 and gpt-oss have no sdpa)
     "llama": "sdpa",
     "qwen2": "sdpa",
     "qwen3": "sdpa",
@@ -32,6 +32,7 @@ PEER = {  # transformers' own attention in continuous batching (Gemma-2 has no s
     "gemma2": "paged|eager",
     "gemma3": "sdpa",
     "phi3": "sdpa",
+    "gpt_oss": "paged|eager",  # no sdpa; transformers' paged eager adds the module's sinks
 }
 TIE_GAP = 0.05  # a near tie: the exact fp32 logits of the two tokens are closer than this
 

@@ -5,7 +5,8 @@ Each config keeps the family's attention traits at a small size: Llama-3 GQA 4:1
 Qwen3 its q/k norms and a head dim of its own, Mistral and Mixtral a sliding window shorter than
 the prompts plus the generation (Mixtral's experts behind it), Gemma-2 alternating window layers
 with softcap and head dim 256, Gemma-3 its `layer_types` (sliding and global) with q/k norms,
-Phi-3/4 its fused QKV projection at head dim 128. The plan sets come from the configs' JSON through
+Phi-3/4 its fused QKV projection at head dim 128, gpt-oss its attention sinks over sliding and
+full layers. The plan sets come from the configs' JSON through
 `frostc from-config`'s functions (batch sizes 1, 2, 4; a cache of 256 tokens).
 """
 
@@ -112,6 +113,21 @@ TINY: dict[str, dict[str, Any]] = {
         "pad_token_id": 0,
         "bos_token_id": 1,
         "eos_token_id": 2,
+    },
+    # gpt-oss: attention sinks (a learned logit per query head) on every layer, sliding and full
+    # layers from `layer_types`, head dim 64, its experts behind them
+    "gpt_oss": _COMMON
+    | {
+        "model_type": "gpt_oss",
+        "hidden_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 24,
+        "layer_types": ["sliding_attention", "full_attention"],
     },
 }
 

@@ -7,6 +7,7 @@ runs on the GPU (tests/gpu/test_hf.py)."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import pytest
 
@@ -19,7 +20,7 @@ from frost_runtime import hf  # noqa: E402
 from tests.hf_models import MAX_CACHE_LEN, TINY, build_tiny_set, greedy, hf_model, judge, left_padded_prompts  # noqa: E402
 
 REFERENCE = {"llama": "sdpa", "qwen2": "sdpa", "qwen3": "sdpa", "mistral": "sdpa", "mixtral": "sdpa", "gemma2": "eager",
-             "gemma3": "sdpa", "phi3": "sdpa"}  # fmt: skip
+             "gemma3": "sdpa", "phi3": "sdpa", "gpt_oss": "eager"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -253,3 +254,38 @@ def test_a_compiled_decode_graph_over_the_recompile_limit_says_so(sets) -> None:
         model.set_attn_implementation("sdpa")
         with pytest.raises(hf.RecompileLimitError, match="recompile limit"):
             graph.step(tokens, capture=False)
+
+
+def test_gpt_oss_sinks_reach_the_attention_in_prefill_and_decode(sets) -> None:
+    """gpt-oss's sinks (made large here, so they move every row's weights) pass from the model's
+    `s_aux` to the backend: its fp32 logits over a prefill and two decode steps are HF eager's;
+    the same model with its sinks zeroed gives other logits (the check can fail)."""
+    model = hf_model("gpt_oss", device="cpu", dtype=torch.float32)
+    g = torch.Generator().manual_seed(3)
+    for layer in model.model.layers:
+        layer.self_attn.sinks.data = 2.0 + torch.randn(layer.self_attn.sinks.shape, generator=g)
+    ids, mask = left_padded_prompts([7, 12], model.config.vocab_size, "cpu")
+    tokens = torch.randint(1, model.config.vocab_size, (2, 3), generator=g)
+
+    def logits(cache) -> torch.Tensor:
+        from tests.hf_models import stepwise_logits
+
+        with torch.no_grad():
+            return stepwise_logits(model, ids, mask, tokens, cache)
+
+    from transformers import DynamicCache
+
+    model.set_attn_implementation("eager")
+    expected = logits(DynamicCache(config=model.config))
+    backend = hf.FrostcAttention(frost_runtime.read_set(build_tiny_set("gpt_oss")), device="cpu", launch=False)
+    # the set is bf16 (what plans take); its reference computes the fp32 model's calls alike
+    backend._kind_of_layer = {k: replace(v, dtype="fp32") for k, v in backend._kind_of_layer.items()}
+    backend.install()
+    model.set_attn_implementation("frostc")
+    got = logits(backend.new_cache())
+    assert backend.calls == {"reference": 2 * 3}  # two layers, a prefill and two decode steps
+    assert torch.allclose(got, expected, atol=2e-4, rtol=1e-4), (got - expected).abs().max()
+    for layer in model.model.layers:
+        layer.self_attn.sinks.data.zero_()
+    without = logits(backend.new_cache())
+    assert (without - expected).abs().max() > 0.1

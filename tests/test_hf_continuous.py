@@ -339,9 +339,10 @@ def test_a_cancelled_request_is_finished_as_it_is_cleared() -> None:
     """transformers 5.23's race under async batching (cb_patches): a request cancelled while the
     step holding it is in flight reached `update_batch` with its blocks freed, and
     `mark_complete_blocks` raised KeyError (the soak's server loop died of it). Unpatched, the
-    cleared state stays DECODING and raises; patched, it is FINISHED and skipped."""
-    from transformers.generation.continuous_batching.requests import RequestState, RequestStatus
+    cleared state stays DECODING and raises; patched, it is FINISHED and skipped, and its result
+    handler (never removed upstream: a cancelled request never finishes) leaves the router."""
     from transformers.generation.continuous_batching.continuous_api import OutputRouter
+    from transformers.generation.continuous_batching.requests import RequestState, RequestStatus
     from transformers.generation.continuous_batching.scheduler import FIFOScheduler
 
     continuous.install(None)  # the hooks

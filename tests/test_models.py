@@ -309,7 +309,7 @@ def test_gpt_oss_alternates_windows_and_names_its_sinks() -> None:
     m = read_model(GPT_OSS_20B)
     assert (m.model_type, m.layers, m.heads, m.kv_heads, m.head_dim) == ("gpt_oss", 24, 64, 8, 64)
     assert m.window_left == (127, None) * 12 and m.sinks
-    assert "attention sinks" in m.kernel_gap
+    assert m.kernel_gap is None  # every form's kernels take sinks
     default = {k: v for k, v in GPT_OSS_20B.items() if k != "layer_types"}
     assert read_model(default).window_left == (127, None) * 12  # GptOssConfig: even layers slide
 
@@ -336,13 +336,50 @@ def test_from_config_lists_a_gap_family_plan_by_plan_and_builds_none(tmp_path) -
     from frostc.cli import app
 
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(GPT_OSS_20B))
+    path.write_text(json.dumps(PHI3_MINI))
     runner = CliRunner()
     listed = runner.invoke(app, ["from-config", str(path), "--batch-sizes", "1,2", "--max-cache-len", "4096",
                                  "--dry-run", "--json"])  # fmt: skip
     assert listed.exit_code == 0, listed.output
     statuses = {p["status"] for p in json.loads(listed.output)["plans"]}
-    assert len(statuses) == 1 and "attention sinks" in statuses.pop()
+    assert len(statuses) == 1 and "head dim 96" in statuses.pop()
     built = runner.invoke(app, ["from-config", str(path), "--batch-sizes", "1", "--max-cache-len", "4096",
                                 "-o", str(tmp_path / "set.frostset")])  # fmt: skip
-    assert built.exit_code == 2 and "attention sinks" in built.output and not (tmp_path / "set.frostset").exists()
+    assert built.exit_code == 2 and "head dim 96" in built.output and not (tmp_path / "set.frostset").exists()
+
+
+@pytest.mark.parametrize("engine", ["hf", "cb", "vllm-tp2"])
+def test_gpt_oss_plans_every_form_with_a_sinks_slot_per_rank(engine: str) -> None:
+    """gpt-oss's plans carry a float32 `sinks` of the rank's query heads in every form; each
+    validates and resolves (no compile here)."""
+    from frostc.models import read_model
+    from frostc.serving import ContinuousBatching, VllmEngine, check_entry, deployment, layer_kinds, plan_list
+
+    model = read_model(GPT_OSS_20B)
+    flags = {
+        "hf": {},
+        "cb": {"cb": ContinuousBatching((64, 256), requests=64, blocks=512)},
+        "vllm-tp2": {"tp": 2, "pages": 512, "vllm": VllmEngine((64, 256), 64, 256)},
+    }[engine]
+    dep = deployment(model, batch_sizes=(1, 8), max_cache_len=4096, **flags)
+    kinds = layer_kinds(model, dep)
+    assert [k.window_left for k in kinds] == [127, None] and all(k.sinks for k in kinds)
+    entries = plan_list(kinds, dep)
+    assert entries and {e.unsupported for e in entries} == {None}
+    for e in entries:
+        sinks = {t.name: t for t in e.description.tensors}["sinks"]
+        assert (sinks.dtype, list(sinks.dims)) == ("fp32", [64 // dep.tp])
+        assert [n.get("sinks") for n in e.description.nodes if n.op == "sdpa"] == ["sinks"]
+        assert check_entry(e) == (), e.key
+
+
+def test_gpt_oss_over_an_e4m3_cache_is_refused_by_the_sinks_field() -> None:
+    from frostc.models import read_model
+    from frostc.serving import deployment, layer_kinds, plan_list, status
+
+    model = read_model(GPT_OSS_20B)
+    dep = deployment(model, batch_sizes=(1,), max_cache_len=4096, kv_cache_dtype="e4m3")
+    statuses = {status(e) for e in plan_list(layer_kinds(model, dep), dep) if e.phase == "decode"}
+    (only,) = statuses
+    assert only.startswith("refused: nodes[1].sinks: attention sinks over an e4m3 cache")
+    assert "keep the cache in the model's dtype" in only

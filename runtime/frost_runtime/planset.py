@@ -115,6 +115,7 @@ class KindInfo:
     scale: float
     window_left: int | None  # keys before the query's own a query sees; None: no window
     softcap: float | None
+    sinks: bool = False  # a learned logit per query head joins the softmax (gpt-oss): each layer binds its own
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,7 @@ def kind_fields(k: KindInfo) -> dict:
         "scale": float(k.scale),
         "window_left": -1 if k.window_left is None else k.window_left,
         "softcap": 0.0 if k.softcap is None else float(k.softcap),
-    }
+    } | ({"sinks": True} if k.sinks else {})  # written only where true: sets without sinks are unchanged
 
 
 def glue_fields(g: GlueEntry) -> dict:
@@ -529,7 +530,7 @@ def _read_kinds(m: _Reader, entries) -> dict[str, KindInfo]:
             kind=name, layers=k.ints("layers", (1, 1 << 16), 0, 1 << 20), heads=k.int("heads", 1, 1 << 16),
             kv_heads=k.int("kv_heads", 1, 1 << 16), head_dim=k.int("head_dim", 1, 1 << 16), dtype=k.str("dtype", 16),
             scale=k.get("scale", float), window_left=None if window < 0 else window,
-            softcap=None if softcap == 0.0 else softcap,
+            softcap=None if softcap == 0.0 else softcap, sinks=k.get("sinks", bool) if "sinks" in raw else False,
         )  # fmt: skip
         _refuse_extra(raw, kind_fields(info), where)
         if not (math.isfinite(info.scale) and info.scale > 0 and math.isfinite(softcap) and softcap >= 0):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from frost_runtime.sinks import LayerSinks
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -72,8 +73,11 @@ def configuration_problems(
                         f"--kv-cache-dtype {cache_names[0]}, or rebuild the set (frostc --kv-cache-dtype)")  # fmt: skip
     if block_size is not None and block_size != s.page_size:
         problems.append(f"--block-size {block_size}: the set's pages hold {s.page_size} tokens")
-    if has_sink:
-        problems.append("attention sinks: frostc's plans have none yet (models such as gpt-oss)")
+    set_sinks = any(k.sinks for k in s.kinds)
+    if has_sink != set_sinks:
+        said = "has attention sinks" if has_sink else "has no attention sinks"
+        problems.append(f"attention sinks: the model {said}, the set {s.path} was built "
+                        f"{'with' if set_sinks else 'without'} them: rebuild it from this model's config")  # fmt: skip
     if use_per_head_quant_scales and s.scale_grain != "head":
         problems.append("per-head KV scales: the set's e4m3 cache takes one per tensor (frostc --kv-scales head)")
     if device_capability is not None and tuple(device_capability) != HOPPER:
@@ -112,6 +116,11 @@ class FrostcBackend(AttentionBackend):
     @classmethod
     def supports_sliding_window(cls) -> bool:
         return True
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        s = _set_or_none()
+        return s is not None and any(k.sinks for k in s.kinds)
 
     @classmethod
     def supports_per_head_quant_scales(cls) -> bool:
@@ -214,17 +223,21 @@ class FrostcImpl(AttentionImpl[FrostcMetadata]):
                 ("ALiBi slopes", alibi_slopes is not None),
                 (f"attention type {attn_type}", attn_type != AttentionType.DECODER),
                 ("KV sharing across layers (kv_sharing_target_layer_name)", kv_sharing_target_layer_name is not None),
-                ("attention sinks", extra.get("sinks") is not None),
             )
             if given
         ]
         if refused:
             raise SetError(f"frostc's vLLM backend does not take {', '.join(refused)}: serve this model with another "
                            "--attention-backend")  # fmt: skip
+        self.sinks = extra.get("sinks")  # gpt-oss's parameter: loaded after this, converted at each forward's lookup
+        if self.sinks is not None and tuple(self.sinks.shape) != (num_heads,):
+            raise SetError(f"attention sinks of shape {tuple(self.sinks.shape)}: one per query head is ({num_heads},)")
+        self._sinks = LayerSinks()
         s = active_set()
         attention = layer_attention(
-            num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap, s.max_model_len
-        )
+            num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap, s.max_model_len,
+            sinks=self.sinks is not None,
+        )  # fmt: skip
         self.launcher = _launcher(s, kind_for(s, attention).kind)
 
     def forward(
@@ -247,6 +260,7 @@ class FrostcImpl(AttentionImpl[FrostcMetadata]):
         self.launcher.run(
             query, key, value, kv_cache, attn_metadata.step, output,
             k_scale=layer._k_scale if quantized else None, v_scale=layer._v_scale if quantized else None,
+            sinks=self._sinks.of(0, self.sinks),
         )  # fmt: skip
         return output
 

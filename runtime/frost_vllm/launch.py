@@ -62,8 +62,10 @@ class LayerLauncher:
         output: torch.Tensor,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
-        """Append the step's K/V to its slots and attend: output's first `step.tokens` rows."""
+        """Append the step's K/V to its slots and attend: output's first `step.tokens` rows.
+        `sinks`: the layer's, float32 (hq,), where its kind has them."""
         quantized = self.set.scale_grain is not None
         views = self._caches.get(kv_cache.data_ptr())
         if views is None:
@@ -86,6 +88,8 @@ class LayerLauncher:
         }
         if quantized:
             buffers["k_scale"], buffers["v_scale"] = self._scale(k_scale, "k"), self._scale(v_scale, "v")
+        if self.kind.sinks:
+            buffers["sinks"] = sinks
         plan, workspace = self.plan_for(tokens)
         plan.execute(*(buffers[name] for name in plan.slots), workspace=workspace)
         if o.data_ptr() != output.data_ptr():  # staged: the step's rows back into vLLM's output

@@ -195,18 +195,19 @@ class LayerAttention:
     scale: float
     window_left: int | None  # vLLM's sliding_window - 1; None: no window
     softcap: float | None
+    sinks: bool = False  # the impl is given attention sinks (gpt-oss)
 
 
 def layer_attention(
     heads: int, head_size: int, scale: float, kv_heads: int | None, sliding_window: int | None,
-    logits_soft_cap: float | None, max_model_len: int,
+    logits_soft_cap: float | None, max_model_len: int, sinks: bool = False,
 ) -> LayerAttention:  # fmt: skip
     """vLLM's impl arguments as the set's kinds state them: a window in keys before the query's
     own (dropped, as frostc drops it, when it covers the whole cache), no softcap as None."""
     window = None if sliding_window is None else sliding_window - 1
     if window is not None and window >= max_model_len - 1:
         window = None
-    return LayerAttention(heads, kv_heads or heads, head_size, scale, window, logits_soft_cap or None)
+    return LayerAttention(heads, kv_heads or heads, head_size, scale, window, logits_soft_cap or None, sinks)
 
 
 def kind_for(s: VllmSet, layer: LayerAttention) -> KindInfo:
@@ -230,6 +231,7 @@ def _differences(k: KindInfo, layer: LayerAttention) -> list[str]:
         ("head_size", layer.head_dim, k.head_dim),
         ("sliding window (keys before the query's own)", layer.window_left, k.window_left),
         ("logits_soft_cap", layer.softcap, k.softcap),
+        ("attention sinks", layer.sinks, k.sinks),
     )
     problems = [f"{what} is {got}, the set's {want}" for what, got, want in fields if got != want]
     if not math.isclose(layer.scale, k.scale, rel_tol=1e-6):

@@ -19,6 +19,7 @@ from frost_runtime.hf.cache import cache_class
 from frost_runtime.hf.metadata import FrostcMask
 from frost_runtime.hf.pools import PoolPair, Pools, allocate
 from frost_runtime.planset import KindInfo, PlanSet
+from frost_runtime.sinks import LayerSinks
 
 NAME = "frostc"
 
@@ -40,6 +41,7 @@ class FrostcAttention:
         self._pools: dict[int, PoolPair] = {}
         self._scales: dict[int, PoolPair] = {}  # a scaled cache's, per layer
         self._warned: set[str] = set()
+        self._sinks = LayerSinks()
         self._kind_of_layer = support.kinds_by_layer(plans)
         serving = plans.serving
         self.max_pages, self.page_size = serving.max_pages, serving.page_size
@@ -125,20 +127,23 @@ class FrostcAttention:
         if rows is None or fresh is None or fresh[0] is not key:
             why = "the mask was not made by frostc" if rows is None else "the cache is not frostc's (new_cache())"
             self._fallback(why)
-            return reference.other_cache(query, key, value, attention_mask, scaling, softcap), None
+            sinks = kwargs.get("s_aux")
+            return reference.other_cache(query, key, value, attention_mask, scaling, softcap, sinks), None
         info = self._kind_of_layer.get(layer)
         if info is None:
             raise ValueError(f"plan set {self.plans.header.name!r} serves no layer {layer}")
         past = fresh[1]
-        support.check_call(self.plans, info, query, key, scaling, sliding_window, softcap)
+        s_aux = kwargs.get("s_aux")  # gpt-oss's sinks (GptOssAttention passes its parameter so)
+        support.check_call(self.plans, info, query, key, scaling, sliding_window, softcap, s_aux)
         b, _, s, _ = query.shape
         support.check_capacity(self.plans, self.max_sequences, b, past + s)
         pools = self._layer_pools(layer, info, key)
+        sinks = self._sinks.of(layer, s_aux)
         if past == 0:
-            return self._prefill(info, rows, query, key, value, pools), None
-        return self._decode(info, rows, query, key, value, pools), None
+            return self._prefill(info, rows, query, key, value, pools, sinks), None
+        return self._decode(info, rows, query, key, value, pools, sinks), None
 
-    def _prefill(self, info: KindInfo, rows: FrostcMask, query, key, value, pools: Pools):
+    def _prefill(self, info: KindInfo, rows: FrostcMask, query, key, value, pools: Pools, sinks):
         """A fresh cache: the prompts' K/V into the pools (a scaled cache's scales from them first),
         then the set's packed plan for the batch, or the reference."""
         b, _, s, _ = query.shape
@@ -152,12 +157,12 @@ class FrostcAttention:
             key_plan, why = None, f"{b} x {s} prompt tokens are over the set's --max-prompt-tokens"
         if key_plan is None:
             self._fallback(why)
-            return reference.prefill(info, rows, query, key, value)
-        out = launches.prefill(key_plan, rows, query, key, value)
+            return reference.prefill(info, rows, query, key, value, sinks)
+        out = launches.prefill(key_plan, rows, query, key, value, sinks)
         self._count("prefill")
         return out
 
-    def _decode(self, info: KindInfo, rows: FrostcMask, query, key, value, pools: Pools):
+    def _decode(self, info: KindInfo, rows: FrostcMask, query, key, value, pools: Pools, sinks):
         """A step's new tokens: the set's paged plan for the batch (it appends them itself), or their
         K/V appended here and the reference."""
         b, _, s, _ = query.shape
@@ -168,8 +173,8 @@ class FrostcAttention:
         if key_plan is None:
             pools.append(key, value, metadata.decode_slots(rows, s, serving))
             self._fallback(why)
-            return reference.decode(info, rows, query, pools, serving)
-        out = launches.decode(key_plan, rows, query, key, value, pools, self.page_table, serving.pages)
+            return reference.decode(info, rows, query, pools, serving, sinks)
+        out = launches.decode(key_plan, rows, query, key, value, pools, self.page_table, serving.pages, sinks)
         self._count("decode")
         return out
 

@@ -11,7 +11,7 @@ through the plan set's mixed plan for its layer kind and token bucket (`frostc f
   block count and dtype must be the plan's (transformers sizes its pool from `num_blocks`: the set
   records the one it was built for; an e4m3 set's pool is e4m3, with frostc's per-head scales of
   the layer: continuous.py).
-- **Checked first**: heads, KV heads, head dim, dtype, scale, window and softcap against the set's
+- **Checked first**: heads, KV heads, head dim, dtype, scale, window, softcap and sinks against the set's
   layer kind; a mismatch raises naming the field.
 - **The reference where no plan fits**: a step over the largest bucket, a set without mixed plans
   for the kind, or a chunk of a sliding layer that wraps its ring (its writes would land on keys its
@@ -124,6 +124,9 @@ def check_call(plans: PlanSet, info: KindInfo, call: LayerCall) -> None:
     ]
     if not math.isclose(call.scale, info.scale, rel_tol=1e-6):
         problems.append(f"scale: the model passes {call.scale:.8g}, the set was built for {info.scale:.8g}")
+    if (call.sinks is not None) != info.sinks:
+        said = "passes attention sinks (s_aux)" if call.sinks is not None else "passes no attention sinks"
+        problems.append(f"sinks: the model {said}, the set was built {'with' if info.sinks else 'without'} them")
     if problems:
         raise ValueError(
             f"layer {call.layer} (kind {info.kind} of plan set {plans.header.name!r}): "
@@ -155,6 +158,8 @@ def _buffers(call: LayerCall, slots: dict) -> dict[str, torch.Tensor]:
     scales = {}
     if "k_scale" in slots:
         scales = {"k_scale": call.k_scale, "v_scale": call.v_scale}
+    if "sinks" in slots:  # check_call matched the kind's sinks with the call's
+        scales["sinks"] = call.sinks
     step = call.step
     return {
         **scales,

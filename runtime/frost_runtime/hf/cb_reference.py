@@ -31,12 +31,14 @@ def attend(
     softcap: float | None,
     overlay: bool = True,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(rows, hq, d) in q's dtype: each sequence's queries over its keys, causal (a query sees the
     positions up to its own, and within the window); rows outside the sequences are 0. `overlay`:
     this step's rows come from k_new / v_new (the pages do not hold them yet); False: from the pages
     (a plan's contract: it appended them first). `kv_scales`: an e4m3 pool's (hkv,) K and V
-    scales: the pages are read dequantized, and this step's rows as the pool will hold them."""
+    scales: the pages are read dequantized, and this step's rows as the pool will hold them.
+    `sinks`: (hq,) logits that join each row's softmax denominator (gpt-oss)."""
     rows, hq, d = q.shape
     hkv = k_new.shape[1]
     seq, pos, valid = _token_positions(step, rows)
@@ -65,7 +67,11 @@ def attend(
         if softcap:
             scores = softcap * torch.tanh(scores / softcap)
         scores = scores.masked_fill(~allowed[:, None, None, :], -torch.inf)
-        p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        if sinks is not None:  # a column of the head's sink, dropped after the softmax
+            sink = sinks.float().view(1, hkv, hq // hkv, 1).expand(*scores.shape[:-1], 1)
+            p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
         out[s] = torch.einsum("thgn,tnhd->thgd", p, values[i[s]])
     return out.reshape(rows, hq, d).to(q.dtype)
 

@@ -38,6 +38,7 @@ from frost_runtime import dtypes
 from frost_runtime.hf import cb_cache, cb_patches, cb_reference, cb_step, pools
 from frost_runtime.hf.cb_cache import GroupGeometry
 from frost_runtime.hf.cb_step import Step
+from frost_runtime.sinks import LayerSinks
 
 NAME = "frostc_cb"
 
@@ -62,6 +63,7 @@ class LayerCall:
     softcap: float | None
     k_scale: torch.Tensor | None = None  # an e4m3 pool's (hkv,) float32 scales (frostc's); None: unscaled
     v_scale: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None  # the layer's attention sinks, (hq,) float32 (gpt-oss's s_aux); None: none
 
     def write(self) -> None:
         """The step's K/V into the pages where transformers' write_index says (as its `update`
@@ -98,7 +100,7 @@ class ReferenceExecutor:
     def __call__(self, call: LayerCall) -> tuple[torch.Tensor, str]:
         out = cb_reference.attend(
             call.step, call.q, call.k, call.v, call.k_pages, call.v_pages, call.scale, call.window_left, call.softcap,
-            kv_scales=None if call.k_scale is None else (call.k_scale, call.v_scale),
+            kv_scales=None if call.k_scale is None else (call.k_scale, call.v_scale), sinks=call.sinks,
         )  # fmt: skip
         call.write()
         return out, "reference"
@@ -143,6 +145,7 @@ class ContinuousAttention:
         # cache (its pool) must be freed before the next one sizes its own from free memory
         self._pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._steps: dict[int, tuple[torch.Tensor, bool, Step]] = {}  # allocator index -> (cu_q, capturing, step)
+        self._sinks = LayerSinks()
 
     def install(self, model=None) -> ContinuousAttention:
         """Register under `self.name` (mask-free for continuous batching); switch `model` to it."""
@@ -219,6 +222,7 @@ class ContinuousAttention:
             softcap=softcap or None,
             k_scale=k_scale,
             v_scale=v_scale,
+            sinks=self._sinks.of(layer, kwargs.get("s_aux")),  # gpt-oss passes its parameter so
         )
 
     def _scales(self, allocator, layer: int, pool_dtype, key, value) -> tuple[torch.Tensor | None, ...]:

@@ -17,12 +17,13 @@ from frost_runtime.hf.pools import Pools
 # ------------------------------------------------------------------------------------- prefill
 
 
-def prefill(key_plan: str, rows: FrostcMask, query, key, value) -> torch.Tensor:
-    """The packed plan `key_plan` over a fresh cache's prompts (their K/V are in the pools already)."""
+def prefill(key_plan: str, rows: FrostcMask, query, key, value, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The packed plan `key_plan` over a fresh cache's prompts (their K/V are in the pools already);
+    `sinks`: the layer's (float32, one per query head) where the kind has them."""
     b, hq, s, d = query.shape
     slot = _slots_by_name(key_plan)
     tokens, offsets = slot["q"].dims[0], slot["cu_seqlens"].dims[0]
-    in_place = _prefill_in_place(key_plan, rows, query, key, value)
+    in_place = _prefill_in_place(key_plan, rows, query, key, value, sinks)
     if in_place is not None:
         return in_place
     dest, gather, cu = metadata.packing(rows, s, tokens, offsets)
@@ -31,11 +32,22 @@ def prefill(key_plan: str, rows: FrostcMask, query, key, value) -> torch.Tensor:
     o = torch.empty(tokens + 2, hq, d, dtype=query.dtype, device=query.device)
     o[tokens].zero_()
     o[tokens + 1].fill_(torch.nan)
-    torch.ops.frostc.execute(key_plan, [*packed, cu], [o[:tokens]], None)
+    reads = dict(zip(("q", "k", "v"), packed), cu_seqlens=cu, sinks=sinks)
+    _execute(key_plan, reads, {"o": o[:tokens]})
     return o.index_select(0, gather).view(b, s, hq, d)
 
 
-def _prefill_in_place(key_plan: str, rows: FrostcMask, query, key, value) -> torch.Tensor | None:
+def _execute(key_plan: str, reads: dict, writes: dict) -> None:
+    """torch.ops.frostc.execute with the plan's slots taken by name (a plan's optional slots, such
+    as `sinks`, change the positions)."""
+    names_in, names_out = torch_ops.slot_roles(key_plan)
+    torch.ops.frostc.execute(key_plan, [reads[n] for n in names_in], [writes[n] for n in names_out], None)
+
+
+_PREFILL_SLOTS = ({"q", "k", "v", "cu_seqlens", "o"}, {"q", "k", "v", "cu_seqlens", "o", "sinks"})
+
+
+def _prefill_in_place(key_plan: str, rows: FrostcMask, query, key, value, sinks) -> torch.Tensor | None:
     """The packed plan run on HF's own (b * s)-row buffers, no packing: sequence i spans
     rows [i * s + first_i, (i + 1) * s + first_(i+1)), its valid tokens then the next row's
     left padding (or its own right padding), which no valid query sees (they come after it,
@@ -45,20 +57,20 @@ def _prefill_in_place(key_plan: str, rows: FrostcMask, query, key, value) -> tor
     row that is not one run: NaN."""
     r = torch_ops.registered(key_plan)
     b, hq, s, d = query.shape
-    names = [slot.name for slot in r.data.slots]
+    slots = {slot.name: slot for slot in r.data.slots}
     contracts = {r.data.slots[c.slot].name: c.longest for c in r.data.lengths}
-    if names != ["q", "k", "v", "cu_seqlens", "o"] or 2 * s - 1 > contracts.get("cu_seqlens", 0):
+    if set(slots) not in _PREFILL_SLOTS or 2 * s - 1 > contracts.get("cu_seqlens", 0):
         return None
     if r.plan is None:
         return None
     # HF's own rows are (b, s, h, d) memory already; views of a fused QKV buffer get one copy
-    tensors = [x.transpose(1, 2).contiguous() for x in (query, key, value)]
-    offsets = r.data.slots[3].dims[0]
-    cu = metadata.spans(rows, s, offsets)
+    tensors = dict(zip(("q", "k", "v"), (x.transpose(1, 2).contiguous() for x in (query, key, value))))
+    cu = metadata.spans(rows, s, slots["cu_seqlens"].dims[0])
     o = torch.empty(b, s, hq, d, dtype=query.dtype, device=query.device)
     o[0].zero_()
-    buffers = [_Capacity(t, slot) for t, slot in zip((*tensors, o), (*r.data.slots[:3], r.data.slots[4]))]
-    r.plan.execute(*buffers[:3], cu, buffers[3], workspace=r.workspace)
+    buffers = {name: _Capacity(t, slots[name]) for name, t in (tensors | {"o": o}).items()}
+    buffers |= {"cu_seqlens": cu, "sinks": sinks}
+    r.plan.execute(*(buffers[slot.name] for slot in r.data.slots), workspace=r.workspace)
     return o.masked_fill_(rows.broken[:, None, None, None], torch.nan)
 
 
@@ -95,10 +107,19 @@ class _Capacity:
 
 
 def decode(
-    key_plan: str, rows: FrostcMask, query, key, value, pools: Pools, page_table: torch.Tensor, pages: int
+    key_plan: str,
+    rows: FrostcMask,
+    query,
+    key,
+    value,
+    pools: Pools,
+    page_table: torch.Tensor,
+    pages: int,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The paged plan `key_plan`: this step's K/V appended to the pools' first `pages` pages, and the
-    new tokens' attention over their sequences; `page_table` holds every sequence's pages."""
+    new tokens' attention over their sequences; `page_table` holds every sequence's pages; `sinks`
+    the layer's where the kind has them."""
     b, hq, s, d = query.shape
     slot = _slots_by_name(key_plan)
     bucket = slot["q"].dims[0]
@@ -106,11 +127,11 @@ def decode(
     cache_len = metadata.cache_len(rows, bucket, s)
     o = torch.empty_strided(slot["o"].dims, slot["o"].strides, dtype=query.dtype, device=query.device)
     reads = {"q": q, "k_new": k_new, "v_new": v_new, "page_table": page_table[:bucket], "cache_len": cache_len}
+    reads["sinks"] = sinks
     if pools.scales is not None:
         reads["k_scale"], reads["v_scale"] = pools.scales
     writes = {"k_cache": pools.k[:pages], "v_cache": pools.v[:pages], "o": o}
-    names_in, names_out = torch_ops.slot_roles(key_plan)
-    torch.ops.frostc.execute(key_plan, [reads[n] for n in names_in], [writes[n] for n in names_out], None)
+    _execute(key_plan, reads, writes)
     out = o[:b].transpose(1, 2)
     return torch.where(rows.broken[:, None, None, None], torch.nan, out)
 

@@ -30,9 +30,17 @@ def check_model(plans: PlanSet, kinds: dict[int, KindInfo], model) -> None:
 
 
 def check_call(
-    plans: PlanSet, info: KindInfo, query: torch.Tensor, key: torch.Tensor, scaling, sliding_window, softcap
+    plans: PlanSet,
+    info: KindInfo,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    scaling,
+    sliding_window,
+    softcap,
+    sinks: torch.Tensor | None = None,
 ) -> None:
-    """A call whose attention is not the kind's would be a wrong answer: refused, naming it."""
+    """A call whose attention is not the kind's would be a wrong answer: refused, naming it.
+    `sinks`: what the model passes as `s_aux` (gpt-oss: one logit per query head)."""
     _, hq, _, d = query.shape
     scale = scaling if scaling is not None else 1 / math.sqrt(d)
     window = None if sliding_window is None else sliding_window - 1  # HF's window counts the query's key
@@ -50,6 +58,11 @@ def check_call(
         )
         if got != want
     ]
+    if (sinks is not None) != info.sinks:
+        said = "passes attention sinks (s_aux)" if sinks is not None else "passes no attention sinks"
+        problems.append(f"sinks: the model {said}, the set was built {'with' if info.sinks else 'without'} them")
+    elif sinks is not None and tuple(sinks.shape) != (hq,):
+        problems.append(f"sinks: the model passes shape {tuple(sinks.shape)}, one per query head is ({hq},)")
     if not math.isclose(scale, info.scale, rel_tol=1e-6):
         problems.append(f"scale: the model passes {scale:.8g}, the set was built for {info.scale:.8g}")
     if problems:
