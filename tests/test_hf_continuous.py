@@ -528,7 +528,7 @@ class ContractPlan:
             named["k_cache"][block, int(pos[t]) % page] = named["k_new"][t]
             named["v_cache"][block, int(pos[t]) % page] = named["v_new"][t]
         args = (named["q"], named["k_new"], named["v_new"], named["k_cache"], named["v_cache"], *self.attention)
-        named["o"].copy_(cb_reference.attend(step, *args, overlay=False))
+        named["o"].copy_(cb_reference.attend(step, *args, overlay=False, sinks=named.get("sinks")))
         self.executed += 1
 
 
