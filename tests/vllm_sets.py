@@ -5,7 +5,8 @@ ones (the launch path on tensors shaped as vLLM hands them: tests/gpu/test_vllm_
 Each set: token buckets 1, 4, 16 and 64 (vLLM's max_num_batched_tokens 64), at most 8 sequences a
 step, a cache of 512 tokens a sequence in a pool of 96 pages of 16; tiny Llama (GQA 4:1, one
 kind) in both of vLLM's layouts, over an e4m3 cache with per-tensor scales in HND and with per-head
-scales in NHD, and tiny Gemma-2 (window and softcap layers: two kinds).
+scales in NHD, tiny Gemma-2 (window and softcap layers: two kinds), and tiny gpt-oss (attention
+sinks on sliding and full layers).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ CASES = (
     VllmSetCase("llama", "hnd", "e4m3"),
     VllmSetCase("gemma2", "nhd"),
     VllmSetCase("llama", "nhd", "e4m3", "head"),
+    VllmSetCase("gpt_oss", "nhd"),
 )
 
 

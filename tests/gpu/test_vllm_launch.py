@@ -59,6 +59,9 @@ class VllmStep:
         self.gen = torch.Generator(device="cuda").manual_seed(seed)
         self.rng = random.Random(seed)
         self.launchers = [LayerLauncher(self.set, k) for k in self.set.kinds]
+        # gpt-oss's attention sinks, one float32 logit per query head (large: they move every row)
+        self.sinks = [torch.randn(k.heads, device="cuda", generator=self.gen) + 1.0 if k.sinks else None
+                      for k in self.set.kinds]  # fmt: skip
         self.builder = StepBuffers(self.set, "cuda")
         self.quantized = self.set.scale_grain is not None
         self.scales = [self._scale(x) for x in SCALES] if self.quantized else [None, None]
@@ -173,7 +176,7 @@ class VllmStep:
         for i, launcher in enumerate(self.launchers):
             q, k, v = self.views(i)
             output = self.outputs[i].view(self.rows, *q.shape[1:])
-            launcher.run(q, k, v, self.caches[i], step, output, *self.scales)
+            launcher.run(q, k, v, self.caches[i], step, output, *self.scales, sinks=self.sinks[i])
 
     # ------------------------------------------------------------------ the checks
 
@@ -226,7 +229,12 @@ class VllmStep:
             if kind.softcap:
                 s = kind.softcap * torch.tanh(s / kind.softcap)
             s = s.masked_fill(~allowed_keys(mask, q_len, ctx + q_len), float("-inf"))
-            ref = torch.softmax(s, -1).nan_to_num(0.0) @ v.repeat_interleave(group, 0)
+            if self.sinks[i] is not None:  # a column of each head's sink joins the softmax, then goes
+                sink = self.sinks[i].double().view(-1, 1, 1).expand(-1, q_len, 1)
+                p = torch.softmax(torch.cat([s, sink], -1), -1)[..., :-1]
+            else:
+                p = torch.softmax(s, -1).nan_to_num(0.0)
+            ref = p @ v.repeat_interleave(group, 0)
             got = out[rows].transpose(0, 1).double()
             assert not torch.isnan(got).any(), f"kind {i}, sequence {seq}: NaN in the output ({self._where()})"
             diff = got - ref

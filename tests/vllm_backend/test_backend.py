@@ -34,7 +34,7 @@ from tests.vllm_sets import (  # noqa: E402
     TRANSFORMERS_SET,
 )
 
-LLAMA, LLAMA_HND_E4M3, GEMMA2, LLAMA_PER_HEAD = CASES
+LLAMA, LLAMA_HND_E4M3, GEMMA2, LLAMA_PER_HEAD, GPT_OSS = CASES
 
 
 @pytest.fixture(autouse=True)
@@ -103,6 +103,25 @@ def test_the_sets_model_is_valid(monkeypatch) -> None:
     use_set(monkeypatch, LLAMA_PER_HEAD.path)
     config = selector_config(kv_cache_dtype="fp8_e4m3", use_per_head_quant_scales=True)
     assert FrostcBackend.validate_configuration(**config) == []
+    use_set(monkeypatch, GPT_OSS.path)
+    assert FrostcBackend.supports_sink()
+    assert FrostcBackend.validate_configuration(**selector_config(has_sink=True, has_sliding_window=True)) == []
+    (reason,) = FrostcBackend.validate_configuration(**selector_config(has_sliding_window=True))
+    assert reason.startswith("attention sinks: the model has no attention sinks, the set")
+
+
+def test_gpt_oss_layers_take_their_sinks(monkeypatch) -> None:
+    """vLLM hands gpt-oss's impl its `sinks` parameter (one per query head on the rank): the layer
+    finds its kind by them; a layer without sinks is refused by the set built with them."""
+    use_set(monkeypatch, GPT_OSS.path)
+    gpt_oss = dict(num_heads=8, head_size=64, scale=0.125, num_kv_heads=2)
+    sinks = torch.randn(8, dtype=torch.bfloat16)
+    assert impl(**gpt_oss, sliding_window=24, sinks=sinks).launcher.kind.kind == "l0"
+    assert impl(**gpt_oss, sinks=sinks).launcher.kind.kind == "l1"
+    with pytest.raises(SetError, match="attention sinks is False, the set's True"):
+        impl(**gpt_oss)
+    with pytest.raises(SetError, match=r"attention sinks of shape \(4,\): one per query head is \(8,\)"):
+        impl(**gpt_oss, sinks=sinks[:4])
 
 
 @pytest.mark.parametrize(
