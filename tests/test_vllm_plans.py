@@ -103,7 +103,7 @@ def sets(tmp_path_factory):
 
 
 def test_the_set_says_what_vllm_must_be_started_with(sets) -> None:
-    llama, llama_e4m3, gemma, per_head = (sets[c.name] for c in CASES)
+    llama, llama_e4m3, gemma, per_head, gpt_oss = (sets[c.name] for c in CASES)
     assert [b.tokens for b in llama.buckets] == [1, 4, 16, 64]
     assert [b.sequences for b in llama.buckets] == [1, 4, MAX_NUM_SEQS, MAX_NUM_SEQS]
     assert (llama.pages, llama.page_size, llama.max_pages) == (PAGES, PAGE_SIZE, MAX_MODEL_LEN // PAGE_SIZE)
@@ -111,6 +111,8 @@ def test_the_set_says_what_vllm_must_be_started_with(sets) -> None:
     assert (llama_e4m3.layout, llama_e4m3.kv_cache_dtype, llama_e4m3.scale_grain) == ("hnd", "e4m3", "tensor")
     assert (per_head.layout, per_head.kv_cache_dtype, per_head.scale_grain) == ("nhd", "e4m3", "head")
     assert [(k.window_left, k.softcap) for k in gemma.kinds] == [(23, 50.0), (None, 50.0)]
+    assert [(k.window_left, k.sinks) for k in gpt_oss.kinds] == [(23, True), (None, True)]
+    assert not any(k.sinks for s in (llama, llama_e4m3, gemma, per_head) for k in s.kinds)
     good = Deployment(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN, PAGE_SIZE, PAGES, 1)
     assert deployment_problems(llama, good) == []
     bad = Deployment(16, 128, 1024, 32, None, 2)
@@ -166,21 +168,9 @@ def test_the_launch_binds_what_each_plans_slots_declare(sets, case, rows) -> Non
         return loaded[key]
 
     launcher = LayerLauncher(s, kind, load=load)
-    hq, hkv, d = kind.heads, kind.kv_heads, kind.head_dim
-    qkv = torch.randn(rows, (hq + 2 * hkv) * d, dtype=torch.bfloat16)
-    q, k, v = (x.view(rows, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], -1))
-    output = torch.empty(rows, hq * d, dtype=torch.bfloat16).view(rows, hq, d)
-    quantized = s.scale_grain is not None
-    physical = (PAGES, PAGE_SIZE, hkv, 2 * d) if s.layout == "nhd" else (PAGES, hkv, PAGE_SIZE, 2 * d)
-    cache = torch.zeros(physical, dtype=torch.uint8 if quantized else torch.bfloat16)
-    cache = cache.permute(0, 2, 1, 3) if s.layout == "nhd" else cache
-    step = StepBuffers(s, "cpu").prepare(
-        torch.tensor([0, rows], dtype=torch.int32), torch.tensor([rows + 5], dtype=torch.int32),
-        torch.arange(1, 1 + MAX_MODEL_LEN // PAGE_SIZE, dtype=torch.int32)[None], torch.arange(rows) + 5, 1, rows,
-    )  # fmt: skip
-    grain = () if s.scale_grain == "tensor" else (hkv,)  # vLLM's 0-dim scales, or one per KV head
-    scales = (torch.full(grain, 0.5), torch.full(grain, 0.25)) if quantized else (None, None)
-    launcher.run(q, k, v, cache, step, output, *scales)
+    sinks = torch.zeros(kind.heads) if kind.sinks else None  # gpt-oss: float32, one per query head
+    q, k, v, cache, step, output, *scales = _vllm_call(s, rows)
+    launcher.run(q, k, v, cache, step, output, *scales, sinks=sinks)
     (plan,) = loaded.values()
     (call,) = plan.calls
     for slot in plan.data.slots:
@@ -212,3 +202,33 @@ def test_the_vllm_free_half_loads_neither_vllm_nor_the_compiler() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=runtime)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_a_sinks_kind_launched_without_its_sinks_is_refused_by_name(sets) -> None:
+    from frost_vllm.launch import LayerLauncher
+
+    s = sets[next(c.name for c in CASES if c.family == "gpt_oss")]
+    launcher = LayerLauncher(s, s.kinds[0], load=lambda key: None)
+    with pytest.raises(SetError, match="layer kind l0 has attention sinks: pass the layer's"):
+        launcher.run(*_vllm_call(s, 4))
+
+
+def _vllm_call(s, rows: int) -> tuple:
+    """A step of `rows` tokens for the set's first kind as vLLM hands it: q, k, v as views of a
+    fused QKV projection, output as vLLM allocates it, vLLM's cache tensor and its scales."""
+    kind = s.kinds[0]
+    hq, hkv, d = kind.heads, kind.kv_heads, kind.head_dim
+    qkv = torch.randn(rows, (hq + 2 * hkv) * d, dtype=torch.bfloat16)
+    q, k, v = (x.view(rows, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], -1))
+    output = torch.empty(rows, hq * d, dtype=torch.bfloat16).view(rows, hq, d)
+    quantized = s.scale_grain is not None
+    physical = (PAGES, PAGE_SIZE, hkv, 2 * d) if s.layout == "nhd" else (PAGES, hkv, PAGE_SIZE, 2 * d)
+    cache = torch.zeros(physical, dtype=torch.uint8 if quantized else torch.bfloat16)
+    cache = cache.permute(0, 2, 1, 3) if s.layout == "nhd" else cache
+    step = StepBuffers(s, "cpu").prepare(
+        torch.tensor([0, rows], dtype=torch.int32), torch.tensor([rows + 5], dtype=torch.int32),
+        torch.arange(1, 1 + MAX_MODEL_LEN // PAGE_SIZE, dtype=torch.int32)[None], torch.arange(rows) + 5, 1, rows,
+    )  # fmt: skip
+    grain = () if s.scale_grain == "tensor" else (hkv,)  # vLLM's 0-dim scales, or one per KV head
+    scales = (torch.full(grain, 0.5), torch.full(grain, 0.25)) if quantized else (None, None)
+    return q, k, v, cache, step, output, *scales

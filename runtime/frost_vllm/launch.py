@@ -89,6 +89,9 @@ class LayerLauncher:
         if quantized:
             buffers["k_scale"], buffers["v_scale"] = self._scale(k_scale, "k"), self._scale(v_scale, "v")
         if self.kind.sinks:
+            if sinks is None:
+                raise SetError(f"layer kind {self.kind.kind} has attention sinks: pass the layer's (float32, one per "
+                               "query head)")  # fmt: skip
             buffers["sinks"] = sinks
         plan, workspace = self.plan_for(tokens)
         plan.execute(*(buffers[name] for name in plan.slots), workspace=workspace)
