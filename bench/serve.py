@@ -203,7 +203,8 @@ def profile(model, inputs) -> dict:
 
     with torch.profiler.profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         wall, _ = _job(model, inputs)
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     by_family: Counter[str] = Counter()
     top: Counter[str] = Counter()
     spans = []
@@ -219,7 +220,22 @@ def profile(model, inputs) -> dict:
         "idle_share": max(0.0, 1 - busy / wall),
         "families_s": dict(by_family.most_common()),
         "top_kernels_s": dict(top.most_common(12)),
+        "runtime_calls": runtime_calls(events),
     }
+
+
+def runtime_calls(events) -> dict[str, dict]:
+    """The host's CUDA runtime and driver calls (cudaGraphLaunch, cudaLaunchKernel, syncs, copies):
+    count and host seconds of the 8 costliest: where a forward's host time goes, and any sync in it."""
+    import torch
+
+    seconds: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith(("cuda", "cu")):
+            seconds[e.name] += (e.time_range.end - e.time_range.start) / 1e6
+            count[e.name] += 1
+    return {name: {"calls": count[name], "s": s} for name, s in seconds.most_common(8)}
 
 
 # transformers' generation thread, step by step (5.23, generation/continuous_batching): what a phase
@@ -232,6 +248,23 @@ HOST_PHASES = (
     ("wait for the previous step's tokens", tuple((io, "prepare_batch_update") for io in _IOS)),
     ("update the requests", (("continuous_api.ContinuousBatchProcessor", "update_batch"),)),
 )
+# inside the forward phase: how its steps ran (a capture runs the forward eagerly twice: warm-up
+# and capture; those eager passes are in "eager forward passes" too)
+FORWARD_PARTS = (
+    ("graph replays", (("torch.cuda.graphs.CUDAGraph", "replay"),)),
+    ("graph captures", (("model_runner.ModelRunner", "_capture_graph"),)),
+    ("eager forward passes", (("model_runner.ModelRunner", "_forward_process_and_sample"),)),
+)
+
+
+def phase_owner(path: str):
+    """The class a phase wraps: a torch path as it is, else one of transformers' continuous batching."""
+    import importlib
+
+    module, cls = path.rsplit(".", 1)
+    if not module.startswith("torch."):
+        module = f"transformers.generation.continuous_batching.{module}"
+    return getattr(importlib.import_module(module), cls)
 
 
 class HostPhases:
@@ -249,12 +282,9 @@ class HostPhases:
         self._saved: list[tuple[type, str, object]] = []
 
     def __enter__(self) -> HostPhases:
-        import importlib
-
         for label, methods in self.phases:
             for path, method in methods:
-                module, cls = path.rsplit(".", 1)
-                owner = getattr(importlib.import_module(f"transformers.generation.continuous_batching.{module}"), cls)
+                owner = phase_owner(path)
                 self._saved.append((owner, method, owner.__dict__.get(method)))
                 setattr(owner, method, self._timed(label, getattr(owner, method)))
         return self
@@ -285,7 +315,7 @@ class HostPhases:
 
 def host_phases(model, inputs) -> dict:
     """One warm call with HostPhases around it: its wall, each phase's seconds and calls."""
-    with HostPhases() as phases:
+    with HostPhases(HOST_PHASES + FORWARD_PARTS) as phases:
         wall, _ = _job(model, inputs)
     return {"wall_s": wall, "seconds": dict(phases.seconds), "calls": dict(phases.calls)}
 
@@ -414,6 +444,16 @@ def markdown(r: dict) -> str:
                 cells = [f"{host['seconds'].get(label, 0.0):.2f}" for label, _ in HOST_PHASES]
                 lines.append(f"| {attention} | {host['wall_s']:.2f} | " + " | ".join(cells) + " |")
         lines.append("")
+        for attention, p in r["profiles"].items():
+            host = p.get("host") or {}
+            parts = [f"{label} {host['calls'].get(label, 0)} ({host['seconds'].get(label, 0.0):.2f} s)"
+                     for label, _ in FORWARD_PARTS if label in host.get("calls", {})]  # fmt: skip
+            if parts:
+                lines.append(f"- {attention}'s forward steps: " + ", ".join(parts))
+            calls = p.get("runtime_calls") or {}
+            if calls:
+                lines.append(f"- {attention}'s host CUDA calls (profiled): "
+                             + ", ".join(f"{n} x{c['calls']} {c['s']:.2f} s" for n, c in calls.items()))  # fmt: skip
         for attention, p in r["profiles"].items():  # what the attention family is made of
             mine = [(name, s) for name, s in p["top_kernels_s"].items() if family(name) == "attention"]
             named = ", ".join(f"{name.split('(')[0][:70]} {s:.3f} s" for name, s in mine)

@@ -75,6 +75,16 @@ def test_the_table_compares_each_row_with_flash_attention_4_at_its_request_count
     table = serve.markdown(result)
     assert "| frostc | 64 | 44,000 |" in table and "| 1.50× |" in table
     assert "- sdpa: skipped (not asked)" in table and "mixed via plans" in table
+    host = {"wall_s": 4.0, "seconds": {"graph replays": 0.5, "eager forward passes": 1.5},
+            "calls": {"graph replays": 120, "eager forward passes": 16}}  # fmt: skip
+    result["profiles"]["frostc"] = {
+        "wall_s": 4.0, "gpu_busy_s": 3.0, "idle_share": 0.25, "families_s": {"GEMMs": 2.0, "attention": 1.0},
+        "top_kernels_s": {"frostc_sdpa_decode_paged_x": 0.5}, "host": host,
+        "runtime_calls": {"cudaGraphLaunch": {"calls": 120, "s": 0.4}, "cudaStreamSynchronize": {"calls": 3, "s": 0.1}},
+    }  # fmt: skip
+    table = serve.markdown(result)
+    assert "- frostc's forward steps: graph replays 120 (0.50 s), eager forward passes 16 (1.50 s)" in table
+    assert "- frostc's host CUDA calls (profiled): cudaGraphLaunch x120 0.40 s, cudaStreamSynchronize x3" in table
 
 
 def test_host_phases_time_transformers_loop_and_put_its_methods_back(serve) -> None:
@@ -82,27 +92,24 @@ def test_host_phases_time_transformers_loop_and_put_its_methods_back(serve) -> N
     every phase of every step timed once (the async IOs' nested call to the sync ones not twice),
     and transformers' methods restored on exit."""
     pytest.importorskip("transformers")
-    import importlib
-
     from tests.cb_models import cb_config, cb_model, greedy, prompts
 
     def methods():
         found = {}
-        for _, targets in serve.HOST_PHASES:
+        for _, targets in serve.HOST_PHASES + serve.FORWARD_PARTS:
             for path, method in targets:
-                module, cls = path.rsplit(".", 1)
-                owner = getattr(importlib.import_module(f"transformers.generation.continuous_batching.{module}"), cls)
-                found[(path, method)] = owner.__dict__.get(method)
+                found[(path, method)] = serve.phase_owner(path).__dict__.get(method)
         return found
 
     before = methods()
     model = cb_model("llama")
     model.set_attn_implementation("sdpa")
-    with serve.HostPhases() as phases:
+    with serve.HostPhases(serve.HOST_PHASES + serve.FORWARD_PARTS) as phases:
         out = model.generate_batch(prompts(6, 40), generation_config=greedy(4), continuous_batching_config=cb_config())
     assert len(out) == 6 and methods() == before
     labels = [label for label, _ in serve.HOST_PHASES]
     steps = phases.calls["forward: launch or graph replay"]
-    assert steps >= 4 and set(phases.calls) == set(labels), phases.calls
+    assert steps >= 4 and set(phases.calls) == {*labels, "eager forward passes"}, phases.calls  # no graphs on a CPU
+    assert phases.calls["eager forward passes"] == steps
     assert phases.calls["the step's inputs to the device"] == steps  # once a step, never nested twice
     assert all(phases.seconds[label] > 0 for label in labels)
