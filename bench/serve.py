@@ -255,14 +255,24 @@ FORWARD_PARTS = (
     ("graph captures", (("model_runner.ModelRunner", "_capture_graph"),)),
     ("eager forward passes", (("model_runner.ModelRunner", "_forward_process_and_sample"),)),
 )
+# inside the eager passes (captures' included): what frostc's own Python takes (nested: a plan
+# launch is inside the executor or the glue that made it)
+FROSTC_PARTS = (
+    ("the model's forward", (("transformers.models.llama.modeling_llama.LlamaModel", "forward"),)),
+    ("frostc: layer calls", (("frost_runtime.hf.continuous.ContinuousAttention", "_layer_call"),)),
+    ("frostc: step metadata", (("frost_runtime.hf.continuous.ContinuousAttention", "_step"),)),
+    ("frostc: mixed plans", (("frost_runtime.hf.cb_plans.PlanExecutor", "__call__"),)),
+    ("frostc: glue", tuple(("frost_runtime.hf_fuse.Glue", m) for m in ("norm", "add_norm", "silu_mul"))),
+    ("frostc: plan launches", (("frost_runtime.plan.Plan", "execute"),)),
+)
 
 
 def phase_owner(path: str):
-    """The class a phase wraps: a torch path as it is, else one of transformers' continuous batching."""
+    """The class a phase wraps: a full module path as it is, else one of transformers' continuous batching."""
     import importlib
 
     module, cls = path.rsplit(".", 1)
-    if not module.startswith("torch."):
+    if not module.startswith(("torch.", "transformers.", "frost_runtime.")):
         module = f"transformers.generation.continuous_batching.{module}"
     return getattr(importlib.import_module(module), cls)
 
@@ -315,7 +325,7 @@ class HostPhases:
 
 def host_phases(model, inputs) -> dict:
     """One warm call with HostPhases around it: its wall, each phase's seconds and calls."""
-    with HostPhases(HOST_PHASES + FORWARD_PARTS) as phases:
+    with HostPhases(HOST_PHASES + FORWARD_PARTS + FROSTC_PARTS) as phases:
         wall, _ = _job(model, inputs)
     return {"wall_s": wall, "seconds": dict(phases.seconds), "calls": dict(phases.calls)}
 
@@ -447,7 +457,7 @@ def markdown(r: dict) -> str:
         for attention, p in r["profiles"].items():
             host = p.get("host") or {}
             parts = [f"{label} {host['calls'].get(label, 0)} ({host['seconds'].get(label, 0.0):.2f} s)"
-                     for label, _ in FORWARD_PARTS if label in host.get("calls", {})]  # fmt: skip
+                     for label, _ in FORWARD_PARTS + FROSTC_PARTS if label in host.get("calls", {})]  # fmt: skip
             if parts:
                 lines.append(f"- {attention}'s forward steps: " + ", ".join(parts))
             calls = p.get("runtime_calls") or {}
