@@ -635,3 +635,17 @@ def test_the_docs_example_runs() -> None:
     exec(compile(docs_example(), str(DOCS), "exec"), scope)
     assert {rid: o.generated_tokens for rid, o in scope["out"].items()} == expected
     assert sum(scope["cb"].calls.values()) > 0
+
+
+def test_a_steps_padded_metadata_is_built_once_for_all_its_layers() -> None:
+    """The bucket's padding of a step's cu_q, cache_len and page table: built by its first layer,
+    the same tensors for the others (host time in every eager pass and capture)."""
+    from frost_runtime.hf.cb_plans import _padded
+    from frost_runtime.hf.cb_step import Step
+
+    step = Step(torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([5, 9], dtype=torch.int32),
+                torch.arange(8, dtype=torch.int32).view(2, 4), rows=3, max_seqlen_q=2)  # fmt: skip
+    first = _padded(step, 4)
+    assert _padded(step, 4) is first and first["cu_q"].tolist() == [0, 2, 3, 3, 3]
+    assert first["cache_len"].tolist() == [5, 9, 0, 0] and first["page_table"][2:].eq(0).all()
+    assert _padded(step, 2)["cu_q"] is step.cu_seqlens_q  # no padding: the step's own

@@ -211,7 +211,7 @@ class Glue:
             normed = F.rms_norm(x, (x.shape[-1],), None, module.variance_epsilon)
             return module.weight * normed
         out = torch.empty_like(rows)
-        torch.ops.frostc.execute(key, [rows, module.weight], [out], None)
+        torch_ops.launch(key, [rows, module.weight], [out], None)
         self._count("rms_norm")
         return out.view(x.shape)
 
@@ -223,7 +223,7 @@ class Glue:
             summed = residual + x
             return summed, self.norm(module, summed)
         out, summed = torch.empty_like(rows), torch.empty_like(rows)
-        torch.ops.frostc.execute(key, [rows, res, module.weight], [out, summed], None)
+        torch_ops.launch(key, [rows, res, module.weight], [out, summed], None)
         self._count("add_rms_norm")
         return summed.view(x.shape), out.view(x.shape)
 
@@ -235,7 +235,7 @@ class Glue:
         if key is None:
             return F.silu(gate_up[..., :width]).mul_(gate_up[..., width:])
         out = rows.new_empty(rows.shape[0], width)
-        torch.ops.frostc.execute(key, [rows], [out], None)
+        torch_ops.launch(key, [rows], [out], None)
         self._count("silu_mul")
         return out.view(*gate_up.shape[:-1], width)
 

@@ -50,6 +50,7 @@ class PlanExecutor:
         self._slots: dict[str, dict] = {}  # set key -> its slots by name (capacities, from the set)
         self._warned: set[str] = set()
         self._checked: set[int] = set()  # layers whose attention matched their kind
+        self._buckets: dict[tuple[str, int], tuple[str | None, str]] = {}  # (kind, rows) -> select's answer
 
     def preload(self) -> int:
         """Load every mixed plan now (a serving process's start: no load inside a request)."""
@@ -77,10 +78,16 @@ class PlanExecutor:
         """The bucket's key, or None and why the reference serves the step."""
         if call.wraps_ring:
             return None, "a chunk of a sliding layer wraps its ring (the reference reads before it writes)"
-        try:
-            key = self.plans.select(PHASE, info.kind, call.step.rows)
-        except (KeyError, ValueError) as exc:
-            return None, str(exc).strip("'\"")
+        found = self._buckets.get((info.kind, call.step.rows))
+        if found is None:
+            try:
+                found = self.plans.select(PHASE, info.kind, call.step.rows), ""
+            except (KeyError, ValueError) as exc:
+                found = None, str(exc).strip("'\"")
+            self._buckets[(info.kind, call.step.rows)] = found
+        key, why = found
+        if key is None:
+            return None, why
         sequences = self._slots_of(key)["cu_q"].dims[0] - 1
         if call.step.sequences > sequences:
             return None, f"{call.step.sequences} sequences, over the bucket's {sequences} (--cb-requests)"
@@ -183,7 +190,14 @@ def _rows(x: torch.Tensor, tokens: int) -> torch.Tensor:
 
 
 def _padded(step: Step, sequences: int) -> dict[str, torch.Tensor]:
-    """cu_q, cache_len and page_table for `sequences` rows: the step's, then empty sequences."""
+    """cu_q, cache_len and page_table for `sequences` rows: the step's, then empty sequences (built
+    once a step: its layers share them)."""
+    if sequences not in step.padded:
+        step.padded[sequences] = _pad(step, sequences)
+    return step.padded[sequences]
+
+
+def _pad(step: Step, sequences: int) -> dict[str, torch.Tensor]:
     extra = sequences - step.sequences
     if extra == 0:
         return {"cu_q": step.cu_seqlens_q, "cache_len": step.seq_len_kv, "page_table": step.page_table}

@@ -21,7 +21,7 @@ knows only shapes and transformers' own host-side integers, so the step can be c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +39,9 @@ class Step:
     rows: int  # the step's query rows (transformers pads them to its q interval under graphs)
     max_seqlen_q: int  # host side: the most queries one sequence has (transformers' max_length_q)
     max_seqlen_k: int | None = None  # host side: transformers' max_length_k of the group (padded under graphs)
+    # the metadata padded to a bucket's sequences, by their count: built by the step's first layer,
+    # reused by the others (cb_plans)
+    padded: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     @property
     def sequences(self) -> int:

@@ -41,7 +41,7 @@ def _execute(key_plan: str, reads: dict, writes: dict) -> None:
     """torch.ops.frostc.execute with the plan's slots taken by name (a plan's optional slots, such
     as `sinks`, change the positions)."""
     names_in, names_out = torch_ops.slot_roles(key_plan)
-    torch.ops.frostc.execute(key_plan, [reads[n] for n in names_in], [writes[n] for n in names_out], None)
+    torch_ops.launch(key_plan, [reads[n] for n in names_in], [writes[n] for n in names_out])
 
 
 _PREFILL_SLOTS = ({"q", "k", "v", "cu_seqlens", "o"}, {"q", "k", "v", "cu_seqlens", "o", "sinks"})
