@@ -54,7 +54,7 @@ def test_the_runtime_is_the_one_in_this_repository() -> None:
         "hf/__init__.py", "hf/backend.py", "hf/cache.py", "hf/cb_cache.py", "hf/cb_patches.py", "hf/cb_plans.py",
         "hf/cb_reference.py", "hf/cb_step.py", "hf/continuous.py", "hf/decode_graph.py", "hf/launches.py",
         "hf/metadata.py", "hf/pools.py", "hf/reference.py", "hf/serve.py", "hf/support.py",
-        "hf_fuse.py", "integrity.py", "plan.py", "planset.py", "schema.py", "timing.py", "torch_ops.py",
+        "hf_fuse.py", "integrity.py", "plan.py", "planset.py", "schema.py", "sinks.py", "timing.py", "torch_ops.py",
         "verdict.py", "workload.py",
     ]  # fmt: skip
 
