@@ -458,8 +458,8 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "ModelAttention", "load_model_config", "read
 # ---------------------------------------------------------------------------------------------
 # The decoder layers around the attention: what the decode step's glue plans need (--glue)
 
-GLUE_FAMILIES = ("llama", "mistral", "qwen2")  # RMSNorm (x * weight) and a SiLU-gated MLP
-GLUE_DEFAULTS: dict[str, Any] = {"rms_norm_eps": 1e-6, "hidden_act": "silu"}  # the three config classes'
+GLUE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # RMSNorm (x * weight) and a SiLU-gated MLP
+GLUE_DEFAULTS: dict[str, Any] = {"rms_norm_eps": 1e-6, "hidden_act": "silu"}  # the four config classes'
 
 
 @dataclass(frozen=True)

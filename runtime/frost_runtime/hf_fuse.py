@@ -1,4 +1,4 @@
-"""Fused decoder layers for a Hugging Face Llama-family model (Llama / Llama-3, Mistral, Qwen2):
+"""Fused decoder layers for a Hugging Face Llama-family model (Llama / Llama-3, Mistral, Qwen2, Qwen3):
 the non-attention work of a serving step in fewer, larger kernels, with no compile.
 
     plans = frost_runtime.read_set("llama.frostset")   # from-config ... --qkv-layout fused --glue
@@ -11,7 +11,8 @@ per tensor, the residual adds, SiLU and its product, and three + two separate pr
 costs a launch (~2 µs in a CUDA graph) on a step whose useful work is reading the weights once:
 at batch 8 those launches alone are ~2.5 ms of a Llama-3-8B step whose bandwidth floor is ~4 ms
 (bench/NOTES.md, "Fused decoder layers and glue plans"). Fused, per layer:
-- q, k and v: one GEMM over the concatenated weights (and biases: Qwen2); rotary on q and k in
+- q, k and v: one GEMM over the concatenated weights (and biases: Qwen2); Qwen3's per-head RMSNorm
+  of q and k (its own modules, on views of that output, written back in place); rotary on q and k in
   place in its output (four kernels, HF's `apply_rotary_pos_emb` arithmetic bit for bit); q, k, v
   handed to the attention as views of it (a set built with --qkv-layout fused reads them there;
   another set's plans get them copied into their rows);
@@ -43,7 +44,8 @@ import torch.nn.functional as F
 
 from frost_runtime import torch_ops
 
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+QK_NORM_FAMILIES = ("qwen3",)  # q and k RMSNorm-ed per head before rotary
 
 
 def fuse_layers(model, plans=None, *, device=None) -> int:
@@ -93,6 +95,8 @@ def _check_layer(layer) -> None:
         for name in names
         if not hasattr(owner, name)
     ]
+    if attn.config.model_type in QK_NORM_FAMILIES:
+        missing += [name for name in ("q_norm", "k_norm") if not hasattr(attn, name)]
     if missing:
         raise ValueError(f"fuse_layers: layer {type(layer).__name__} lacks {', '.join(missing)}: serve it unfused")
     if attn.o_proj.bias is not None or mlp.down_proj.bias is not None or mlp.gate_proj.bias is not None:
@@ -314,6 +318,9 @@ def _attention(attn, normed, position_embeddings, attention_mask, past_key_value
     hq = attn.q_proj.weight.shape[0] // d
     hkv = attn.k_proj.weight.shape[0] // d
     qkv = F.linear(normed, attn.qkv_weight, attn.qkv_bias).view(b, s, hq + 2 * hkv, d)
+    if hasattr(attn, "q_norm"):  # Qwen3: each head's q and k normed (HF's modules) before rotary
+        qkv[:, :, :hq] = attn.q_norm(qkv[:, :, :hq])
+        qkv[:, :, hq : hq + hkv] = attn.k_norm(qkv[:, :, hq : hq + hkv])
     rotary = _rotary(*position_embeddings)
     if b * s <= WHOLE_BUFFER_TOKENS:  # contiguous over the whole buffer: vectorized kernels
         _rotate(qkv, *rotary.over_heads(hq, hkv))

@@ -113,7 +113,7 @@ def test_generate_batch_through_the_plans(family: str, graphs: bool) -> None:
     print(family, near_ties(model, by_id, tokens(exact), tokens(out)))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_fused_layers_with_glue_plans_under_graphs(family: str) -> None:
     """hf_fuse's fused layers inside continuous batching under transformers' graphs: the norms and
     SiLU's product through the set's glue plans of the token buckets, the attention through the
