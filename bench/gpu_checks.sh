@@ -55,8 +55,10 @@ serve)
     if [ -d /tmp/site ]; then
         export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
     fi
-    timeout 480 python bench/serve.py run --requests 64,256 --attn frostc,flash_attention_4,frostc-fused --profile \
-        --md "$OUT/serve.md" > "$OUT/serve.log" 2>&1
+    # SERVE_ARGS: e.g. "--requests 64 --attn flash_attention_4,frostc-fused --kept" (a kept manager's call too)
+    # shellcheck disable=SC2086
+    timeout 480 python bench/serve.py run ${SERVE_ARGS:---requests 64,256 --attn frostc,flash_attention_4,frostc-fused} \
+        --profile --md "$OUT/serve.md" > "$OUT/serve.log" 2>&1
     echo "serve rc=$?"; grep -E "requests:|^\|" "$OUT/serve.log" | cut -c1-300 | tail -16
     timeout 60 python bench/vllm_launch.py run --md "$OUT/vllm_launch.md" > "$OUT/vllm_launch.log" 2>&1
     echo "vllm_launch rc=$?"; tail -12 "$OUT/vllm_launch.log"

@@ -124,8 +124,10 @@ def _generation():
     return GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=-1)
 
 
-def _job(model, inputs) -> tuple[float, int]:
-    """One generate_batch call: its wall (s) and the tokens it generated."""
+def _job(model, inputs, keep: bool = False) -> tuple[float, int]:
+    """One generate_batch call: its wall (s) and the tokens it generated. `keep`: the manager (its
+    pool and CUDA graphs) is kept on the model for the next call (`persistent_manager`), which
+    then captures nothing."""
     import gc
 
     import torch
@@ -134,7 +136,9 @@ def _job(model, inputs) -> tuple[float, int]:
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
     start = time.perf_counter()
-    out = model.generate_batch(inputs, generation_config=_generation(), continuous_batching_config=_cb_config())
+    out = model.generate_batch(
+        inputs, generation_config=_generation(), continuous_batching_config=_cb_config(), persistent_manager=keep
+    )
     torch.cuda.synchronize()
     wall = time.perf_counter() - start
     generated = sum(len(o.generated_tokens) for o in out.values())
@@ -353,7 +357,7 @@ def gemm_rate() -> float:
 
 
 def run(requests: str = "64,256", attn: str = ",".join(ATTENTIONS), profile_calls: bool = False, md=None,
-        json_path=None) -> int:  # fmt: skip
+        json_path=None, kept: bool = False) -> int:  # fmt: skip
     import torch
 
     counts = [int(n) for n in requests.split(",")]
@@ -391,7 +395,8 @@ def run(requests: str = "64,256", attn: str = ",".join(ATTENTIONS), profile_call
             first, generated = _job(model, inputs)
             warm, _ = _job(model, inputs)
             total = result["jobs"][n]["prompt_tokens"] + generated
-            row = {"attention": attention, "requests": n, "first_s": first, "warm_s": warm,
+            kept_s = kept_call(model, inputs) if kept else None
+            row = {"attention": attention, "requests": n, "first_s": first, "warm_s": warm, "kept_s": kept_s,
                    "generated_per_s": generated / warm, "total_per_s": total / warm,
                    "x_floor": warm / result["jobs"][n]["floor_s"],
                    "calls": dict(cb.calls) if cb is not None else None}  # fmt: skip
@@ -405,6 +410,23 @@ def run(requests: str = "64,256", attn: str = ",".join(ATTENTIONS), profile_call
         torch.cuda.empty_cache()
     common.publish(markdown(result), result, md, json_path)
     return 0
+
+
+def n_generated(row: dict) -> float:
+    """The tokens a row's calls generated (its warm call's rate times its wall)."""
+    return row["generated_per_s"] * row["warm_s"]
+
+
+def kept_call(model, inputs) -> float:
+    """The wall of a call that reuses the previous call's manager (its pool and graphs: no
+    warm-up captures), what a process calling generate_batch again with persistent_manager=True
+    pays; the manager is destroyed after it."""
+    _job(model, inputs, keep=True)
+    try:
+        wall, _ = _job(model, inputs, keep=True)
+    finally:
+        model.destroy_cached_continuous_batching_manager()
+    return wall
 
 
 def markdown(r: dict) -> str:
@@ -430,6 +452,17 @@ def markdown(r: dict) -> str:
             f"{row['x_floor']:.2f} | {versus} |"
         )
     lines += ["", "Floors: " + ", ".join(f"{n} requests {j['floor_s']:.2f} s" for n, j in r["jobs"].items()) + "."]
+    kept = [row for row in r["rows"] if row.get("kept_s")]
+    if kept:
+        peer_kept = {row["requests"]: row["kept_s"] for row in kept if row["attention"] == "flash_attention_4"}
+        lines += ["", "A kept manager (`persistent_manager=True`: the call reuses the previous call's pool and CUDA "
+                  "graphs, no warm-up captures):", "",
+                  "| attention | requests | kept-manager call s | generated tok/s | vs flash_attention_4 |",
+                  "|---|---:|---:|---:|---:|"]  # fmt: skip
+        for row in kept:
+            n, per_s = row["requests"], n_generated(row) / row["kept_s"]
+            versus = f"{peer_kept[n] / row['kept_s']:.2f}×" if n in peer_kept else "—"
+            lines.append(f"| {row['attention']} | {n} | {row['kept_s']:.2f} | {per_s:,.0f} | {versus} |")
     for attention, why in r["skipped"].items():
         lines.append(f"- {attention}: skipped ({why})")
     for row in r["rows"]:
@@ -479,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--attn", default=",".join(ATTENTIONS), help="attentions, in this order")
     run_parser.add_argument(
         "--profile", dest="profile_calls", action="store_true", help="profile a warm call of the smallest job"
+    )
+    run_parser.add_argument(
+        "--kept", action="store_true", help="also time a call that reuses the previous call's manager (no captures)"
     )
     return common.dispatch(parser, {"build": build, "run": run}, argv)
 

@@ -82,7 +82,10 @@ def test_the_table_compares_each_row_with_flash_attention_4_at_its_request_count
         "top_kernels_s": {"frostc_sdpa_decode_paged_x": 0.5}, "host": host,
         "runtime_calls": {"cudaGraphLaunch": {"calls": 120, "s": 0.4}, "cudaStreamSynchronize": {"calls": 3, "s": 0.1}},
     }  # fmt: skip
+    result["rows"][0]["kept_s"], result["rows"][1]["kept_s"] = 0.8, 0.5  # FA4's, frostc's
     table = serve.markdown(result)
+    assert "| frostc | 64 | 0.50 | 3,000 | 1.60× |" in table  # 1,500 tok/s over a 1.0 s warm call: 1,500 tokens
+    assert "| flash_attention_4 | 64 | 0.80 | 1,250 | 1.00× |" in table
     assert "- frostc's forward steps: graph replays 120 (0.50 s), eager forward passes 16 (1.50 s)" in table
     assert "- frostc's host CUDA calls (profiled): cudaGraphLaunch x120 0.40 s, cudaStreamSynchronize x3" in table
 
