@@ -26,3 +26,12 @@ class LayerSinks:
             cached = (sinks, version, sinks.detach().to(torch.float32).contiguous())
             self._by_layer[layer] = cached
         return cached[2]
+
+
+def mismatch(given: bool, built: bool) -> str | None:
+    """The problem of a call whose sinks (`given`: the model passes them) are not its kind's (`built`:
+    the set's plans take them); None when they agree."""
+    if given == built:
+        return None
+    said = "passes attention sinks (s_aux)" if given else "passes no attention sinks"
+    return f"sinks: the model {said}, the set was built {'with' if built else 'without'} them"

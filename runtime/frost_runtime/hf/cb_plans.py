@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from frost_runtime import dtypes
+from frost_runtime import dtypes, sinks
 from frost_runtime.hf.cb_step import Step
 from frost_runtime.hf.continuous import LayerCall, ReferenceExecutor
 from frost_runtime.hf.support import kinds_by_layer
@@ -131,9 +131,9 @@ def check_call(plans: PlanSet, info: KindInfo, call: LayerCall) -> None:
     ]
     if not math.isclose(call.scale, info.scale, rel_tol=1e-6):
         problems.append(f"scale: the model passes {call.scale:.8g}, the set was built for {info.scale:.8g}")
-    if (call.sinks is not None) != info.sinks:
-        said = "passes attention sinks (s_aux)" if call.sinks is not None else "passes no attention sinks"
-        problems.append(f"sinks: the model {said}, the set was built {'with' if info.sinks else 'without'} them")
+    differs = sinks.mismatch(call.sinks is not None, info.sinks)
+    if differs:
+        problems.append(differs)
     if problems:
         raise ValueError(
             f"layer {call.layer} (kind {info.kind} of plan set {plans.header.name!r}): "
@@ -162,14 +162,14 @@ def _buffers(call: LayerCall, slots: dict) -> dict[str, torch.Tensor]:
             f"{slots['k_cache'].dtype}: install frostc's attention with the set (continuous.install(model, plans)), "
             "which has transformers allocate the pool in the set's dtype"
         )
-    scales = {}
+    optional = {}  # the slots a set has or not: an e4m3 pool's scales, the kind's sinks
     if "k_scale" in slots:
-        scales = {"k_scale": call.k_scale, "v_scale": call.v_scale}
+        optional = {"k_scale": call.k_scale, "v_scale": call.v_scale}
     if "sinks" in slots:  # check_call matched the kind's sinks with the call's
-        scales["sinks"] = call.sinks
+        optional["sinks"] = call.sinks
     step = call.step
     return {
-        **scales,
+        **optional,
         "q": _rows(call.q, tokens),
         "k_new": _rows(call.k, tokens),
         "v_new": _rows(call.v, tokens),

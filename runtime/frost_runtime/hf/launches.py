@@ -38,8 +38,8 @@ def prefill(key_plan: str, rows: FrostcMask, query, key, value, sinks: torch.Ten
 
 
 def _execute(key_plan: str, reads: dict, writes: dict) -> None:
-    """torch.ops.frostc.execute with the plan's slots taken by name (a plan's optional slots, such
-    as `sinks`, change the positions)."""
+    """torch_ops.launch with the plan's slots taken by name (a plan's optional slots, such as
+    `sinks`, change the positions)."""
     names_in, names_out = torch_ops.slot_roles(key_plan)
     torch_ops.launch(key_plan, [reads[n] for n in names_in], [writes[n] for n in names_out])
 
@@ -126,8 +126,8 @@ def decode(
     q, k_new, v_new = (_rows_to(x, slot[n]) for x, n in zip((query, key, value), ("q", "k_new", "v_new")))
     cache_len = metadata.cache_len(rows, bucket, s)
     o = torch.empty_strided(slot["o"].dims, slot["o"].strides, dtype=query.dtype, device=query.device)
-    reads = {"q": q, "k_new": k_new, "v_new": v_new, "page_table": page_table[:bucket], "cache_len": cache_len}
-    reads["sinks"] = sinks
+    reads = {"q": q, "k_new": k_new, "v_new": v_new, "page_table": page_table[:bucket], "cache_len": cache_len,
+             "sinks": sinks}  # fmt: skip
     if pools.scales is not None:
         reads["k_scale"], reads["v_scale"] = pools.scales
     writes = {"k_cache": pools.k[:pages], "v_cache": pools.v[:pages], "o": o}

@@ -10,6 +10,7 @@ import math
 import torch
 
 from frost_runtime import dtypes
+from frost_runtime import sinks as frost_sinks
 from frost_runtime.planset import KindInfo, PlanSet
 
 
@@ -58,9 +59,9 @@ def check_call(
         )
         if got != want
     ]
-    if (sinks is not None) != info.sinks:
-        said = "passes attention sinks (s_aux)" if sinks is not None else "passes no attention sinks"
-        problems.append(f"sinks: the model {said}, the set was built {'with' if info.sinks else 'without'} them")
+    differs = frost_sinks.mismatch(sinks is not None, info.sinks)
+    if differs:
+        problems.append(differs)
     elif sinks is not None and tuple(sinks.shape) != (hq,):
         problems.append(f"sinks: the model passes shape {tuple(sinks.shape)}, one per query head is ({hq},)")
     if not math.isclose(scale, info.scale, rel_tol=1e-6):
