@@ -216,13 +216,14 @@ def profile(model, inputs) -> dict:
         us = e.time_range.end - e.time_range.start
         by_family[family(e.name)] += us / 1e6
         top[e.name[:90]] += us / 1e6
-        spans.append((e.time_range.start, e.time_range.end))
-    busy = _union_s(spans)
+        spans.append((e.time_range.start, e.time_range.end, family(e.name)))
+    busy = _union_s([(a, b) for a, b, _ in spans])
     return {
         "wall_s": wall,
         "gpu_busy_s": busy,
         "idle_share": max(0.0, 1 - busy / wall),
         "families_s": dict(by_family.most_common()),
+        "busy_families_s": busy_by_family(spans),
         "top_kernels_s": dict(top.most_common(12)),
         "runtime_calls": runtime_calls(events),
     }
@@ -332,6 +333,34 @@ def host_phases(model, inputs) -> dict:
     with HostPhases(HOST_PHASES + FORWARD_PARTS + FROSTC_PARTS) as phases:
         wall, _ = _job(model, inputs)
     return {"wall_s": wall, "seconds": dict(phases.seconds), "calls": dict(phases.calls)}
+
+
+def busy_by_family(spans: list[tuple[float, float, str]]) -> dict[str, float]:
+    """The GPU's busy seconds by kernel family, each instant shared evenly among the kernels
+    running then. Kernel durations alone count overlapping kernels twice: a kernel launched early
+    (programmatic dependent launch: frostc's combine, transformers' graphs) is "running" while it
+    waits for its predecessor, so summed durations overstate both its share and the GPU's time."""
+    edges = sorted({t for a, b, _ in spans for t in (a, b)})
+    shares: Counter[str] = Counter()
+    events = sorted((a, b, f) for a, b, f in spans if b > a)
+    running: list[tuple[float, str]] = []  # (end, family) of the kernels started so far
+    nxt = 0
+    for left, right in zip(edges, edges[1:]):
+        while nxt < len(events) and events[nxt][0] <= left:
+            running.append((events[nxt][1], events[nxt][2]))
+            nxt += 1
+        running = [(end, f) for end, f in running if end > left]
+        for _, f in running:
+            shares[f] += (right - left) / len(running) / 1e6
+    return dict(shares.most_common())
+
+
+def busy_shares(busy: dict[str, float]) -> str:
+    """'attention 0.41 s (14 %), ... ; attention with gathers and copies 19 %' from busy_by_family."""
+    total = sum(busy.values()) or 1.0
+    parts = ", ".join(f"{f} {busy.get(f, 0.0):.2f} s ({busy.get(f, 0.0) / total:.0%})" for f in busy)
+    paths = busy.get("attention", 0.0) + busy.get("K/V gathers and copies", 0.0)
+    return f"{parts}; attention with gathers and copies {paths / total:.0%}"
 
 
 def _union_s(spans: list[tuple[float, float]]) -> float:
@@ -479,6 +508,14 @@ def markdown(r: dict) -> str:
                 + " | ".join(f"{s:.2f} s ({s / kernel_s:.0%})" for s in shares)
                 + " |"
             )
+        lines += [
+            "",
+            "The same by GPU busy time, each instant shared among the kernels running then (summed "
+            "durations count a kernel launched early, waiting on its predecessor, as running):",
+            "",
+        ]
+        for attention, p in r["profiles"].items():
+            lines.append(f"- {attention}: {busy_shares(p.get('busy_families_s') or {})}")
         lines += ["", "| host loop (warm call, unprofiled) | wall s | " + " | ".join(p for p, _ in HOST_PHASES)
                   + " |", "|---|---:|" + "---:|" * len(HOST_PHASES)]  # fmt: skip
         for attention, p in r["profiles"].items():

@@ -58,6 +58,17 @@ def test_busy_time_counts_overlapping_kernels_once(serve) -> None:
     assert serve._union_s([]) == 0.0
 
 
+def test_busy_time_by_family_shares_each_instant_among_the_kernels_running(serve) -> None:
+    # a combine launched early waits 8 us under its attention kernel, then runs 2 us alone
+    spans = [(0.0, 10.0, "attention"), (2.0, 12.0, "attention"), (12.0, 20.0, "GEMMs"), (15.0, 16.0, "other")]
+    busy = serve.busy_by_family(spans)
+    assert busy["attention"] == pytest.approx(12e-6)  # 10 + 2, not the 20 the durations sum to
+    assert busy["GEMMs"] == pytest.approx(7.5e-6)
+    assert busy["other"] == pytest.approx(0.5e-6)
+    assert sum(busy.values()) == pytest.approx(serve._union_s([(a, b) for a, b, _ in spans]))
+    assert "attention with gathers and copies 60%" in serve.busy_shares(busy)
+
+
 def test_the_table_compares_each_row_with_flash_attention_4_at_its_request_count(serve) -> None:
     row = dict(first_s=2.0, warm_s=1.0, total_per_s=1.0, x_floor=1.5, calls=None)
     result = {
