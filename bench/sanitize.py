@@ -117,6 +117,8 @@ def targets() -> list[Target]:
           decode=DecodeCase("fp16", 3, 16, 2, 64, 32, 32, 4, True, True, "bhsd", window_left=127, sinks=True)),
         t("sinks-mixed-chunks", "sinks, mixed form: chunks on the forward kernel, unsplit decodes",
           mixed=MixedCase("bf16", 6, 400, 160, 32, 4, 64, 16, 40, True, lse="th", window_left=127, sinks=True)),
+        t("sinks-mixed-adaptive", "sinks, mixed form: decodes split adaptively (direct rows + the combine's sink)",
+          mixed=MixedCase("bf16", 6, 200, 64, 32, 4, 64, 16, 320, True, lse="ht", window_left=2500, sinks=True)),
         # paged decode
         t("decode-split", "kv_append + split-KV + combine",
           decode=DecodeCase("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd")),
@@ -207,7 +209,7 @@ def targets() -> list[Target]:
           mixed=MixedCase("bf16", 4, 300, 150, 8, 2, 64, 64, 8, True, lse="ht", window_left=90, softcap=30.0)),
         # the chunks apart (16-bit caches): the decodes on the paged kernel, the chunks on the
         # forward kernel over the pages (bench/NOTES.md, mixed v3)
-        t("mixed-chunks-split-p16", "mixed form, chunks on the forward kernel, pages of 16, decodes split + combine",
+        t("mixed-chunks-split-p16", "mixed form, chunks on the forward kernel (pages of 16), decodes split adaptively",
           mixed=MixedCase("bf16", 6, 256, 128, 32, 8, 128, 16, 256, True, lse="th")),
         t("mixed-chunks-d256", "mixed form, chunks on the forward kernel at d 256, window + softcap",
           mixed=MixedCase("bf16", 4, 200, 120, 16, 2, 256, 16, 40, True, window_left=100, softcap=30.0)),

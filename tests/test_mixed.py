@@ -13,6 +13,8 @@ from frost_runtime.workload import attention_nodes, sequence_lengths, work
 
 from frostc.build import build
 from frostc.description import parse_description
+from frostc.kernels.sdpa_common import sequence_chunk
+from frostc.ops.sdpa_choice import ADAPTIVE_MIN_CHUNK_KEYS
 from frostc.resolve import resolve
 from tests.descriptions import check, edited, only
 
@@ -122,6 +124,44 @@ def test_a_prefill_sized_step_runs_its_chunks_on_the_forward_kernel_over_the_pag
     assert len(few) == 1 and not few[0].variant.chunks_apart and few[0].grid == (1, HKV, B)
     contracts = {plan.slots[c.slot].name: (c.kind, c.longest, c.total) for c in plan.lengths}
     assert contracts == {"cache_len": ("lengths", MAX_PAGES * PAGE, 0), "cu_q": ("offsets", 40, T)}
+
+
+def test_decodes_beside_chunks_apart_split_adaptively_within_the_grid_and_workspace_budgets():
+    """With the chunks apart the decodes' plan must serve 64 short decodes and 8 long ones alike:
+    it fixes the splits and the fewest keys a split takes; each sequence's chunk is decided on
+    the device (`sequence_chunk`), a short one written by split 0 alone, the combine merging the
+    long ones' partials, indexed by token."""
+    plan = resolve(check(base(max_pages=256)))  # 4096 keys a sequence, chunks of up to 40 queries
+    decodes, combine, _schedule, _chunks = plan.launches
+    assert decodes.variant.chunks_apart and decodes.variant.split and decodes.variant.adaptive
+    assert decodes.variant.name.endswith(".packed.decodes.split.lse")  # it writes short sequences' LSE itself
+    assert combine.variant.decode_rows == 64
+    args = {a.param: a.value for a in decodes.args}
+    splits = args["splits"]
+    assert args["chunk"] == ADAPTIVE_MIN_CHUNK_KEYS and splits == 4096 // ADAPTIVE_MIN_CHUNK_KEYS
+    assert decodes.grid == (splits, HKV, B) and {a.param: a.value for a in combine.args}["chunk"] == args["chunk"]
+    o_partial, lse_partial = (r for r in plan.workspace if "partial" in r.name)
+    assert (o_partial.bytes, lse_partial.bytes) == (splits * T * HQ * D * 4, splits * T * HQ * 4)
+    # short capacities: one split, no combine
+    short = resolve(check(base(max_pages=100))).launches  # 1600 keys: fewer than two splits of the fewest
+    assert not short[0].variant.split and len(short) == 3
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 8])
+def test_a_sequences_adaptive_chunk_covers_its_keys_in_its_splits_and_one_split_iff_short(splits: int) -> None:
+    """The attention kernel's key ranges [origin + s * chunk, + chunk) over s < splits cover the
+    sequence's keys exactly once, a sequence is written directly iff it fits one split, and the
+    combine counts the same splits (both call `sequence_chunk`)."""
+    min_chunk, block_n = ADAPTIVE_MIN_CHUNK_KEYS, 64
+    for keys in [*range(0, 3000, 7), splits * min_chunk, splits * min_chunk + 1, 40_000]:
+        chunk = sequence_chunk(keys, min_chunk, splits, block_n)
+        assert chunk % block_n == 0 and chunk >= min_chunk
+        covered = [k for s in range(splits) for k in range(s * chunk, min((s + 1) * chunk, keys))]
+        assert covered == list(range(keys))  # every key once, whatever the length
+        used = -(-keys // chunk)  # the splits with keys: what the combine merges
+        assert (keys <= chunk) == (used <= 1)  # written directly iff one split
+        if keys > splits * min_chunk:  # long: every split used, the last short by less than a block a split
+            assert used == splits and splits * chunk - keys < splits * block_n
 
 
 def test_an_e4m3_caches_chunks_stay_on_the_decode_kernel_in_row_blocks():

@@ -224,3 +224,13 @@ def key_origin(kv_len, s_new, window_left, block_n: int):
     combine kernel computes the same origin to count them."""
     start = cutlass.max(kv_len - s_new - window_left, 0)
     return cutlass.select_(window_left < 0, 0, start // block_n * block_n)
+
+
+def sequence_chunk(keys, min_chunk, splits, block_n: int):
+    """Keys per split of a sequence with `keys` keys past its origin, in an adaptive split
+    (`PagedDecodeVariant.adaptive`): its keys spread evenly over the plan's splits, in whole key
+    blocks, but never fewer than `min_chunk` a split, so a short sequence takes one split (and
+    is written by it directly) while a long one takes them all. The combine kernel computes the
+    same chunk to count a sequence's splits."""
+    per_split = (cutlass.max(keys, 0) + splits - 1) // splits
+    return cutlass.max((per_split + block_n - 1) // block_n * block_n, min_chunk)

@@ -13,6 +13,11 @@ split LSE = -inf, or no split) gets O = 0 and LSE = -inf. Attention sinks (a sin
 the row's head's logit joins m's max and Σ w_s once, as a key with no value (its O = 0 then,
 its LSE the sink).
 
+With the chunks apart (`decode_rows`) the decodes were split adaptively (the attention variant's
+`adaptive`): each sequence's chunk comes from its length (`sequence_chunk`, computed here alike),
+and a sequence whose keys fit one split was written by the attention kernel itself, so its rows
+are left alone.
+
 One CTA per (row, KV head, sequence); 256 threads: the splits' LSE are reduced across the
 CTA, then O is summed with 16-byte loads, each thread a 4-float piece of d for every
 `256 / (d / 4)`-th split, and the pieces' partial sums added through shared memory.
@@ -27,7 +32,7 @@ import cutlass.cute as cute
 from frostc.kernels.cache_args import PackedQueries, packed
 from frostc.kernels.interface import I32, BhsStrides, Kernel, Ptr, Variant, facets, pointer, when
 from frostc.kernels.launch_order import WAITS_AT_ENTRY
-from frostc.kernels.sdpa_common import LN_2, LOG2_E, dsl_dtype, key_origin
+from frostc.kernels.sdpa_common import LN_2, LOG2_E, dsl_dtype, key_origin, sequence_chunk
 from frostc.kernels.sequences import packed_span
 
 THREADS = 256
@@ -51,7 +56,7 @@ class DecodeCombineArgs:
     group: I32
     rows: I32  # query rows per (sequence, KV head): s_new * group
     capacity: I32  # the most keys a sequence holds
-    chunk: I32  # keys per split
+    chunk: I32  # keys per split (an adaptive split: the fewest)
     splits: I32
     s_new: I32
     window_left: I32  # -1: no window
@@ -139,20 +144,32 @@ class DecodeCombine(Kernel):
             rows = s_new * args.group
             if cutlass.const_expr(self.v.decode_rows > 0):  # a chunk's rows are not this launch's
                 rows = cutlass.select_(rows > self.v.decode_rows, 0, rows)
+                # each sequence's own chunk; one split: the attention kernel wrote its rows
+                keys = self._keys(args, b, s_new)
+                chunk = sequence_chunk(keys, args.chunk, args.splits, args.block_n)
+                rows = cutlass.select_(keys <= chunk, 0, rows)
                 first = row * ROWS_PER_CTA
                 for r in range(first, cutlass.min(first + ROWS_PER_CTA, rows), 1):
-                    self._combine(args, r, head_kv, b, s_new, q_start)
+                    self._combine(args, r, head_kv, b, s_new, q_start, chunk)
                     cute.arch.sync_threads()  # the pieces and the scratch are free for the next row
             elif row < rows:
                 self._combine(args, row, head_kv, b, s_new, q_start)
         else:
             self._combine(args, row, head_kv, b, args.s_new, None)
 
+    @staticmethod
+    def _keys(args: DecodeCombineArgs, b, s_new):
+        """The keys sequence b's splits cover: from its origin to its length."""
+        length = cute.make_tensor(args.seq_len_kv + b, cute.make_layout(1))[0]
+        kv_len = cutlass.min(cutlass.max(length, 0), args.capacity)
+        return kv_len - key_origin(kv_len, s_new, args.window_left, args.block_n)
+
     @cute.jit
-    def _combine(self, args: DecodeCombineArgs, row, head_kv, b, s_new, q_start):
+    def _combine(self, args: DecodeCombineArgs, row, head_kv, b, s_new, q_start, chunk=None):
         """Query row `row` (token row // group, head row % group of the group) of KV head `head_kv`
         of sequence b, whose `s_new` queries are the buffer's tokens from `q_start` (packed
-        queries; None: b's rows of a (b, h, s_new) output)."""
+        queries; None: b's rows of a (b, h, s_new) output); `chunk`: the sequence's keys per
+        split (None: the plan's)."""
         o_partial, lse_partial, rows, splits, group = (
             args.o_partial,
             args.lse_partial,
@@ -171,7 +188,7 @@ class DecodeCombine(Kernel):
         # `_partial_index`)
         stride = rows
         first = (cutlass.Int64(b) * args.heads_kv + head_kv) * splits * rows + row
-        if cutlass.const_expr(self.v.packed and self.v.decode_rows == 0):  # else `rows` a sequence
+        if cutlass.const_expr(self.v.packed):  # else `rows` a sequence
             heads_q = args.heads_kv * group
             stride = cutlass.Int64(args.packed.tokens) * heads_q
             first = cutlass.Int64(q_start + row // group) * heads_q + head_kv * group + row % group
@@ -187,7 +204,9 @@ class DecodeCombine(Kernel):
         keys = kv_len - key_origin(kv_len, s_new, args.window_left, args.block_n)  # what the splits cover
         if cutlass.const_expr(self.v.causal):  # the row's own keys: up to its position
             keys = cutlass.max(keys - (s_new - 1 - row // group), 0)
-        active = cutlass.min((keys + args.chunk - 1) // args.chunk, splits)
+        if cutlass.const_expr(chunk is None):
+            chunk = args.chunk
+        active = cutlass.min((keys + chunk - 1) // chunk, splits)
 
         # the largest LSE, then the sum of the weights
         largest = cutlass.select_(tidx < active, my_lse, -cutlass.Float32.inf)

@@ -10,7 +10,11 @@ split-KV, at the memory-bandwidth limit.
   chunk at build (from the capacities and the SM count). A split past a sequence's length
   exits at once. With one split the CTA writes O (and LSE) itself; with several it writes its
   partial O (normalized, fp32) and LSE (natural log) to the workspace, and the combine kernel
-  (`sdpa_decode_combine.py`) merges the sequence's splits.
+  (`sdpa_decode_combine.py`) merges the sequence's splits. The mixed form's decodes (its chunks
+  apart), whose plan serves any mix of lengths, split adaptively: each sequence is cut on the device:
+  its keys spread over the splits, each at least `chunk` keys (`sequence_chunk`), so a long
+  context takes every split while a short one takes split 0 alone, which writes O and LSE
+  itself (the combine leaves that sequence alone).
 - Loads: a producer warp (one thread issues) brings K and V in blocks of `block_n` keys through
   TMA into a `stages`-deep ring, box by box: a box is `box_rows` = gcd(page size, block_n) keys
   of one page, so it never crosses a page. Pages come from the page table (device memory, read
@@ -80,6 +84,7 @@ from frostc.kernels.sdpa_common import (
     byte_interleave,
     dsl_dtype,
     key_origin,
+    sequence_chunk,
     transpose_8x8,
 )
 from frostc.kernels.sequences import packed_span
@@ -171,7 +176,7 @@ class DecodeSizes(Group):
     max_pages: I32
     pages: I32
     rows_per_page: I32  # the cache's rows from one page to the next
-    chunk: I32  # keys per split
+    chunk: I32  # keys per split (an adaptive split: the fewest)
     splits: I32
     window_left: I32  # -1: no window
 
@@ -232,6 +237,18 @@ class PagedDecodeVariant(Variant):
         return quantized(self)
 
     @property
+    def adaptive(self) -> bool:
+        """A split of the decodes beside chunks apart: each sequence's chunk from its length on
+        the device (`sequence_chunk`), a sequence that fits one split written directly (O, LSE
+        and sinks here), the others' partials indexed by token."""
+        return self.chunks_apart and self.split
+
+    @property
+    def final_rows(self) -> bool:
+        """Whether this kernel may write O and LSE itself: unsplit, or an adaptive split."""
+        return not self.split or self.adaptive
+
+    @property
     def name(self) -> str:
         mask = "causal_br" if self.causal else "full"
         mask += (".local" if self.window else "") + (".softcap" if self.softcap else "")
@@ -240,8 +257,9 @@ class PagedDecodeVariant(Variant):
         name = f"sdpa_decode_paged.{self.dtype}{kv}.d{self.head_dim}.p{self.page_size}.{mask}"
         name += ".packed" if self.packed else ""
         name += ".decodes" if self.chunks_apart else ""
-        name += ".sinks" if self.sinks and not self.split else ""  # a split kernel's partials have none
-        return name + (".split" if self.split else "") + (".lse" if self.has_lse and not self.split else "")
+        name += ".sinks" if self.sinks and self.final_rows else ""  # a split kernel's partials have none
+        name += ".split" if self.split else ""
+        return name + (".lse" if self.has_lse and self.final_rows else "")
 
     @property
     def tile_shape(self) -> DecodeTiles:
@@ -299,6 +317,8 @@ class Work:
     # packed queries (the mixed form): the sequence's first token, and the buffer's tokens
     q_start: cutlass.Int32 | None = None
     tokens: cutlass.Int32 | None = None
+    # an adaptive split: the sequence's keys fit one split, whose CTA writes O and LSE itself
+    direct: cutlass.Boolean | None = None
 
 
 @dataclass(frozen=True)
@@ -496,8 +516,12 @@ class PagedDecode(Kernel):
         origin = cutlass.Int32(0)
         if cutlass.const_expr(self.variant.window):
             origin = key_origin(kv_len, s_new, sizes.window_left, t.block_n)
-        key_first = origin + split * sizes.chunk
-        key_end = cutlass.min(key_first + sizes.chunk, kv_len)
+        chunk, direct = sizes.chunk, None
+        if cutlass.const_expr(self.variant.adaptive):
+            chunk = sequence_chunk(kv_len - origin, sizes.chunk, sizes.splits, t.block_n)
+            direct = kv_len - origin <= chunk
+        key_first = origin + split * chunk
+        key_end = cutlass.min(key_first + chunk, kv_len)
         if cutlass.const_expr(self.variant.packed and self.variant.causal):
             # no key past the block's last query: a chunk's early row blocks stop early (the
             # combine reads, for each row, only the splits up to its own position)
@@ -517,6 +541,7 @@ class PagedDecode(Kernel):
             kv_len - s_new,
             q_start,
             args.packed.tokens if cutlass.const_expr(self.variant.packed) else None,
+            direct,
         )
         dequant = None
         if cutlass.const_expr(args.scales is not None):
@@ -545,7 +570,11 @@ class PagedDecode(Kernel):
         if cutlass.const_expr(self.variant.packed):
             # a sequence's query rows fill its first row blocks: the others have nothing to do
             if work.row_block >= 0 and work.row_block * t.rows < rows:
-                if cutlass.const_expr(self.variant.split):
+                if cutlass.const_expr(self.variant.adaptive):
+                    # one split: split 0 writes the rows even without keys, as an unsplit kernel
+                    if blocks > 0 or (direct and split == 0):
+                        self._run(*run)
+                elif cutlass.const_expr(self.variant.split):
                     if blocks > 0:
                         self._run(*run)
                 else:
@@ -788,8 +817,8 @@ class PagedDecode(Kernel):
             warpgroup.wait_group(0)
             self._release(v_pipe, last_stage)
 
-        sink_of = None  # each row's head's sink (an unsplit sinks variant): it joins the denominator here
-        if cutlass.const_expr(self.variant.sinks and not self.variant.split):
+        sink_of = None  # each row's head's sink where this CTA writes O: it joins the denominator here
+        if cutlass.const_expr(self.variant.sinks and self.variant.final_rows):
             sink_of = self._row_sinks(pv_thr, work, group, sinks)
         softmax.normalize(wgmma_rows_by_cols(acc_O), None, sink_of)  # no keys: O = 0, LSE = -inf (or the sink)
         self._epilogue(pv_thr, acc_O, softmax, work, geometry, o_args, lse_args, partials, heads_kv)
@@ -801,7 +830,10 @@ class PagedDecode(Kernel):
 
         def sink_of(r):
             row = work.row_block * ROWS + c_mn[r, 0][0]
-            return cute.make_tensor(sinks + (work.head_kv * group + row % group), cute.make_layout(1))[0]
+            sink = cute.make_tensor(sinks + (work.head_kv * group + row % group), cute.make_layout(1))[0]
+            if cutlass.const_expr(self.variant.adaptive):  # a partial leaves it out (a sink of -inf adds 0)
+                sink = cutlass.select_(work.direct, sink, -cutlass.Float32.inf)
+            return sink
 
         return sink_of
 
@@ -850,21 +882,19 @@ class PagedDecode(Kernel):
         """The workspace row of query row `row`'s partial result from split `split`: (sequence, KV
         head, split, row) with a fixed count of rows per sequence; with packed queries, whose
         sequences have rows of their own, (split, token, query head) over the buffer's tokens
-        (the combine kernel reads the same); with the chunks apart, a sequence's rows fit one row
-        block, so (sequence, KV head, split, row) with a row block's rows per sequence."""
-        if cutlass.const_expr(self.variant.packed and not self.variant.chunks_apart):
+        (the combine kernel reads the same)."""
+        if cutlass.const_expr(self.variant.packed):
             token = cutlass.Int64(work.q_start + row // group)
             return (
                 (cutlass.Int64(split) * work.tokens + token) * (heads_kv * group) + work.head_kv * group + row % group
             )
-        if cutlass.const_expr(self.variant.chunks_apart):
-            rows = self.tiles.rows
         return ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
 
     @cute.jit
     def _epilogue(self, pv_thr, acc_O, softmax, work, geometry, o_args, lse_args, partials, heads_kv):
-        """Rows of this CTA that exist: O and LSE into the caller's tensors (one split), or the
-        split's normalized O (fp32) and LSE into the workspace for the combine kernel."""
+        """Rows of this CTA that exist: O and LSE into the caller's tensors (one split, or an
+        adaptive split's sequence that fits one), or the split's normalized O (fp32) and LSE into
+        the workspace for the combine kernel."""
         group, s_new, rows, splits, split, _ = geometry
         o_mn = wgmma_rows_by_cols(acc_O)
         c_mn = wgmma_rows_by_cols(pv_thr.partition_C(cute.make_identity_tensor((ROWS, self.head_dim))))
@@ -872,29 +902,46 @@ class PagedDecode(Kernel):
         for r in cutlass.range_constexpr(cute.size(o_mn.shape[0])):
             row = work.row_block * ROWS + c_mn[r, 0][0]
             if row < rows:
-                if cutlass.const_expr(self.variant.split):
-                    o_partial, lse_partial = partials
+                if cutlass.const_expr(self.variant.adaptive):
+                    if work.direct:
+                        self._store_row(o_mn, c_mn, r, row, softmax, work, group, o_args, lse_args, quad_leader)
+                    else:
+                        index = self._partial_index(work, heads_kv, group, splits, split, rows, row)
+                        self._store_partial(o_mn, c_mn, r, index, softmax, partials, quad_leader)
+                elif cutlass.const_expr(self.variant.split):
                     index = self._partial_index(work, heads_kv, group, splits, split, rows, row)
-                    out = cute.make_tensor(o_partial + index * self.head_dim, cute.make_layout(self.head_dim))
-                    for c in cutlass.range_constexpr(cute.size(o_mn.shape[1])):
-                        out[c_mn[r, c][1]] = o_mn[r, c]
-                    if quad_leader:
-                        cute.make_tensor(lse_partial + index, cute.make_layout(1))[0] = softmax.lse(r)
+                    self._store_partial(o_mn, c_mn, r, index, softmax, partials, quad_leader)
                 else:
-                    token, head = row // group, work.head_kv * group + row % group
-                    if cutlass.const_expr(self.variant.packed):
-                        token = work.q_start + token
-                    o, o_sb, o_sh, o_ss = o_args
-                    offset = cutlass.Int64(work.batch) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
-                    out = cute.make_tensor(o + offset, cute.make_layout(self.head_dim))
-                    for c in cutlass.range_constexpr(cute.size(o_mn.shape[1])):
-                        out[c_mn[r, c][1]] = o_mn[r, c].to(self.dtype)
-                    if cutlass.const_expr(self.variant.has_lse):
-                        lse, lse_sb, lse_sh, lse_ss = lse_args
-                        if quad_leader:
-                            at = cutlass.Int64(work.batch) * lse_sb + cutlass.Int64(head) * lse_sh
-                            at = at + cutlass.Int64(token) * lse_ss
-                            cute.make_tensor(lse + at, cute.make_layout(1))[0] = softmax.lse(r, self.variant.sinks)
+                    self._store_row(o_mn, c_mn, r, row, softmax, work, group, o_args, lse_args, quad_leader)
+
+    @cute.jit
+    def _store_partial(self, o_mn, c_mn, r, index, softmax, partials, quad_leader):
+        """Row r's normalized O (fp32) and LSE into the workspace's row `index`."""
+        o_partial, lse_partial = partials
+        out = cute.make_tensor(o_partial + index * self.head_dim, cute.make_layout(self.head_dim))
+        for c in cutlass.range_constexpr(cute.size(o_mn.shape[1])):
+            out[c_mn[r, c][1]] = o_mn[r, c]
+        if quad_leader:
+            cute.make_tensor(lse_partial + index, cute.make_layout(1))[0] = softmax.lse(r)
+
+    @cute.jit
+    def _store_row(self, o_mn, c_mn, r, row, softmax, work, group, o_args, lse_args, quad_leader):
+        """Row r (query row `row`: token row // group, head row % group of the group) into O, and
+        its LSE (with the sink, where the variant has them) into the caller's LSE."""
+        token, head = row // group, work.head_kv * group + row % group
+        if cutlass.const_expr(self.variant.packed):
+            token = work.q_start + token
+        o, o_sb, o_sh, o_ss = o_args
+        offset = cutlass.Int64(work.batch) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
+        out = cute.make_tensor(o + offset, cute.make_layout(self.head_dim))
+        for c in cutlass.range_constexpr(cute.size(o_mn.shape[1])):
+            out[c_mn[r, c][1]] = o_mn[r, c].to(self.dtype)
+        if cutlass.const_expr(self.variant.has_lse):
+            lse, lse_sb, lse_sh, lse_ss = lse_args
+            if quad_leader:
+                at = cutlass.Int64(work.batch) * lse_sb + cutlass.Int64(head) * lse_sh
+                at = at + cutlass.Int64(token) * lse_ss
+                cute.make_tensor(lse + at, cute.make_layout(1))[0] = softmax.lse(r, self.variant.sinks)
 
 
 # ------------------------------------------------------------------------------ a quantized cache

@@ -122,6 +122,14 @@ UNSPLIT_WAVES = 3  # as many (sequence, KV head) CTAs as this many waves: no spl
 # unsplit, and a 128k-token sequence split in 165 short chunks instead of 64 long ones ran 7 %
 # slower (bench/NOTES.md, "decode in a model"; decode v1 measured 2, 3, 5 and 8 waves)
 MIN_CHUNK_KEYS, SHORT_CHUNK_KEYS = 2048, 512
+# an adaptive split (the mixed form with its chunks apart: a bucket serves any mix of lengths, so
+# each sequence is cut on the device, `PagedDecodeVariant.adaptive`): at least this many keys a
+# split (a shorter sequence is one split, written directly: no partials, nothing to merge), and
+# as many splits as keep the grid within ADAPTIVE_CTAS (its CTAs past a sequence's keys exit at
+# once, but a 100k-CTA grid still cost ~60 us: bench/NOTES.md, mixed v2) and the partial results
+# (each split a float32 row per query token and head of the bucket) within ADAPTIVE_WORKSPACE, but
+# two splits at least
+ADAPTIVE_MIN_CHUNK_KEYS, ADAPTIVE_CTAS, ADAPTIVE_WORKSPACE = 1024, 4096, 64 << 20
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,9 @@ class DecodeConfig:
     tiles: DecodeTiles
     few_rows: bool  # an e4m3 cache's kernel whose rows fit an m16n8 tile's 8 columns
     splits: int  # CTAs along each sequence's keys (1: no combine)
-    chunk: int  # keys per split, a whole number of key blocks
+    # keys per split, a whole number of key blocks; the fewest, where the chunks are apart (each
+    # sequence's chunk decided on the device from its length: `PagedDecodeVariant.adaptive`)
+    chunk: int
 
 
 def choose_decode(
@@ -144,18 +154,36 @@ def choose_decode(
     MIN_CHUNK_KEYS keys (SHORT_CHUNK_KEYS when those would fill less than half the slots). The
     chunk is a whole number of the variant's key blocks (an e4m3 cache's chunks of twice the keys
     were tried, bench/NOTES.md decode v5). `chunks_apart`: a mixed node whose chunks run on the
-    forward kernel (`frostc.ops.sdpa_mixed`): this kernel's CTAs are one row block per sequence."""
+    forward kernel (`frostc.ops.sdpa_mixed`): this kernel's CTAs are one row block per sequence,
+    split adaptively (`_adaptive`)."""
     few_rows = DTYPES[kv_cache_dtype].quantized and decode_rows(node) <= FEW_ROWS
     tiles = decode_tiles(node.head_dim, node.page_size, dtype, kv_cache_dtype, few_rows)
     units = node.heads_kv * row_block_ctas(node, tiles.rows, chunks_apart)
     slots = target.sms * tiles.ctas_per_sm
     blocks = -(-_keys_seen(node, tiles.block_n) // tiles.block_n)
+    if chunks_apart:
+        split_bytes = node.tokens_q * node.heads_q * (node.head_dim + 1) * 4  # a split's partial O and LSE
+        return _adaptive(tiles, units, blocks, max(2, ADAPTIVE_WORKSPACE // split_bytes))
     wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
     splits = max(1, min(wanted, blocks // (MIN_CHUNK_KEYS // tiles.block_n)))
     if 2 * units * splits < slots:  # long chunks leave most of the GPU idle: shorter ones
         splits = max(1, min(wanted, blocks // (SHORT_CHUNK_KEYS // tiles.block_n)))
     chunk_blocks = -(-blocks // splits)
     return DecodeConfig(tiles, few_rows, -(-blocks // chunk_blocks), chunk_blocks * tiles.block_n)
+
+
+def _adaptive(tiles: DecodeTiles, units: int, blocks: int, most: int) -> DecodeConfig:
+    """The mixed form's decodes: a bucket's capacities say nothing of a step's lengths (64
+    one-token decodes over 500 keys, or 8 over 40k), so the plan fixes only the splits and the
+    fewest keys a split takes; each sequence's chunk is decided on the device. Measured
+    before: a fixed chunk for the capacity left a 64-request job's long prompts in one or two
+    CTAs while the short ones each paid a combine (bench/NOTES.md, adaptive splits). `most`:
+    the splits the workspace allows."""
+    min_blocks = ADAPTIVE_MIN_CHUNK_KEYS // tiles.block_n
+    splits = max(1, min(blocks // min_blocks, ADAPTIVE_CTAS // units, most))
+    if splits == 1:
+        return DecodeConfig(tiles, False, 1, blocks * tiles.block_n)
+    return DecodeConfig(tiles, False, splits, min_blocks * tiles.block_n)
 
 
 def decode_rows(node: Sdpa) -> int:

@@ -29,7 +29,7 @@ from frostc.kernels.sdpa_decode_paged import (
 )
 from frostc.ops.paged_cache import cache_tma_strides, rows_per_page
 from frostc.ops.rows import INT32_MAX, bhs_strides, check_head_dim, check_row_layout, check_tma_strides
-from frostc.ops.sdpa_choice import choose_decode, decode_rows, row_block_ctas
+from frostc.ops.sdpa_choice import DecodeConfig, choose_decode, decode_rows, row_block_ctas
 from frostc.ops.sdpa_mixed import chunk_launches, chunks_apart, decode_tokens
 from frostc.ops.sdpa_node import Sdpa
 from frostc.resolved import ResolvedLaunch, Workspace, launch
@@ -47,12 +47,14 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     dtype, kv_cache_dtype = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
     apart = chunks_apart(node, kv_cache_dtype)
     config = choose_decode(node, dtype, kv_cache_dtype, TARGETS[ctx.graph.target], apart)
-    splits, chunk, tiles = config.splits, config.chunk, config.tiles
+    splits, chunk = config.splits, config.chunk
     variant = PagedDecodeVariant(
         dtype, kv_cache_dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, few_rows=config.few_rows,
         packed=node.form == "mixed", chunks_apart=apart,
-        sinks=node.sinks is not None and splits == 1,  # split: the combine adds them
+        # split: the combine adds them (adaptively split decodes: here too, for the sequences
+        # this kernel writes directly)
+        sinks=node.sinks is not None and (splits == 1 or apart),
     )  # fmt: skip
     # the mixed form's chunks, when apart: the scheduling kernel and the forward kernel over the
     # pages, after the decodes (which may start early behind an append: `mark_early_starts`)
@@ -61,9 +63,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         return (_attention_launch(node, variant, splits, chunk, None, ctx), *chunks)
     # a row's partial result from each split: (sequence, KV head, split, row), or with packed
     # queries (split, token, query head)
-    if apart:  # the decodes' rows only: a row block's a sequence
-        rows = node.batch * node.heads_kv * tiles.rows
-    elif node.form == "mixed":
+    if node.form == "mixed":
         rows = node.tokens_q * node.heads_q
     else:
         rows = node.batch * node.heads_kv * decode_rows(node)
@@ -74,7 +74,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     }
     return (
         _attention_launch(node, variant, splits, chunk, workspace, ctx),
-        _combine_launch(node, splits, chunk, tiles, workspace, ctx, apart),
+        _combine_launch(node, config, workspace, ctx, apart),
         *chunks,
     )
 
@@ -189,9 +189,8 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
     return launch(node.name, variant, (splits, node.heads_kv * row_blocks, node.batch), args)
 
 
-def _combine_launch(
-    node: Sdpa, splits: int, chunk: int, tiles, workspace: dict[str, int], ctx, apart: bool
-) -> ResolvedLaunch:
+def _combine_launch(node: Sdpa, config: DecodeConfig, workspace: dict[str, int], ctx, apart: bool) -> ResolvedLaunch:
+    splits, chunk, tiles = config.splits, config.chunk, config.tiles
     o = ctx.slot(node.o)
     lse = ctx.slot(node.lse) if node.lse else None
     mixed = node.form == "mixed"
@@ -203,7 +202,7 @@ def _combine_launch(
     )  # fmt: skip
     args = DecodeCombineArgs(
         Workspace(workspace["o_partial"]), Workspace(workspace["lse_partial"]), ctx.slot(node.kv_lengths), o, lse,
-        heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=tiles.rows if apart else decode_rows(node),
+        heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=decode_rows(node),
         capacity=node.seq_kv, chunk=chunk, splits=splits, s_new=node.seq_q, window_left=_window_left(node),
         block_n=tiles.block_n,
         o_strides=_query_strides(o, node), lse_strides=_query_strides(lse, node), packed=_packed_queries(node, ctx),

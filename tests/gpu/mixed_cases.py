@@ -123,6 +123,12 @@ def cases() -> list[MixedCase]:
         # forward kernel beside unsplit decodes; a decode-sized bucket split over its keys (the combine)
         c("bf16", 6, 400, 160, 32, 4, 64, 16, 40, True, lse="th", window_left=127, append=True, sinks=True),
         c("bf16", 8, 32, 4, 32, 4, 64, 16, 96, True, lse="ht", sinks=True),
+        # adaptive splits (the decodes beside chunks apart, contexts of thousands): each sequence's
+        # chunk from its length on the device; a short one written by split 0 alone, a long one
+        # over every split and merged by the combine (transformers' pool of pages of 256)
+        c("bf16", 8, 96, 40, 32, 8, 128, 256, 16, True, lse="th", cache_layout="hf"),
+        c("bf16", 6, 200, 64, 32, 4, 64, 16, 320, True, lse="ht", window_left=2500, append=True, sinks=True),
+        c("fp16", 5, 160, 48, 16, 8, 256, 64, 40, False, lse="th", softcap=30.0),
     ]
 
 
