@@ -130,7 +130,7 @@ def test_decodes_beside_chunks_apart_split_adaptively_within_the_grid_and_worksp
     """With the chunks apart the decodes' plan must serve 64 short decodes and 8 long ones alike:
     it fixes the splits and the fewest keys a split takes; each sequence's chunk is decided on
     the device (`sequence_chunk`), a short one written by split 0 alone, the combine merging the
-    long ones' partials, indexed by token."""
+    long ones' partials, a row block of them per sequence and KV head."""
     plan = resolve(check(base(max_pages=256)))  # 4096 keys a sequence, chunks of up to 40 queries
     decodes, combine, _schedule, _chunks = plan.launches
     assert decodes.variant.chunks_apart and decodes.variant.split and decodes.variant.adaptive
@@ -141,7 +141,8 @@ def test_decodes_beside_chunks_apart_split_adaptively_within_the_grid_and_worksp
     assert args["chunk"] == ADAPTIVE_MIN_CHUNK_KEYS and splits == 4096 // ADAPTIVE_MIN_CHUNK_KEYS
     assert decodes.grid == (splits, HKV, B) and {a.param: a.value for a in combine.args}["chunk"] == args["chunk"]
     o_partial, lse_partial = (r for r in plan.workspace if "partial" in r.name)
-    assert (o_partial.bytes, lse_partial.bytes) == (splits * T * HQ * D * 4, splits * T * HQ * 4)
+    blocks = B * HKV * splits * decodes.variant.tile_shape.rows  # a row block per sequence, KV head and split
+    assert (o_partial.bytes, lse_partial.bytes) == (blocks * D * 4, blocks * 4)
     # short capacities: one split, no combine
     short = resolve(check(base(max_pages=100))).launches  # 1600 keys: fewer than two splits of the fewest
     assert not short[0].variant.split and len(short) == 3

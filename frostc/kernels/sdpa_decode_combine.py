@@ -188,7 +188,7 @@ class DecodeCombine(Kernel):
         # `_partial_index`)
         stride = rows
         first = (cutlass.Int64(b) * args.heads_kv + head_kv) * splits * rows + row
-        if cutlass.const_expr(self.v.packed):  # else `rows` a sequence
+        if cutlass.const_expr(self.v.packed and self.v.decode_rows == 0):  # else `rows` a sequence
             heads_q = args.heads_kv * group
             stride = cutlass.Int64(args.packed.tokens) * heads_q
             first = cutlass.Int64(q_start + row // group) * heads_q + head_kv * group + row % group

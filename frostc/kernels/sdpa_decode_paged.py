@@ -240,7 +240,7 @@ class PagedDecodeVariant(Variant):
     def adaptive(self) -> bool:
         """A split of the decodes beside chunks apart: each sequence's chunk from its length on
         the device (`sequence_chunk`), a sequence that fits one split written directly (O, LSE
-        and sinks here), the others' partials indexed by token."""
+        and sinks here)."""
         return self.chunks_apart and self.split
 
     @property
@@ -882,12 +882,16 @@ class PagedDecode(Kernel):
         """The workspace row of query row `row`'s partial result from split `split`: (sequence, KV
         head, split, row) with a fixed count of rows per sequence; with packed queries, whose
         sequences have rows of their own, (split, token, query head) over the buffer's tokens
-        (the combine kernel reads the same)."""
-        if cutlass.const_expr(self.variant.packed):
+        (the combine kernel reads the same); with the chunks apart, a sequence's rows fit one row
+        block, so (sequence, KV head, split, row) with a row block's rows per sequence (a serving
+        bucket's thousands of tokens hold at most a row block's queries of each decode)."""
+        if cutlass.const_expr(self.variant.packed and not self.variant.chunks_apart):
             token = cutlass.Int64(work.q_start + row // group)
             return (
                 (cutlass.Int64(split) * work.tokens + token) * (heads_kv * group) + work.head_kv * group + row % group
             )
+        if cutlass.const_expr(self.variant.chunks_apart):
+            rows = self.tiles.rows
         return ((cutlass.Int64(work.batch) * heads_kv + work.head_kv) * splits + split) * rows + row
 
     @cute.jit

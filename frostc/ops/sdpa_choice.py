@@ -127,8 +127,8 @@ MIN_CHUNK_KEYS, SHORT_CHUNK_KEYS = 2048, 512
 # split (a shorter sequence is one split, written directly: no partials, nothing to merge), and
 # as many splits as keep the grid within ADAPTIVE_CTAS (its CTAs past a sequence's keys exit at
 # once, but a 100k-CTA grid still cost ~60 us: bench/NOTES.md, mixed v2) and the partial results
-# (each split a float32 row per query token and head of the bucket) within ADAPTIVE_WORKSPACE, but
-# two splits at least
+# (each split a float32 row block per sequence and KV head) within ADAPTIVE_WORKSPACE, but two
+# splits at least
 ADAPTIVE_MIN_CHUNK_KEYS, ADAPTIVE_CTAS, ADAPTIVE_WORKSPACE = 1024, 4096, 64 << 20
 
 
@@ -162,7 +162,7 @@ def choose_decode(
     slots = target.sms * tiles.ctas_per_sm
     blocks = -(-_keys_seen(node, tiles.block_n) // tiles.block_n)
     if chunks_apart:
-        split_bytes = node.tokens_q * node.heads_q * (node.head_dim + 1) * 4  # a split's partial O and LSE
+        split_bytes = units * tiles.rows * (node.head_dim + 1) * 4  # a split's partial O and LSE
         return _adaptive(tiles, units, blocks, max(2, ADAPTIVE_WORKSPACE // split_bytes))
     wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
     splits = max(1, min(wanted, blocks // (MIN_CHUNK_KEYS // tiles.block_n)))

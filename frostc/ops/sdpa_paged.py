@@ -47,7 +47,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     dtype, kv_cache_dtype = ctx.slot(node.q).dtype, ctx.slot(node.k).dtype
     apart = chunks_apart(node, kv_cache_dtype)
     config = choose_decode(node, dtype, kv_cache_dtype, TARGETS[ctx.graph.target], apart)
-    splits, chunk = config.splits, config.chunk
+    splits, chunk, tiles = config.splits, config.chunk, config.tiles
     variant = PagedDecodeVariant(
         dtype, kv_cache_dtype, node.head_dim, node.page_size, node.causal, splits > 1, node.lse is not None,
         window=node.mask.window_left is not None, softcap=node.mask.softcap is not None, few_rows=config.few_rows,
@@ -63,7 +63,9 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
         return (_attention_launch(node, variant, splits, chunk, None, ctx), *chunks)
     # a row's partial result from each split: (sequence, KV head, split, row), or with packed
     # queries (split, token, query head)
-    if node.form == "mixed":
+    if apart:  # the decodes' rows only: a row block's a sequence
+        rows = node.batch * node.heads_kv * tiles.rows
+    elif node.form == "mixed":
         rows = node.tokens_q * node.heads_q
     else:
         rows = node.batch * node.heads_kv * decode_rows(node)
@@ -202,7 +204,7 @@ def _combine_launch(node: Sdpa, config: DecodeConfig, workspace: dict[str, int],
     )  # fmt: skip
     args = DecodeCombineArgs(
         Workspace(workspace["o_partial"]), Workspace(workspace["lse_partial"]), ctx.slot(node.kv_lengths), o, lse,
-        heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=decode_rows(node),
+        heads_kv=node.heads_kv, group=node.heads_q // node.heads_kv, rows=tiles.rows if apart else decode_rows(node),
         capacity=node.seq_kv, chunk=chunk, splits=splits, s_new=node.seq_q, window_left=_window_left(node),
         block_n=tiles.block_n,
         o_strides=_query_strides(o, node), lse_strides=_query_strides(lse, node), packed=_packed_queries(node, ctx),
