@@ -27,8 +27,9 @@ masking_utils.py of each family), read for this module:
   head in the prefill form, scale qk_head_dim ** -0.5 times yarn's mscale(factor, mscale_all_dim)
   squared; its decode is the absorbed latent form (one kv_lora_rank + qk_rope_head_dim wide K).
   Their attention is read and planned (gpt-oss's sinks: a float32 `sinks` tensor in every plan);
-  the kernels that attention needs beyond frostc's (head dim 96, d_v != d_qk, the latent decode)
-  are named as each plan's gap (`kernel_gap`).
+  the kernels that attention needs beyond frostc's (head dim 96 in the paged decode and mixed
+  forms, which serving needs beside the 16-bit prefill forms that take it; d_v != d_qk; the latent
+  decode) are named as each plan's gap (`kernel_gap`).
 - head_dim: the explicit key when present and not null, else hidden_size // heads (Gemma2Config
   defaults it to 256). The dtype: `dtype`, else the older `torch_dtype` (as PreTrainedConfig does).
 - A key a config leaves out takes the default of transformers' config class for its model type
@@ -50,7 +51,7 @@ from frost_runtime import dtypes
 from frostc.description import read_text_file
 from frostc.errors import DescriptionError, Problem
 from frostc.field_checks import describe, is_int, is_number, quoted
-from frostc.ops.rows import HEAD_DIMS
+from frostc.ops.rows import FORWARD_HEAD_DIMS, HEAD_DIMS
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 LEGACY_LAYER_TYPES = {"attention": FULL}  # transformers' remap_legacy_layer_types
@@ -145,8 +146,19 @@ class ModelAttention:
     def kernel_gap(self) -> str | None:
         """What this attention needs that frostc's kernels do not compute yet; None: nothing."""
         gaps = []
-        if self.head_dim not in HEAD_DIMS:
-            gaps.append(f"head dim {self.head_dim} (frostc's kernels take {', '.join(map(str, HEAD_DIMS))})")
+        every = ", ".join(map(str, HEAD_DIMS))
+        if self.head_dim in FORWARD_HEAD_DIMS and self.head_dim not in HEAD_DIMS:
+            # a model is served by its prefill (packed) and its decode (paged, or mixed) plans
+            gaps.append(
+                f"head dim {self.head_dim} in the paged decode and mixed forms and with e4m3 (they take {every}; "
+                "only the 16-bit dense, padded and packed forms take it)"
+            )
+        elif self.head_dim not in HEAD_DIMS:
+            more = ", ".join(str(d) for d in FORWARD_HEAD_DIMS if d not in HEAD_DIMS)
+            gaps.append(
+                f"head dim {self.head_dim} (frostc's kernels take {every}; the 16-bit dense, padded and packed "
+                f"forms also {more})"
+            )
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             gaps.append(f"a value head dim {self.head_dim_v} beside the query/key's {self.head_dim}")
         if self.latent_dim is not None:

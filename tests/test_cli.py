@@ -125,11 +125,11 @@ def test_bad_description_exits_2_with_the_field_path_and_writes_nothing(tmp_path
 
 
 def test_unsupported_description_exits_2_with_the_field_path(tmp_path: Path) -> None:
-    desc = described(tmp_path, ", 128]", ", 96]", count=4)  # head dim 96 everywhere: valid, unsupported
+    desc = described(tmp_path, ", 128]", ", 80]", count=4)  # head dim 80 everywhere: valid, unsupported
     out = tmp_path / "out.frost"
     result = frostc("build", desc, "-o", out)
     assert result.exit_code == 2
-    assert "tensors.q.dims[3]: head dim 96 is not supported" in result.stderr
+    assert "tensors.q.dims[3]: head dim 80 is not supported" in result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["graph.toml"]
 
 

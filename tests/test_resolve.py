@@ -285,20 +285,20 @@ def test_no_workspace_and_the_node_name_is_kept() -> None:
 # --------------------------------------------------------------------------- unsupported graphs
 
 
-def test_head_dim_96_is_declined_at_q_dims() -> None:
-    (problem,) = declined(graph_builder(d=96))
+def test_head_dim_80_is_declined_at_q_dims() -> None:
+    (problem,) = declined(graph_builder(d=80))
     assert problem.path == "tensors.q.dims[3]"
-    assert "head dim 96 is not supported" in problem.message
-    assert "64, 128" in problem.message
+    assert "head dim 80 is not supported" in problem.message
+    assert "64, 96, 128, 256" in problem.message
 
 
-def test_head_dim_96_with_explicit_strides_is_declined_at_q_dims() -> None:
-    # rows of 96 elements padded to 104: strides multiples of 8, the head dim innermost
-    strides = {name: (8 * 64 * 104, 64 * 104, 104, 1) for name in ("q", "o")}
-    strides |= {name: (2 * 64 * 104, 64 * 104, 104, 1) for name in ("k", "v")}
-    (problem,) = declined(graph_builder(d=96, sq=64, skv=64, strides=strides))
+def test_head_dim_80_with_explicit_strides_is_declined_at_q_dims() -> None:
+    # rows of 80 elements padded to 88: strides multiples of 8, the head dim innermost
+    strides = {name: (8 * 64 * 88, 64 * 88, 88, 1) for name in ("q", "o")}
+    strides |= {name: (2 * 64 * 88, 64 * 88, 88, 1) for name in ("k", "v")}
+    (problem,) = declined(graph_builder(d=80, sq=64, skv=64, strides=strides))
     assert problem.path == "tensors.q.dims[3]"
-    assert "96" in problem.message
+    assert "head dim 80 is not supported" in problem.message
 
 
 @pytest.mark.parametrize("name", ["q", "k", "v", "o"])
@@ -351,21 +351,21 @@ def test_stride_beyond_what_a_tensor_map_holds_is_declined() -> None:
 def test_several_problems_are_reported_at_once() -> None:
     strides = {
         "k": (2 * 256 * 100, 256 * 100, 100, 1),  # s stride 100 is not a multiple of 8
-        "v": (2 * 256 * 96 * 2, 256 * 96 * 2, 96 * 2, 2),  # d stride 2
+        "v": (2 * 256 * 80 * 2, 256 * 80 * 2, 80 * 2, 2),  # d stride 2
     }
-    found = declined(graph_builder(d=96, strides=strides))
+    found = declined(graph_builder(d=80, strides=strides))
     assert [p.path for p in found] == ["tensors.q.dims[3]", "tensors.k.strides[2]", "tensors.v.strides[3]"]
-    assert "head dim 96" in found[0].message
+    assert "head dim 80" in found[0].message
     assert "stride 100 of dim s" in found[1].message
     assert "innermost" in found[2].message
 
 
 def test_declined_error_message_lists_every_path() -> None:
-    graph = validate(graph_builder(d=96, strides={"o": (8 * 200 * 100, 200 * 100, 100, 1)}).build())
+    graph = validate(graph_builder(d=80, strides={"o": (8 * 200 * 100, 200 * 100, 100, 1)}).build())
     with pytest.raises(DescriptionError) as e:
         resolve(graph)
     text = str(e.value)
-    assert "tensors.q.dims[3]: head dim 96" in text
+    assert "tensors.q.dims[3]: head dim 80" in text
     assert "tensors.o.strides[2]: stride 100" in text
 
 

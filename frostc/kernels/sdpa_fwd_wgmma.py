@@ -48,8 +48,9 @@ kernel sees them (element strides; the innermost head-dim stride is 1, checked a
   O    : (s_q, d)   at base + b * stride_b + (token offset) * stride_s + h_q * stride_h
   LSE  : (s_q,)     fp32, natural log of the row's sum of exp(score), optional, addressed alike
 
-Constraints: fp16 / bf16; head dim 64, 128 or 256 (static); rows of Q, K, V, O 16-byte
-aligned; any lengths (0 included for variable lengths).
+Constraints: fp16 / bf16; head dim 64, 96, 128 or 256 (static; e4m3 and a paged cache's keys:
+64, 128 or 256, whole 64-wide pieces); rows of Q, K, V, O 16-byte aligned; any lengths (0
+included for variable lengths).
 
 e4m3 (the `fp8` variants): Q, K and V in float8_e4m3fn with float32 descales (per
 tensor or per head: `Descales`), O in bf16 or fp16. 8-bit WGMMA reads both operands K-major, so
@@ -192,6 +193,11 @@ def tiles_for_head_dim(
         return WgmmaTiles(block_m=128, block_n=64, consumers=2, stages=2, o_buffer=False)
     if head_dim == 128:
         # 32 KiB Q + 32 KiB O + 2 stages of 64 KiB = 192 KiB
+        return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=2, o_buffer=True)
+    if head_dim == 96:
+        # Phi-3: d=128's tiles, 24 KiB Q + 24 KiB O + 2 stages of 48 KiB = 144 KiB. Rows of 192
+        # bytes (a multiple of 64, not of 128) take WGMMA's 64-byte swizzle in Q, K, V and O, so
+        # each row is loaded as three 32-wide TMA boxes
         return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=2, o_buffer=True)
     if not window_left:
         # d=64: a block's GEMMs are half as long as at d=128 for the same softmax work, so three
@@ -549,6 +555,10 @@ class SdpaForwardWgmma(Kernel):
             raise ValueError(f"{variant.name}: O in float32 is built for e4m3 at head dims {O_FLOAT32_HEAD_DIMS}")
         if variant.three_consumers and not self.fp8:
             raise ValueError(f"{variant.name}: three consumers are built for e4m3 (measured and tested there)")
+        if (self.fp8 or variant.page_size) and self.head_dim % D_CHUNK:
+            # e4m3's K-major rows and vt_pack's re-lay, and a page's 64-wide boxes, are built for
+            # whole 64-wide pieces of d
+            raise ValueError(f"{variant.name}: e4m3 and paged keys are built for head dims 64, 128 and 256")
 
     # ---------------------------------------------------------------- host side
     def prepare(self) -> None:
@@ -1054,9 +1064,12 @@ class SdpaForwardWgmma(Kernel):
 
     # ---------------------------------------------------------------- consumers
     def _row_copy(self):
-        """16-byte pieces along d, 128 threads spread over rows (the O store)."""
+        """16-byte pieces along d, 128 threads spread over rows (the O store): as many threads a
+        row as divide both its pieces and 128, so the (rows, threads a row) grid is all 128 and
+        every piece of a row is one thread's (d=96: 12 pieces, 4 threads of 3 each, 32 rows a
+        pass; 64, 128, 256: one piece a thread)."""
         elems = 128 // self.out_dtype.width
-        per_row = self.head_dim // elems
+        per_row = math.gcd(self.head_dim // elems, 128)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype, num_bits_per_copy=128)
         layout = cute.make_layout((128 // per_row, per_row), stride=(per_row, 1))
         return cute.make_tiled_copy_tv(atom, layout, cute.make_layout((1, elems)))

@@ -338,7 +338,7 @@ def _head_stride(slot) -> int:
 def _check_supported(node: KvAppend, ctx: ResolveContext) -> None:
     k = ctx.tensor(node.k)
     rows = "bhsd" if node.form == ROWS else "thd"
-    check_head_dim(node.head_dim, f"{k.path}.dims[{len(rows) - 1}]", ctx)
+    check_head_dim(node.head_dim, f"{k.path}.dims[{len(rows) - 1}]", ctx, where="by kv_append")
     for name, letters in ((node.k, rows), (node.v, rows), (node.k_cache, "pshd"), (node.v_cache, "pshd")):
         check_row_layout(ctx.tensor(name), letters, f'"{letters}"', ctx)
     if node.page_table is not None:

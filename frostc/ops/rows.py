@@ -11,7 +11,9 @@ from frostc.graph import Tensor
 from frostc.kernels.interface import BhsStrides
 from frostc.resolved import Slot
 
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 256)  # every kernel's: paged decode, mixed, kv_append, e4m3
+# the 16-bit forward kernel's (dense, padded and packed forms): also Phi-3's 96
+FORWARD_HEAD_DIMS = (64, 96, 128, 256)
 ROW_PIECE_BYTES = 16  # rows move in 16-byte pieces
 TMA_STRIDE_LIMIT = 1 << 40  # bytes: the largest global stride a tensor map can hold, exclusive
 INT32_MAX = (1 << 31) - 1
@@ -25,10 +27,17 @@ def bhs_strides(slot: Slot | None) -> BhsStrides:
     return BhsStrides(*slot.strides[:3])
 
 
-def check_head_dim(head_dim: int, path: str, ctx: ResolveContext) -> None:
-    if head_dim not in HEAD_DIMS:
-        supported = ", ".join(map(str, HEAD_DIMS))
-        ctx.problem(path, f"head dim {head_dim} is not supported yet; supported: {supported}")
+def check_head_dim(
+    head_dim: int, path: str, ctx: ResolveContext, supported: tuple[int, ...] = HEAD_DIMS, where: str = ""
+) -> None:
+    """A head dim the kernels are built for (`supported`); `where` names what refuses it, e.g.
+    "in the paged form". A head dim only the 16-bit forward kernel takes says so."""
+    if head_dim not in supported:
+        dims = ", ".join(map(str, supported))
+        message = f"head dim {head_dim} is not supported{' ' + where if where else ''} yet; supported: {dims}"
+        if head_dim in FORWARD_HEAD_DIMS:
+            message += f" (head dim {head_dim} only in the dense, padded and packed forms with bf16 or fp16 q, k, v)"
+        ctx.problem(path, message)
 
 
 def row_align_elems(dtype: str) -> int:

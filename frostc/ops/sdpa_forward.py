@@ -23,6 +23,7 @@ from frostc.kernels.sdpa_schedule import ScheduleArgs, ScheduleVariant, VMaps
 from frostc.kernels.sequence_maps import MAP_BYTES, packed_pitch
 from frostc.kernels.vt_pack import BatchedV, PackedV, VtPackArgs, VtPackVariant, relaid_pitch
 from frostc.ops.rows import (
+    FORWARD_HEAD_DIMS,
     HEAD_DIMS,
     INT32_MAX,
     check_head_dim,
@@ -164,7 +165,9 @@ def _variant(node: Sdpa, config: ForwardConfig, ctx: ResolveContext) -> SdpaFwdV
 
 def _check_supported(node: Sdpa, config: ForwardConfig, ctx: ResolveContext) -> None:
     q = ctx.tensor(node.q)
-    check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx)
+    # the 16-bit kernel takes 96 too; the e4m3 one (and vt_pack's re-lay) 64, 128 and 256
+    head_dims, where = (HEAD_DIMS, "with e4m3 q, k and v") if node.fp8 else (FORWARD_HEAD_DIMS, "")
+    check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx, head_dims, where)
     letters = _letters(node.form)
     layouts = '"thd"' if node.form == "packed" else '"bshd" or "bhsd"'
     # e4m3 V is read keys innermost: given so (dense, padded), or re-laid by the plan (packed; dense
@@ -214,7 +217,7 @@ def _check_supported(node: Sdpa, config: ForwardConfig, ctx: ResolveContext) -> 
         _check_padded_rows(node, ctx)
     if relaid:
         _check_relaid(node, ctx)
-    if node.head_dim in HEAD_DIMS:
+    if node.head_dim in head_dims:
         tiles = config.tiles
         count = tile_capacity(node, tiles.block_m)
         if count > MAX_GRID[0]:  # the attention launch's grid x

@@ -83,7 +83,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
 
 def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     q, k, v = ctx.tensor(node.q), ctx.tensor(node.k), ctx.tensor(node.v)
-    check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx)
+    check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx, where=f"in the {node.form} form")
     letters, layouts = ("thd", '"thd"') if node.form == "mixed" else ("bhsd", '"bshd" or "bhsd"')
     for name in (node.q, node.o):
         check_row_layout(ctx.tensor(name), letters, layouts, ctx)
