@@ -5,14 +5,15 @@
 
 Run it after every kernel change (README's development notes). The plans cover every tile walk
 (static persistent, per tile, paired, dynamic), every mask kind (causal top-left and
-bottom-right, left and two-sided windows, softcap), each head dim, the dense, padded and packed
-forms (with the scheduling kernel), paged decode split and unsplit (with the combine kernel),
-kv_append alone (its rows, packed and slots forms, each over a 16-bit and an e4m3 cache), the
-glue kernels and the FP8 kernel's variants (dense, padded and packed). Sizes are small, odd
-where it matters, and large enough that each walk is the one its rule picks. Inputs come from
-the GPU tests' buffers (tests/gpu/support.py, fp8_support.py, append_support.py): fresh random
-values, lengths drawn within each plan's contracts, outputs poisoned; each plan's result is also
-checked against float64 under the tool (an append's caches: bitwise against the spec).
+bottom-right, left and two-sided windows, softcap), each head dim (96: the `d96` group), the
+dense, padded and packed forms (with the scheduling kernel), paged decode split and unsplit
+(with the combine kernel), kv_append alone (its rows, packed and slots forms, each over a 16-bit
+and an e4m3 cache), the glue kernels and the FP8 kernel's variants (dense, padded and packed).
+Sizes are small, odd where it matters, and large enough that each walk is the one its rule
+picks. Inputs come from the GPU tests' buffers (tests/gpu/support.py, fp8_support.py,
+append_support.py): fresh random values, lengths drawn within each plan's contracts, outputs
+poisoned; each plan's result is also checked against float64 under the tool (an append's caches:
+bitwise against the spec).
 
 `run` starts one process per tool (`launch`), which runs every plan in turn and prints a marker
 line before and after each; the sanitizer's reports between two markers belong to that plan.
@@ -119,6 +120,12 @@ def targets() -> list[Target]:
           mixed=MixedCase("bf16", 6, 400, 160, 32, 4, 64, 16, 40, True, lse="th", window_left=127, sinks=True)),
         t("sinks-mixed-adaptive", "sinks, mixed form: decodes split adaptively (direct rows + the combine's sink)",
           mixed=MixedCase("bf16", 6, 200, 64, 32, 4, 64, 16, 320, True, lse="ht", window_left=2500, sinks=True)),
+        # head dim 96 (Phi-3): 64-byte swizzled tiles, the O store 4 threads a row
+        t("d96-dense-full", "d=96, static walk, GQA, LSE", _dense("bf16", 2, 8, 2, 300, 333, 96, False)),
+        t("d96-dense-dynamic-br", "d=96, bottom-right causal, softcap, dynamic walk, rows without keys",
+          _dense("fp16", 1, 8, 4, 2500, 2000, 96, True, "bhsd", alignment="bottom_right", softcap=50.0)),
+        t("d96-packed-window-sinks", "d=96, packed, causal, window, sinks", Case("bf16", 4, 8, 2, 500, 600, 96, True,
+          "thd", True, "packed", window_left=127, tokens_q=1100, tokens_kv=1300, sinks=True)),
         # paged decode
         t("decode-split", "kv_append + split-KV + combine",
           decode=DecodeCase("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd")),

@@ -47,7 +47,8 @@ def test_the_targets_cover_every_walk_form_and_paged_kernel(sanitize) -> None:
     for kind in ("static walk", "paired walk", "dynamic walk", "one CTA per tile", "schedule kernel", "packed",
                  "padded", "split-KV", "combine", "kv_append alone", "softcap", "window", "bottom-right"):  # fmt: skip
         assert kind in covers, kind
-    assert {t.sdpa.head_dim for t in targets if t.sdpa} == {64, 128, 256}
+    assert {t.sdpa.head_dim for t in targets if t.sdpa} == {64, 96, 128, 256}
+    assert len([t for t in targets if "d96" in t.label]) == 3  # the d96 group (--only d96)
 
 
 def test_a_log_is_read_into_counts_per_plan(sanitize) -> None:

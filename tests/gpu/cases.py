@@ -1,6 +1,6 @@
 """The GPU test matrix, as plain data (the GPU side imports this without frostc).
 
-Three sets:
+Three sets (and smaller ones: long tiles, the dynamic walk, sinks, head dim 96):
 - dense: every value of every factor the kernel supports is crossed with each (dtype, head dim,
   causal) variant and each sequence-length pair; the remaining factors (batch, heads, GQA
   ratio, layout, LSE) rotate through their values so that each meets each variant. The full
@@ -204,10 +204,40 @@ def sink_cases() -> list[Case]:
     ]
 
 
+def head_dim_96_cases() -> list[Case]:
+    """Head dim 96 (Phi-3; the 16-bit forward kernel's dense, padded and packed forms): each walk
+    (static, paired, dynamic, one CTA per tile), each mask kind, sinks and both variable-length
+    forms, in bf16 and fp16, on lengths that are not multiples of the 128-row tiles; rows of the
+    O store split 4 threads a row (`_row_copy`), so every O column is checked, rows without keys
+    included (bottom-right, more queries than keys)."""
+    d = 96
+    return [
+        Case("bf16", 2, 8, 8, 1000, 1000, d, False, "bshd", True),  # static walk
+        Case("fp16", 1, 16, 4, 1000, 1000, d, True, "bhsd", False),  # paired walk
+        Case("bf16", 1, 32, 32, 2000, 2000, d, True, "bshd", True),  # dynamic walk, Phi-3-mini's heads
+        Case("fp16", 1, 4, 1, 8200, 8200, d, True, "bshd", False),  # one CTA per tile, MQA
+        Case("bf16", 3, 8, 2, 17, 17, d, False, "bhsd", True),  # rows short of a tile
+        Case("fp16", 1, 8, 2, 129, 4000, d, False, "bshd", True),
+        Case("bf16", 2, 8, 2, 300, 1000, d, True, "bshd", True, "dense", "bottom_right"),
+        Case("fp16", 1, 8, 8, 1000, 300, d, True, "bhsd", True, "dense", "bottom_right"),  # rows without keys
+        Case("bf16", 2, 8, 2, 777, 777, d, True, "bshd", False, "dense", "top_left", 100),  # sliding window
+        Case("fp16", 1, 8, 4, 600, 600, d, False, "bhsd", True, "dense", "top_left", 60, 30),  # two-sided
+        Case("bf16", 1, 8, 2, 500, 1000, d, False, "bshd", True, "dense", softcap=30.0),
+        Case("fp16", 1, 8, 2, 300, 900, d, True, "bshd", True, "dense", "bottom_right", 200, None, 50.0),
+        Case("bf16", 2, 16, 2, 777, 777, d, True, "bshd", True, "dense", "top_left", 127, sinks=True),
+        Case("bf16", 5, 16, 4, 1100, 1000, d, True, "bshd", True, "padded", lengths="qkv"),
+        Case("fp16", 5, 16, 16, 1100, 1000, d, False, "bhsd", False, "padded", softcap=40.0, lengths="kv"),
+        Case("bf16", 7, 16, 4, 1100, 1000, d, True, "thd", True, "packed", "bottom_right", tokens_q=3001,
+             tokens_kv=2800),
+        Case("fp16", 7, 16, 1, 1100, 1000, d, False, "thd", True, "packed", "top_left", 60, 30, tokens_q=3001,
+             tokens_kv=2800, sinks=True),
+    ]  # fmt: skip
+
+
 def cases() -> list[Case]:
     return (
         dense_cases() + mask_cases() + varlen_cases() + long_tile_cases() + dynamic_walk_cases()
-        + visit_count_cases() + sink_cases()
+        + visit_count_cases() + sink_cases() + head_dim_96_cases()
     )  # fmt: skip
 
 
