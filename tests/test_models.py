@@ -301,6 +301,8 @@ def test_phi3_mini_is_read_with_its_head_dim_96_named_as_the_kernel_gap() -> Non
     assert (m.model_type, m.layers, m.heads, m.kv_heads, m.head_dim) == ("phi3", 32, 32, 32, 96)
     assert m.window_left == (2046,) * 32 and m.scale == 96**-0.5
     assert m.kernel_gap is not None and "head dim 96" in m.kernel_gap
+    # the 16-bit prefill forms take 96; serving also needs the paged decode or mixed plans
+    assert "paged decode and mixed forms" in m.kernel_gap and "dense, padded and packed" in m.kernel_gap
     phi4 = read_model(PHI4)
     assert (phi4.head_dim, phi4.kv_heads, phi4.window_left, phi4.kernel_gap) == (128, 10, (None,) * 40, None)
 
