@@ -2,6 +2,7 @@
 
     python bench/sdpa.py build                          # CPU machine: compile the plans into bench/.built
     python bench/sdpa.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
+    python bench/sdpa.py run --head-dims 96             # only the rows of these head dims
 
 Each row: bf16, BHSD, one (batch, heads, seq, head dim) shape, causal or not; frostc runs its
 serving path (`plan.bind` once, `bound.execute()`). Times are device times from CUDA-graph
@@ -46,11 +47,14 @@ def build() -> int:
     return 0
 
 
-def run(md=None, json_path=None) -> int:
+def run(md=None, json_path=None, head_dims: str | None = None) -> int:
     import frost_runtime
 
     rows = []
+    wanted = {int(d) for d in head_dims.split(",")} if head_dims else None
     for shape in SHAPES:
+        if wanted is not None and shape[3] not in wanted:
+            continue
         for causal in (False, True):
             rows.append(_measure(frost_runtime.load(common.BUILT / f"{plan_name(shape, causal)}.frost"), shape, causal))
             print(_row(rows[-1]), flush=True)
@@ -150,5 +154,12 @@ def _markdown(rows, machine: str) -> str:
     return "\n".join(lines)
 
 
+def main(argv=None) -> int:
+    parser, commands = common.command_line(__doc__)
+    common.add_outputs(commands["run"])
+    commands["run"].add_argument("--head-dims", metavar="D,D", help="only the shapes of these head dims (e.g. 96)")
+    return common.dispatch(parser, {"build": build, "run": run}, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(common.main(__doc__, build, run))
+    sys.exit(main())

@@ -148,6 +148,19 @@ def test_decodes_beside_chunks_apart_split_adaptively_within_the_grid_and_worksp
     assert not short[0].variant.split and len(short) == 3
 
 
+def test_a_bucket_wide_enough_to_fill_the_gpu_keeps_its_decodes_unsplit():
+    """A bucket of 256 sequences (1,024 CTAs a split over 4 KV heads: three waves of 132 SMs x 2)
+    is filled by steps of many sequences; forcing two splits there cost 8 % on 256 speculative
+    decodes (bench/NOTES.md), so its decodes run unsplit: no partials, no combine."""
+    wide = base(tokens=1024, max_pages=256)
+    wide["tensors"]["page_table"]["dims"] = [256, 256]
+    wide["tensors"]["cache_len"]["dims"] = [256]
+    wide["tensors"]["cu_q"]["dims"] = [257]
+    decodes, *rest = resolve(check(wide)).launches
+    assert decodes.variant.chunks_apart and not decodes.variant.split
+    assert decodes.grid == (1, HKV, 256) and not any("combine" in launch.variant.name for launch in rest)
+
+
 @pytest.mark.parametrize("splits", [1, 2, 3, 8])
 def test_a_sequences_adaptive_chunk_covers_its_keys_in_its_splits_and_one_split_iff_short(splits: int) -> None:
     """The attention kernel's key ranges [origin + s * chunk, + chunk) over s < splits cover the

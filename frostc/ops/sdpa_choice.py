@@ -127,8 +127,11 @@ MIN_CHUNK_KEYS, SHORT_CHUNK_KEYS = 2048, 512
 # split (a shorter sequence is one split, written directly: no partials, nothing to merge), and
 # as many splits as keep the grid within ADAPTIVE_CTAS (its CTAs past a sequence's keys exit at
 # once, but a 100k-CTA grid still cost ~60 us: bench/NOTES.md, mixed v2) and the partial results
-# (each split a float32 row block per sequence and KV head) within ADAPTIVE_WORKSPACE, but two
-# splits at least
+# (each split a float32 row block per sequence and KV head) within ADAPTIVE_WORKSPACE. No split
+# where the capacity's CTAs fill UNSPLIT_WAVES waves or the workspace holds fewer than two splits:
+# a bucket that wide is filled by steps of many sequences, which an unsplit grid keeps busy (256
+# speculative decodes over 2k-6k keys: 2 forced splits took 1,540 us against 1,420 unsplit,
+# bench/NOTES.md, adaptive splits)
 ADAPTIVE_MIN_CHUNK_KEYS, ADAPTIVE_CTAS, ADAPTIVE_WORKSPACE = 1024, 4096, 64 << 20
 
 
@@ -163,7 +166,10 @@ def choose_decode(
     blocks = -(-_keys_seen(node, tiles.block_n) // tiles.block_n)
     if chunks_apart:
         split_bytes = units * tiles.rows * (node.head_dim + 1) * 4  # a split's partial O and LSE
-        return _adaptive(tiles, units, blocks, max(2, ADAPTIVE_WORKSPACE // split_bytes))
+        most = ADAPTIVE_WORKSPACE // split_bytes
+        if units >= UNSPLIT_WAVES * slots or most < 2:
+            return DecodeConfig(tiles, False, 1, blocks * tiles.block_n)
+        return _adaptive(tiles, units, blocks, most)
     wanted = 1 if units >= UNSPLIT_WAVES * slots else -(-WAVES * slots // units)
     splits = max(1, min(wanted, blocks // (MIN_CHUNK_KEYS // tiles.block_n)))
     if 2 * units * splits < slots:  # long chunks leave most of the GPU idle: shorter ones
