@@ -9,14 +9,13 @@ from frost_runtime.dtypes import DTYPES
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.graph import Tensor
 from frostc.kernels.interface import BhsStrides
-from frostc.resolved import Slot
-
 from frostc.kernels.sdpa_fwd_wgmma import HEAD_DIM_PAIRS
+from frostc.resolved import Slot
 
 HEAD_DIMS = (64, 128, 256)  # every kernel's: paged decode, mixed, kv_append, e4m3
 # the 16-bit forward kernel's (dense, padded and packed forms): also Phi-3's 96
 FORWARD_HEAD_DIMS = (64, 96, 128, 256)
-# and there, q and k's head dim of a pair whose v and o have another (HEAD_DIM_PAIRS: DeepSeek's 192, 128)
+# there also q and k at one head dim with v and o at another, the pairs of HEAD_DIM_PAIRS (DeepSeek: 192, 128)
 ROW_PIECE_BYTES = 16  # rows move in 16-byte pieces
 TMA_STRIDE_LIMIT = 1 << 40  # bytes: the largest global stride a tensor map can hold, exclusive
 INT32_MAX = (1 << 31) - 1

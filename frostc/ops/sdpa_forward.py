@@ -28,8 +28,8 @@ from frostc.ops.rows import (
     INT32_MAX,
     check_head_dim,
     check_row_layout,
-    check_value_dim,
     check_tma_strides,
+    check_value_dim,
     check_whole_pieces,
     tma_stride,
 )

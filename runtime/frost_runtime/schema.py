@@ -230,9 +230,7 @@ _DESCALES = ("q_descale", "k_descale", "v_descale")  # e4m3 q, k and v
 _SCALES = ("k_scale", "v_scale")  # e4m3 caches
 
 
-def _sdpa(
-    sizes: tuple[str, ...], roles: tuple[str, ...], optional: tuple[str, ...], together=(_DESCALES,), more=()
-):
+def _sdpa(sizes: tuple[str, ...], roles: tuple[str, ...], optional: tuple[str, ...], together=(_DESCALES,), more=()):
     return NodeForm(sizes, roles, optional, ("attn_scale",), mask=True, together=together, optional_sizes=more)
 
 
@@ -830,7 +828,7 @@ def _check_nodes(plan: PlanData) -> None:
             if not forms:
                 raise PlanFormatError(f"{where}.op: {n.op!r} is not one of {sorted({op for op, _ in NODE_FORMS})}")
             raise PlanFormatError(f"{where}.form: {n.form!r} is not a form of op {n.op!r} (one of {forms})")
-        _check_names(n.sizes, form.sizes + form.optional_sizes, f"{where}.sizes", f"a size of a {n.op} node")
+        _check_names(n.sizes, form.sizes, f"{where}.sizes", f"a size of a {n.op} node", form.optional_sizes)
         for key, value in n.sizes.items():
             if not _int_in(value, 1, I64_MAX):
                 raise PlanFormatError(f"{where}.sizes.{key}: {value!r} is not an integer in [1, {I64_MAX}]")
@@ -853,9 +851,9 @@ def _check_nodes(plan: PlanData) -> None:
             raise PlanFormatError(f"nodes[{i}]: node {n.name!r} has no launch")
 
 
-def _check_names(found: dict, names: tuple[str, ...], where: str, what: str) -> None:
+def _check_names(found: dict, names: tuple[str, ...], where: str, what: str, optional: tuple[str, ...] = ()) -> None:
     for key in found:
-        if key not in names:
+        if key not in names and key not in optional:
             raise PlanFormatError(f"{where}.{str(key)[:80]}: not {what}")
     for key in names:
         if key not in found:
