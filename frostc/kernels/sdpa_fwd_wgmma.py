@@ -44,13 +44,15 @@ Tensor maps (Q, K, V) are kernel parameters; `tensor_maps` builds them, and the 
 same code on the CPU (`encode_tensor_maps`) so the plan holds each launch's maps. Modes as the
 kernel sees them (element strides; the innermost head-dim stride is 1, checked at build time):
   Q    : (s_q, d, h_q, b)    tensor map; variable lengths: (rows, d, h_q, wrap, start) ragged
-  K, V : (s_kv, d, h_kv, b)  tensor maps, likewise; head h_q reads h_q // group   (GQA / MQA)
-  O    : (s_q, d)   at base + b * stride_b + (token offset) * stride_s + h_q * stride_h
+  K, V : (s_kv, d, h_kv, b)  tensor maps, likewise (V: d_v); head h_q reads h_q // group   (GQA / MQA)
+  O    : (s_q, d_v) at base + b * stride_b + (token offset) * stride_s + h_q * stride_h
   LSE  : (s_q,)     fp32, natural log of the row's sum of exp(score), optional, addressed alike
 
 Constraints: fp16 / bf16; head dim 64, 96, 128 or 256 (static; e4m3 and a paged cache's keys:
-64, 128 or 256, whole 64-wide pieces); rows of Q, K, V, O 16-byte aligned; any lengths (0
-included for variable lengths).
+64, 128 or 256, whole 64-wide pieces), or Q and K at one head dim with V and O at another
+(`head_dim_v`: the pairs of HEAD_DIM_PAIRS, 16-bit, K and V as tensors; V's map, the P V GEMM, O's
+staging, store and strides take V's); rows of Q, K, V, O 16-byte aligned; any lengths (0 included
+for variable lengths).
 
 e4m3 (the `fp8` variants): Q, K and V in float8_e4m3fn with float32 descales (per
 tensor or per head: `Descales`), O in bf16 or fp16. 8-bit WGMMA reads both operands K-major, so
