@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import common
-from sdpa import SHAPES, plan_name
+from sdpa import SHAPES, dims, plan_name
 
 
 def main() -> int:
@@ -58,9 +58,10 @@ def _measure(name: str, shape, causal: bool, labels: list[str], dirs: list[Path]
     import frost_runtime
     import torch
 
-    b, h, s, d = shape
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    outs = {x: torch.full_like(q, float("nan")) for x in labels}
+    b, h, s, d, dv = dims(shape)
+    q, k = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(b, h, s, dv, device="cuda", dtype=torch.bfloat16)
+    outs = {x: torch.full_like(v, float("nan")) for x in labels}
     plans = {x: frost_runtime.load(dir_ / f"{name}.frost") for x, dir_ in zip(labels, dirs)}
     bound = {x: plans[x].bind(q, k, v, outs[x], workspace=plans[x].allocate_workspace()) for x in labels}
     for x in labels:
@@ -81,7 +82,7 @@ def _measure(name: str, shape, causal: bool, labels: list[str], dirs: list[Path]
     times = common.alternating(calls, rounds)
     torch.cuda.synchronize()
     check(" after the timed calls")  # every call must be right, not only the first
-    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    flops = 2 * b * h * s * s * (d + dv) / (2 if causal else 1)
     return {x: flops / (times[x] * 1e-3) / 1e12 for x in labels}, err
 
 

@@ -5,7 +5,7 @@
 
 Run it after every kernel change (README's development notes). The plans cover every tile walk
 (static persistent, per tile, paired, dynamic), every mask kind (causal top-left and
-bottom-right, left and two-sided windows, softcap), each head dim (96: the `d96` group), the
+bottom-right, left and two-sided windows, softcap), each head dim (96: the `d96` group; q/k 192 with v 128: `d192`), the
 dense, padded and packed forms (with the scheduling kernel), paged decode split and unsplit
 (with the combine kernel), kv_append alone (its rows, packed and slots forms, each over a 16-bit
 and an e4m3 cache), the glue kernels and the FP8 kernel's variants (dense, padded and packed).
@@ -126,6 +126,14 @@ def targets() -> list[Target]:
           _dense("fp16", 1, 8, 4, 2500, 2000, 96, True, "bhsd", alignment="bottom_right", softcap=50.0)),
         t("d96-packed-window-sinks", "d=96, packed, causal, window, sinks", Case("bf16", 4, 8, 2, 500, 600, 96, True,
           "thd", True, "packed", window_left=127, tokens_q=1100, tokens_kv=1300, sinks=True)),
+        # q/k head dim 192 with v 128 (DeepSeek's prefill): O staged in each consumer's part of Q's buffer
+        t("d192-dense-full", "d=192/128, static walk, GQA, LSE",
+          _dense("bf16", 2, 8, 2, 300, 333, 192, False, head_dim_v=128)),
+        t("d192-dense-dynamic-br", "d=192/128, bottom-right causal, softcap, dynamic walk, rows without keys",
+          _dense("fp16", 1, 8, 4, 2500, 2000, 192, True, "bhsd", alignment="bottom_right", softcap=50.0,
+                 head_dim_v=128)),
+        t("d192-packed-window-sinks", "d=192/128, packed, causal, window, sinks", Case("bf16", 4, 8, 2, 500, 600, 192,
+          True, "thd", True, "packed", window_left=127, tokens_q=1100, tokens_kv=1300, sinks=True, head_dim_v=128)),
         # paged decode
         t("decode-split", "kv_append + split-KV + combine",
           decode=DecodeCase("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd")),

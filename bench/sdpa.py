@@ -2,13 +2,15 @@
 
     python bench/sdpa.py build                          # CPU machine: compile the plans into bench/.built
     python bench/sdpa.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
-    python bench/sdpa.py run --head-dims 96             # only the rows of these head dims
+    python bench/sdpa.py run --head-dims 96             # only the rows of these head dims (q's and k's)
 
-Each row: bf16, BHSD, one (batch, heads, seq, head dim) shape, causal or not; frostc runs its
+Each row: bf16, BHSD, one (batch, heads, seq, head dim) shape, causal or not (a fifth dim: v's
+and o's head dim where it is not q's and k's, DeepSeek's 192 / 128); frostc runs its
 serving path (`plan.bind` once, `bound.execute()`). Times are device times from CUDA-graph
 replays in the power-capped steady state (bench/common.py's `time_ms`), so no contestant's host
 overhead is counted; each contestant is measured ROUNDS times in rotated order and its median
-reported (`alternating`); TFLOP/s counts 4*b*h*s*s*d matmul FLOPs (half of that when causal).
+reported (`alternating`); TFLOP/s counts 4*b*h*s*s*d matmul FLOPs (half of that when causal; d is
+(d_qk + d_v) / 2 where they differ). torch's flash backend takes one head dim: "-" where they differ.
 frostc's output is checked against the cuDNN backend's on every timed shape before its time is
 reported.
 """
@@ -31,19 +33,29 @@ SHAPES = [
     (2, 16, 4096, 256),
     (2, 32, 4096, 96),  # Phi-3-mini's heads (32, MHA) at head dim 96
     (1, 32, 16384, 96),
+    (2, 16, 4096, 192, 128),  # DeepSeek-V3's prefill (q/k 192, v 128), its 128 heads over 8 GPUs
+    (1, 16, 16384, 192, 128),
 ]
 
 
+def dims(shape) -> tuple[int, int, int, int, int]:
+    """(b, h, s, d, d_v) of a shape: d_v, v's and o's head dim, is d unless given fifth."""
+    b, h, s, d, *value = shape
+    return b, h, s, d, value[0] if value else d
+
+
 def plan_name(shape, causal: bool) -> str:
-    b, h, s, d = shape
-    return f"b{b}-h{h}-s{s}-d{d}-{'causal' if causal else 'full'}"
+    b, h, s, d, dv = dims(shape)
+    return f"b{b}-h{h}-s{s}-d{d}{f'v{dv}' if dv != d else ''}-{'causal' if causal else 'full'}"
 
 
 def build() -> int:
     for shape in SHAPES:
+        b, h, s, d, dv = dims(shape)
         for causal in (False, True):
             name = plan_name(shape, causal)
-            common.write_plan(common.BUILT / f"{name}.frost", common.dense_description(name, shape, causal))
+            desc = common.dense_description(name, (b, h, s, d), causal, dv)
+            common.write_plan(common.BUILT / f"{name}.frost", desc)
     return 0
 
 
@@ -53,7 +65,7 @@ def run(md=None, json_path=None, head_dims: str | None = None) -> int:
     rows = []
     wanted = {int(d) for d in head_dims.split(",")} if head_dims else None
     for shape in SHAPES:
-        if wanted is not None and shape[3] not in wanted:
+        if wanted is not None and shape[3] not in wanted:  # q's and k's head dim
             continue
         for causal in (False, True):
             rows.append(_measure(frost_runtime.load(common.BUILT / f"{plan_name(shape, causal)}.frost"), shape, causal))
@@ -68,10 +80,11 @@ def _measure(plan, shape, causal: bool) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    b, h, s, d = shape
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    o = torch.empty_like(q)
-    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    b, h, s, d, dv = dims(shape)
+    q, k = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(b, h, s, dv, device="cuda", dtype=torch.bfloat16)
+    o = torch.empty_like(v)
+    flops = 2 * b * h * s * s * (d + dv) / (2 if causal else 1)
 
     def torch_sdpa(backend):
         def call():
@@ -88,11 +101,9 @@ def _measure(plan, shape, causal: bool) -> dict:
     err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
     if not err < 2e-2:
         raise SystemExit(f"{plan_name(shape, causal)}: frostc differs from cuDNN (relative error {err:.2e})")
-    contestants = {
-        "frostc": bound.execute,
-        "cudnn": torch_sdpa(SDPBackend.CUDNN_ATTENTION),
-        "flash": torch_sdpa(SDPBackend.FLASH_ATTENTION),
-    }
+    contestants = {"frostc": bound.execute, "cudnn": torch_sdpa(SDPBackend.CUDNN_ATTENTION)}
+    if dv == d:  # torch's flash backend takes one head dim for q, k and v
+        contestants["flash"] = torch_sdpa(SDPBackend.FLASH_ATTENTION)
     fa4 = _fa4()
     if fa4 is not None:  # FlashAttention-4 takes (b, s, h, d)
         qb, kb, vb = (x.transpose(1, 2).contiguous() for x in (q, k, v))
@@ -114,9 +125,10 @@ def _fa4():
 def _row(r) -> str:
     t = r["tflops"]
     fa4 = f"  fa4 {t['fa4']:6.1f}" if "fa4" in t else ""
+    flash = f"{t['flash']:6.1f}" if "flash" in t else "     -"
     return (
         f"{str(r['shape']):22} {'causal' if r['causal'] else 'full':6} frostc {t['frostc']:6.1f}  "
-        f"cudnn {t['cudnn']:6.1f}  flash {t['flash']:6.1f}{fa4}  ratio {t['frostc'] / t['cudnn']:.2f}"
+        f"cudnn {t['cudnn']:6.1f}  flash {flash}{fa4}  ratio {t['frostc'] / t['cudnn']:.2f}"
     )
 
 
@@ -140,9 +152,10 @@ def _markdown(rows, machine: str) -> str:
             fa4_ratios.append(t["frostc"] / t["fa4"])
             best_ratios.append(t["frostc"] / max(t["fa4"], t["cudnn"]))
             fa4_cells = f" {t['fa4']:.1f} | {fa4_ratios[-1]:.2f} | {best_ratios[-1]:.2f} |"
+        flash = f"{t['flash']:.1f}" if "flash" in t else "-"
         lines.append(
             f"| {', '.join(map(str, r['shape']))} | {'yes' if r['causal'] else 'no'} | {t['frostc']:.1f} | "
-            f"{t['cudnn']:.1f} | {t['flash']:.1f} | {ratios[-1]:.2f} |{fa4_cells} {r['rel_err']:.1e} |"
+            f"{t['cudnn']:.1f} | {flash} | {ratios[-1]:.2f} |{fa4_cells} {r['rel_err']:.1e} |"
         )
     lines += ["", f"Geometric mean frostc / cuDNN: {statistics.geometric_mean(ratios):.2f}"]
     if have_fa4:

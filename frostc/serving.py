@@ -335,6 +335,8 @@ class LayerKind:
     scale: float
     sinks: bool  # each layer binds its own `sinks` (float32, one logit per query head on this rank)
     gap: str | None = None  # what frostc's kernels cannot compute of it yet (ModelAttention.kernel_gap)
+    prefill_gap: str | None = None  # what of it its prefill plans lack (ModelAttention.prefill_gap)
+    head_dim_v: int = 0  # v's and o's head dim where it is not head_dim (DeepSeek's prefill: 128), else 0
 
     @property
     def name(self) -> str:
@@ -350,8 +352,8 @@ def layer_kinds(model: ModelAttention, dep: Deployment) -> tuple[LayerKind, ...]
         window = window if window is not None and window < dep.max_cache_len - 1 else None
         attention = (heads, kv_heads, model.head_dim, dep.dtype, window, model.softcap, model.scale, model.sinks)
         by_attention.setdefault(attention, []).append(layer)
-    gap = model.kernel_gap
-    return tuple(LayerKind(i, tuple(layers), *a, gap) for i, (a, layers) in enumerate(by_attention.items()))
+    gaps = dict(gap=model.kernel_gap, prefill_gap=model.prefill_gap, head_dim_v=model.value_dim_apart)
+    return tuple(LayerKind(i, tuple(layers), *a, **gaps) for i, (a, layers) in enumerate(by_attention.items()))
 
 
 def dropped_windows(model: ModelAttention, dep: Deployment) -> str | None:
@@ -385,11 +387,12 @@ def plan_list(kinds: tuple[LayerKind, ...], dep: Deployment) -> tuple[PlanEntry,
     if dep.vllm is not None:
         return vllm_entries(kinds, dep)
     plans = [
-        PlanEntry(key, kind.index, phase, batch, _DESCRIBE[phase](key, kind, dep, batch), kind.gap)
+        PlanEntry(key, kind.index, phase, batch, _DESCRIBE[phase](key, kind, dep, batch), why)
         for kind in kinds
         for phase in ("prefill", "decode")
         for batch in dep.batch_sizes
         for key in [f"{kind.name}-{phase}-b{batch}"]
+        for why in [kind.prefill_gap if phase == "prefill" else kind.gap]
     ]
     if dep.cb is not None:
         plans += mixed_entries(kinds, dep)
@@ -525,8 +528,11 @@ def prefill_description(name: str, kind: LayerKind, dep: Deployment, batch: int)
     # a sequence may also hold the next prompt's left padding as trailing rows (frost_runtime.hf
     # reads HF's left-padded batch in place so): up to 2 * max_cache_len - 1 tokens
     tokens, longest = dep.max_prompt_tokens, min(dep.max_prompt_tokens, 2 * dep.max_cache_len - 1)
-    for tensor, heads in (("q", kind.heads), ("k", kind.kv_heads), ("v", kind.kv_heads), ("o", kind.heads)):
-        g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, kind.head_dim])
+    value_dim = kind.head_dim_v or kind.head_dim  # v's and o's
+    rows = (("q", kind.heads, kind.head_dim), ("k", kind.kv_heads, kind.head_dim), ("v", kind.kv_heads, value_dim),
+            ("o", kind.heads, value_dim))  # fmt: skip
+    for tensor, heads, d in rows:
+        g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, d])
     g.tensor("cu_seqlens", dtype="int32", dims=[batch + 1])
     capacity = longest if longest < tokens else None
     g.sdpa(

@@ -328,6 +328,28 @@ def test_deepseek_v3_is_mla_192_over_128_with_yarns_scale() -> None:
         assert named in m.kernel_gap
     plain = {k: v for k, v in DEEPSEEK_V3.items() if k != "rope_scaling"}
     assert math.isclose(read_model(plain).scale, 192**-0.5)
+    assert m.prefill_gap is None  # the 16-bit forward kernel takes (192, 128)
+
+
+def test_deepseek_v3_plans_its_prefill_and_names_its_decode_gap() -> None:
+    """from-config: the packed prefill plans (q/k 192, v/o 128, yarn's scale) validate and resolve;
+    the decode plans stay unsupported, naming the pair's paged forms and MLA's latent decode."""
+    from frostc.serving import check_entry, deployment, layer_kinds, plan_list
+
+    model = read_model(DEEPSEEK_V3)
+    dep = deployment(model, batch_sizes=(1, 8), max_cache_len=4096, tp=8)
+    (kind,) = layer_kinds(model, dep)
+    assert (kind.heads, kind.kv_heads, kind.head_dim, kind.head_dim_v) == (16, 16, 192, 128)
+    entries = plan_list((kind,), dep)
+    prefill = [e for e in entries if e.phase == "prefill"]
+    assert prefill and all(e.unsupported is None and check_entry(e) == () for e in prefill)
+    dims = {t.name: list(t.dims) for t in prefill[0].description.tensors}
+    assert (dims["q"][-1], dims["k"][-1], dims["v"][-1], dims["o"][-1]) == (192, 192, 128, 128)
+    (node,) = prefill[0].description.nodes
+    assert math.isclose(node.get("attn_scale"), model.scale)
+    for e in entries:
+        if e.phase != "prefill":
+            assert "576-wide latent K" in e.unsupported and "value head dim 128" in e.unsupported, e.key
 
 
 def test_from_config_lists_a_gap_family_plan_by_plan_and_builds_none(tmp_path) -> None:

@@ -47,8 +47,10 @@ def test_the_targets_cover_every_walk_form_and_paged_kernel(sanitize) -> None:
     for kind in ("static walk", "paired walk", "dynamic walk", "one CTA per tile", "schedule kernel", "packed",
                  "padded", "split-KV", "combine", "kv_append alone", "softcap", "window", "bottom-right"):  # fmt: skip
         assert kind in covers, kind
-    assert {t.sdpa.head_dim for t in targets if t.sdpa} == {64, 96, 128, 256}
+    assert {t.sdpa.head_dim for t in targets if t.sdpa} == {64, 96, 128, 192, 256}
     assert len([t for t in targets if "d96" in t.label]) == 3  # the d96 group (--only d96)
+    d192 = [t for t in targets if "d192" in t.label]  # the d192 group (--only d192)
+    assert len(d192) == 3 and {(t.sdpa.head_dim, t.sdpa.head_dim_v) for t in d192} == {(192, 128)}
 
 
 def test_a_log_is_read_into_counts_per_plan(sanitize) -> None:

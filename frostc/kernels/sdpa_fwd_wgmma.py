@@ -44,13 +44,15 @@ Tensor maps (Q, K, V) are kernel parameters; `tensor_maps` builds them, and the 
 same code on the CPU (`encode_tensor_maps`) so the plan holds each launch's maps. Modes as the
 kernel sees them (element strides; the innermost head-dim stride is 1, checked at build time):
   Q    : (s_q, d, h_q, b)    tensor map; variable lengths: (rows, d, h_q, wrap, start) ragged
-  K, V : (s_kv, d, h_kv, b)  tensor maps, likewise; head h_q reads h_q // group   (GQA / MQA)
-  O    : (s_q, d)   at base + b * stride_b + (token offset) * stride_s + h_q * stride_h
+  K, V : (s_kv, d, h_kv, b)  tensor maps, likewise (V: d_v); head h_q reads h_q // group   (GQA / MQA)
+  O    : (s_q, d_v) at base + b * stride_b + (token offset) * stride_s + h_q * stride_h
   LSE  : (s_q,)     fp32, natural log of the row's sum of exp(score), optional, addressed alike
 
 Constraints: fp16 / bf16; head dim 64, 96, 128 or 256 (static; e4m3 and a paged cache's keys:
-64, 128 or 256, whole 64-wide pieces); rows of Q, K, V, O 16-byte aligned; any lengths (0
-included for variable lengths).
+64, 128 or 256, whole 64-wide pieces), or Q and K at one head dim with V and O at another
+(`head_dim_v`: the pairs of HEAD_DIM_PAIRS, 16-bit, K and V as tensors; V's map, the P V GEMM, O's
+staging, store and strides take V's); rows of Q, K, V, O 16-byte aligned; any lengths (0 included
+for variable lengths).
 
 e4m3 (the `fp8` variants): Q, K and V in float8_e4m3fn with float32 descales (per
 tensor or per head: `Descales`), O in bf16 or fp16. 8-bit WGMMA reads both operands K-major, so
@@ -125,6 +127,8 @@ PROMOTE_BLOCKS = 4
 O_FLOAT32_HEAD_DIMS = (128,)  # the fast tail's (`_fast_tail_one_branch`), where the promotion lives
 # e4m3 head dims whose variants may take three consumer warpgroups of 64 rows (`three_consumers`)
 THREE_CONSUMER_HEAD_DIMS = (128,)
+# (Q and K's head dim, V and O's) where they differ, 16-bit only: DeepSeek-V2/V3's prefill (MLA)
+HEAD_DIM_PAIRS = ((192, 128),)
 
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
 # producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
@@ -182,12 +186,18 @@ class WgmmaTiles:
 
 
 def tiles_for_head_dim(
-    head_dim: int, window_left: bool, fp8: bool = False, three_consumers: bool = False
+    head_dim: int, window_left: bool, fp8: bool = False, three_consumers: bool = False, head_dim_v: int = 0
 ) -> WgmmaTiles:
     """Shared memory decides (227 KiB): Q and O buffers are 128·d, a ring stage 2·block_n·d
-    two-byte elements. bench/NOTES.md has the measurements behind each choice."""
+    two-byte elements (`head_dim_v`: V's and O's d where it is not Q's and K's, else 0).
+    bench/NOTES.md has the measurements behind each choice."""
     if fp8:
         return _fp8_tiles(head_dim, window_left, three_consumers)
+    if (head_dim, head_dim_v) == (192, 128):
+        # DeepSeek's prefill (MLA, d_qk 192, d_v 128): 48 KiB Q + 2 stages of 48 KiB K and 32 KiB V
+        # = 208 KiB; an own O buffer (32 KiB) would not fit beside them, so each consumer stages
+        # its 64 x 128 O in its own 64 x 192 part of Q's buffer (`_smem_layout_o`), as d=256 does
+        return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=2, o_buffer=False)
     if head_dim == 256:
         # 64 KiB Q + 2 stages of 2·32 KiB: O must go through Q's buffer
         return WgmmaTiles(block_m=128, block_n=64, consumers=2, stages=2, o_buffer=False)
@@ -405,6 +415,9 @@ class SdpaFwdVariant(Variant):
     page_size: int = 0
     # a per-head sink logit in every row's softmax denominator (`SdpaForwardArgs.sinks`)
     sinks: bool = False
+    # V's and O's head dim where it differs from Q's and K's (`head_dim`; DeepSeek's MLA prefill:
+    # 192 and 128, HEAD_DIM_PAIRS); 0: the same
+    head_dim_v: int = 0
 
     @property
     def v_in_p_order(self) -> bool:
@@ -413,7 +426,7 @@ class SdpaFwdVariant(Variant):
     @property
     def name(self) -> str:
         name = f"sdpa_fwd_wgmma.{self.dtype}" + (f".o_{self.out_dtype}" if self.out_dtype else "")
-        name += f".d{self.head_dim}.{self.mask.label}"
+        name += f".d{self.head_dim}" + (f"v{self.head_dim_v}" if self.head_dim_v else "") + f".{self.mask.label}"
         name += (".varlen" if self.varlen else "") + (f".{self.walk}" if self.walk != "static" else "")
         name += ".visits" if self.count_visits else ""
         name += ".vpack" if self.v_layout == "packed" else ""
@@ -423,6 +436,11 @@ class SdpaFwdVariant(Variant):
         name += f".paged_p{self.page_size}" if self.page_size else ""
         name += ".sinks" if self.sinks else ""
         return name + (".lse" if self.has_lse else "")
+
+    @property
+    def value_dim(self) -> int:
+        """V's and O's head dim."""
+        return self.head_dim_v or self.head_dim
 
     @property
     def fp8(self) -> bool:
@@ -435,7 +453,7 @@ class SdpaFwdVariant(Variant):
 
     @property
     def tile_shape(self) -> WgmmaTiles:
-        tiles = tiles_for_head_dim(self.head_dim, self.mask.left, self.fp8, self.three_consumers)
+        tiles = tiles_for_head_dim(self.head_dim, self.mask.left, self.fp8, self.three_consumers, self.head_dim_v)
         if self.fp8 and not self.v_in_p_order:
             tiles = replace(tiles, v_reorder=reorders_v(self.head_dim, self.mask.right))
         if self.walk == "per_tile":
@@ -541,7 +559,8 @@ class SdpaForwardWgmma(Kernel):
         self.dtype = dsl_dtype(variant.dtype)
         self.out_dtype = dsl_dtype(variant.o_dtype)
         self.fp8 = variant.fp8
-        self.head_dim = variant.head_dim
+        self.head_dim = variant.head_dim  # Q's and K's
+        self.head_dim_v = variant.value_dim  # V's and O's
         self.mask_flags = variant.mask
         self.has_lse = variant.has_lse
         self.varlen = variant.varlen
@@ -559,6 +578,11 @@ class SdpaForwardWgmma(Kernel):
             # e4m3's K-major rows and vt_pack's re-lay, and a page's 64-wide boxes, are built for
             # whole 64-wide pieces of d
             raise ValueError(f"{variant.name}: e4m3 and paged keys are built for head dims 64, 128 and 256")
+        if variant.head_dim_v and (
+            (self.head_dim, variant.head_dim_v) not in HEAD_DIM_PAIRS or self.fp8 or variant.page_size
+        ):
+            pairs = ", ".join(map(str, HEAD_DIM_PAIRS))
+            raise ValueError(f"{variant.name}: a V head dim apart from Q's is built for 16-bit tensors at {pairs}")
 
     # ---------------------------------------------------------------- host side
     def prepare(self) -> None:
@@ -572,7 +596,7 @@ class SdpaForwardWgmma(Kernel):
         lengths; V is viewed d-major to match its shared-memory tile. The build also runs this
         on the CPU to write each launch's tensor maps into the plan."""
         t = self.tiles
-        d = self.head_dim
+        d, d_v = self.head_dim, self.head_dim_v
         wg_m = t.block_m // t.consumers
         shape = args.shape
         batch, heads_q, seq_q, seq_kv, group = shape.batch, shape.heads_q, shape.seq_q, shape.seq_kv, shape.group
@@ -596,7 +620,7 @@ class SdpaForwardWgmma(Kernel):
                 gV = cute.make_tensor(v, cute.make_layout((d, wrap, heads_kv), stride=(v_ss, 1, v_sh)))
             else:
                 gV = cute.make_tensor(
-                    v, cute.make_layout((d, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
+                    v, cute.make_layout((d_v, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
                 )
         else:
             gQ = cute.make_tensor(q, cute.make_layout((seq_q, d, heads_q, batch), stride=(q_ss, 1, q_sh, q_sb)))
@@ -606,7 +630,9 @@ class SdpaForwardWgmma(Kernel):
             v_keys = seq_kv
             if cutlass.const_expr(self.variant.v_in_p_order):
                 v_keys = (seq_kv + 15) // 16 * 16  # `v_in_p_order`: whole 16-key groups
-            gV = cute.make_tensor(v, cute.make_layout((d, v_keys, heads_kv, batch), stride=(v_sd, v_skey, v_sh, v_sb)))
+            gV = cute.make_tensor(
+                v, cute.make_layout((d_v, v_keys, heads_kv, batch), stride=(v_sd, v_skey, v_sh, v_sb))
+            )
         sQ, sK, sV = self._smem_layouts()
         op = cpasync.CopyBulkTensorTileG2SOp()
         q_info = cpasync.make_tiled_tma_atom(op, gQ, cute.select(sQ, mode=[0, 1]), (wg_m, d))
@@ -617,7 +643,7 @@ class SdpaForwardWgmma(Kernel):
             v_info = cpasync.make_tiled_tma_atom(op, gV, v_box, (D_CHUNK, self.box_rows))
         else:
             k_info = cpasync.make_tiled_tma_atom(op, gK, cute.select(sK, mode=[0, 1]), (t.block_n, d))
-            v_info = cpasync.make_tiled_tma_atom(op, gV, cute.select(sV, mode=[0, 1]), (d, t.block_n))
+            v_info = cpasync.make_tiled_tma_atom(op, gV, cute.select(sV, mode=[0, 1]), (d_v, t.block_n))
         return {"q": TmaTensor(*q_info), "k": TmaTensor(*k_info), "v": TmaTensor(*v_info)}
 
     def _shared_storage(self):
@@ -630,7 +656,7 @@ class SdpaForwardWgmma(Kernel):
         dynamic = self.variant.walk == "dynamic"
         v_reorder = self.tiles.v_reorder
         promotes = self._promotes()
-        total_half = t.block_m * self.head_dim // 2  # float32: half of each thread's O; the other half is sO's
+        total_half = t.block_m * self.head_dim_v // 2  # float32: half of each thread's O; the other half is sO's
 
         @cute.struct
         class SharedStorage:
@@ -668,7 +694,7 @@ class SdpaForwardWgmma(Kernel):
             k_major if self.fp8 else mn_major,
             cutlass.Float32,
             (1, 1, 1),
-            (wg_m, self.head_dim),
+            (wg_m, self.head_dim_v),
             warpgroup.OperandSource.RMEM,
         )
         return qk, pv
@@ -681,7 +707,7 @@ class SdpaForwardWgmma(Kernel):
         sQ = sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (wg_m, t.block_n, self.head_dim), self.dtype, t.consumers)
         sK = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (wg_m, t.block_n, self.head_dim), self.dtype, t.stages)
         v_major = LayoutEnum.ROW_MAJOR if self.fp8 else LayoutEnum.COL_MAJOR
-        sV = sm90.make_smem_layout_b(v_major, (wg_m, self.head_dim, t.block_n), self.dtype, t.stages)
+        sV = sm90.make_smem_layout_b(v_major, (wg_m, self.head_dim_v, t.block_n), self.dtype, t.stages)
         return sQ, sK, sV
 
     def _box_layouts(self):
@@ -695,11 +721,19 @@ class SdpaForwardWgmma(Kernel):
         return cute.select(k_box, mode=[0, 1]), cute.select(v_box, mode=[0, 1])
 
     def _smem_layout_o(self):
-        """O's staging buffer (rows, d, consumer) in O's dtype: Q's layout when they share it."""
+        """O's staging buffer (rows, d_v, consumer) in O's dtype. Without a buffer of its own O
+        goes through Q's: the same layout where d_v is d, else each consumer's O in its own part
+        of Q's buffer (a 64 x d_v tile in WGMMA's swizzle at the start of the consumer's 64 x d),
+        so that no consumer writes where another's Q is still read."""
         t = self.tiles
         wg_m = t.block_m // t.consumers
-        shape = (wg_m, t.block_n, self.head_dim)
-        return sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, shape, self.out_dtype, t.consumers)
+        shape = (wg_m, t.block_n, self.head_dim_v)
+        if t.o_buffer or self.head_dim_v == self.head_dim:
+            return sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, shape, self.out_dtype, t.consumers)
+        one = sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, shape, self.out_dtype, 1)
+        q_part = wg_m * self.head_dim  # elements of one consumer's Q (a multiple of the swizzle's span)
+        outer = cute.append(cute.select(one.outer, mode=[0, 1]), cute.make_layout(t.consumers, stride=q_part))
+        return cute.make_composed_layout(one.inner, 0, outer)
 
     def _pipelines(self, storage):
         """Q: one stage; K and V: `stages` each. "full" is armed by the producer thread with the
@@ -710,20 +744,20 @@ class SdpaForwardWgmma(Kernel):
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * t.consumers)
         elem = self.dtype.width // 8
 
-        def make(bars, stages, rows):
+        def make(bars, stages, elems):
             return pipeline.PipelineTmaAsync.create(
                 barrier_storage=bars.data_ptr(),
                 num_stages=stages,
                 producer_group=producer,
                 consumer_group=consumers,
-                tx_count=rows * self.head_dim * elem,
+                tx_count=elems * elem,
                 defer_sync=True,
             )
 
         return (
-            make(storage.q_bars, 1, t.block_m),
-            make(storage.k_bars, t.stages, t.block_n),
-            make(storage.v_bars, t.stages, t.block_n),
+            make(storage.q_bars, 1, t.block_m * self.head_dim),
+            make(storage.k_bars, t.stages, t.block_n * self.head_dim),
+            make(storage.v_bars, t.stages, t.block_n * self.head_dim_v),
         )
 
     # ---------------------------------------------------------------- device side
@@ -767,6 +801,9 @@ class SdpaForwardWgmma(Kernel):
         if cutlass.const_expr(self.tiles.o_buffer):
             sO_layout = self._smem_layout_o()
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        elif cutlass.const_expr(self.head_dim_v != self.head_dim):
+            sO_layout = self._smem_layout_o()  # each consumer's O in its own part of Q's buffer
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         self._totals = None
         if cutlass.const_expr(self._promotes()):
             # O's float32 totals: each thread's first half in sO's bytes (its consumer's, free
@@ -782,8 +819,9 @@ class SdpaForwardWgmma(Kernel):
         else:
             section = cutlass.Int32(0)
             if cutlass.const_expr(self.tiles.l2_sections):
-                # K and V bytes per query head: seq_kv · d · 2 (K and V) · element bytes, shared by the group
-                pair_bytes = cutlass.Int64(seq_kv) * (2 * (self.dtype.width // 8) * self.head_dim) // group
+                # K and V bytes per query head: seq_kv · (d + d_v) · element bytes, shared by the group
+                kv_row = (self.dtype.width // 8) * (self.head_dim + self.head_dim_v)
+                pair_bytes = cutlass.Int64(seq_kv) * kv_row // group
                 fit = cutlass.Int32(cutlass.max(cutlass.Int64(L2_SECTION_BYTES) // cutlass.max(pair_bytes, 1), 1))
                 section = cutlass.min(fit, heads_q * batch)
             grid, _, _ = cute.arch.grid_dim()
@@ -920,7 +958,7 @@ class SdpaForwardWgmma(Kernel):
         thread's arrival. Runs on the producer warpgroup's idle warps until the end mark."""
         v_ordered, v_end, v_base = v_order
         ring = Ring(self.tiles.stages)
-        stage_bytes = self.head_dim * self.tiles.block_n
+        stage_bytes = self.head_dim_v * self.tiles.block_n
         position = cutlass.Int32(0)
         ended = cutlass.Boolean(False)
         while not ended:
@@ -980,7 +1018,7 @@ class SdpaForwardWgmma(Kernel):
                     mV_seq = self._ragged_view(mV, head_kv, seq.v_start, seq.kv_len, batch, 1)
                 # rows past the end of a sequence arrive as zeros (TMA's out-of-bounds fill)
                 gK = cute.local_tile(mK_seq, (t.block_n, d), (None, 0))  # (n, d, blocks)
-                gV = cute.local_tile(mV_seq, (d, t.block_n), (0, None))  # (d, n, blocks)
+                gV = cute.local_tile(mV_seq, (self.head_dim_v, t.block_n), (0, None))  # (d_v, n, blocks)
                 tKsK, tKgK = cpasync.tma_partition(
                     k_tma, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
                 )
@@ -1069,7 +1107,7 @@ class SdpaForwardWgmma(Kernel):
         every piece of a row is one thread's (d=96: 12 pieces, 4 threads of 3 each, 32 rows a
         pass; 64, 128, 256: one piece a thread)."""
         elems = 128 // self.out_dtype.width
-        per_row = math.gcd(self.head_dim // elems, 128)
+        per_row = math.gcd(self.head_dim_v // elems, 128)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype, num_bits_per_copy=128)
         layout = cute.make_layout((128 // per_row, per_row), stride=(per_row, 1))
         return cute.make_tiled_copy_tv(atom, layout, cute.make_layout((1, elems)))
@@ -1090,7 +1128,7 @@ class SdpaForwardWgmma(Kernel):
         tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, M, K, consumer)
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N, K, stage)
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
-        acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((wg_m, self.head_dim)))
+        acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((wg_m, self.head_dim_v)))
         softmax = OnlineSoftmax.create(wgmma_rows(acc_O.layout), scale_log2, self._probability_limits())
         s_shape = qk_thr.partition_shape_C((wg_m, t.block_n))
         if cutlass.const_expr(self.fp8):
@@ -1419,7 +1457,7 @@ class SdpaForwardWgmma(Kernel):
         first half of its accumulator's registers and the second."""
         t = self.tiles
         wg_tidx = cute.arch.thread_idx()[0] % 128
-        half = (t.block_m // t.consumers) * self.head_dim // 128 // 2  # floats
+        half = (t.block_m // t.consumers) * self.head_dim_v // 128 // 2  # floats
         layout = cute.make_layout((4, half // 4), stride=(1, 4 * 128))
         offset = cute.assume(consumer * (128 * half) + wg_tidx * 4, divby=4)
         return tuple(cute.make_tensor(base + offset, layout) for base in self._totals)
@@ -1570,11 +1608,11 @@ class SdpaForwardWgmma(Kernel):
         return softmax.update(s_mn)
 
     def _out_rows(self, o_args, seq, head):
-        """This (sequence, head)'s O rows, (q_len, d); strides are multiples of 8 (checked at build)."""
+        """This (sequence, head)'s O rows, (q_len, d_v); strides are multiples of 8 (checked at build)."""
         o, o_sh, o_ss = o_args
         # every term is a multiple of 8 elements (the build checks the strides)
         base = o + cute.assume(seq.o_offset + cutlass.Int64(head) * o_sh, divby=8)
-        return cute.make_tensor(base, cute.make_layout((seq.q_len, self.head_dim), stride=(o_ss, 1)))
+        return cute.make_tensor(base, cute.make_layout((seq.q_len, self.head_dim_v), stride=(o_ss, 1)))
 
     @cute.jit
     def _epilogue(
@@ -1586,7 +1624,7 @@ class SdpaForwardWgmma(Kernel):
         write the LSE."""
         t = self.tiles
         wg_m = t.block_m // t.consumers
-        d = self.head_dim
+        d = self.head_dim_v
         softmax.normalize(wgmma_rows_by_cols(acc_O), out_scale, sink)
         rO = cute.make_fragment_like(acc_O, self.out_dtype)
         rO.store(acc_O.load().to(self.out_dtype))
@@ -1620,7 +1658,7 @@ class SdpaForwardWgmma(Kernel):
         only term), straight from registers."""
         t = self.tiles
         wg_m = t.block_m // t.consumers
-        d = self.head_dim
+        d = self.head_dim_v
         s2g = self._row_copy().get_slice(wg_tidx)
         mO = self._out_rows(o_args, seq, head)
         gO = cute.local_tile(mO, (wg_m, d), (row_tile, 0))

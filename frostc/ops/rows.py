@@ -9,11 +9,13 @@ from frost_runtime.dtypes import DTYPES
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.graph import Tensor
 from frostc.kernels.interface import BhsStrides
+from frostc.kernels.sdpa_fwd_wgmma import HEAD_DIM_PAIRS
 from frostc.resolved import Slot
 
 HEAD_DIMS = (64, 128, 256)  # every kernel's: paged decode, mixed, kv_append, e4m3
 # the 16-bit forward kernel's (dense, padded and packed forms): also Phi-3's 96
 FORWARD_HEAD_DIMS = (64, 96, 128, 256)
+# there also q and k at one head dim with v and o at another, the pairs of HEAD_DIM_PAIRS (DeepSeek: 192, 128)
 ROW_PIECE_BYTES = 16  # rows move in 16-byte pieces
 TMA_STRIDE_LIMIT = 1 << 40  # bytes: the largest global stride a tensor map can hold, exclusive
 INT32_MAX = (1 << 31) - 1
@@ -37,7 +39,30 @@ def check_head_dim(
         message = f"head dim {head_dim} is not supported{' ' + where if where else ''} yet; supported: {dims}"
         if head_dim in FORWARD_HEAD_DIMS:
             message += f" (head dim {head_dim} only in the dense, padded and packed forms with bf16 or fp16 q, k, v)"
+        for qk, v in HEAD_DIM_PAIRS:
+            if head_dim == qk:
+                message += (
+                    f" (head dim {qk} only for q and k with v and o at {v}, in the dense, padded and packed forms "
+                    "with bf16 or fp16 q, k, v)"
+                )
         ctx.problem(path, message)
+
+
+def check_value_dim(node, form_words: str, ctx: ResolveContext) -> bool:
+    """A node whose v and o head dim differs from q's and k's (a validated pair of HEAD_DIM_PAIRS):
+    refused at v's head dim unless `form_words` is empty (the 16-bit dense, padded and packed forms
+    take it; else it names what refuses it, e.g. "in the paged form"). Returns whether it differs."""
+    if node.head_dim_v == node.head_dim:
+        return False
+    if form_words:
+        v = ctx.tensor(node.v)
+        pairs = ", ".join(map(str, HEAD_DIM_PAIRS))
+        ctx.problem(
+            f"{v.path}.dims[{len(v.dims) - 1}]",
+            f"v head dim {node.head_dim_v} with q/k head dim {node.head_dim} is not supported {form_words}; "
+            f"the pairs {pairs} are built for the dense, padded and packed forms with bf16 or fp16 q, k and v",
+        )
+    return True
 
 
 def row_align_elems(dtype: str) -> int:

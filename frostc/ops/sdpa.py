@@ -46,7 +46,7 @@ from frost_runtime.schema import F32_MAX
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.kernels.sdpa_common import LOG2_E
-from frostc.kernels.sdpa_fwd_wgmma import O_FLOAT32_HEAD_DIMS
+from frostc.kernels.sdpa_fwd_wgmma import HEAD_DIM_PAIRS, O_FLOAT32_HEAD_DIMS
 from frostc.ops import sdpa_forward, sdpa_paged
 from frostc.ops.paged_cache import (
     SCALE_ROLES,
@@ -224,6 +224,7 @@ def validate(ctx: NodeContext) -> Sdpa | None:
         heads_q=sizes["hq"],
         heads_kv=sizes["hkv"],
         head_dim=sizes["d"],
+        head_dim_v=sizes.get("dv", sizes["d"]),
         seq_q=seq_q,
         seq_kv=seq_kv,
         tokens_q=tokens_q,
@@ -326,10 +327,11 @@ def _check_shapes(tensors: dict[str, CheckedTensor], dims_of: dict, ctx: NodeCon
         role = owner[name]
         return tensors[role].at(f"dims[{dims_of[role].index(name)}]")
 
-    if "d" in sizes and "dv" in sizes and sizes["d"] != sizes["dv"]:
+    if "d" in sizes and "dv" in sizes and sizes["d"] != sizes["dv"] and (sizes["d"], sizes["dv"]) not in HEAD_DIM_PAIRS:
+        pairs = ", ".join(map(str, HEAD_DIM_PAIRS))
         message = (
-            f"V head dim {sizes['dv']} differs from q's head dim {sizes['d']}; "
-            "a different V head dim is not supported yet"
+            f"{owner['dv']} head dim {sizes['dv']} with q/k head dim {sizes['d']} is not supported; "
+            f"supported pairs (q/k, v): {pairs}, or one head dim for q, k, v and o"
         )
         ctx.problems_at(dim("dv"), message)
         ok = False

@@ -54,7 +54,7 @@ def choose_forward(node: Sdpa, v_d_innermost: bool, target: Target) -> ForwardCo
     the order stays)."""
     flags = node.mask.flags
     three = _three_consumers(node, target)
-    tiles = tiles_for_head_dim(node.head_dim, flags.left, node.fp8, three)
+    tiles = tiles_for_head_dim(node.head_dim, flags.left, node.fp8, three, node.value_dim_apart)
     walk = "static"
     if node.form == "dense" and flags.right and not flags.left:
         if node.seq_kv >= PER_TILE_MIN_KEY_BLOCKS * tiles.block_n:

@@ -29,6 +29,7 @@ from frostc.ops.rows import (
     check_head_dim,
     check_row_layout,
     check_tma_strides,
+    check_value_dim,
     check_whole_pieces,
     tma_stride,
 )
@@ -160,6 +161,7 @@ def _variant(node: Sdpa, config: ForwardConfig, ctx: ResolveContext) -> SdpaFwdV
         o_float32=node.o_accumulation == "float32",
         three_consumers=config.three_consumers,
         sinks=node.sinks is not None,
+        head_dim_v=node.value_dim_apart,
     )
 
 
@@ -167,7 +169,11 @@ def _check_supported(node: Sdpa, config: ForwardConfig, ctx: ResolveContext) -> 
     q = ctx.tensor(node.q)
     # the 16-bit kernel takes 96 too; the e4m3 one (and vt_pack's re-lay) 64, 128 and 256
     head_dims, where = (HEAD_DIMS, "with e4m3 q, k and v") if node.fp8 else (FORWARD_HEAD_DIMS, "")
-    check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx, head_dims, where)
+    # a pair of head dims (v's apart from q's: validated against HEAD_DIM_PAIRS) is built at 16 bits
+    supported = check_value_dim(node, "with e4m3 q, k and v" if node.fp8 else "", ctx) and not node.fp8
+    if not supported:
+        check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx, head_dims, where)
+        supported = node.head_dim in head_dims and node.head_dim_v == node.head_dim
     letters = _letters(node.form)
     layouts = '"thd"' if node.form == "packed" else '"bshd" or "bhsd"'
     # e4m3 V is read keys innermost: given so (dense, padded), or re-laid by the plan (packed; dense
@@ -217,7 +223,7 @@ def _check_supported(node: Sdpa, config: ForwardConfig, ctx: ResolveContext) -> 
         _check_padded_rows(node, ctx)
     if relaid:
         _check_relaid(node, ctx)
-    if node.head_dim in head_dims:
+    if supported:
         tiles = config.tiles
         count = tile_capacity(node, tiles.block_m)
         if count > MAX_GRID[0]:  # the attention launch's grid x

@@ -57,12 +57,13 @@ class Sdpa:
     batch: int
     heads_q: int
     heads_kv: int
-    head_dim: int
+    head_dim: int  # q's and k's
+    head_dim_v: int  # v's and o's: head_dim but for HEAD_DIM_PAIRS (DeepSeek's MLA prefill: 192, 128)
     seq_q: int
     seq_kv: int
     tokens_q: int  # packed: q's tokens; else batch * seq_q
     tokens_kv: int
-    attn_scale: float  # resolved: 1/sqrt(head_dim) when not given
+    attn_scale: float  # resolved: 1/sqrt(head_dim) (q's and k's) when not given
     mask: Mask
     inference: bool
     page_table: str | None = None  # paged: seq_kv is max_pages * page_size, the capacity
@@ -81,6 +82,11 @@ class Sdpa:
     @property
     def causal(self) -> bool:
         return self.mask.causal
+
+    @property
+    def value_dim_apart(self) -> int:
+        """v's and o's head dim where it is not q's and k's (the kernel variant's `head_dim_v`), else 0."""
+        return self.head_dim_v if self.head_dim_v != self.head_dim else 0
 
     @property
     def fp8(self) -> bool:
@@ -113,6 +119,8 @@ class Sdpa:
             "batch": self.batch, "heads_q": self.heads_q, "heads_kv": self.heads_kv, "head_dim": self.head_dim,
             "seq_q": self.seq_q, "seq_kv": self.seq_kv, "tokens_q": self.tokens_q, "tokens_kv": self.tokens_kv,
         }  # fmt: skip
+        if self.head_dim_v != self.head_dim:
+            sizes["head_dim_v"] = self.head_dim_v
         if self.form in CACHE_FORMS:
             sizes |= {"pages": self.pages, "page_size": self.page_size}
         m = self.mask

@@ -28,7 +28,14 @@ from frostc.kernels.sdpa_decode_paged import (
     decode_tiles,
 )
 from frostc.ops.paged_cache import cache_tma_strides, rows_per_page
-from frostc.ops.rows import INT32_MAX, bhs_strides, check_head_dim, check_row_layout, check_tma_strides
+from frostc.ops.rows import (
+    INT32_MAX,
+    bhs_strides,
+    check_head_dim,
+    check_row_layout,
+    check_tma_strides,
+    check_value_dim,
+)
 from frostc.ops.sdpa_choice import DecodeConfig, choose_decode, decode_rows, row_block_ctas
 from frostc.ops.sdpa_mixed import chunk_launches, chunks_apart, decode_tokens
 from frostc.ops.sdpa_node import Sdpa
@@ -84,6 +91,7 @@ def resolve(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
 def _check_supported(node: Sdpa, ctx: ResolveContext) -> None:
     q, k, v = ctx.tensor(node.q), ctx.tensor(node.k), ctx.tensor(node.v)
     check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx, where=f"in the {node.form} form")
+    check_value_dim(node, f"in the {node.form} form", ctx)
     letters, layouts = ("thd", '"thd"') if node.form == "mixed" else ("bhsd", '"bshd" or "bhsd"')
     for name in (node.q, node.o):
         check_row_layout(ctx.tensor(name), letters, layouts, ctx)

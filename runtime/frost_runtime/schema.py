@@ -221,6 +221,7 @@ class NodeForm:
     constants: tuple[str, ...] = ()
     mask: bool = False
     together: tuple[tuple[str, ...], ...] = ()
+    optional_sizes: tuple[str, ...] = ()  # sizes recorded only where they apply, after `sizes`
 
 
 _SDPA_SIZES = ("batch", "heads_q", "heads_kv", "head_dim", "seq_q", "seq_kv", "tokens_q", "tokens_kv")
@@ -229,16 +230,22 @@ _DESCALES = ("q_descale", "k_descale", "v_descale")  # e4m3 q, k and v
 _SCALES = ("k_scale", "v_scale")  # e4m3 caches
 
 
-def _sdpa(sizes: tuple[str, ...], roles: tuple[str, ...], optional: tuple[str, ...], together=(_DESCALES,)):
-    return NodeForm(sizes, roles, optional, ("attn_scale",), mask=True, together=together)
+def _sdpa(sizes: tuple[str, ...], roles: tuple[str, ...], optional: tuple[str, ...], together=(_DESCALES,), more=()):
+    return NodeForm(sizes, roles, optional, ("attn_scale",), mask=True, together=together, optional_sizes=more)
+
+
+# head_dim_v: v's and o's head dim where it is not q's and k's (the 16-bit forms' (192, 128))
+_VALUE_DIM = ("head_dim_v",)
 
 
 # (op, form) -> what its nodes record: the ops of frostc.ops, each op's record made by its module
 NODE_FORMS = {
-    ("sdpa", "dense"): _sdpa(_SDPA_SIZES, _SDPA_ROLES, ("lse", *_DESCALES, "sinks")),
-    ("sdpa", "padded"): _sdpa(_SDPA_SIZES, _SDPA_ROLES, ("seq_len_q", "seq_len_kv", "lse", *_DESCALES, "sinks")),
+    ("sdpa", "dense"): _sdpa(_SDPA_SIZES, _SDPA_ROLES, ("lse", *_DESCALES, "sinks"), more=_VALUE_DIM),
+    ("sdpa", "padded"): _sdpa(
+        _SDPA_SIZES, _SDPA_ROLES, ("seq_len_q", "seq_len_kv", "lse", *_DESCALES, "sinks"), more=_VALUE_DIM
+    ),
     ("sdpa", "packed"): _sdpa(
-        _SDPA_SIZES, (*_SDPA_ROLES, "cu_seqlens_q", "cu_seqlens_kv"), ("lse", *_DESCALES, "sinks")
+        _SDPA_SIZES, (*_SDPA_ROLES, "cu_seqlens_q", "cu_seqlens_kv"), ("lse", *_DESCALES, "sinks"), more=_VALUE_DIM
     ),
     ("sdpa", "paged"): _sdpa(
         (*_SDPA_SIZES, "pages", "page_size"),
@@ -369,7 +376,7 @@ def _node_map(n: NodeRecord) -> dict:
         "op": n.op,
         "name": n.name,
         "form": n.form,
-        "sizes": {k: n.sizes[k] for k in form.sizes},
+        "sizes": {k: n.sizes[k] for k in form.sizes} | {k: n.sizes[k] for k in form.optional_sizes if k in n.sizes},
         "constants": {k: n.constants[k] for k in form.constants},
         "slots": {role: n.slots[role] for role in form.roles + form.optional if role in n.slots},
         "mask": None if mask is None else {
@@ -821,7 +828,7 @@ def _check_nodes(plan: PlanData) -> None:
             if not forms:
                 raise PlanFormatError(f"{where}.op: {n.op!r} is not one of {sorted({op for op, _ in NODE_FORMS})}")
             raise PlanFormatError(f"{where}.form: {n.form!r} is not a form of op {n.op!r} (one of {forms})")
-        _check_names(n.sizes, form.sizes, f"{where}.sizes", f"a size of a {n.op} node")
+        _check_names(n.sizes, form.sizes, f"{where}.sizes", f"a size of a {n.op} node", form.optional_sizes)
         for key, value in n.sizes.items():
             if not _int_in(value, 1, I64_MAX):
                 raise PlanFormatError(f"{where}.sizes.{key}: {value!r} is not an integer in [1, {I64_MAX}]")
@@ -844,9 +851,9 @@ def _check_nodes(plan: PlanData) -> None:
             raise PlanFormatError(f"nodes[{i}]: node {n.name!r} has no launch")
 
 
-def _check_names(found: dict, names: tuple[str, ...], where: str, what: str) -> None:
+def _check_names(found: dict, names: tuple[str, ...], where: str, what: str, optional: tuple[str, ...] = ()) -> None:
     for key in found:
-        if key not in names:
+        if key not in names and key not in optional:
             raise PlanFormatError(f"{where}.{str(key)[:80]}: not {what}")
     for key in names:
         if key not in found:

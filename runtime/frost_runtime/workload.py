@@ -77,6 +77,11 @@ class Attention:
     element_bytes: int  # of K and V
     q_lengths: int = -1  # the slot of the query lengths (padded, packed), or -1
     kv_lengths: int = -1  # the slot of the key lengths (padded, packed, paged), or -1
+    head_dim_v: int = 0  # V's and O's head dim where it is not head_dim (q's and k's), else 0
+
+    @property
+    def value_dim(self) -> int:
+        return self.head_dim_v or self.head_dim
 
 
 def attention_nodes(plan: PlanData) -> list[Attention]:
@@ -99,6 +104,7 @@ def _attention(plan: PlanData, n: NodeRecord) -> Attention:
         element_bytes=ELEMENT_BYTES[plan.slots[slots["k"]].dtype],
         q_lengths=slots.get("cu_seqlens_q", slots.get("seq_len_q", -1)),
         kv_lengths=slots.get("cu_seqlens_kv", slots.get("seq_len_kv", -1)),
+        head_dim_v=n.sizes.get("head_dim_v", 0),
     )
 
 
@@ -176,7 +182,9 @@ def work(plan: PlanData, values: dict[int, list[int]]) -> Work:
         else:
             pairs = sum(visible_pairs(q, k, node.mask) for q, k in zip(q_lens, kv_lens))
             how.append(f"{node.node}: 4*d*hq FLOPs per (query, key) pair the {node.mask.label} mask lets through")
-        flops = (flops or 0) + 4 * node.head_dim * node.heads_q * pairs
+        if node.head_dim_v:
+            how.append(f"{node.node}: d = (d_qk + d_v) / 2 = ({node.head_dim} + {node.head_dim_v}) / 2")
+        flops = (flops or 0) + 2 * (node.head_dim + node.value_dim) * node.heads_q * pairs
     return Work(flops, bytes_read, tuple(how))
 
 

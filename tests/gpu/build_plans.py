@@ -35,12 +35,13 @@ def description(case: Case, g: GraphBuilder | None = None, prefix: str = ""):
     g = g if g is not None else GraphBuilder(case.id)
     tensor = lambda name, **kw: g.tensor(prefix + name, **kw)  # noqa: E731
     b, hq, hkv, d = case.batch, case.heads_q, case.heads_kv, case.head_dim
+    dv = case.head_dim_v or d  # v's and o's
     lengths = {}
     if case.sinks:
         tensor("sinks", dtype="fp32", dims=(hq,))
     if case.form == "packed":
         for name, dims in (("q", (case.tokens_q, hq, d)), ("k", (case.tokens_kv, hkv, d)),
-                           ("v", (case.tokens_kv, hkv, d)), ("o", (case.tokens_q, hq, d))):  # fmt: skip
+                           ("v", (case.tokens_kv, hkv, dv)), ("o", (case.tokens_q, hq, dv))):  # fmt: skip
             tensor(name, dtype=case.dtype, dims=dims)
         if case.lse:
             tensor("lse", dtype="fp32", dims=(case.tokens_q, hq), layout="ht")  # FlashAttention's (h, t)
@@ -53,9 +54,10 @@ def description(case: Case, g: GraphBuilder | None = None, prefix: str = ""):
             max_seqlen_kv=case.seq_kv,
         )
     else:
-        rows = {"q": (hq, case.seq_q), "k": (hkv, case.seq_kv), "v": (hkv, case.seq_kv), "o": (hq, case.seq_q)}
-        for name, (h, s) in rows.items():
-            tensor(name, dtype=case.dtype, dims=(b, h, s, d), layout=case.layout)
+        rows = {"q": (hq, case.seq_q, d), "k": (hkv, case.seq_kv, d), "v": (hkv, case.seq_kv, dv),
+                "o": (hq, case.seq_q, dv)}  # fmt: skip
+        for name, (h, s, dims) in rows.items():
+            tensor(name, dtype=case.dtype, dims=(b, h, s, dims), layout=case.layout)
         if case.lse:
             tensor("lse", dtype="fp32", dims=(b, hq, case.seq_q))
         if case.form == "padded":

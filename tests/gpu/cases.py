@@ -1,6 +1,6 @@
 """The GPU test matrix, as plain data (the GPU side imports this without frostc).
 
-Three sets (and smaller ones: long tiles, the dynamic walk, sinks, head dim 96):
+Three sets (and smaller ones: long tiles, the dynamic walk, sinks, head dim 96, head dims 192 / 128):
 - dense: every value of every factor the kernel supports is crossed with each (dtype, head dim,
   causal) variant and each sequence-length pair; the remaining factors (batch, heads, GQA
   ratio, layout, LSE) rotate through their values so that each meets each variant. The full
@@ -64,12 +64,14 @@ class Case:
     lengths: str = "qkv"  # padded: which sides have per-sequence lengths ("q", "kv", "qkv")
     count_visits: bool = False  # a debug build of the dynamic walk that counts tile visits
     sinks: bool = False  # a float32 sink logit per query head (gpt-oss)
+    head_dim_v: int = 0  # v's and o's head dim where it is not head_dim (q's and k's; DeepSeek: 192, 128)
 
     @property
     def id(self) -> str:
         c = "causal" if self.causal else "full"
+        d = f"{self.head_dim}" + (f"v{self.head_dim_v}" if self.head_dim_v else "")
         base = (
-            f"{self.dtype}-d{self.head_dim}-{c}-b{self.batch}-h{self.heads_q}x{self.heads_kv}"
+            f"{self.dtype}-d{d}-{c}-b{self.batch}-h{self.heads_q}x{self.heads_kv}"
             f"-s{self.seq_q}x{self.seq_kv}-{self.layout}{'-lse' if self.lse else ''}"
         )
         extra = ""
@@ -234,10 +236,42 @@ def head_dim_96_cases() -> list[Case]:
     ]  # fmt: skip
 
 
+def head_dim_192_cases() -> list[Case]:
+    """q and k at head dim 192, v and o at 128 (DeepSeek-V2/V3/R1's prefill, MLA not absorbed; the
+    16-bit forward kernel's dense, padded and packed forms): each walk (static, paired, dynamic,
+    one CTA per tile), each mask kind, sinks, LSE and both variable-length forms, in bf16 and fp16,
+    GQA and MHA, on lengths that are not multiples of the 128-row tiles; O leaves through each
+    consumer's part of Q's buffer, so rows without keys (bottom-right, more queries than keys)
+    and rows short of a tile are included."""
+    d, dv = 192, 128
+    return [replace(case, head_dim_v=dv) for case in [
+        Case("bf16", 2, 8, 8, 1000, 1000, d, False, "bshd", True),  # static walk
+        Case("fp16", 1, 16, 4, 1000, 1000, d, True, "bhsd", False),  # paired walk
+        Case("bf16", 1, 16, 16, 2000, 2000, d, True, "bshd", True),  # dynamic walk, MHA as DeepSeek's
+        Case("fp16", 1, 4, 1, 8200, 8200, d, True, "bshd", False),  # one CTA per tile, MQA
+        Case("bf16", 3, 8, 2, 17, 17, d, False, "bhsd", True),  # rows short of a tile
+        Case("fp16", 1, 8, 2, 129, 4000, d, False, "bshd", True),
+        Case("bf16", 2, 8, 2, 300, 1000, d, True, "bshd", True, "dense", "bottom_right"),
+        Case("fp16", 1, 8, 8, 1000, 300, d, True, "bhsd", True, "dense", "bottom_right"),  # rows without keys
+        Case("bf16", 2, 8, 2, 777, 777, d, True, "bshd", False, "dense", "top_left", 100),  # sliding window
+        Case("fp16", 1, 8, 4, 600, 600, d, False, "bhsd", True, "dense", "top_left", 60, 30),  # two-sided
+        Case("bf16", 1, 8, 2, 500, 1000, d, False, "bshd", True, "dense", softcap=30.0),
+        Case("fp16", 1, 8, 2, 300, 900, d, True, "bshd", True, "dense", "bottom_right", 200, None, 50.0),
+        Case("bf16", 2, 16, 2, 777, 777, d, True, "bshd", True, "dense", "top_left", 127, sinks=True),
+        Case("bf16", 5, 16, 4, 1100, 1000, d, True, "bshd", True, "padded", lengths="qkv"),
+        Case("fp16", 5, 16, 16, 1100, 1000, d, False, "bhsd", False, "padded", softcap=40.0, lengths="kv"),
+        Case("bf16", 7, 16, 16, 1100, 1000, d, True, "thd", True, "packed", tokens_q=3001, tokens_kv=2800),
+        Case("bf16", 7, 16, 4, 1100, 1000, d, True, "thd", True, "packed", "bottom_right", tokens_q=3001,
+             tokens_kv=2800),
+        Case("fp16", 7, 16, 1, 1100, 1000, d, False, "thd", True, "packed", "top_left", 60, 30, tokens_q=3001,
+             tokens_kv=2800, sinks=True),
+    ]]  # fmt: skip
+
+
 def cases() -> list[Case]:
     return (
         dense_cases() + mask_cases() + varlen_cases() + long_tile_cases() + dynamic_walk_cases()
-        + visit_count_cases() + sink_cases() + head_dim_96_cases()
+        + visit_count_cases() + sink_cases() + head_dim_96_cases() + head_dim_192_cases()
     )  # fmt: skip
 
 

@@ -85,8 +85,9 @@ def allowed_keys(case: dict, q_len: int, kv_len: int, device="cuda"):
 
 
 def reference_sequence(case: dict, q, k, v, sinks=None):
-    """float64 attention of one sequence: q (hq, sq, d), k and v (hkv, skv, d) -> O (hq, sq, d)
-    and the natural-log LSE (hq, sq). A row that sees no key has O = 0 and LSE = -inf. `sinks`
+    """float64 attention of one sequence: q (hq, sq, d), k (hkv, skv, d) and v (hkv, skv, d_v) ->
+    O (hq, sq, d_v) (d_v: v's head dim, d's but for DeepSeek's 192 / 128; the scale 1/sqrt(d)) and
+    the natural-log LSE (hq, sq). A row that sees no key has O = 0 and LSE = -inf. `sinks`
     (hq,): each head's logit joins the denominator (a key with no value): the LSE includes it,
     and a row that sees no key has LSE = the sink."""
     import torch
@@ -95,7 +96,7 @@ def reference_sequence(case: dict, q, k, v, sinks=None):
     group = hq // k.shape[0]
     scale = 1 / math.sqrt(d)
     allowed = allowed_keys(case, sq, k.shape[1])
-    out = torch.zeros(q.shape, dtype=torch.float64, device="cuda")
+    out = torch.zeros(hq, sq, v.shape[-1], dtype=torch.float64, device="cuda")
     lse = torch.empty(hq, sq, dtype=torch.float64, device="cuda")
     if sq == 0:
         return out, lse
@@ -153,25 +154,26 @@ class Buffers:
         self.case, self.plan = case, plan
         self.dtype = torch_dtype(case["dtype"])
         b, hq, hkv, d = case["batch"], case["heads_q"], case["heads_kv"], case["head_dim"]
+        dv = case.get("head_dim_v") or d  # v's and o's
         self.tensors = {}
         self.storage = {}
         if case["form"] == "packed":
-            for name, (t, h) in {"q": (case["tokens_q"], hq), "k": (case["tokens_kv"], hkv),
-                                 "v": (case["tokens_kv"], hkv)}.items():  # fmt: skip
-                self.tensors[name] = torch.empty(t, h, d, device="cuda", dtype=self.dtype)
-            self._guarded("o", (case["tokens_q"], hq, d), (0, 1, 2), self.dtype)
+            for name, (t, h, dims) in {"q": (case["tokens_q"], hq, d), "k": (case["tokens_kv"], hkv, d),
+                                       "v": (case["tokens_kv"], hkv, dv)}.items():  # fmt: skip
+                self.tensors[name] = torch.empty(t, h, dims, device="cuda", dtype=self.dtype)
+            self._guarded("o", (case["tokens_q"], hq, dv), (0, 1, 2), self.dtype)
             if case["lse"]:
                 self._guarded("lse", (hq, case["tokens_q"]), (1, 0), torch.float32)  # layout "ht"
             for name in ("q_lengths", "kv_lengths"):
                 self.tensors[name] = torch.zeros(b + 1, dtype=torch.int32, device="cuda")
         else:
-            rows = {"q": (hq, case["seq_q"]), "k": (hkv, case["seq_kv"]), "v": (hkv, case["seq_kv"])}
-            for name, (h, s) in rows.items():
-                self.tensors[name] = self._in_layout(b, h, s, d)
+            rows = {"q": (hq, case["seq_q"], d), "k": (hkv, case["seq_kv"], d), "v": (hkv, case["seq_kv"], dv)}
+            for name, (h, s, dims) in rows.items():
+                self.tensors[name] = self._in_layout(b, h, s, dims)
             if case["layout"] == "bhsd":
-                self._guarded("o", (b, hq, case["seq_q"], d), (0, 1, 2, 3), self.dtype)
+                self._guarded("o", (b, hq, case["seq_q"], dv), (0, 1, 2, 3), self.dtype)
             else:
-                self._guarded("o", (b, case["seq_q"], hq, d), (0, 2, 1, 3), self.dtype)
+                self._guarded("o", (b, case["seq_q"], hq, dv), (0, 2, 1, 3), self.dtype)
             if case["lse"]:
                 self._guarded("lse", (b, hq, case["seq_q"]), (0, 1, 2), torch.float32)
             if case["form"] == "padded":
