@@ -5,10 +5,11 @@
 
 Run it after every kernel change (README's development notes). The plans cover every tile walk
 (static persistent, per tile, paired, dynamic), every mask kind (causal top-left and
-bottom-right, left and two-sided windows, softcap), each head dim (96: the `d96` group; q/k 192 with v 128: `d192`), the
-dense, padded and packed forms (with the scheduling kernel), paged decode split and unsplit
-(with the combine kernel), kv_append alone (its rows, packed and slots forms, each over a 16-bit
-and an e4m3 cache), the glue kernels and the FP8 kernel's variants (dense, padded and packed).
+bottom-right, left and two-sided windows, softcap), each head dim (96: the `d96` group, in every
+form; q/k 192 with v 128: `d192`), the dense, padded and packed forms (with the scheduling
+kernel), paged decode split and unsplit (with the combine kernel), kv_append alone (its rows,
+packed and slots forms, each over a 16-bit and an e4m3 cache), the glue kernels and the FP8
+kernel's variants (dense, padded and packed).
 Sizes are small, odd where it matters, and large enough that each walk is the one its rule
 picks. Inputs come from the GPU tests' buffers (tests/gpu/support.py, fp8_support.py,
 append_support.py): fresh random values, lengths drawn within each plan's contracts, outputs
@@ -126,6 +127,24 @@ def targets() -> list[Target]:
           _dense("fp16", 1, 8, 4, 2500, 2000, 96, True, "bhsd", alignment="bottom_right", softcap=50.0)),
         t("d96-packed-window-sinks", "d=96, packed, causal, window, sinks", Case("bf16", 4, 8, 2, 500, 600, 96, True,
           "thd", True, "packed", window_left=127, tokens_q=1100, tokens_kv=1300, sinks=True)),
+        # ... and over a paged cache: the decode kernel's and the paged forward kernel's three 32-wide
+        # TMA boxes a row, the combine's 10 groups of 24 threads (16 idle), kv_append's 12 pieces a row
+        t("d96-decode-split-sinks", "d=96, kv_append + split-KV + combine, sinks",
+          decode=DecodeCase("fp16", 1, 32, 8, 96, 16, 512, 1, True, True, "bhsd", sinks=True)),
+        t("d96-decode-window-softcap", "d=96, one launch, window + softcap, pages of 256, s_new 3",
+          decode=DecodeCase("bf16", 3, 16, 2, 96, 256, 4, 3, True, True, "bshd", window_left=300, softcap=50.0)),
+        t("d96-decode-e4m3-few-rows", "d=96, e4m3 cache: quantizing kv_append, transposed MMAs, split + combine",
+          decode=DecodeCase("bf16", 4, 32, 8, 96, 16, 64, 1, False, True, "bshd", cache="e4m3")),
+        t("d96-decode-e4m3-rows", "d=96, e4m3 cache, 21 rows (two row blocks), one launch",
+          decode=DecodeCase("bf16", 2, 28, 4, 96, 16, 24, 3, True, True, "bhsd", cache="e4m3")),
+        t("d96-mixed-chunks-adaptive", "d=96, mixed form: packed append, chunks on the forward kernel over the "
+          "pages, decodes split adaptively, window, sinks",
+          mixed=MixedCase("bf16", 6, 200, 64, 32, 8, 96, 16, 320, True, lse="ht", window_left=2047, append=True,
+                          sinks=True)),
+        t("d96-mixed-chunks-p64-mha", "d=96, mixed form, chunks on the forward kernel over pages of 64, MHA",
+          mixed=MixedCase("bf16", 4, 300, 150, 16, 16, 96, 64, 12, True, lse="th")),
+        t("d96-kv-append-slots-e4m3", "d=96, kv_append slots, e4m3 cache, pages of 256",
+          append=AppendCase("slots", "fp16", 4, 2, 96, 256, 4, 500, cache="e4m3")),
         # q/k head dim 192 with v 128 (DeepSeek's prefill): O staged in each consumer's part of Q's buffer
         t("d192-dense-full", "d=192/128, static walk, GQA, LSE",
           _dense("bf16", 2, 8, 2, 300, 333, 192, False, head_dim_v=128)),

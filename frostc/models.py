@@ -26,11 +26,11 @@ masking_utils.py of each family), read for this module:
   qk_nope_head_dim + qk_rope_head_dim (192), value head dim `v_head_dim` (128), one KV head per
   head in the prefill form, scale qk_head_dim ** -0.5 times yarn's mscale(factor, mscale_all_dim)
   squared; its decode is the absorbed latent form (one kv_lora_rank + qk_rope_head_dim wide K).
-  Their attention is read and planned (gpt-oss's sinks: a float32 `sinks` tensor in every plan);
-  the kernels that attention needs beyond frostc's (head dim 96 in the paged decode and mixed
-  forms, which serving needs beside the 16-bit prefill forms that take it; d_v != d_qk outside
-  those forms; the latent decode) are named as each plan's gap (`kernel_gap`; the prefill plans'
-  own: `prefill_gap`, so DeepSeek's prefill plans, q/k 192 and v 128, are built).
+  Their attention is read and planned (gpt-oss's sinks: a float32 `sinks` tensor in every plan;
+  Phi-3's head dim 96 in every form); the kernels that attention needs beyond frostc's (head dims
+  other than 64, 96, 128 and 256; d_v != d_qk outside the 16-bit dense, padded and packed forms;
+  the latent decode) are named as each plan's gap (`kernel_gap`; the prefill plans' own:
+  `prefill_gap`, so DeepSeek's prefill plans, q/k 192 and v 128, are built).
 - head_dim: the explicit key when present and not null, else hidden_size // heads (Gemma2Config
   defaults it to 256). The dtype: `dtype`, else the older `torch_dtype` (as PreTrainedConfig does).
 - A key a config leaves out takes the default of transformers' config class for its model type
@@ -53,7 +53,7 @@ from frostc.description import read_text_file
 from frostc.errors import DescriptionError, Problem
 from frostc.field_checks import describe, is_int, is_number, quoted
 from frostc.kernels.sdpa_fwd_wgmma import HEAD_DIM_PAIRS
-from frostc.ops.rows import FORWARD_HEAD_DIMS, HEAD_DIMS
+from frostc.ops.rows import HEAD_DIMS
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 LEGACY_LAYER_TYPES = {"attention": FULL}  # transformers' remap_legacy_layer_types
@@ -153,8 +153,7 @@ class ModelAttention:
     def prefill_gap(self) -> str | None:
         """What its prefill plans (the packed form) need that frostc's kernels do not compute yet:
         the 16-bit forward kernel takes DeepSeek's (192, 128) pair, and the latent decode is not
-        the prefill's. (A head dim of the prefill forms alone, Phi-3's 96, still holds back every
-        plan, as before: its decode kernels are the next step there.)"""
+        the prefill's."""
         return self._gaps(prefill=True)
 
     @property
@@ -164,7 +163,6 @@ class ModelAttention:
 
     def _gaps(self, prefill: bool) -> str | None:
         gaps = []
-        every = ", ".join(map(str, HEAD_DIMS))
         pair = (self.head_dim, self.value_dim_apart) in HEAD_DIM_PAIRS
         if pair:
             if not prefill:
@@ -172,18 +170,8 @@ class ModelAttention:
                     f"head dim {self.head_dim} with a value head dim {self.head_dim_v} in the paged decode and mixed "
                     "forms (only the 16-bit dense, padded and packed forms take the pair)"
                 )
-        elif self.head_dim in FORWARD_HEAD_DIMS and self.head_dim not in HEAD_DIMS:
-            # a model is served by its prefill (packed) and its decode (paged, or mixed) plans
-            gaps.append(
-                f"head dim {self.head_dim} in the paged decode and mixed forms and with e4m3 (they take {every}; "
-                "only the 16-bit dense, padded and packed forms take it)"
-            )
         elif self.head_dim not in HEAD_DIMS:
-            more = ", ".join(str(d) for d in FORWARD_HEAD_DIMS if d not in HEAD_DIMS)
-            gaps.append(
-                f"head dim {self.head_dim} (frostc's kernels take {every}; the 16-bit dense, padded and packed "
-                f"forms also {more})"
-            )
+            gaps.append(f"head dim {self.head_dim} (frostc's kernels take {', '.join(map(str, HEAD_DIMS))})")
         if self.value_dim_apart and not pair:
             gaps.append(f"a value head dim {self.head_dim_v} beside the query/key's {self.head_dim}")
         if self.latent_dim is not None and not prefill:

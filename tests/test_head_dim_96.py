@@ -1,8 +1,13 @@
-"""Head dim 96 (Phi-3, issue 44) on the CPU: the 16-bit forward kernel's dense, padded and packed
-forms resolve to d=128's tiles at 96 (64-byte swizzled rows), every other form refuses 96 with the
-field path and the dims it takes, the O store writes every column of a tile exactly once, and
-every GPU case of tests/gpu/cases.py's `head_dim_96_cases` builds (its cubins compiled, its tensor
-maps encoded). The results against float64 are tests/gpu/test_sdpa.py's."""
+"""Head dim 96 (Phi-3, issue 44) on the CPU, in every form: the 16-bit forward kernel's dense,
+padded and packed forms resolve to d=128's tiles at 96 (64-byte swizzled rows); the paged decode
+kernel (rows, packed, the mixed form's decodes, split and adaptively split, with its combine), the
+forward kernel over the pages (the mixed form's chunks) and kv_append take 96 too, over 16-bit and
+e4m3 caches; e4m3 q, k and v still refuse 96 with the field path and the dims they take. Traced
+here: the O store writes every column of a tile exactly once; each TMA box of a paged cache lands
+in its own piece of a stage's tile (32 wide at 96, in the tile's 64-byte swizzle); the combine's
+and the e4m3 kernel's pieces of d cover it. Every GPU case at 96 (tests/gpu/cases.py,
+decode_cases.py, mixed_cases.py, append_cases.py) builds. The results against float64 are the
+GPU tests'."""
 
 from __future__ import annotations
 
@@ -14,17 +19,31 @@ from frost_runtime.schema import decode_plan
 from frostc.build import build
 from frostc.errors import DescriptionError
 from frostc.kernels.sdpa_common import MaskFlags
+from frostc.kernels.sdpa_decode_combine import THREADS as COMBINE_THREADS
+from frostc.kernels.sdpa_decode_combine import VECTOR, DecodeCombine, DecodeCombineVariant
+from frostc.kernels.sdpa_decode_paged import (
+    CONSUMER_WARPS,
+    ROWS,
+    ROWS_SCALED,
+    DecodeTiles,
+    PagedDecode,
+    PagedDecodeVariant,
+    decode_tiles,
+)
 from frostc.kernels.sdpa_fwd_wgmma import SdpaForwardWgmma, SdpaFwdVariant, WgmmaTiles, tiles_for_head_dim
-from frostc.ops.rows import FORWARD_HEAD_DIMS, HEAD_DIMS
+from frostc.ops.rows import E4M3_HEAD_DIMS, HEAD_DIMS
 from frostc.resolve import resolve
 from frostc.target import SM90A
 from frostc.validate import validate
-from tests.gpu.build_plans import decode_description, description, mixed_description
+from tests.gpu.append_cases import cases as append_cases
+from tests.gpu.build_plans import append_description, decode_description, description, mixed_description
 from tests.gpu.cases import Case, head_dim_96_cases
 from tests.gpu.decode_cases import DecodeCase
+from tests.gpu.decode_cases import cases as decode_cases
 from tests.gpu.fp8_cases import Fp8Case
 from tests.gpu.fp8_cases import description as fp8_description
 from tests.gpu.mixed_cases import MixedCase
+from tests.gpu.mixed_cases import cases as mixed_cases
 
 D = 96
 TILES = WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=2, o_buffer=True)
@@ -91,23 +110,8 @@ def test_variable_lengths_schedule_128_row_units_for_the_d96_kernel(form) -> Non
 
 def _refused(found: dict[str, str], path: str, *words: str) -> None:
     assert path in found, found
-    for word in ("head dim 96 is not supported", "supported: 64, 128, 256", "dense, padded and packed", *words):
+    for word in ("head dim 96 is not supported", "supported: 64, 128, 256", "bf16 or fp16 q, k and v", *words):
         assert word in found[path], found[path]
-
-
-def test_the_paged_form_refuses_96_at_q_dims() -> None:
-    case = DecodeCase("bf16", 2, 8, 2, D, 16, 8, 1, True, True, "bshd", "sdpa")
-    _refused(declined(decode_description(case)), "tensors.q.dims[3]", "in the paged form")
-
-
-def test_the_mixed_form_refuses_96_at_q_dims() -> None:
-    case = MixedCase("bf16", 4, 300, 150, 8, 2, D, 16, 40, True)
-    _refused(declined(mixed_description(case)), "tensors.q.dims[2]", "in the mixed form")
-
-
-def test_kv_append_refuses_96_at_k_dims() -> None:
-    case = DecodeCase("bf16", 2, 8, 2, D, 16, 8, 1, True, True, "bshd", "append")
-    _refused(declined(decode_description(case)), "tensors.k_new.dims[3]", "by kv_append")
 
 
 @pytest.mark.parametrize("form", ["dense", "packed"])
@@ -119,20 +123,12 @@ def test_e4m3_attention_refuses_96_at_q_dims(form) -> None:
 
 
 def test_the_supported_dims_are_one_table() -> None:
-    assert set(FORWARD_HEAD_DIMS) - set(HEAD_DIMS) == {D}
+    assert set(HEAD_DIMS) - set(E4M3_HEAD_DIMS) == {D}
 
 
-@pytest.mark.parametrize(
-    "variant",
-    [
-        SdpaFwdVariant("e4m3", D, MaskFlags(), False, out_dtype="bf16"),
-        SdpaFwdVariant("bf16", D, MaskFlags(right=True, bottom_right=True), False, varlen=True, page_size=16),
-    ],
-    ids=["e4m3", "paged"],
-)
-def test_the_kernel_refuses_96_where_its_rows_move_in_64_wide_pieces(variant) -> None:
-    with pytest.raises(ValueError, match="head dims 64, 128 and 256"):
-        SdpaForwardWgmma(variant)
+def test_the_kernel_refuses_96_with_e4m3_q_k_and_v() -> None:
+    with pytest.raises(ValueError, match="e4m3 is built for head dims 64, 128 and 256"):
+        SdpaForwardWgmma(SdpaFwdVariant("e4m3", D, MaskFlags(), False, out_dtype="bf16"))
 
 
 # ------------------------------------------------------------------------------ the O store
@@ -164,7 +160,7 @@ def _collect(copy, tile, found) -> None:
         found[thread] = [tuple(part[i]) for i in range(cute.size(part))]
 
 
-@pytest.mark.parametrize("head_dim", FORWARD_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_the_o_store_writes_every_column_once_in_16_byte_pieces(head_dim) -> None:
     """The O store's threads a row divide both a row's 16-byte pieces and 128 (at d=96 the
     pieces, 12, do not divide 128: 4 threads of 3 pieces): each element of the tile exactly
@@ -192,3 +188,209 @@ def test_each_gpu_case_at_96_builds(case) -> None:
     assert ".d96." in forward.name and forward.cubin
     assert forward.tiles["block_m"] == forward.tiles["block_n"] == 128 and forward.tiles["stages"] == 2
     assert forward.smem_bytes <= SM90A.smem_per_cta
+
+
+# ------------------------------------------------------------------------------ the paged decode kernel
+
+
+def test_the_decode_tiles_fit_two_ctas_with_four_stages() -> None:
+    """Q 64 x 96 (12 KiB) and four stages of 64 keys of K and V (4 x 24 KiB) in the 112 KiB each
+    of two CTAs an SM may take; an e4m3 cache's ring six stages of 2 x 6 KiB, three CTAs with few rows."""
+    tiles = decode_tiles(D, 16, "bf16", "bf16")
+    assert tiles == DecodeTiles(block_n=64, stages=4, box_rows=16, ctas_per_sm=2)
+    assert ROWS * D * 2 + tiles.stages * 2 * tiles.block_n * D * 2 == 108 * 1024
+    kernel = PagedDecode(PagedDecodeVariant("bf16", "bf16", D, 256, True, False, True))
+    assert kernel.d_chunk == 32 and kernel.tiles.box_rows == 64  # the compiled smem: the GPU cases' builds below
+    assert decode_tiles(D, 16, "bf16", "e4m3", few_rows=True) == DecodeTiles(64, 6, 16, 3, ROWS_SCALED)
+    assert decode_tiles(D, 16, "bf16", "e4m3") == DecodeTiles(64, 6, 16, 2, ROWS_SCALED)
+
+
+def _kernels(desc) -> list[str]:
+    return [launch.variant.name for launch in resolve(validate(desc)).launches]
+
+
+@pytest.mark.parametrize(
+    ("case", "names"),
+    [
+        (DecodeCase("bf16", 4, 32, 32, D, 16, 16, 1, False, True, "bshd"),
+         ["kv_append.bf16.d96", "sdpa_decode_paged.bf16.d96.p16.full.lse"]),
+        (DecodeCase("fp16", 1, 32, 8, D, 256, 32, 1, True, True, "bhsd", "sdpa", sinks=True),
+         ["sdpa_decode_paged.fp16.d96.p256.causal_br.split", "sdpa_decode_combine.fp16.d96.sinks.lse"]),
+        (DecodeCase("bf16", 3, 16, 2, D, 256, 4, 3, True, True, "bshd", "sdpa", window_left=300, softcap=50.0),
+         ["sdpa_decode_paged.bf16.d96.p256.causal_br.local.softcap.lse"]),
+        (DecodeCase("bf16", 4, 32, 8, D, 16, 64, 1, False, True, "bshd", cache="e4m3"),
+         ["kv_append.bf16.kv_e4m3.d96", "sdpa_decode_paged.bf16.kv_e4m3.r8.d96.p16.full.split",
+          "sdpa_decode_combine.bf16.d96.lse"]),
+    ],
+    ids=["unsplit", "split-sinks", "window-softcap", "e4m3"],
+)  # fmt: skip
+def test_the_paged_form_takes_96_split_or_not(case, names) -> None:
+    assert _kernels(decode_description(case)) == names
+
+
+def test_the_mixed_form_takes_96_its_chunks_apart_on_the_forward_kernel_over_the_pages() -> None:
+    """A GQA group of 4: decodes of up to 16 queries on the paged kernel (split adaptively, the
+    sinks where it writes rows), the other sequences' chunks on the forward kernel reading the
+    pages in 32-wide boxes."""
+    case = MixedCase("bf16", 6, 200, 64, 32, 8, D, 16, 320, True, lse="ht", window_left=2047, sinks=True)
+    assert _kernels(mixed_description(case)) == [
+        "sdpa_decode_paged.bf16.d96.p16.causal_br.local.packed.decodes.sinks.split.lse",
+        "sdpa_decode_combine.bf16.d96.packed.causal.decodes_r64.sinks.lse",
+        "sdpa_schedule.mixed.m128n128.local_br",
+        "sdpa_fwd_wgmma.bf16.d96.local_br.varlen.paged_p16.sinks.lse",
+    ]
+    e4m3 = MixedCase("bf16", 8, 64, 16, 32, 8, D, 64, 32, True, lse="th", cache="e4m3")  # chunks in row blocks
+    assert _kernels(mixed_description(e4m3)) == ["sdpa_decode_paged.bf16.kv_e4m3.d96.p64.causal_br.packed.lse"]
+
+
+def test_kv_append_takes_96_in_each_form() -> None:
+    case = DecodeCase("bf16", 2, 8, 2, D, 16, 8, 1, True, True, "bshd", "append")
+    assert _kernels(decode_description(case)) == ["kv_append.bf16.d96"]
+    found = {name for c in append_cases() if c.head_dim == D for name in _kernels(append_description(c))}
+    assert found == {
+        "kv_append.bf16.d96.packed", "kv_append.fp16.kv_e4m3.d96.packed", "kv_append.bf16.d96.slots",
+        "kv_append.fp16.kv_e4m3.d96.slots",
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ a paged cache's TMA boxes
+
+
+def _paged_kernels(head_dim: int):
+    """The two kernels that read a paged cache through TMA boxes, at pages of 16 (boxes of 16 keys)."""
+    decode = PagedDecode(PagedDecodeVariant("bf16", "bf16", head_dim, 16, True, False, True))
+    flags = MaskFlags(right=True, bottom_right=True)
+    forward = SdpaForwardWgmma(SdpaFwdVariant("bf16", head_dim, flags, True, varlen=True, page_size=16))
+    return [(decode, decode.tiles.box_rows, decode.tiles.block_n), (forward, forward.box_rows, forward.tiles.block_n)]
+
+
+def _box_placement(kernel, rows: int, block_n: int) -> dict[str, tuple]:
+    """For K and V: (element offsets where the boxes start, the number of elements of a stage
+    whose place in the tile is not the box's start plus its place in the box, the tile's
+    swizzle, the box's), read at trace time (every layout is static)."""
+    import cutlass.cute as cute
+
+    found = {}
+
+    @cute.jit
+    def trace():
+        _, sK, sV = kernel._smem_layouts()
+        k_box, v_box = kernel._box_layouts()
+        for name, tile, box, keys_mode in (("k", sK, k_box, 0), ("v", sV, v_box, 1)):
+            found[name] = _compare_boxes(tile, box, rows, kernel.d_chunk, block_n, kernel.head_dim, keys_mode)
+
+    cute.compile(trace)
+    return found
+
+
+def _compare_boxes(tile, box, rows, chunk, block_n, d, keys_mode):
+    """Plain Python loops (outside the DSL's rewriting of a jit function's own loops)."""
+    import cutlass.cute as cute
+
+    def at(key, col):  # (key, column of d) in the tile's mode order, stage 0
+        return (key, col, 0) if keys_mode == 0 else (col, key, 0)
+
+    starts, misplaced = [], 0
+    for i in range(block_n // rows):
+        for c in range(d // chunk):
+            start = cute.crd2idx(at(i * rows, c * chunk), tile.outer)
+            starts.append(start)
+            for r in range(rows):
+                for col in range(chunk):
+                    inside = (r, col) if keys_mode == 0 else (col, r)
+                    if cute.crd2idx(at(i * rows + r, c * chunk + col), tile.outer) != start + cute.crd2idx(
+                        inside, box.outer
+                    ):
+                        misplaced += 1
+    return starts, misplaced, str(tile.inner), str(box.inner)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_each_tma_box_of_a_page_lands_in_its_own_piece_of_the_stage_tile(head_dim) -> None:
+    """Both kernels that read a paged cache load a stage box by box (16 keys of one page by a
+    swizzle atom's row of d: 64 wide, 32 at d=96). Each box must be a contiguous piece of the
+    stage's tile in the box's own layout and swizzle (TMA writes a box as one block), start on a
+    whole swizzle period (8 rows of the atom's width: 512 bytes at d=96, 1024 else), and the
+    boxes must tile the stage exactly once."""
+    for kernel, rows, block_n in _paged_kernels(head_dim):
+        assert kernel.d_chunk == (32 if head_dim == 96 else 64)
+        for name, (starts, misplaced, tile_swizzle, box_swizzle) in _box_placement(kernel, rows, block_n).items():
+            assert misplaced == 0, (type(kernel).__name__, name)
+            assert tile_swizzle == box_swizzle == ("S<2,4,3>" if head_dim == 96 else "S<3,4,3>")
+            period = 8 * kernel.d_chunk  # elements of 8 atom rows
+            assert all(start % period == 0 for start in starts)
+            assert len(starts) * rows * kernel.d_chunk == block_n * head_dim
+            assert sorted(starts) == [rows * kernel.d_chunk * i for i in range(len(starts))]  # no overlap
+
+
+# ------------------------------------------------------------------------------ pieces of d
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_the_combine_sums_each_piece_of_each_split_once(head_dim) -> None:
+    """256 threads in groups of d/4 (one 4-float piece each): at d=96, 10 groups of 24 and 16
+    threads with no group, which must sum and write nothing (their column of the partial sums
+    would lie past the shared buffer); at 64, 128 and 256 every thread has a group."""
+    kernel = DecodeCombine(DecodeCombineVariant("bf16", head_dim, True))
+    lanes, groups = kernel.lanes, kernel.groups
+    writes = Counter()
+    for tidx in range(COMBINE_THREADS):
+        lane, grp = tidx % lanes, tidx // lanes
+        if grp < groups:  # the kernel's guard (`_sum_pieces` only for whole groups)
+            writes.update((lane * VECTOR + i, grp) for i in range(VECTOR))
+    assert set(writes) == {(col, g) for col in range(head_dim) for g in range(groups)}
+    assert set(writes.values()) == {1}
+    assert (groups, COMBINE_THREADS - groups * lanes) == ((10, 16) if head_dim == 96 else (COMBINE_THREADS // lanes, 0))
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_the_decode_kernels_pieces_of_d_cover_it(head_dim) -> None:
+    """The 16-bit kernel loads Q in 16-byte pieces, a flat index over 128 threads: a whole number
+    of passes (64 rows x 12 pieces = 6 x 128 at d=96). The e4m3 kernel's lanes take d/4 (Q, K:
+    four pairs) and d/8 (V, O: eight quads) of each row, its V pieces interleaved in words four
+    at a time (d/8 a multiple of 4), and its merge of 16 rows stores d/8 per thread, 8 a row."""
+    pieces = ROWS * head_dim // 8
+    assert pieces % 128 == 0
+    assert head_dim % 16 == 0 and (head_dim // 8) % 4 == 0
+    assert 4 * (head_dim // 4) == 8 * (head_dim // 8) == head_dim
+    assert 128 // 8 == ROWS_SCALED and CONSUMER_WARPS * 32 == 128
+
+
+# ------------------------------------------------------------------------------ every GPU case at 96 builds
+
+
+def _d96(cases):
+    return [c for c in cases if c.head_dim == D]
+
+
+@pytest.mark.parametrize(
+    ("case", "describe"),
+    [(c, decode_description) for c in _d96(decode_cases())]
+    + [(c, mixed_description) for c in _d96(mixed_cases())]
+    + [(c, append_description) for c in _d96(append_cases())],
+    ids=lambda x: getattr(x, "id", ""),
+)
+def test_each_paged_gpu_case_at_96_builds(case, describe) -> None:
+    plan = decode_plan(build(describe(case)))
+    assert plan.kernels and all(".d96" in k.name for k in plan.kernels if not k.name.startswith("sdpa_schedule"))
+    for kernel in plan.kernels:
+        assert kernel.cubin.startswith(b"\x7fELF")
+        assert kernel.smem_bytes <= SM90A.smem_for(kernel.tiles.get("ctas_per_sm", 1))  # the residency it was sized for
+
+
+def test_the_paged_gpu_cases_at_96_cover_every_mode() -> None:
+    names = {
+        launch.variant.name
+        for c in _d96(decode_cases())
+        for launch in resolve(validate(decode_description(c))).launches
+    }
+    names |= {
+        launch.variant.name for c in _d96(mixed_cases()) for launch in resolve(validate(mixed_description(c))).launches
+    }
+    joined = " ".join(names)
+    modes = (".split", ".lse", ".sinks", ".local", ".softcap", ".p16.", ".p256.", ".packed", ".decodes")
+    modes += ("kv_e4m3.r8", "kv_e4m3.d96", "sdpa_decode_combine", "paged_p16", "paged_p256", "fp16", "bf16")
+    for mode in modes:
+        assert mode in joined, mode
+    assert any(n.startswith("sdpa_decode_paged") and ".split" not in n for n in names)  # unsplit too
+    assert any(".decodes." in n and ".split" in n for n in names)  # the adaptive split

@@ -266,8 +266,8 @@ def test_updated_tensors_must_not_overlap() -> None:
 def test_head_dim_must_be_supported() -> None:
     d = base()
     for t in ("k_new", "v_new", "k_cache", "v_cache"):
-        d["tensors"][t]["dims"][3] = 96
-    only_declined(d, "tensors.k_new.dims[3]", "head dim 96", "64, 128, 256")
+        d["tensors"][t]["dims"][3] = 80
+    only_declined(d, "tensors.k_new.dims[3]", "head dim 80", "64, 96, 128, 256")
 
 
 def test_head_dim_innermost() -> None:

@@ -176,10 +176,10 @@ def test_rows_in_16_byte_pieces_with_the_head_dim_innermost(make) -> None:
     assert "innermost" in {p.path: p.message for p in e.value.problems}["tensors.k_new.strides[2]"]
     declined(edited(make(), **{"tensors.v_new.strides": [HKV * D + 4, D, 1]}), "tensors.v_new.strides[0]",
              "multiple of 8")  # fmt: skip
-    d = edited(make(), **{f"tensors.{t}.dims": [TOKENS, HKV, 96] for t in ("k_new", "v_new")})
+    d = edited(make(), **{f"tensors.{t}.dims": [TOKENS, HKV, 80] for t in ("k_new", "v_new")})
     for t in ("k_cache", "v_cache"):
-        d["tensors"][t]["dims"][3] = 96
-    declined(d, "tensors.k_new.dims[2]", "head dim 96")
+        d["tensors"][t]["dims"][3] = 80
+    declined(d, "tensors.k_new.dims[2]", "head dim 80")
 
 
 def test_index_tensors_contiguous() -> None:

@@ -48,7 +48,11 @@ def test_the_targets_cover_every_walk_form_and_paged_kernel(sanitize) -> None:
                  "padded", "split-KV", "combine", "kv_append alone", "softcap", "window", "bottom-right"):  # fmt: skip
         assert kind in covers, kind
     assert {t.sdpa.head_dim for t in targets if t.sdpa} == {64, 96, 128, 192, 256}
-    assert len([t for t in targets if "d96" in t.label]) == 3  # the d96 group (--only d96)
+    d96 = [t for t in targets if "d96" in t.label]  # the d96 group (--only d96): every form at 96
+    assert len(d96) == 10
+    assert {t.sdpa.form for t in d96 if t.sdpa} == {"dense", "packed"}
+    assert {t.decode.cache for t in d96 if t.decode} == {None, "e4m3"}
+    assert [t.append.form for t in d96 if t.append] == ["slots"] and len([t for t in d96 if t.mixed]) == 2
     d192 = [t for t in targets if "d192" in t.label]  # the d192 group (--only d192)
     assert len(d192) == 3 and {(t.sdpa.head_dim, t.sdpa.head_dim_v) for t in d192} == {(192, 128)}
 

@@ -20,7 +20,9 @@ are left alone.
 
 One CTA per (row, KV head, sequence); 256 threads: the splits' LSE are reduced across the
 CTA, then O is summed with 16-byte loads, each thread a 4-float piece of d for every
-`256 / (d / 4)`-th split, and the pieces' partial sums added through shared memory.
+`groups`-th split (groups = 256 // (d / 4), the whole groups of d / 4 threads: at d=96, 10 of
+24, the 16 threads left over sum nothing), and the pieces' partial sums added through shared
+memory.
 """
 
 from dataclasses import dataclass
@@ -120,7 +122,9 @@ class DecodeCombine(Kernel):
         self.v = variant
         self.dtype = dsl_dtype(variant.dtype)
         self.lanes = variant.head_dim // VECTOR  # threads per split's row
-        self.groups = THREADS // self.lanes  # splits summed at once
+        # splits summed at once: whole groups of `lanes` threads (d=96: 10 of 24, threads 240 on
+        # take no piece; d=64, 128, 256: all 256 threads)
+        self.groups = THREADS // self.lanes
 
     def prepare(self) -> None:
         groups, d = self.groups, self.v.head_dim
@@ -228,15 +232,11 @@ class DecodeCombine(Kernel):
             total = total + cute.math.exp2((sink - shift) * LOG2_E, fastmath=True)
 
         # Σ w_s O_s: thread (lane, grp) sums the 4-float piece `lane` of splits grp, grp + groups, ...
-        acc = cute.make_rmem_tensor(VECTOR, cutlass.Float32)
-        acc.fill(0.0)
-        if grp < active:
-            acc.store(my_piece * cute.math.exp2((lses[grp] - shift) * LOG2_E, fastmath=True))
-        for s in cutlass.range(grp + self.groups, active, self.groups, unroll=4):  # the loads overlap
-            weight = cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
-            acc.store(acc.load() + self._piece(o_partial, first, s, stride, lane).load() * weight)
-        for i in cutlass.range_constexpr(VECTOR):
-            pieces[lane * VECTOR + i, grp] = acc[i]
+        summing = (my_piece, lses, shift, active, o_partial, first, stride, lane, grp, pieces)
+        if cutlass.const_expr(THREADS % self.lanes == 0):
+            self._sum_pieces(*summing)
+        elif grp < self.groups:  # a thread past the whole groups has no column of `pieces`
+            self._sum_pieces(*summing)
         cute.arch.sync_threads()
 
         inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
@@ -261,6 +261,20 @@ class DecodeCombine(Kernel):
                 if total > 0.0:
                     value = shift + cute.math.log2(total) * LN_2
                 cute.make_tensor(args.lse + at, cute.make_layout(1))[0] = value
+
+    @cute.jit
+    def _sum_pieces(self, my_piece, lses, shift, active, o_partial, first, stride, lane, grp, pieces):
+        """Column `grp` of `pieces`, piece `lane`: Σ w_s O_s over splits grp, grp + groups, ...
+        (`my_piece`: split grp's, loaded early)."""
+        acc = cute.make_rmem_tensor(VECTOR, cutlass.Float32)
+        acc.fill(0.0)
+        if grp < active:
+            acc.store(my_piece * cute.math.exp2((lses[grp] - shift) * LOG2_E, fastmath=True))
+        for s in cutlass.range(grp + self.groups, active, self.groups, unroll=4):  # the loads overlap
+            weight = cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
+            acc.store(acc.load() + self._piece(o_partial, first, s, stride, lane).load() * weight)
+        for i in cutlass.range_constexpr(VECTOR):
+            pieces[lane * VECTOR + i, grp] = acc[i]
 
     def _piece(self, o_partial, first, split, stride, lane):
         """Split `split`'s 4-float piece `lane` of the row's partial O (`stride` rows apart)."""

@@ -17,7 +17,9 @@ split-KV, at the memory-bandwidth limit.
   itself (the combine leaves that sequence alone).
 - Loads: a producer warp (one thread issues) brings K and V in blocks of `block_n` keys through
   TMA into a `stages`-deep ring, box by box: a box is `box_rows` = gcd(page size, block_n) keys
-  of one page, so it never crosses a page. Pages come from the page table (device memory, read
+  of one page, so it never crosses a page, by one swizzle atom's row of d (`swizzle_elems`: 64
+  elements, 128 bytes; at d=96, whose 192-byte rows take WGMMA's 64-byte swizzle, 32: three
+  boxes a row). Pages come from the page table (device memory, read
   a block ahead). The cache is seen through the same "ragged" tensor maps as the variable-length
   prefill kernel: each box is addressed as a tensor of `valid` rows, so rows past the sequence's
   end (and whole boxes past it, or a page id outside the cache) are zero-filled by the TMA unit
@@ -88,12 +90,11 @@ from frostc.kernels.sdpa_common import (
     transpose_8x8,
 )
 from frostc.kernels.sequences import packed_span
-from frostc.kernels.wgmma_layouts import c_to_a_layout, mma_rows_by_cols, wgmma_rows_by_cols
+from frostc.kernels.wgmma_layouts import c_to_a_layout, mma_rows_by_cols, swizzle_elems, wgmma_rows_by_cols
 from frostc.target import SM90A
 
 ROWS = 64  # query rows per CTA: one consumer warpgroup's WGMMA M
 BLOCK_N = 64  # keys per pipeline stage
-D_CHUNK = 64  # head-dim elements per TMA box row (128 bytes: the swizzle's width)
 THREADS = 160  # one consumer warpgroup and one producer warp
 PRODUCER_WARP = 4
 CONSUMER_WARPS = 4
@@ -378,6 +379,9 @@ class PagedDecode(Kernel):
         self.head_dim = variant.head_dim
         self.page_size = variant.page_size
         self.tiles = variant.tile_shape
+        # head-dim elements per TMA box row of the 16-bit kernel: a swizzle atom's row, so a box
+        # lands in one column of atoms of a stage's tile
+        self.d_chunk = swizzle_elems(self.head_dim, self.dtype.width)
         # preferred_smem_carveout: else the DSL asks a GPU for its shared memory per SM
         self.launch_options = dict(min_blocks_per_mp=self.tiles.ctas_per_sm, preferred_smem_carveout=100)
 
@@ -389,15 +393,16 @@ class PagedDecode(Kernel):
     @cute.jit
     def tma_atoms(self, args: PagedDecodeArgs) -> dict:
         """TMA atoms and ragged coordinate tensors of the K and V caches: (rows, d, h_kv, wrap,
-        start), V viewed d-major to match its shared-memory tile; a box is (box_rows, 64) of K,
-        (64, box_rows) of V. The build also runs this on the CPU to write the plan's tensor maps."""
+        start), V viewed d-major to match its shared-memory tile; a box is (box_rows, d_chunk) of
+        K, (d_chunk, box_rows) of V. The build also runs this on the CPU to write the plan's tensor
+        maps."""
         t = self.tiles
         gK = self._ragged_cache(args.k, args.sizes.heads_kv, divby=8)
         gV = self._ragged_cache(args.v, args.sizes.heads_kv, divby=8, d_major=True)
         k_box, v_box = self._box_layouts()
         op = cpasync.CopyBulkTensorTileG2SOp()
-        k_info = cpasync.make_tiled_tma_atom(op, gK, k_box, (t.box_rows, D_CHUNK))
-        v_info = cpasync.make_tiled_tma_atom(op, gV, v_box, (D_CHUNK, t.box_rows))
+        k_info = cpasync.make_tiled_tma_atom(op, gK, k_box, (t.box_rows, self.d_chunk))
+        v_info = cpasync.make_tiled_tma_atom(op, gV, v_box, (self.d_chunk, t.box_rows))
         return {"k": TmaTensor(*k_info), "v": TmaTensor(*v_info)}
 
     def _ragged_cache(self, cache: TmaSource, heads_kv, divby: int, d_major: bool = False):
@@ -415,8 +420,8 @@ class PagedDecode(Kernel):
 
     def _smem_layouts(self):
         """Q (rows, d), K (keys, d, stage), V (d, keys, stage), in WGMMA's swizzles. For each
-        64-wide piece of d the keys of a stage are contiguous 128-byte rows, so a TMA box of
-        (box_rows, 64) lands in one piece of the tile."""
+        `d_chunk`-wide piece of d the keys of a stage are contiguous rows of the swizzle's width,
+        so a TMA box of (box_rows, d_chunk) lands in one piece of the tile."""
         return self._mma_layouts(self.tiles.stages)
 
     def _mma_layouts(self, stages: int):
@@ -430,9 +435,9 @@ class PagedDecode(Kernel):
 
     def _box_layouts(self):
         """The shared-memory layout of one TMA box of K and of V (a piece of the tiles above)."""
-        rows = self.tiles.box_rows
-        k_box = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (ROWS, rows, D_CHUNK), self.dtype, 1)
-        v_box = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, (ROWS, D_CHUNK, rows), self.dtype, 1)
+        rows, chunk = self.tiles.box_rows, self.d_chunk
+        k_box = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (ROWS, rows, chunk), self.dtype, 1)
+        v_box = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, (ROWS, chunk, rows), self.dtype, 1)
         return cute.select(k_box, mode=[0, 1]), cute.select(v_box, mode=[0, 1])
 
     def _shared_storage(self):
@@ -682,9 +687,10 @@ class PagedDecode(Kernel):
     @cute.jit
     def _load_block(self, pipe, tma, mX, sX, block, work, rows_per_page, keys_mode: int):
         """One K or V block into its ring stage, box by box: each box is `box_rows` keys of one
-        page (ragged: rows the sequence lacks are zero-filled) by 64 of d. `keys_mode`: where
-        the keys are in the tiles, 0 for K's (keys, d), 1 for V's (d, keys)."""
+        page (ragged: rows the sequence lacks are zero-filled) by `d_chunk` of d. `keys_mode`:
+        where the keys are in the tiles, 0 for K's (keys, d), 1 for V's (d, keys)."""
         t = self.tiles
+        chunk = self.d_chunk
         key0, block_pages, stage, phase = block
         pipe.sync_object_empty.wait(stage, phase ^ 1)
         pipe.sync_object_full.arrive(stage, None)
@@ -693,17 +699,17 @@ class PagedDecode(Kernel):
             page, valid = self._box_extent(block_pages[i], key, work.kv_len)
             start = page * rows_per_page + key % self.page_size + valid
             rows = mX[None, None, work.head_kv, RAGGED_ROWS, start]
-            for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
+            for c in cutlass.range_constexpr(self.head_dim // chunk):
                 if cutlass.const_expr(keys_mode == 0):
                     g_box = cute.local_tile(
-                        cute.domain_offset((RAGGED_ROWS - valid, 0), rows), (t.box_rows, D_CHUNK), (0, c)
+                        cute.domain_offset((RAGGED_ROWS - valid, 0), rows), (t.box_rows, chunk), (0, c)
                     )
-                    s_box = cute.local_tile(sX[None, None, stage], (t.box_rows, D_CHUNK), (i, c))
+                    s_box = cute.local_tile(sX[None, None, stage], (t.box_rows, chunk), (i, c))
                 else:
                     g_box = cute.local_tile(
-                        cute.domain_offset((0, RAGGED_ROWS - valid), rows), (D_CHUNK, t.box_rows), (c, 0)
+                        cute.domain_offset((0, RAGGED_ROWS - valid), rows), (chunk, t.box_rows), (c, 0)
                     )
-                    s_box = cute.local_tile(sX[None, None, stage], (D_CHUNK, t.box_rows), (c, i))
+                    s_box = cute.local_tile(sX[None, None, stage], (chunk, t.box_rows), (c, i))
                 self._copy_box(tma, s_box, g_box, pipe.sync_object_full.get_barrier(stage))
 
     def _block_pages(self, pt_row, work, j, pages):

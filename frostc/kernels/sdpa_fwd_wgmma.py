@@ -48,11 +48,10 @@ kernel sees them (element strides; the innermost head-dim stride is 1, checked a
   O    : (s_q, d_v) at base + b * stride_b + (token offset) * stride_s + h_q * stride_h
   LSE  : (s_q,)     fp32, natural log of the row's sum of exp(score), optional, addressed alike
 
-Constraints: fp16 / bf16; head dim 64, 96, 128 or 256 (static; e4m3 and a paged cache's keys:
-64, 128 or 256, whole 64-wide pieces), or Q and K at one head dim with V and O at another
-(`head_dim_v`: the pairs of HEAD_DIM_PAIRS, 16-bit, K and V as tensors; V's map, the P V GEMM, O's
-staging, store and strides take V's); rows of Q, K, V, O 16-byte aligned; any lengths (0 included
-for variable lengths).
+Constraints: fp16 / bf16; head dim 64, 96, 128 or 256 (static; e4m3: 64, 128 or 256, whole
+64-wide pieces), or Q and K at one head dim with V and O at another (`head_dim_v`: the pairs of
+HEAD_DIM_PAIRS, 16-bit, K and V as tensors; V's map, the P V GEMM, O's staging, store and strides
+take V's); rows of Q, K, V, O 16-byte aligned; any lengths (0 included for variable lengths).
 
 e4m3 (the `fp8` variants): Q, K and V in float8_e4m3fn with float32 descales (per
 tensor or per head: `Descales`), O in bf16 or fp16. 8-bit WGMMA reads both operands K-major, so
@@ -114,7 +113,7 @@ from frostc.kernels.sdpa_common import (
 from frostc.kernels.sequence_maps import MAP_BYTES, aligned_start, sequence_map
 from frostc.kernels.sequences import Sequence, Sequences, Shape
 from frostc.kernels.tile_walks import L2_SECTION_BYTES, DenseTiles, ListedTiles, TicketWalk
-from frostc.kernels.wgmma_layouts import c_to_a_layout, wgmma_rows, wgmma_rows_by_cols
+from frostc.kernels.wgmma_layouts import c_to_a_layout, swizzle_elems, wgmma_rows, wgmma_rows_by_cols
 from frostc.target import SM90A
 
 # `o_float32` variants take O out of the tensor cores' accumulator into float32 (in shared
@@ -136,9 +135,8 @@ REGISTERS = {2: (40, 232), 3: (32, 160)}
 # e4m3: the producer warpgroup's warps besides the TMA warp put each Vᵀ stage's keys in the
 # order of P's registers (`_order_v_keys`)
 V_ORDER_THREADS = 96
-# a paged cache's TMA boxes are 64 of d wide (128 bytes: the swizzle's width), so each lands in
-# one 64-wide piece of a stage's tile
-D_CHUNK = 64
+# e4m3's K-major rows (and vt_pack's re-lay of V) come in whole pieces of 64 of d
+FP8_D_PIECE = 64
 
 
 def accumulating_if(mma, keep):
@@ -567,6 +565,9 @@ class SdpaForwardWgmma(Kernel):
         self.tiles = tiles if tiles is not None else variant.tile_shape
         # a paged cache's keys per TMA box: within one page and one key block
         self.box_rows = math.gcd(variant.page_size, self.tiles.block_n) if variant.page_size else 0
+        # ... and its head-dim elements: one row of the tiles' swizzle atom (`swizzle_elems`: 64,
+        # or 32 at d=96), so each box lands in one column of atoms of a stage's tile
+        self.d_chunk = swizzle_elems(self.head_dim, self.dtype.width) if variant.page_size else 0
         if variant.page_size and (self.fp8 or not variant.varlen or variant.walk != "static"):
             raise ValueError(f"{variant.name}: a paged cache is read by the 16-bit variable-length static walk")
         self.launch_options = dict(min_blocks_per_mp=1)
@@ -574,10 +575,9 @@ class SdpaForwardWgmma(Kernel):
             raise ValueError(f"{variant.name}: O in float32 is built for e4m3 at head dims {O_FLOAT32_HEAD_DIMS}")
         if variant.three_consumers and not self.fp8:
             raise ValueError(f"{variant.name}: three consumers are built for e4m3 (measured and tested there)")
-        if (self.fp8 or variant.page_size) and self.head_dim % D_CHUNK:
-            # e4m3's K-major rows and vt_pack's re-lay, and a page's 64-wide boxes, are built for
-            # whole 64-wide pieces of d
-            raise ValueError(f"{variant.name}: e4m3 and paged keys are built for head dims 64, 128 and 256")
+        if self.fp8 and self.head_dim % FP8_D_PIECE:
+            # e4m3's K-major rows and vt_pack's re-lay are built for whole 64-wide pieces of d
+            raise ValueError(f"{variant.name}: e4m3 is built for head dims 64, 128 and 256")
         if variant.head_dim_v and (
             (self.head_dim, variant.head_dim_v) not in HEAD_DIM_PAIRS or self.fp8 or variant.page_size
         ):
@@ -637,10 +637,10 @@ class SdpaForwardWgmma(Kernel):
         op = cpasync.CopyBulkTensorTileG2SOp()
         q_info = cpasync.make_tiled_tma_atom(op, gQ, cute.select(sQ, mode=[0, 1]), (wg_m, d))
         if cutlass.const_expr(self.variant.page_size > 0):
-            # a paged cache: boxes of `box_rows` keys of one page by 64 of d (`_load_paged_block`)
+            # a paged cache: boxes of `box_rows` keys of one page by `d_chunk` of d (`_load_paged_block`)
             k_box, v_box = self._box_layouts()
-            k_info = cpasync.make_tiled_tma_atom(op, gK, k_box, (self.box_rows, D_CHUNK))
-            v_info = cpasync.make_tiled_tma_atom(op, gV, v_box, (D_CHUNK, self.box_rows))
+            k_info = cpasync.make_tiled_tma_atom(op, gK, k_box, (self.box_rows, self.d_chunk))
+            v_info = cpasync.make_tiled_tma_atom(op, gV, v_box, (self.d_chunk, self.box_rows))
         else:
             k_info = cpasync.make_tiled_tma_atom(op, gK, cute.select(sK, mode=[0, 1]), (t.block_n, d))
             v_info = cpasync.make_tiled_tma_atom(op, gV, cute.select(sV, mode=[0, 1]), (d_v, t.block_n))
@@ -711,13 +711,13 @@ class SdpaForwardWgmma(Kernel):
         return sQ, sK, sV
 
     def _box_layouts(self):
-        """A paged cache's TMA boxes in shared memory: (box_rows, 64) of K and (64, box_rows) of V,
-        each a piece of a stage's tile (for every 64-wide piece of d, a stage's keys are
-        contiguous 128-byte rows in WGMMA's swizzle)."""
+        """A paged cache's TMA boxes in shared memory: (box_rows, d_chunk) of K and (d_chunk,
+        box_rows) of V, each a piece of a stage's tile (for every d_chunk-wide piece of d, a
+        stage's keys are contiguous rows of the swizzle's width: 128 bytes, 64 at d=96)."""
         wg_m = self.tiles.block_m // self.tiles.consumers
-        rows = self.box_rows
-        k_box = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (wg_m, rows, D_CHUNK), self.dtype, 1)
-        v_box = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, (wg_m, D_CHUNK, rows), self.dtype, 1)
+        rows, chunk = self.box_rows, self.d_chunk
+        k_box = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (wg_m, rows, chunk), self.dtype, 1)
+        v_box = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, (wg_m, chunk, rows), self.dtype, 1)
         return cute.select(k_box, mode=[0, 1]), cute.select(v_box, mode=[0, 1])
 
     def _smem_layout_o(self):
@@ -1064,11 +1064,11 @@ class SdpaForwardWgmma(Kernel):
     def _load_paged_block(self, pipe, tma, mX, sX, block, where, keys_mode: int):
         """One K or V block of a paged cache into its ring stage, box by box: `box_rows` keys of one
         page (ragged: rows the sequence lacks, or a bad page's, are zero-filled and count toward
-        the stage's bytes like any) by 64 of d. `keys_mode`: 0 for K's (keys, d) tiles, 1 for V's
-        (d, keys)."""
+        the stage's bytes like any) by `d_chunk` of d. `keys_mode`: 0 for K's (keys, d) tiles, 1
+        for V's (d, keys)."""
         n_block, pages, stage, phase = block
         _, _, rows_per_page, kv_len, head_kv = where
-        box = self.box_rows
+        box, chunk = self.box_rows, self.d_chunk
         pipe.sync_object_empty.wait(stage, phase ^ 1)
         pipe.sync_object_full.arrive(stage, None)
         for i in cutlass.range_constexpr(self.tiles.block_n // box):
@@ -1077,15 +1077,15 @@ class SdpaForwardWgmma(Kernel):
             valid = cutlass.select_(page < 0, 0, cutlass.max(cutlass.min(kv_len - key, box), 0))
             start = cutlass.max(page, 0) * rows_per_page + key % self.variant.page_size + valid
             rows = mX[None, None, head_kv, RAGGED_ROWS, start]
-            for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
+            for c in cutlass.range_constexpr(self.head_dim // chunk):
                 if cutlass.const_expr(keys_mode == 0):
                     box_rows = cute.domain_offset((RAGGED_ROWS - valid, 0), rows)
-                    g_box = cute.local_tile(box_rows, (box, D_CHUNK), (0, c))
-                    s_box = cute.local_tile(sX[None, None, stage], (box, D_CHUNK), (i, c))
+                    g_box = cute.local_tile(box_rows, (box, chunk), (0, c))
+                    s_box = cute.local_tile(sX[None, None, stage], (box, chunk), (i, c))
                 else:
                     box_rows = cute.domain_offset((0, RAGGED_ROWS - valid), rows)
-                    g_box = cute.local_tile(box_rows, (D_CHUNK, box), (c, 0))
-                    s_box = cute.local_tile(sX[None, None, stage], (D_CHUNK, box), (c, i))
+                    g_box = cute.local_tile(box_rows, (chunk, box), (c, 0))
+                    s_box = cute.local_tile(sX[None, None, stage], (chunk, box), (c, i))
                 s_part, g_part = cpasync.tma_partition(
                     tma, 0, cute.make_layout(1), cute.group_modes(s_box, 0, 2), cute.group_modes(g_box, 0, 2)
                 )

@@ -1,8 +1,23 @@
 """Register views of MMA fragments that the attention kernels share: the rows a thread holds,
 an accumulator as (rows, cols) (Hopper WGMMA's and the warp-level m16n8k16's), and an
-accumulator reused as the A operand."""
+accumulator reused as the A operand; the width of a swizzle atom's rows along the head dim."""
 
 import cutlass.cute as cute
+
+# WGMMA's swizzles a row of the head dim is cut into, widest first: the 128-byte one where a row
+# is a whole number of 128 bytes (d = 64, 128, 256 at 16 bits), else the 64-byte one (d = 96)
+SWIZZLE_ROW_BYTES = (128, 64)
+
+
+def swizzle_elems(head_dim: int, bits: int) -> int:
+    """Elements of `bits` bits in one row of the swizzle atom that `sm90.make_smem_layout_a/b`
+    picks for tiles `head_dim` wide (the widest swizzle whose row divides a head-dim row). A TMA
+    box this wide along d lands in one column of atoms: for each such piece of d, a tile's rows
+    are contiguous (64 at 16 bits: 128 bytes; 32 at d=96: 64 bytes, three boxes a row)."""
+    for row_bytes in SWIZZLE_ROW_BYTES:
+        if head_dim * bits % (8 * row_bytes) == 0:
+            return 8 * row_bytes // bits
+    raise ValueError(f"rows of {head_dim} elements of {bits} bits are not a whole number of 64 bytes")
 
 
 def wgmma_rows(acc_layout) -> int:

@@ -12,10 +12,12 @@ from frostc.kernels.interface import BhsStrides
 from frostc.kernels.sdpa_fwd_wgmma import HEAD_DIM_PAIRS
 from frostc.resolved import Slot
 
-HEAD_DIMS = (64, 128, 256)  # every kernel's: paged decode, mixed, kv_append, e4m3
-# the 16-bit forward kernel's (dense, padded and packed forms): also Phi-3's 96
-FORWARD_HEAD_DIMS = (64, 96, 128, 256)
-# there also q and k at one head dim with v and o at another, the pairs of HEAD_DIM_PAIRS (DeepSeek: 192, 128)
+# every form's (dense, padded, packed, paged decode, mixed; kv_append; 16-bit and e4m3 caches)
+HEAD_DIMS = (64, 96, 128, 256)
+# e4m3 q, k and v (the forward kernel's K-major rows and vt_pack's re-lay: whole 64-wide pieces)
+E4M3_HEAD_DIMS = (64, 128, 256)
+# the 16-bit dense, padded and packed forms also take q and k at one head dim with v and o at
+# another, the pairs of HEAD_DIM_PAIRS (DeepSeek: 192, 128)
 ROW_PIECE_BYTES = 16  # rows move in 16-byte pieces
 TMA_STRIDE_LIMIT = 1 << 40  # bytes: the largest global stride a tensor map can hold, exclusive
 INT32_MAX = (1 << 31) - 1
@@ -33,12 +35,12 @@ def check_head_dim(
     head_dim: int, path: str, ctx: ResolveContext, supported: tuple[int, ...] = HEAD_DIMS, where: str = ""
 ) -> None:
     """A head dim the kernels are built for (`supported`); `where` names what refuses it, e.g.
-    "in the paged form". A head dim only the 16-bit forward kernel takes says so."""
+    "with e4m3 q, k and v". A head dim other kernels take (`HEAD_DIMS`) says so."""
     if head_dim not in supported:
         dims = ", ".join(map(str, supported))
         message = f"head dim {head_dim} is not supported{' ' + where if where else ''} yet; supported: {dims}"
-        if head_dim in FORWARD_HEAD_DIMS:
-            message += f" (head dim {head_dim} only in the dense, padded and packed forms with bf16 or fp16 q, k, v)"
+        if head_dim in HEAD_DIMS:
+            message += f" (head dim {head_dim} with bf16 or fp16 q, k and v: every form)"
         for qk, v in HEAD_DIM_PAIRS:
             if head_dim == qk:
                 message += (

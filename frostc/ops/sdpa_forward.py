@@ -23,7 +23,7 @@ from frostc.kernels.sdpa_schedule import ScheduleArgs, ScheduleVariant, VMaps
 from frostc.kernels.sequence_maps import MAP_BYTES, packed_pitch
 from frostc.kernels.vt_pack import BatchedV, PackedV, VtPackArgs, VtPackVariant, relaid_pitch
 from frostc.ops.rows import (
-    FORWARD_HEAD_DIMS,
+    E4M3_HEAD_DIMS,
     HEAD_DIMS,
     INT32_MAX,
     check_head_dim,
@@ -168,7 +168,7 @@ def _variant(node: Sdpa, config: ForwardConfig, ctx: ResolveContext) -> SdpaFwdV
 def _check_supported(node: Sdpa, config: ForwardConfig, ctx: ResolveContext) -> None:
     q = ctx.tensor(node.q)
     # the 16-bit kernel takes 96 too; the e4m3 one (and vt_pack's re-lay) 64, 128 and 256
-    head_dims, where = (HEAD_DIMS, "with e4m3 q, k and v") if node.fp8 else (FORWARD_HEAD_DIMS, "")
+    head_dims, where = (E4M3_HEAD_DIMS, "with e4m3 q, k and v") if node.fp8 else (HEAD_DIMS, "")
     # a pair of head dims (v's apart from q's: validated against HEAD_DIM_PAIRS) is built at 16 bits
     supported = check_value_dim(node, "with e4m3 q, k and v" if node.fp8 else "", ctx) and not node.fp8
     if not supported:

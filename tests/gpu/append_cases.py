@@ -4,7 +4,7 @@ side imports this without frostc).
 Each case is one plan: kv_append alone, its new rows (tokens, hkv, d) packed like a mixed step's
 queries, placed by cu_seqlens_q through a page table and the lengths (packed) or by vLLM's
 slot_mapping (slots). Every factor appears at least once: both forms; bf16 and fp16 rows; a
-bf16/fp16 cache and an e4m3 one with scales per kv head and per tensor; head dims 64, 128 and
+bf16/fp16 cache and an e4m3 one with scales per kv head and per tensor; head dims 64, 96, 128 and
 256; page sizes 16 and 256; MQA and GQA head counts; k and v contiguous or the two halves of
 one (tokens, 2 hkv, d) buffer; caches NHD (pages, page_size, hkv, d) or HND (vLLM's: the heads
 outside the page's rows); many short sequences and few long ones. Plans are small (one kernel).
@@ -57,6 +57,11 @@ CASES = [
     _("slots", "fp16", 5, 2, 64, 256, 4, 700, rows="fused", cache_layout="phsd"),
     _("slots", "bf16", 4, 2, 128, 256, 4, 500, cache="e4m3", scales="tensor"),
     _("slots", "fp16", 6, 8, 64, 16, 16, 97, cache="e4m3", cache_layout="phsd"),
+    # head dim 96 (Phi-3): 12 pieces a row, the threads' loop over heads and pieces
+    _("packed", "bf16", 8, 32, 96, 16, 64, 300),
+    _("packed", "fp16", 5, 2, 96, 256, 4, 701, cache="e4m3", scales="tensor", cache_layout="phsd"),
+    _("slots", "bf16", 6, 8, 96, 16, 16, 97, rows="fused"),
+    _("slots", "fp16", 4, 2, 96, 256, 4, 500, cache="e4m3"),
 ]
 # fmt: on
 del _

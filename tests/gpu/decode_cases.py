@@ -2,10 +2,10 @@
 
 Each case is one plan: kv_append (this step's new K/V rows into the paged caches) then sdpa
 over the caches, or one of the two alone. The list is written out rather than crossed: every
-value of each factor appears at least once (dtype bf16/fp16; head dim 64, 128, one 256; page
-size 16, 32, 48, 64, 128, 256; hq/hkv 1, 4, 8 and MQA; s_new 1, 4, 16 with and without the
-bottom-right causal mask; LSE on some; batch 1..8; q/o/k_new layouts bshd and bhsd; an e4m3
-cache with scales per kv head and per tensor), and the
+value of each factor appears at least once (dtype bf16/fp16; head dim 64, 128, one 256, and a
+block of 96 (Phi-3) in every mode; page size 16, 32, 48, 64, 128, 256; hq/hkv 1, 4, 8 and MQA;
+s_new 1, 4, 16 with and without the bottom-right causal mask; LSE on some; batch 1..8; q/o/k_new
+layouts bshd and bhsd; an e4m3 cache with scales per kv head and per tensor), and the
 capacities (max_pages per sequence) are chosen so that some plans see many pages per sequence
 and few sequences (the split-KV path) and others few pages and many sequences (one launch).
 ~24 plans of ~100-300 KB each keep the carried folder small.
@@ -129,6 +129,25 @@ CASES = [
     _("bf16", 8, 64, 8, 64, 16, 16, 1, True, True, "bshd", sinks=True),
     _("bf16", 1, 64, 8, 64, 16, 512, 1, True, True, "bshd", sinks=True),
     _("fp16", 3, 16, 2, 64, 32, 32, 4, True, True, "bhsd", window_left=127, sinks=True),
+    # head dim 96 (Phi-3: 32 query heads over 32 KV heads, a window of 2047): 64-byte swizzled
+    # tiles loaded in three 32-wide boxes a row, the combine's 10 groups of 24 threads; split and
+    # not, pages of 16 and 256, GQA, MQA and MHA, odd new-token counts, windows, softcap, sinks
+    _("bf16", 4, 32, 32, 96, 16, 16, 1, False, True, "bshd"),  # Phi-3-mini's heads, one launch
+    _("fp16", 1, 32, 8, 96, 256, 32, 1, True, True, "bhsd"),  # split over 8k keys, pages of 256
+    _("bf16", 2, 16, 4, 96, 16, 256, 4, True, False, "bshd"),  # several new tokens, split
+    _("fp16", 5, 8, 1, 96, 16, 8, 3, True, True, "bshd"),  # MQA, 3 new tokens, one launch
+    _("bf16", 1, 32, 32, 96, 16, 512, 1, True, True, "bshd", window_left=2047),  # Phi-3's window, split
+    _("bf16", 3, 16, 2, 96, 256, 4, 1, True, True, "bshd", window_left=300, softcap=50.0),
+    _("fp16", 2, 16, 4, 96, 64, 64, 16, False, True, "bhsd", "sdpa", softcap=30.0),  # 64 rows: one row block
+    _("bf16", 8, 32, 8, 96, 16, 16, 1, True, True, "bshd", sinks=True),  # sinks in one launch
+    _("fp16", 1, 32, 8, 96, 16, 512, 1, True, True, "bhsd", sinks=True),  # ... split: the combine's
+    _("fp16", 3, 8, 8, 96, 16, 16, 4, False, False, "bhsd", "append"),
+    # ... over an e4m3 cache: the warp-level kernel's d/4- and d/8-wide pieces (24 and 12 bytes)
+    _("bf16", 4, 32, 8, 96, 16, 64, 1, False, True, "bshd", cache="e4m3"),  # few rows, split
+    _("fp16", 1, 16, 4, 96, 64, 128, 16, True, False, "bhsd", cache="e4m3", scales="tensor"),  # 4 row blocks
+    _("bf16", 2, 28, 4, 96, 16, 24, 3, True, True, "bhsd", cache="e4m3"),  # 21 rows
+    _("fp16", 3, 12, 6, 96, 256, 2, 2, True, True, "bshd", window_left=200, softcap=30.0, cache="e4m3",
+      scales="tensor"),
 ]
 # fmt: on
 del _

@@ -2,7 +2,7 @@
 
 Each case is one plan: sdpa over a paged cache with packed queries (`cu_seqlens_q`), any mix of
 prefill chunks and decodes in one step. Every factor appears at least once: bf16 and fp16; head
-dims 64, 128 and 256; page sizes 16, 64 and 256; GQA groups 1, 4 and 8; causal (bottom-right per
+dims 64, 96, 128 and 256; page sizes 16, 64 and 256; GQA groups 1, 4 and 8; causal (bottom-right per
 sequence) and not; a sliding window and softcap; LSE as (tokens, hq) and as FlashAttention's (hq,
 tokens); an e4m3 cache with scales per KV head and per tensor (its few-rows kernel too); a
 decode-sized bucket (few queries a sequence, long contexts: split across CTAs, with the combine)
@@ -129,6 +129,18 @@ def cases() -> list[MixedCase]:
         c("bf16", 8, 96, 40, 32, 8, 128, 256, 16, True, lse="th", cache_layout="hf"),
         c("bf16", 6, 200, 64, 32, 4, 64, 16, 320, True, lse="ht", window_left=2500, append=True, sinks=True),
         c("fp16", 5, 160, 48, 16, 8, 256, 64, 40, False, lse="th", softcap=30.0),
+        # head dim 96 (Phi-3: MHA, 32 heads, a window of 2047): the decode kernel's 32-wide boxes,
+        # the forward kernel's over the pages (chunks apart), adaptive splits, an e4m3 cache
+        c("bf16", 8, 32, 4, 32, 32, 96, 16, 96, True, lse="th"),  # decode-sized, MHA, split
+        c("bf16", 6, 700, 300, 32, 32, 96, 64, 24, True, lse="ht"),  # chunks apart, MHA
+        c("fp16", 5, 300, 160, 16, 4, 96, 256, 4, False),  # pages of 256, not causal
+        c("bf16", 4, 200, 120, 16, 2, 96, 16, 40, True, lse="th", window_left=100, softcap=30.0),
+        c("bf16", 8, 96, 40, 32, 8, 96, 256, 16, True, lse="th", cache_layout="hf"),  # adaptive splits
+        c("bf16", 6, 200, 64, 32, 8, 96, 16, 320, True, lse="ht", window_left=2047, append=True, sinks=True),
+        c("fp16", 6, 256, 128, 32, 8, 96, 16, 48, True, lse="th", cache_layout="vllm_nhd", append=True),
+        c("bf16", 8, 32, 4, 32, 4, 96, 16, 96, True, lse="ht", sinks=True),  # decode-sized, split, sinks
+        c("bf16", 8, 64, 16, 32, 8, 96, 64, 32, True, lse="th", cache="e4m3"),  # e4m3: chunks in row blocks
+        c("fp16", 6, 12, 1, 8, 1, 96, 16, 80, True, cache="e4m3", scales="tensor", cache_layout="vllm_hnd"),
     ]
 
 
