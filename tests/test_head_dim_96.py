@@ -329,18 +329,24 @@ def test_each_tma_box_of_a_page_lands_in_its_own_piece_of_the_stage_tile(head_di
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_the_combine_sums_each_piece_of_each_split_once(head_dim) -> None:
     """256 threads in groups of d/4 (one 4-float piece each): at d=96, 10 groups of 24 and 16
-    threads with no group, which must sum and write nothing (their column of the partial sums
-    would lie past the shared buffer); at 64, 128 and 256 every thread has a group."""
+    threads with no group, which must sum no split (the others' columns have them all) and write
+    a spare column of the partial sums, inside the shared buffer and never read; at 64, 128 and
+    256 every thread has a group. Split s is summed by group s % groups, for any count of splits."""
     kernel = DecodeCombine(DecodeCombineVariant("bf16", head_dim, True))
-    lanes, groups = kernel.lanes, kernel.groups
-    writes = Counter()
+    lanes, groups, columns = kernel.lanes, kernel.groups, kernel.columns
+    splits = 37
+    writes, summed = Counter(), Counter()
     for tidx in range(COMBINE_THREADS):
         lane, grp = tidx % lanes, tidx // lanes
-        if grp < groups:  # the kernel's guard (`_sum_pieces` only for whole groups)
-            writes.update((lane * VECTOR + i, grp) for i in range(VECTOR))
-    assert set(writes) == {(col, g) for col in range(head_dim) for g in range(groups)}
-    assert set(writes.values()) == {1}
-    assert (groups, COMBINE_THREADS - groups * lanes) == ((10, 16) if head_dim == 96 else (COMBINE_THREADS // lanes, 0))
+        split = grp if grp < groups else splits  # the kernel's `split` (a thread past the groups: none)
+        summed.update((lane, s) for s in range(split, splits, groups))
+        writes.update((lane * VECTOR + i, grp) for i in range(VECTOR))
+        assert grp < columns
+    assert summed == Counter({(lane, s): 1 for lane in range(lanes) for s in range(splits)})
+    read = {(col, g) for col in range(head_dim) for g in range(groups)}  # the final sum's columns
+    assert read <= set(writes) and all(writes[w] == 1 for w in read)
+    spare = COMBINE_THREADS - groups * lanes
+    assert (groups, spare, columns) == ((10, 16, 11) if head_dim == 96 else (COMBINE_THREADS // lanes, 0, groups))
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

@@ -21,8 +21,8 @@ are left alone.
 One CTA per (row, KV head, sequence); 256 threads: the splits' LSE are reduced across the
 CTA, then O is summed with 16-byte loads, each thread a 4-float piece of d for every
 `groups`-th split (groups = 256 // (d / 4), the whole groups of d / 4 threads: at d=96, 10 of
-24, the 16 threads left over sum nothing), and the pieces' partial sums added through shared
-memory.
+24; the 16 threads left over sum no split, into a spare column of the partial sums no one reads),
+and the pieces' partial sums added through shared memory.
 """
 
 from dataclasses import dataclass
@@ -122,17 +122,19 @@ class DecodeCombine(Kernel):
         self.v = variant
         self.dtype = dsl_dtype(variant.dtype)
         self.lanes = variant.head_dim // VECTOR  # threads per split's row
-        # splits summed at once: whole groups of `lanes` threads (d=96: 10 of 24, threads 240 on
-        # take no piece; d=64, 128, 256: all 256 threads)
+        # splits summed at once: whole groups of `lanes` threads (d=64, 128, 256: all 256 threads;
+        # d=96: 10 of 24, and threads 240 on a spare column of `pieces`, summing no split)
         self.groups = THREADS // self.lanes
+        self.spare = THREADS % self.lanes != 0
+        self.columns = self.groups + 1 if self.spare else self.groups  # of `pieces`
 
     def prepare(self) -> None:
-        groups, d = self.groups, self.v.head_dim
+        columns, d = self.columns, self.v.head_dim
 
         @cute.struct
         class SharedStorage:
             reduce: cute.struct.MemRange[cutlass.Float32, WARPS]
-            pieces: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, groups * d], 16]
+            pieces: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, columns * d], 16]
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
@@ -186,7 +188,7 @@ class DecodeCombine(Kernel):
         d = self.v.head_dim
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         reduce = storage.reduce.get_tensor(cute.make_layout(WARPS))
-        pieces = storage.pieces.get_tensor(cute.make_layout((d, self.groups)))
+        pieces = storage.pieces.get_tensor(cute.make_layout((d, self.columns)))
 
         # split 0's workspace row, and from one split's to the next (the attention kernel's
         # `_partial_index`)
@@ -232,11 +234,19 @@ class DecodeCombine(Kernel):
             total = total + cute.math.exp2((sink - shift) * LOG2_E, fastmath=True)
 
         # Σ w_s O_s: thread (lane, grp) sums the 4-float piece `lane` of splits grp, grp + groups, ...
-        summing = (my_piece, lses, shift, active, o_partial, first, stride, lane, grp, pieces)
-        if cutlass.const_expr(THREADS % self.lanes == 0):
-            self._sum_pieces(*summing)
-        elif grp < self.groups:  # a thread past the whole groups has no column of `pieces`
-            self._sum_pieces(*summing)
+        # (a thread past the whole groups, grp == groups: no split, its spare column unread)
+        split = grp
+        if cutlass.const_expr(self.spare):
+            split = cutlass.select_(grp < self.groups, grp, active)
+        acc = cute.make_rmem_tensor(VECTOR, cutlass.Float32)
+        acc.fill(0.0)
+        if split < active:
+            acc.store(my_piece * cute.math.exp2((lses[split] - shift) * LOG2_E, fastmath=True))
+        for s in cutlass.range(split + self.groups, active, self.groups, unroll=4):  # the loads overlap
+            weight = cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
+            acc.store(acc.load() + self._piece(o_partial, first, s, stride, lane).load() * weight)
+        for i in cutlass.range_constexpr(VECTOR):
+            pieces[lane * VECTOR + i, grp] = acc[i]
         cute.arch.sync_threads()
 
         inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
@@ -261,20 +271,6 @@ class DecodeCombine(Kernel):
                 if total > 0.0:
                     value = shift + cute.math.log2(total) * LN_2
                 cute.make_tensor(args.lse + at, cute.make_layout(1))[0] = value
-
-    @cute.jit
-    def _sum_pieces(self, my_piece, lses, shift, active, o_partial, first, stride, lane, grp, pieces):
-        """Column `grp` of `pieces`, piece `lane`: Σ w_s O_s over splits grp, grp + groups, ...
-        (`my_piece`: split grp's, loaded early)."""
-        acc = cute.make_rmem_tensor(VECTOR, cutlass.Float32)
-        acc.fill(0.0)
-        if grp < active:
-            acc.store(my_piece * cute.math.exp2((lses[grp] - shift) * LOG2_E, fastmath=True))
-        for s in cutlass.range(grp + self.groups, active, self.groups, unroll=4):  # the loads overlap
-            weight = cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
-            acc.store(acc.load() + self._piece(o_partial, first, s, stride, lane).load() * weight)
-        for i in cutlass.range_constexpr(VECTOR):
-            pieces[lane * VECTOR + i, grp] = acc[i]
 
     def _piece(self, o_partial, first, split, stride, lane):
         """Split `split`'s 4-float piece `lane` of the row's partial O (`stride` rows apart)."""
