@@ -5,7 +5,7 @@ Each config keeps the family's attention traits at a small size: Llama-3 GQA 4:1
 Qwen3 its q/k norms and a head dim of its own, Mistral and Mixtral a sliding window shorter than
 the prompts plus the generation (Mixtral's experts behind it), Gemma-2 alternating window layers
 with softcap and head dim 256, Gemma-3 its `layer_types` (sliding and global) with q/k norms,
-Phi-3/4 its fused QKV projection at head dim 128, gpt-oss its attention sinks over sliding and
+Phi-3 its fused QKV projection at head dim 96, gpt-oss its attention sinks over sliding and
 full layers. The plan sets come from the configs' JSON through
 `frostc from-config`'s functions (batch sizes 1, 2, 4; a cache of 256 tokens).
 """
@@ -101,12 +101,12 @@ TINY: dict[str, dict[str, Any]] = {
         "sliding_window": 24,
         "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
     },
-    # Phi-3 / Phi-4: one fused qkv_proj (split before attention), head dim 128 (Phi-4's; Phi-3's 96
-    # has no kernel yet); token ids inside the tiny vocab
+    # Phi-3 / Phi-4: one fused qkv_proj (split before attention), head dim hidden_size / heads: 96
+    # (Phi-3-mini's; Phi-4's 128 is the other families'); token ids inside the tiny vocab
     "phi3": _COMMON
     | {
         "model_type": "phi3",
-        "hidden_size": 512,
+        "hidden_size": 384,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
