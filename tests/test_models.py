@@ -361,16 +361,16 @@ def test_from_config_lists_a_gap_family_plan_by_plan_and_builds_none(tmp_path) -
     from frostc.cli import app
 
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(DEEPSEEK_V3))
+    path.write_text(json.dumps(edited(PHI3_MINI, hidden_size=2560)))  # head dim 80: no kernel takes it
     runner = CliRunner()
     listed = runner.invoke(app, ["from-config", str(path), "--batch-sizes", "1,2", "--max-cache-len", "4096",
                                  "--dry-run", "--json"])  # fmt: skip
     assert listed.exit_code == 0, listed.output
     statuses = {p["status"] for p in json.loads(listed.output)["plans"]}
-    assert len(statuses) == 1 and "head dim 192" in statuses.pop()
+    assert len(statuses) == 1 and "head dim 80" in statuses.pop()
     built = runner.invoke(app, ["from-config", str(path), "--batch-sizes", "1", "--max-cache-len", "4096",
                                 "-o", str(tmp_path / "set.frostset")])  # fmt: skip
-    assert built.exit_code == 2 and "head dim 192" in built.output and not (tmp_path / "set.frostset").exists()
+    assert built.exit_code == 2 and "head dim 80" in built.output and not (tmp_path / "set.frostset").exists()
 
 
 @pytest.mark.parametrize("engine", ["hf", "cb", "cb-e4m3", "vllm-tp2"])
