@@ -207,16 +207,32 @@ def sink_cases() -> list[Case]:
 
 
 def head_dim_96_cases() -> list[Case]:
-    """Head dim 96 (Phi-3; the 16-bit forward kernel's dense, padded and packed forms): each walk
-    (static, paired, dynamic, one CTA per tile), each mask kind, sinks and both variable-length
-    forms, in bf16 and fp16, on lengths that are not multiples of the 128-row tiles; rows of the
+    """Head dim 96 (Phi-3; the 16-bit forward kernel's dense, padded and packed forms): rows of the
     O store split 4 threads a row (`_row_copy`), so every O column is checked, rows without keys
-    included (bottom-right, more queries than keys)."""
-    d = 96
+    included; Phi-3-mini's 32 heads on the dynamic walk."""
+    return _new_head_dim_cases(96, dynamic_heads=32)
+
+
+def head_dim_192_cases() -> list[Case]:
+    """q and k at head dim 192, v and o at 128 (DeepSeek-V2/V3/R1's prefill, MLA not absorbed): O
+    leaves through each consumer's part of Q's buffer, so rows without keys (bottom-right, more
+    queries than keys) and rows short of a tile are included; MHA on the dynamic walk as
+    DeepSeek's, and a packed MHA case."""
+    packed_mha = Case("bf16", 7, 16, 16, 1100, 1000, 192, True, "thd", True, "packed", tokens_q=3001, tokens_kv=2800)
+    cases = _new_head_dim_cases(192, dynamic_heads=16, extra=[packed_mha])
+    return [replace(case, head_dim_v=128) for case in cases]
+
+
+def _new_head_dim_cases(d: int, dynamic_heads: int, extra: list[Case] = ()) -> list[Case]:
+    """A head dim new to the forward kernel: each walk (static, paired, dynamic, one CTA per
+    tile), each mask kind, sinks and both variable-length forms, in bf16 and fp16, GQA, MHA and
+    MQA, on lengths that are not multiples of the 128-row tiles (`extra` before the last two
+    packed cases)."""
+    h = dynamic_heads
     return [
         Case("bf16", 2, 8, 8, 1000, 1000, d, False, "bshd", True),  # static walk
         Case("fp16", 1, 16, 4, 1000, 1000, d, True, "bhsd", False),  # paired walk
-        Case("bf16", 1, 32, 32, 2000, 2000, d, True, "bshd", True),  # dynamic walk, Phi-3-mini's heads
+        Case("bf16", 1, h, h, 2000, 2000, d, True, "bshd", True),  # dynamic walk, the model's heads
         Case("fp16", 1, 4, 1, 8200, 8200, d, True, "bshd", False),  # one CTA per tile, MQA
         Case("bf16", 3, 8, 2, 17, 17, d, False, "bhsd", True),  # rows short of a tile
         Case("fp16", 1, 8, 2, 129, 4000, d, False, "bshd", True),
@@ -229,43 +245,12 @@ def head_dim_96_cases() -> list[Case]:
         Case("bf16", 2, 16, 2, 777, 777, d, True, "bshd", True, "dense", "top_left", 127, sinks=True),
         Case("bf16", 5, 16, 4, 1100, 1000, d, True, "bshd", True, "padded", lengths="qkv"),
         Case("fp16", 5, 16, 16, 1100, 1000, d, False, "bhsd", False, "padded", softcap=40.0, lengths="kv"),
+        *extra,
         Case("bf16", 7, 16, 4, 1100, 1000, d, True, "thd", True, "packed", "bottom_right", tokens_q=3001,
              tokens_kv=2800),
         Case("fp16", 7, 16, 1, 1100, 1000, d, False, "thd", True, "packed", "top_left", 60, 30, tokens_q=3001,
              tokens_kv=2800, sinks=True),
     ]  # fmt: skip
-
-
-def head_dim_192_cases() -> list[Case]:
-    """q and k at head dim 192, v and o at 128 (DeepSeek-V2/V3/R1's prefill, MLA not absorbed; the
-    16-bit forward kernel's dense, padded and packed forms): each walk (static, paired, dynamic,
-    one CTA per tile), each mask kind, sinks, LSE and both variable-length forms, in bf16 and fp16,
-    GQA and MHA, on lengths that are not multiples of the 128-row tiles; O leaves through each
-    consumer's part of Q's buffer, so rows without keys (bottom-right, more queries than keys)
-    and rows short of a tile are included."""
-    d, dv = 192, 128
-    return [replace(case, head_dim_v=dv) for case in [
-        Case("bf16", 2, 8, 8, 1000, 1000, d, False, "bshd", True),  # static walk
-        Case("fp16", 1, 16, 4, 1000, 1000, d, True, "bhsd", False),  # paired walk
-        Case("bf16", 1, 16, 16, 2000, 2000, d, True, "bshd", True),  # dynamic walk, MHA as DeepSeek's
-        Case("fp16", 1, 4, 1, 8200, 8200, d, True, "bshd", False),  # one CTA per tile, MQA
-        Case("bf16", 3, 8, 2, 17, 17, d, False, "bhsd", True),  # rows short of a tile
-        Case("fp16", 1, 8, 2, 129, 4000, d, False, "bshd", True),
-        Case("bf16", 2, 8, 2, 300, 1000, d, True, "bshd", True, "dense", "bottom_right"),
-        Case("fp16", 1, 8, 8, 1000, 300, d, True, "bhsd", True, "dense", "bottom_right"),  # rows without keys
-        Case("bf16", 2, 8, 2, 777, 777, d, True, "bshd", False, "dense", "top_left", 100),  # sliding window
-        Case("fp16", 1, 8, 4, 600, 600, d, False, "bhsd", True, "dense", "top_left", 60, 30),  # two-sided
-        Case("bf16", 1, 8, 2, 500, 1000, d, False, "bshd", True, "dense", softcap=30.0),
-        Case("fp16", 1, 8, 2, 300, 900, d, True, "bshd", True, "dense", "bottom_right", 200, None, 50.0),
-        Case("bf16", 2, 16, 2, 777, 777, d, True, "bshd", True, "dense", "top_left", 127, sinks=True),
-        Case("bf16", 5, 16, 4, 1100, 1000, d, True, "bshd", True, "padded", lengths="qkv"),
-        Case("fp16", 5, 16, 16, 1100, 1000, d, False, "bhsd", False, "padded", softcap=40.0, lengths="kv"),
-        Case("bf16", 7, 16, 16, 1100, 1000, d, True, "thd", True, "packed", tokens_q=3001, tokens_kv=2800),
-        Case("bf16", 7, 16, 4, 1100, 1000, d, True, "thd", True, "packed", "bottom_right", tokens_q=3001,
-             tokens_kv=2800),
-        Case("fp16", 7, 16, 1, 1100, 1000, d, False, "thd", True, "packed", "top_left", 60, 30, tokens_q=3001,
-             tokens_kv=2800, sinks=True),
-    ]]  # fmt: skip
 
 
 def cases() -> list[Case]:
