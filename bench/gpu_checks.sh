@@ -9,6 +9,9 @@
 #   bash bench/gpu_checks.sh sinks    # attention sinks: GPU cases, sanitizer targets, bench/sinks.py
 #   bash bench/gpu_checks.sh http     # bench/serve_http.py run: transformers serve, frostc-fused and FlashAttention-4
 #   bash bench/gpu_checks.sh soak     # bench/serve_http.py soak: 5 minutes at concurrency 64, cancellations
+#   bash bench/gpu_checks.sh dims     # the new head dims (issue 44): their GPU cases, sanitizer groups d96 and
+#                                     # d192, bench/sdpa.py's d96 and d192/128 rows (FA4 beside them when
+#                                     # a `mixed` call just installed it into /tmp/site)
 #   bash bench/gpu_checks.sh decode   # bench/decode.py
 #   bash bench/gpu_checks.sh model    # bench/model.py (add MODEL_ARGS="--compiled-model" to time that too)
 #   bash bench/gpu_checks.sh mixed    # bench/mixed.py; FlashAttention-4 beside it when .peer/part2 is carried
@@ -104,6 +107,20 @@ mixed)
         echo "baseline rc=$?"; tail -30 "$OUT/mixed-baseline.log"
     fi
     ;;
+dims)
+    # carry tests/.built, bench/.built (sdpa plans and sanitize)
+    if [ -d /tmp/site ]; then
+        export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+    fi
+    timeout 200 python -m pytest tests/gpu -q -p no:cacheprovider -rs -k "d96 or d192 or phi3" > "$OUT/pytest-dims.log" 2>&1
+    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-dims.log" | tail -10
+    for group in d96 d192; do
+        timeout 120 python bench/sanitize.py run --only $group > "$OUT/sanitize-$group.txt" 2>&1
+        echo "sanitize $group rc=$?"; tail -14 "$OUT/sanitize-$group.txt"
+    done
+    timeout 200 python bench/sdpa.py run --head-dims 96,192 --md "$OUT/sdpa-dims.md" > "$OUT/sdpa-dims.log" 2>&1
+    echo "sdpa rc=$?"; tail -14 "$OUT/sdpa-dims.log"
+    ;;
 decode)
     timeout 560 python bench/decode.py run --md "$OUT/decode.md" --json "$OUT/decode.json" > "$OUT/decode.log" 2>&1
     echo "decode rc=$?"; tail -25 "$OUT/decode.log"
@@ -116,6 +133,6 @@ model)
     echo "model rc=$?"; tail -30 "$OUT/model.log"
     ;;
 *)
-    echo "usage: bash bench/gpu_checks.sh tests|verify|serve|decode|model|mixed" >&2; exit 2
+    echo "usage: bash bench/gpu_checks.sh tests|verify|serve|sinks|http|soak|mixed|dims|decode|model" >&2; exit 2
     ;;
 esac
