@@ -273,7 +273,10 @@ class PagedDecodeVariant(Variant):
     @property
     def grid_rule(self) -> str:
         if self.chunks_apart:
-            return f"(splits, heads_kv, batch): the sequences of at most {self.tile_shape.rows} query rows"
+            rule = f"(splits, heads_kv, batch): the sequences of at most {self.tile_shape.rows} query rows"
+            if self.adaptive:  # `sequence_chunk`, on the device
+                rule += "; each one's keys over the splits, at least `chunk` a split, one split written directly"
+            return rule
         if self.packed:  # each sequence's first row block, then the further ones of the chunks
             return f"(splits, heads_kv, batch + min(tokens * group // {self.tile_shape.rows}, further capacity))"
         return f"(splits, heads_kv * ceil(s_new * group / {self.tile_shape.rows}), batch)"
