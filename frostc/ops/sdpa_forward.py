@@ -170,10 +170,11 @@ def _check_supported(node: Sdpa, config: ForwardConfig, ctx: ResolveContext) -> 
     # the 16-bit kernel takes 96 too; the e4m3 one (and vt_pack's re-lay) 64, 128 and 256
     head_dims, where = (E4M3_HEAD_DIMS, "with e4m3 q, k and v") if node.fp8 else (HEAD_DIMS, "")
     # a pair of head dims (v's apart from q's: validated against HEAD_DIM_PAIRS) is built at 16 bits
-    supported = check_value_dim(node, "with e4m3 q, k and v" if node.fp8 else "", ctx) and not node.fp8
+    apart = check_value_dim(node, where, ctx)
+    supported = apart and not node.fp8
     if not supported:
         check_head_dim(node.head_dim, f"{q.path}.dims[{len(q.dims) - 1}]", ctx, head_dims, where)
-        supported = node.head_dim in head_dims and node.head_dim_v == node.head_dim
+        supported = node.head_dim in head_dims and not apart
     letters = _letters(node.form)
     layouts = '"thd"' if node.form == "packed" else '"bshd" or "bhsd"'
     # e4m3 V is read keys innermost: given so (dense, padded), or re-laid by the plan (packed; dense
