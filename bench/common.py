@@ -86,13 +86,16 @@ def write_plan(path: Path, description) -> None:
     print("built", path.stem, flush=True)
 
 
-def dense_description(name: str, shape: tuple[int, int, int, int], causal: bool):
-    """bf16 attention over (b, h, s, d) tensors q, k, v and o, laid out bhsd."""
+def dense_description(name: str, shape: tuple[int, int, int, int], causal: bool, head_dim_v: int | None = None):
+    """bf16 attention over (b, h, s, d) tensors q, k, v and o, laid out bhsd; v and o of head dim
+    `head_dim_v` where given (DeepSeek's prefill: q/k 192, v/o 128)."""
     from frostc import GraphBuilder
 
+    b, h, s, d = shape
+    value_shape = (b, h, s, head_dim_v or d)
     g = GraphBuilder(name)
     for t in ("q", "k", "v", "o"):
-        g.tensor(t, dtype="bf16", dims=shape, layout="bhsd")
+        g.tensor(t, dtype="bf16", dims=shape if t in ("q", "k") else value_shape, layout="bhsd")
     g.sdpa(q="q", k="k", v="v", o="o", causal=causal)
     return g.build()
 

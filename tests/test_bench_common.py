@@ -78,6 +78,14 @@ def test_the_plans_description_validates(common) -> None:
     assert graph.name == "dense" and len(graph.nodes) == 1
 
 
+def test_the_plans_description_takes_a_value_head_dim(common) -> None:
+    """bench/sdpa.py's DeepSeek rows: v and o at 128 under q and k at 192."""
+    from frostc.validate import validate
+
+    graph = validate(common.dense_description("mla-prefill", (1, 2, 256, 192), causal=False, head_dim_v=128))
+    assert {t.name: t.dims[-1] for t in graph.tensors} == {"q": 192, "k": 192, "v": 128, "o": 128}
+
+
 # ----------------------------------------------------------------------------------- the command line
 
 
