@@ -136,6 +136,8 @@ def test_decodes_beside_chunks_apart_split_adaptively_within_the_grid_and_worksp
     assert decodes.variant.chunks_apart and decodes.variant.split and decodes.variant.adaptive
     assert decodes.variant.name.endswith(".packed.decodes.split.lse")  # it writes short sequences' LSE itself
     assert combine.variant.decode_rows == 64
+    assert combine.grid == (64 // 8, HKV, B)  # a warp a row, 8 a CTA: a decode of up to 16 tokens at GQA 4
+    assert combine.variant.tiles == {"threads": 256, "rows_per_cta": 8}
     args = {a.param: a.value for a in decodes.args}
     splits = args["splits"]
     assert args["chunk"] == ADAPTIVE_MIN_CHUNK_KEYS and splits == 4096 // ADAPTIVE_MIN_CHUNK_KEYS

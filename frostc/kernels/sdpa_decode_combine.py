@@ -18,7 +18,13 @@ With the chunks apart (`decode_rows`) the decodes were split adaptively (the att
 and a sequence whose keys fit one split was written by the attention kernel itself, so its rows
 are left alone.
 
-One CTA per (row, KV head, sequence); 256 threads: the splits' LSE are reduced across the
+The decodes' rows (`decode_rows`) are merged a warp a row, 8 rows a CTA side by side: a
+decode's splits are few (its keys spread over at most the plan's splits), so a row's LSE are
+reduced by shuffles and each lane sums its 4-float pieces of d over the splits, with no shared
+memory and no barrier. (The CTA-wide merge below, one row after another, spent ~16 µs a launch
+in a serving step on its barriers: bench/NOTES.md "the combine a warp a row".)
+
+Otherwise one CTA per (row, KV head, sequence); 256 threads: the splits' LSE are reduced across the
 CTA, then O is summed with 16-byte loads, each thread a 4-float piece of d for every
 `groups`-th split (groups = 256 // (d / 4), the whole groups of d / 4 threads: at d=96, 10 of
 24; the 16 threads left over sum no split, into a spare column of the partial sums no one reads),
@@ -40,11 +46,12 @@ from frostc.kernels.sequences import packed_span
 THREADS = 256
 WARPS = THREADS // 32
 VECTOR = 4  # fp32 elements per 16-byte load
-# the mixed form with its chunks apart: query rows one CTA merges, one after the other. A serving
+# the mixed form with its chunks apart: query rows one CTA merges, a warp each. A serving
 # bucket's grid covers every sequence its tokens could hold, most of them empty or one-token
 # decodes (4 of up to 64 rows at GQA 4): one CTA a row launched ~60 empty CTAs for each useful one
 # (0.23 s of a 64-request continuous-batching job, bench/RESULTS.md "bench/serve.py after mixed v3")
-ROWS_PER_CTA = 16
+ROWS_PER_CTA = WARPS
+LANES = 32
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,8 @@ class DecodeCombineVariant(Variant):
 
     @property
     def tiles(self) -> dict[str, int]:
+        if self.decode_rows:
+            return {"threads": THREADS, "rows_per_cta": ROWS_PER_CTA}
         return {"threads": THREADS, "split_groups": THREADS // (self.head_dim // VECTOR)}
 
     @property
@@ -107,7 +116,7 @@ class DecodeCombineVariant(Variant):
     def grid_rule(self) -> str:
         if self.decode_rows:
             rows = f"ceil(min(s_new * group, {self.decode_rows}) / {ROWS_PER_CTA})"
-            return f"({rows}, heads_kv, batch): {ROWS_PER_CTA} rows a CTA, the decodes' only"
+            return f"({rows}, heads_kv, batch): {ROWS_PER_CTA} rows a CTA, a warp each, the decodes' only"
         return "(s_new * group, heads_kv, batch): one CTA per query row"
 
     def kernel(self) -> "DecodeCombine":
@@ -129,6 +138,9 @@ class DecodeCombine(Kernel):
         self.columns = self.groups + 1 if self.spare else self.groups  # of `pieces`
 
     def prepare(self) -> None:
+        if self.v.decode_rows:  # a warp a row: shuffles, no shared memory
+            self.smem_bytes = 0
+            return
         columns, d = self.columns, self.v.head_dim
 
         @cute.struct
@@ -154,10 +166,10 @@ class DecodeCombine(Kernel):
                 keys = self._keys(args, b, s_new)
                 chunk = sequence_chunk(keys, args.chunk, args.splits, args.block_n)
                 rows = cutlass.select_(keys <= chunk, 0, rows)
-                first = row * ROWS_PER_CTA
-                for r in range(first, cutlass.min(first + ROWS_PER_CTA, rows), 1):
-                    self._combine(args, r, head_kv, b, s_new, q_start, chunk)
-                    cute.arch.sync_threads()  # the pieces and the scratch are free for the next row
+                tidx, _, _ = cute.arch.thread_idx()
+                mine = row * ROWS_PER_CTA + tidx // LANES  # the same in the whole warp
+                if mine < rows:
+                    self._combine_in_warp(args, mine, head_kv, b, s_new, q_start, keys, chunk, tidx % LANES)
             elif row < rows:
                 self._combine(args, row, head_kv, b, s_new, q_start)
         else:
@@ -171,11 +183,10 @@ class DecodeCombine(Kernel):
         return kv_len - key_origin(kv_len, s_new, args.window_left, args.block_n)
 
     @cute.jit
-    def _combine(self, args: DecodeCombineArgs, row, head_kv, b, s_new, q_start, chunk=None):
+    def _combine(self, args: DecodeCombineArgs, row, head_kv, b, s_new, q_start):
         """Query row `row` (token row // group, head row % group of the group) of KV head `head_kv`
         of sequence b, whose `s_new` queries are the buffer's tokens from `q_start` (packed
-        queries; None: b's rows of a (b, h, s_new) output); `chunk`: the sequence's keys per
-        split (None: the plan's)."""
+        queries; None: b's rows of a (b, h, s_new) output)."""
         o_partial, lse_partial, rows, splits, group = (
             args.o_partial,
             args.lse_partial,
@@ -194,7 +205,7 @@ class DecodeCombine(Kernel):
         # `_partial_index`)
         stride = rows
         first = (cutlass.Int64(b) * args.heads_kv + head_kv) * splits * rows + row
-        if cutlass.const_expr(self.v.packed and self.v.decode_rows == 0):  # else `rows` a sequence
+        if cutlass.const_expr(self.v.packed):
             heads_q = args.heads_kv * group
             stride = cutlass.Int64(args.packed.tokens) * heads_q
             first = cutlass.Int64(q_start + row // group) * heads_q + head_kv * group + row % group
@@ -210,9 +221,7 @@ class DecodeCombine(Kernel):
         keys = kv_len - key_origin(kv_len, s_new, args.window_left, args.block_n)  # what the splits cover
         if cutlass.const_expr(self.v.causal):  # the row's own keys: up to its position
             keys = cutlass.max(keys - (s_new - 1 - row // group), 0)
-        if cutlass.const_expr(chunk is None):
-            chunk = args.chunk
-        active = cutlass.min((keys + chunk - 1) // chunk, splits)
+        active = cutlass.min((keys + args.chunk - 1) // args.chunk, splits)
 
         # the largest LSE, then the sum of the weights
         largest = cutlass.select_(tidx < active, my_lse, -cutlass.Float32.inf)
@@ -267,6 +276,60 @@ class DecodeCombine(Kernel):
                 lse_strides = args.lse_strides
                 at = cutlass.Int64(b) * lse_strides.stride_b + cutlass.Int64(head) * lse_strides.stride_h
                 at = at + cutlass.Int64(token) * lse_strides.stride_s
+                value = -cutlass.Float32.inf
+                if total > 0.0:
+                    value = shift + cute.math.log2(total) * LN_2
+                cute.make_tensor(args.lse + at, cute.make_layout(1))[0] = value
+
+    @cute.jit
+    def _combine_in_warp(self, args: DecodeCombineArgs, row, head_kv, b, s_new, q_start, keys, chunk, lane):
+        """Query row `row` of KV head `head_kv` of sequence b (a decode whose rows the attention
+        kernel split, `chunk` keys a split over its `keys` keys), merged by one warp: `lane` reads
+        the LSE of splits lane, lane + 32, ... and sums the 4-float pieces lane, lane + 32, ... of
+        d over every split. Every lane runs the shuffles (a row's warp is whole)."""
+        d, group, splits, rows = self.v.head_dim, args.group, args.splits, args.rows
+        first = (cutlass.Int64(b) * args.heads_kv + head_kv) * splits * rows + row  # split 0's row
+        lses = cute.make_tensor(args.lse_partial + first, cute.make_layout(splits, stride=rows))
+        if cutlass.const_expr(self.v.causal):  # the row's own keys: up to its position
+            keys = cutlass.max(keys - (s_new - 1 - row // group), 0)
+        active = cutlass.min((keys + chunk - 1) // chunk, splits)
+
+        largest = -cutlass.Float32.inf
+        for s in cutlass.range(lane, active, LANES):
+            largest = cute.arch.fmax(largest, lses[s])
+        largest = cute.arch.warp_reduction(largest, cute.arch.fmax)
+        sink = cutlass.Float32(0.0)  # the row's head's sink logit (a sinks variant)
+        if cutlass.const_expr(self.v.sinks):
+            sink = cute.make_tensor(args.sinks + (head_kv * group + row % group), cute.make_layout(1))[0]
+            largest = cute.arch.fmax(largest, sink)
+        shift = 0.0 if largest == -cutlass.Float32.inf else largest
+        total = cutlass.Float32(0.0)
+        for s in cutlass.range(lane, active, LANES):
+            total = total + cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
+        total = cute.arch.warp_reduction(total, lambda a, c: a + c)
+        if cutlass.const_expr(self.v.sinks):  # a key with no value: the denominator only, once
+            total = total + cute.math.exp2((sink - shift) * LOG2_E, fastmath=True)
+        inv = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
+
+        token, head = q_start + row // group, head_kv * group + row % group
+        o_strides = args.o_strides
+        at = cutlass.Int64(head) * o_strides.stride_h + cutlass.Int64(token) * o_strides.stride_s
+        out = cute.make_tensor(args.o + at, cute.make_layout(d))
+        pieces = d // VECTOR
+        for j in cutlass.range_constexpr((pieces + LANES - 1) // LANES):
+            piece = lane + j * LANES
+            if piece < pieces:  # d=64: lanes 0-15; d=96: 0-23
+                acc = cute.make_rmem_tensor(VECTOR, cutlass.Float32)
+                acc.fill(0.0)
+                for s in cutlass.range(0, active, 1, unroll=4):  # the loads overlap
+                    weight = cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
+                    acc.store(acc.load() + self._piece(args.o_partial, first, s, rows, piece).load() * weight)
+                for i in cutlass.range_constexpr(VECTOR):
+                    out[piece * VECTOR + i] = (acc[i] * inv).to(self.dtype)
+        if cutlass.const_expr(self.v.has_lse):
+            if lane == 0:
+                lse_strides = args.lse_strides
+                at = cutlass.Int64(head) * lse_strides.stride_h + cutlass.Int64(token) * lse_strides.stride_s
                 value = -cutlass.Float32.inf
                 if total > 0.0:
                     value = shift + cute.math.log2(total) * LN_2
