@@ -70,7 +70,10 @@ def build() -> int:
     model = read_model(config())
     cb = ContinuousBatching(BUCKETS, CB_MAX_REQUESTS, BLOCKS)  # with the glue plans of its token buckets
     for path, kv in ((SET, None), (SET_E4M3, "e4m3")):
-        dep = deployment(model, batch_sizes=(1,), page_size=PAGE, cb=cb, glue=read_layers(config()), kv_cache_dtype=kv)
+        dep = deployment(
+            model, batch_sizes=(1,), page_size=PAGE, cb=cb, glue=read_layers(config()), kv_cache_dtype=kv,
+            qkv_layout="fused",  # frostc-fused's layers pass q, k, v as views of their QKV GEMM's output
+        )  # fmt: skip
         start = time.perf_counter()
         result = build_set(model, dep, name=path.stem, phases=("mixed",))
         write_atomic(path, result.data)

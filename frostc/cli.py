@@ -244,7 +244,8 @@ def from_config(
     qkv_layout: str = typer.Option(
         "separate",
         "--qkv-layout",
-        help="Decode's q, k, v: separate (rows of their own) or fused (views of one QKV buffer, as hf_fuse makes).",
+        help="Decode's and continuous batching's q, k, v: separate (rows of their own) or fused (views of one "
+        "QKV buffer, as hf_fuse makes).",
     ),
     glue: bool = typer.Option(
         False,

@@ -211,13 +211,15 @@ def deployment(
     if glue is not None and glue.intermediate_size % tp:
         bad("--glue", f"the MLP's intermediate_size {glue.intermediate_size} does not split over --tp {tp} ranks")
     if qkv_layout not in QKV_LAYOUTS:
-        bad("--qkv-layout", f"{qkv_layout!r}: decode plans take q, k and v as {quoted(QKV_LAYOUTS)}")
+        bad("--qkv-layout", f"{qkv_layout!r}: decode and mixed plans take q, k and v as {quoted(QKV_LAYOUTS)}")
     if cb is not None:
         _check_cb(model, cb, page_size, bad)
     if vllm is not None:
         _check_vllm(vllm, cb, pages, bad)
         if glue is not None:
             bad("--glue", "the glue plans are for transformers' fused layers (hf_fuse); leave the flag out with vllm")
+        if qkv_layout != "separate":
+            bad("--qkv-layout", "vLLM hands its steps' q, k and v as rows of their own; leave the flag out with vllm")
     if problems:
         raise DescriptionError(problems)
     max_pages = -(-max_cache_len // page_size)
@@ -438,7 +440,7 @@ def mixed_description(name: str, kind: LayerKind, dep: Deployment, tokens: int, 
     g = GraphBuilder(name)
     blocks, layers = pool
     d = kind.head_dim
-    _step_rows(g, kind, tokens)
+    _step_rows(g, kind, tokens, fused=dep.qkv_layout == "fused")
     row = kind.kv_heads * d
     strides = [2 * layers * dep.page_size * row, row, d, 1]
     for cache in ("k_cache", "v_cache"):
@@ -507,10 +509,14 @@ def _cache_scales(g: GraphBuilder, dep: Deployment, grain: int) -> dict[str, str
     return {name: g.tensor(name, dtype=SCALE_DTYPE, dims=[grain]) for name in ("k_scale", "v_scale")}
 
 
-def _step_rows(g: GraphBuilder, kind: LayerKind, tokens: int) -> None:
-    """A mixed step's packed rows: q, k_new, v_new and o, (tokens, heads, d) each."""
+def _step_rows(g: GraphBuilder, kind: LayerKind, tokens: int, fused: bool = False) -> None:
+    """A mixed step's packed rows: q, k_new, v_new and o, (tokens, heads, d) each; `fused`: q,
+    k_new and v_new the views of one (tokens, hq + 2 hkv, d) QKV buffer that hf_fuse's layers
+    make (each bound at its own first head), so that no step copies them into rows of their own."""
+    row = (kind.heads + 2 * kind.kv_heads) * kind.head_dim  # one token's q, k and v, fused
     for tensor, heads in (("q", kind.heads), ("k_new", kind.kv_heads), ("v_new", kind.kv_heads), ("o", kind.heads)):
-        g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, kind.head_dim])
+        strides = {"strides": [row, kind.head_dim, 1]} if fused and tensor != "o" else {}
+        g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, kind.head_dim], **strides)
 
 
 def _step_lengths(g: GraphBuilder, sequences: int, max_pages: int) -> dict[str, str]:

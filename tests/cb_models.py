@@ -80,7 +80,9 @@ def peer_tokens(model, family: str, inputs, new_tokens: int, **config) -> dict[s
 def build_cb_set(family: str, kv_cache_dtype: str | None = None) -> bytes:
     """The family's mixed plans (frostc from-config --phase mixed --cb-tokens 16,64 --cb-blocks 128
     --page-size 16, bf16): one per layer kind and token bucket; for the families hf_fuse fuses
-    (--glue), the glue plans of the buckets' rows too. `kv_cache_dtype` "e4m3": an e4m3 pool."""
+    (--glue), the glue plans of the buckets' rows too, and q, k and v taken as views of the fused
+    layers' QKV buffer (--qkv-layout fused: the unfused layers' rows are staged into that layout,
+    the fused ones' passed as they are). `kv_cache_dtype` "e4m3": an e4m3 pool."""
     from frost_runtime.hf_fuse import FAMILIES
 
     from frostc.buildset import build_set
@@ -92,7 +94,7 @@ def build_cb_set(family: str, kv_cache_dtype: str | None = None) -> bytes:
     glue = read_layers(CB_TINY[family]) if family in FAMILIES else None
     dep = deployment(
         model, batch_sizes=(1,), max_cache_len=MAX_CACHE_LEN, page_size=PAGE, cb=cb, glue=glue,
-        kv_cache_dtype=kv_cache_dtype,
+        kv_cache_dtype=kv_cache_dtype, qkv_layout="fused" if glue else "separate",
     )  # fmt: skip
     return build_set(model, dep, name=cb_set_name(family, kv_cache_dtype), phases=("mixed",)).data
 

@@ -588,6 +588,42 @@ def test_generate_batch_through_the_plans(cb_sets, family: str) -> None:
     assert set(loaded) == {e.key for e in plans.entries}  # both buckets served steps
 
 
+def test_fused_layers_hand_their_qkv_views_to_a_fused_set_without_a_copy(cb_sets) -> None:
+    """A set built with --qkv-layout fused (tests/cb_models.py's, for the families hf_fuse fuses)
+    takes q, k_new and v_new as views of the fused layer's QKV buffer: a step at a bucket's rows
+    binds those views as they are (one storage, the QKV row's stride), a step of other rows is
+    staged into the same strides; the tokens are the peer's or near ties."""
+    from frost_runtime import hf_fuse
+    from frost_runtime.hf.cb_plans import PlanExecutor
+
+    from tests.cb_models import near_ties
+
+    class Recording(ContractPlan):
+        views: list[bool] = []
+
+        def _execute(self, *buffers) -> None:
+            named = dict(zip(self.slots, buffers, strict=True))
+            q, k, v = named["q"], named["k_new"], named["v_new"]
+            self.views.append(
+                q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+            )
+            super()._execute(*buffers)
+
+    model = cb_model("llama", dtype=torch.bfloat16)
+    inputs = prompts(24, 100, seed=0)
+    expected = peer_tokens(model, "llama", inputs, 10)
+    plans = cb_sets["llama"]
+    q_slot = next(s for s in plans.plan_data(plans.entries[0].key).slots if s.name == "q")
+    heads, d = model.config.num_attention_heads, model.config.head_dim
+    assert q_slot.strides == ((heads + 2 * model.config.num_key_value_heads) * d, d, 1)  # the QKV row
+    hf_fuse.fuse_layers(model)
+    executor = PlanExecutor(plans, load=lambda key: Recording(plans, key))
+    cb = Guarded(executor).install(model)
+    out = model.generate_batch(inputs, generation_config=greedy(10), continuous_batching_config=cb_config())
+    near_ties(model, dict(zip(expected, inputs)), expected, {rid: o.generated_tokens for rid, o in out.items()})
+    assert any(Recording.views) and cb.calls["decode via plans"] > 0
+
+
 def test_a_pool_the_plans_were_not_built_for_is_refused(cb_sets) -> None:
     from frost_runtime.hf.cb_plans import PlanExecutor
 

@@ -115,7 +115,7 @@ def test_fused_generation_through_a_fused_qkv_set_matches_hf(family: str) -> Non
 
 
 def test_decode_rows_are_handed_over_as_views_when_the_plan_takes_them() -> None:
-    """`_rows_to`: q, k, v views of a QKV buffer are the slots of a fused-layout plan as they
+    """`rows_as_slot`: q, k, v views of a QKV buffer are the slots of a fused-layout plan as they
     are; for a plan of separate rows, or a batch under the bucket, they are copied (rows past
     the batch zero)."""
     b, hq, hkv, d = 4, 8, 2, 64
@@ -126,10 +126,10 @@ def test_decode_rows_are_handed_over_as_views_when_the_plan_takes_them() -> None
         plans = frost_runtime.read_set(build_tiny_set("llama", qkv_layout=layout))
         data = plans.plan_data(plans.select("decode", "l0", 4))
         slots[layout] = {s.name: s for s in data.slots}["k_new"]
-    assert hf._rows_to(k, slots["fused"]) is k
-    separate = hf._rows_to(k, slots["separate"])
+    assert hf.rows_as_slot(k, slots["fused"]) is k
+    separate = hf.rows_as_slot(k, slots["separate"])
     assert separate is not k and separate.stride() == slots["separate"].strides and torch.equal(separate, k)
-    short = hf._rows_to(k[:3], slots["fused"])
+    short = hf.rows_as_slot(k[:3], slots["fused"])
     assert short.stride() == slots["fused"].strides
     assert torch.equal(short[:3], k[:3]) and not short[3].any()
 

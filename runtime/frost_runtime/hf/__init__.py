@@ -51,7 +51,7 @@ along the same seams (docs/serving.md, "Continuous batching in transformers"):
 
 from frost_runtime.hf.backend import NAME, FrostcAttention, install
 from frost_runtime.hf.decode_graph import DecodeGraph, RecompileLimitError
-from frost_runtime.hf.launches import _rows_to  # noqa: F401  (tests/test_hf_fuse.py checks it as hf._rows_to)
+from frost_runtime.hf.launches import rows_as_slot  # noqa: F401  (tests/test_hf_fuse.py checks it as hf.rows_as_slot)
 from frost_runtime.hf.metadata import FrostcMask
 from frost_runtime.hf.pools import KV_SCALE_HEADROOM, MIN_KV_SCALE, Pools, quantize
 

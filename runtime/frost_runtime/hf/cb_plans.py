@@ -29,6 +29,7 @@ import torch
 from frost_runtime import dtypes, sinks
 from frost_runtime.hf.cb_step import Step
 from frost_runtime.hf.continuous import LayerCall, ReferenceExecutor
+from frost_runtime.hf.launches import rows_as_slot
 from frost_runtime.hf.support import kinds_by_layer
 from frost_runtime.planset import KindInfo, PlanSet
 
@@ -170,23 +171,16 @@ def _buffers(call: LayerCall, slots: dict) -> dict[str, torch.Tensor]:
     step = call.step
     return {
         **optional,
-        "q": _rows(call.q, tokens),
-        "k_new": _rows(call.k, tokens),
-        "v_new": _rows(call.v, tokens),
+        # the bucket's rows as the plan takes them: the layer's own where they are (a set built
+        # with --qkv-layout fused takes hf_fuse's views of its QKV buffer), else staged
+        "q": rows_as_slot(call.q, slots["q"]),
+        "k_new": rows_as_slot(call.k, slots["k_new"]),
+        "v_new": rows_as_slot(call.v, slots["v_new"]),
         "o": torch.empty((tokens, *call.q.shape[1:]), dtype=call.q.dtype, device=call.q.device),
         "k_cache": call.k_pages,
         "v_cache": call.v_pages,
         **_padded(step, sequences),
     }
-
-
-def _rows(x: torch.Tensor, tokens: int) -> torch.Tensor:
-    """`x` (rows, h, d) as `tokens` contiguous rows: itself when it already is, else a staged copy."""
-    if x.shape[0] == tokens and x.is_contiguous():
-        return x
-    staged = torch.empty((tokens, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    staged[: x.shape[0]].copy_(x)
-    return staged
 
 
 def _padded(step: Step, sequences: int) -> dict[str, torch.Tensor]:

@@ -123,7 +123,7 @@ def decode(
     b, hq, s, d = query.shape
     slot = _slots_by_name(key_plan)
     bucket = slot["q"].dims[0]
-    q, k_new, v_new = (_rows_to(x, slot[n]) for x, n in zip((query, key, value), ("q", "k_new", "v_new")))
+    q, k_new, v_new = (rows_as_slot(x, slot[n]) for x, n in zip((query, key, value), ("q", "k_new", "v_new")))
     cache_len = metadata.cache_len(rows, bucket, s)
     o = torch.empty_strided(slot["o"].dims, slot["o"].strides, dtype=query.dtype, device=query.device)
     reads = {"q": q, "k_new": k_new, "v_new": v_new, "page_table": page_table[:bucket], "cache_len": cache_len,
@@ -136,8 +136,9 @@ def decode(
     return torch.where(rows.broken[:, None, None, None], torch.nan, out)
 
 
-def _rows_to(x: torch.Tensor, slot) -> torch.Tensor:
-    """(b, h, s, d) as the plan's slot (bucket, h, s, d): x itself when b is the bucket and its
+def rows_as_slot(x: torch.Tensor, slot) -> torch.Tensor:
+    """x as the plan's slot, its first dim the bucket's (decode's (b, h, s, d) rows, a continuous-
+    batching step's (tokens, h, d)): x itself when that dim is the bucket's and its
     strides are the slot's (those of extent-1 dims aside: they address nothing), as HF's own rows
     are for a set of separate q, k, v, and fused layers' views for a set built with --qkv-layout
     fused; else a copy in the slot's strides (rows past b: zeros)."""
