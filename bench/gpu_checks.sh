@@ -12,6 +12,8 @@
 #   bash bench/gpu_checks.sh dims     # the new head dims (issue 44): their GPU cases, sanitizer groups d96 and
 #                                     # d192, bench/sdpa.py's d96 and d192/128 rows (FA4 beside them when
 #                                     # a `mixed` call just installed it into /tmp/site)
+#   bash bench/gpu_checks.sh tiles    # bench/tile_trials.py's candidates (bench/.built/tiles/d{D}-*): each
+#                                     # folder's bench/sdpa.py rows beside the chosen tiles' (FA4 too when staged)
 #   bash bench/gpu_checks.sh decode   # bench/decode.py
 #   bash bench/gpu_checks.sh model    # bench/model.py (add MODEL_ARGS="--compiled-model" to time that too)
 #   bash bench/gpu_checks.sh mixed    # bench/mixed.py; FlashAttention-4 beside it when .peer/part2 is carried
@@ -121,6 +123,22 @@ dims)
     timeout 200 python bench/sdpa.py run --head-dims 96,192 --md "$OUT/sdpa-dims.md" > "$OUT/sdpa-dims.log" 2>&1
     echo "sdpa rc=$?"; tail -14 "$OUT/sdpa-dims.log"
     ;;
+tiles)
+    # carry bench/.built (the chosen tiles' sdpa plans and bench/.built/tiles)
+    if [ -d /tmp/site ]; then
+        export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+    fi
+    for dims in $(ls bench/.built/tiles | sed 's/^d\([0-9]*\)-.*/\1/' | sort -u); do
+        timeout 120 python bench/sdpa.py run --head-dims "$dims" --md "$OUT/tiles-d$dims-chosen.md" > "$OUT/tiles-d$dims-chosen.log" 2>&1
+        echo "d$dims chosen rc=$?"; grep -E "^\| [0-9]" "$OUT/tiles-d$dims-chosen.log"
+        for folder in bench/.built/tiles/d"$dims"-*; do
+            name=$(basename "$folder")
+            SDPA_PLANS=$folder timeout 120 python bench/sdpa.py run --head-dims "$dims" --md "$OUT/tiles-$name.md" \
+                > "$OUT/tiles-$name.log" 2>&1
+            echo "$name rc=$?"; grep -E "^\| [0-9]" "$OUT/tiles-$name.log"
+        done
+    done
+    ;;
 decode)
     timeout 560 python bench/decode.py run --md "$OUT/decode.md" --json "$OUT/decode.json" > "$OUT/decode.log" 2>&1
     echo "decode rc=$?"; tail -25 "$OUT/decode.log"
@@ -133,6 +151,6 @@ model)
     echo "model rc=$?"; tail -30 "$OUT/model.log"
     ;;
 *)
-    echo "usage: bash bench/gpu_checks.sh tests|verify|serve|sinks|http|soak|mixed|dims|decode|model" >&2; exit 2
+    echo "usage: bash bench/gpu_checks.sh tests|verify|serve|sinks|http|soak|mixed|dims|tiles|decode|model" >&2; exit 2
     ;;
 esac

@@ -3,6 +3,7 @@
     python bench/sdpa.py build                          # CPU machine: compile the plans into bench/.built
     python bench/sdpa.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
     python bench/sdpa.py run --head-dims 96             # only the rows of these head dims (q's and k's)
+    SDPA_PLANS=DIR python bench/sdpa.py run ...         # frostc's plans from another folder (bench/tile_trials.py)
 
 Each row: bf16, BHSD, one (batch, heads, seq, head dim) shape, causal or not (a fifth dim: v's
 and o's head dim where it is not q's and k's, DeepSeek's 192 / 128); frostc runs its
@@ -15,8 +16,10 @@ frostc's output is checked against the cuDNN backend's on every timed shape befo
 reported.
 """
 
+import os
 import statistics
 import sys
+from pathlib import Path
 
 import common
 from frost_runtime.timing import SETTLE_S, WINDOW_S
@@ -59,6 +62,10 @@ def build() -> int:
     return 0
 
 
+# SDPA_PLANS: the same plans built another way (bench/tile_trials.py's candidates), for an A/B
+PLANS = Path(os.environ.get("SDPA_PLANS", common.BUILT))
+
+
 def run(md=None, json_path=None, head_dims: str | None = None) -> int:
     import frost_runtime
 
@@ -68,7 +75,7 @@ def run(md=None, json_path=None, head_dims: str | None = None) -> int:
         if wanted is not None and shape[3] not in wanted:  # q's and k's head dim
             continue
         for causal in (False, True):
-            rows.append(_measure(frost_runtime.load(common.BUILT / f"{plan_name(shape, causal)}.frost"), shape, causal))
+            rows.append(_measure(frost_runtime.load(PLANS / f"{plan_name(shape, causal)}.frost"), shape, causal))
             print(_row(rows[-1]), flush=True)
 
     common.publish(_markdown(rows, common.machine()), rows, md, json_path)
@@ -138,7 +145,7 @@ def _markdown(rows, machine: str) -> str:
     lines = [
         f"SDPA forward, bf16, BHSD — {machine}. TFLOP/s from CUDA-graph replays "
         f"({SETTLE_S:g} s settling, then a {WINDOW_S:g} s timed window), each contestant's median of {common.ROUNDS} "
-        "measurements taken in rotated order.",
+        "measurements taken in rotated order." + (f" frostc's plans: {PLANS}." if PLANS != common.BUILT else ""),
         "",
         f"| b, h, s, d | causal | frostc | torch cuDNN | torch flash | frostc / cuDNN |{fa4_head} rel. err vs cuDNN |",
         "|---|---|---:|---:|---:|---:|" + ("---:|---:|---:|" if have_fa4 else "") + "---:|",

@@ -1,0 +1,40 @@
+"""bench/kernel_resources.py and bench/tile_trials.py on the CPU: a cubin's registers and stack
+read from its ELF, and a candidate's tiles in place only while its plans build."""
+
+from __future__ import annotations
+
+import pytest
+from frost_runtime.schema import decode_plan
+
+from frostc.build import build
+from tests.bench_scripts import load
+
+
+@pytest.fixture(scope="module")
+def plan_kernel():
+    common = load("common")
+    return decode_plan(build(common.dense_description("d96", (1, 2, 300, 96), causal=False))).kernels[0]
+
+
+def test_a_cubin_tells_its_registers_and_stack(plan_kernel) -> None:
+    """The d=96 forward kernel: three warpgroups (a producer and two consumers), so 65,536 / 384
+    registers a thread at launch (setmaxnreg redistributes them), and no stack frame."""
+    resources = load("kernel_resources").resources(plan_kernel.cubin)
+    assert resources == {"registers": 168, "stack_bytes": 0}
+
+
+def test_a_candidate_takes_the_kernel_only_while_it_builds() -> None:
+    """192 x 96 x 2 at d=96: three consumer warpgroups of 64 rows in place of the chosen tiles,
+    the other head dims untouched, the chosen tiles back afterwards."""
+    import frostc.kernels.sdpa_fwd_wgmma as forward
+
+    trials = load("tile_trials")
+    chosen, chosen_128 = forward.tiles_for_head_dim(96, False), forward.tiles_for_head_dim(128, False)
+    assert trials.parse("192x96x2") == (192, 96, 2)
+    with trials.tiles_in_place(96, 192, 96, 2):
+        tiles = forward.tiles_for_head_dim(96, False)
+        assert (tiles.block_m, tiles.block_n, tiles.consumers, tiles.stages) == (192, 96, 3, 2)
+        assert forward.tiles_for_head_dim(128, False) == chosen_128 and forward.tiles_for_head_dim(96, True) != tiles
+    assert forward.tiles_for_head_dim(96, False) == chosen
+    with pytest.raises(SystemExit, match="block_m must be 128 or 192"):
+        trials.parse("256x64x2")
