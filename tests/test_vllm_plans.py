@@ -64,6 +64,7 @@ def test_the_buckets_reach_the_longest_step() -> None:
         (("--pages", "4096", "--max-num-seqs", "0"), "--max-num-seqs: 0"),
         (("--pages", "4096", "--batch-sizes", "1,2,4"), "below --max-num-batched-tokens 8192"),
         (("--pages", "4096", "--glue"), "--glue: the glue plans are for transformers"),
+        (("--pages", "4096", "--qkv-layout", "fused"), "--qkv-layout: vLLM hands its steps' q, k and v as rows"),
         (("--pages", "4096", "--cb-tokens", "64", "--cb-blocks", "100"), "--engine: vllm: the --cb-* flags"),
         (("--pages", "4096", "--kv-cache-dtype", "e4m3", "--kv-scales", "row"), "--kv-scales: 'row'"),
     ],
