@@ -229,11 +229,7 @@ class DecodeCombine(Kernel):
         for s in range(tidx + THREADS, active, THREADS):
             largest = cute.arch.fmax(largest, lses[s])
         largest = self._cta_reduce(largest, reduce, tidx, cute.arch.fmax)
-        sink = cutlass.Float32(0.0)  # the row's head's sink logit (a sinks variant)
-        if cutlass.const_expr(self.v.sinks):
-            sink = cute.make_tensor(args.sinks + (head_kv * group + row % group), cute.make_layout(1))[0]
-            largest = cute.arch.fmax(largest, sink)
-        shift = 0.0 if largest == -cutlass.Float32.inf else largest
+        sink, shift = self._sink_and_shift(args, largest, head_kv * group + row % group)
         total = cutlass.Float32(0.0)
         if tidx < active:
             total = cute.math.exp2((my_lse - shift) * LOG2_E, fastmath=True)
@@ -299,11 +295,7 @@ class DecodeCombine(Kernel):
         for s in cutlass.range(lane, active, LANES):
             largest = cute.arch.fmax(largest, lses[s])
         largest = cute.arch.warp_reduction(largest, cute.arch.fmax)
-        sink = cutlass.Float32(0.0)  # the row's head's sink logit (a sinks variant)
-        if cutlass.const_expr(self.v.sinks):
-            sink = cute.make_tensor(args.sinks + (head_kv * group + row % group), cute.make_layout(1))[0]
-            largest = cute.arch.fmax(largest, sink)
-        shift = 0.0 if largest == -cutlass.Float32.inf else largest
+        sink, shift = self._sink_and_shift(args, largest, head_kv * group + row % group)
         total = cutlass.Float32(0.0)
         for s in cutlass.range(lane, active, LANES):
             total = total + cute.math.exp2((lses[s] - shift) * LOG2_E, fastmath=True)
@@ -335,6 +327,17 @@ class DecodeCombine(Kernel):
                 if total > 0.0:
                     value = shift + cute.math.log2(total) * LN_2
                 cute.make_tensor(args.lse + at, cute.make_layout(1))[0] = value
+
+    @cute.jit
+    def _sink_and_shift(self, args: DecodeCombineArgs, largest, head):
+        """The row's head's sink logit (0 without sinks: a sinks variant's) and the weights'
+        shift: the largest of the splits' LSE and the sink, 0 where every one is -inf."""
+        sink = cutlass.Float32(0.0)
+        if cutlass.const_expr(self.v.sinks):
+            sink = cute.make_tensor(args.sinks + head, cute.make_layout(1))[0]
+            largest = cute.arch.fmax(largest, sink)
+        shift = 0.0 if largest == -cutlass.Float32.inf else largest
+        return sink, shift
 
     def _piece(self, o_partial, first, split, stride, lane):
         """Split `split`'s 4-float piece `lane` of the row's partial O (`stride` rows apart)."""
