@@ -9,7 +9,7 @@ A candidate is block_m x block_n x stages (block_m / 64 consumer warpgroups, O i
 buffer). Each builds bench/sdpa.py's rows of that head dim, with the same plan names, into
 bench/.built/tiles/d{D}-{candidate}/, its tiles put in place of `tiles_for_head_dim`'s for that
 head dim (16-bit, no left window) while it builds. A candidate whose kernel keeps a stack frame
-(a spill: bench/kernel_resources.py) or does not fit shared memory is reported and skipped.
+(a spill: frostc.cubin_info) or does not fit shared memory is reported and skipped.
 bench/sdpa.py checks each plan's output against cuDNN before it times it.
 """
 
@@ -20,7 +20,6 @@ from pathlib import Path
 
 import common
 import sdpa
-from kernel_resources import resources
 
 TRIALS = common.BUILT / "tiles"
 
@@ -74,6 +73,7 @@ def _build_candidate(folder: Path, candidate: str, shapes) -> None:
     from frost_runtime.schema import decode_plan
 
     from frostc.build import build as build_plan
+    from frostc.cubin_info import resources
     from frostc.planfile import write_atomic
 
     built = {}
@@ -88,9 +88,9 @@ def _build_candidate(folder: Path, candidate: str, shapes) -> None:
                 return
             kernel = decode_plan(data).kernels[0]
             used = resources(kernel.cubin)
-            print(f"{candidate}: {name} {kernel.name} {used.get('registers')} registers, "
-                  f"{used.get('stack_bytes')} B stack, {kernel.smem_bytes:,} B shared")  # fmt: skip
-            if used.get("stack_bytes"):
+            print(f"{candidate}: {name} {kernel.name} {used.registers} registers, "
+                  f"{used.stack_bytes} B stack, {kernel.smem_bytes:,} B shared")  # fmt: skip
+            if used.stack_bytes:
                 print(f"{candidate}: spills (a stack frame): skipped")
                 return
             built[name] = data

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from frostc.cubin_info import resources
+
 
 def _arg_text(a, plan) -> str | int | float | list[int]:
     """What a person needs to know of an argument (a tensor map by its content hash: the 128
@@ -83,6 +85,9 @@ def plan_summary(plan: schema.PlanData) -> dict:
                 "block": list(k.block),
                 "cluster": list(k.cluster),
                 "smem_bytes": k.smem_bytes,
+                # what ptxas decided, read from the cubin: a change that makes a kernel spill shows here
+                "registers": resources(k.cubin).registers,
+                "stack_bytes": resources(k.cubin).stack_bytes,
                 "grid_rule": k.grid_rule,
                 "tiles": dict(k.tiles),
                 "params": [f"{p.name}:{p.kind}" for p in k.params],
@@ -134,11 +139,14 @@ def print_plan(plan: schema.PlanData, console: Console) -> None:
     ]  # fmt: skip
     console.print(_table("Nodes (what the plan computes)", rows, ["name", "op", "form", "mask", "sizes", "slots"]))
     for i, k in enumerate(s["kernels"]):
+        stack = f"{k['stack_bytes']} B a thread" + (" (a spill or a local array)" if k["stack_bytes"] else "")
         rows = [
             {"field": "entry", "value": k["entry"][:60] + ("…" if len(k["entry"]) > 60 else "")},
             {"field": "block", "value": k["block"]},
             {"field": "cluster", "value": k["cluster"]},
             {"field": "dynamic smem", "value": f"{k['smem_bytes']} B"},
+            {"field": "registers", "value": f"{k['registers']} a thread at launch"},
+            {"field": "stack", "value": stack},
             {"field": "grid rule", "value": k["grid_rule"]},
             {"field": "tiles", "value": _kv(k["tiles"])},
             {"field": "ctas per SM", "value": k["ctas_per_sm"] or "not persistent"},

@@ -1,5 +1,5 @@
-"""bench/kernel_resources.py and bench/tile_trials.py on the CPU: a cubin's registers and stack
-read from its ELF, and a candidate's tiles in place only while its plans build."""
+"""frostc.cubin_info and bench/tile_trials.py on the CPU: a cubin's registers and stack read from
+its ELF (what inspect shows), and a candidate's tiles in place only while its plans build."""
 
 from __future__ import annotations
 
@@ -11,16 +11,22 @@ from tests.bench_scripts import load
 
 
 @pytest.fixture(scope="module")
-def plan_kernel():
+def plan():
     common = load("common")
-    return decode_plan(build(common.dense_description("d96", (1, 2, 300, 96), causal=False))).kernels[0]
+    return decode_plan(build(common.dense_description("d96", (1, 2, 300, 96), causal=False)))
 
 
-def test_a_cubin_tells_its_registers_and_stack(plan_kernel) -> None:
+def test_a_cubin_tells_its_registers_and_stack(plan) -> None:
     """The d=96 forward kernel: three warpgroups (a producer and two consumers), so 65,536 / 384
-    registers a thread at launch (setmaxnreg redistributes them), and no stack frame."""
-    resources = load("kernel_resources").resources(plan_kernel.cubin)
-    assert resources == {"registers": 168, "stack_bytes": 0}
+    registers a thread at launch (setmaxnreg redistributes them), and no stack frame; inspect's
+    summary (the goldens', diff's) carries both."""
+    from frostc.cubin_info import CubinResources, resources
+    from frostc.inspect import plan_summary
+
+    assert resources(plan.kernels[0].cubin) == CubinResources(registers=168, stack_bytes=0)
+    assert resources(b"not an ELF file") == CubinResources(0, 0)
+    kernel = plan_summary(plan)["kernels"][0]
+    assert (kernel["registers"], kernel["stack_bytes"]) == (168, 0)
 
 
 def test_a_candidate_takes_the_kernel_only_while_it_builds() -> None:
