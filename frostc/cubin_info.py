@@ -17,13 +17,17 @@ _EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE = 0x2F, 0x11
 
 @dataclass(frozen=True)
 class CubinResources:
-    registers: int  # per thread, at launch
-    stack_bytes: int  # the stack frame per thread
+    registers: int | None  # per thread, at launch; None where the cubin does not say
+    stack_bytes: int | None  # the stack frame per thread; None where the cubin does not say
 
 
 def resources(cubin: bytes) -> CubinResources:
-    """The registers and stack frame of a one-kernel cubin (frostc compiles one kernel a cubin)."""
-    info = _sections(cubin).get(".nv.info", b"")
+    """The registers and stack frame of a one-kernel cubin (frostc compiles one kernel a cubin);
+    None for what a cubin that is not a well-formed ELF file does not say."""
+    try:
+        info = _sections(cubin).get(".nv.info", b"")
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError):  # not a well-formed ELF file
+        info = b""
     found: dict[int, int] = {}
     at = 0
     while at + 4 <= len(info):
@@ -32,11 +36,12 @@ def resources(cubin: bytes) -> CubinResources:
         at += 4 + len(payload)
         if len(payload) == 8:
             found[attribute] = struct.unpack_from("<I", payload, 4)[0]
-    return CubinResources(found.get(_EIATTR_REGCOUNT, 0), found.get(_EIATTR_FRAME_SIZE, 0))
+    return CubinResources(found.get(_EIATTR_REGCOUNT), found.get(_EIATTR_FRAME_SIZE))
 
 
 def _sections(elf: bytes) -> dict[str, bytes]:
-    """An ELF64 file's sections by name (empty for anything that is not one)."""
+    """An ELF64 file's sections by name (empty for anything that is not one; struct.error,
+    ValueError or IndexError for one whose tables point outside it)."""
     if elf[:4] != b"\x7fELF" or len(elf) < 0x40:
         return {}
     (table,) = struct.unpack_from("<Q", elf, 0x28)

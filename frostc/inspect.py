@@ -139,13 +139,17 @@ def print_plan(plan: schema.PlanData, console: Console) -> None:
     ]  # fmt: skip
     console.print(_table("Nodes (what the plan computes)", rows, ["name", "op", "form", "mask", "sizes", "slots"]))
     for i, k in enumerate(s["kernels"]):
-        stack = f"{k['stack_bytes']} B a thread" + (" (a spill or a local array)" if k["stack_bytes"] else "")
+        registers, stack = "not in the cubin", "not in the cubin"  # a cubin that is not a well-formed ELF file
+        if k["registers"] is not None:
+            registers = f"{k['registers']} a thread at launch"
+        if k["stack_bytes"] is not None:
+            stack = f"{k['stack_bytes']} B a thread" + (" (a spill or a local array)" if k["stack_bytes"] else "")
         rows = [
             {"field": "entry", "value": k["entry"][:60] + ("…" if len(k["entry"]) > 60 else "")},
             {"field": "block", "value": k["block"]},
             {"field": "cluster", "value": k["cluster"]},
             {"field": "dynamic smem", "value": f"{k['smem_bytes']} B"},
-            {"field": "registers", "value": f"{k['registers']} a thread at launch"},
+            {"field": "registers", "value": registers},
             {"field": "stack", "value": stack},
             {"field": "grid rule", "value": k["grid_rule"]},
             {"field": "tiles", "value": _kv(k["tiles"])},

@@ -24,7 +24,8 @@ def test_a_cubin_tells_its_registers_and_stack(plan) -> None:
     from frostc.inspect import plan_summary
 
     assert resources(plan.kernels[0].cubin) == CubinResources(registers=168, stack_bytes=0)
-    assert resources(b"not an ELF file") == CubinResources(0, 0)
+    assert resources(b"not an ELF file") == CubinResources(None, None)
+    assert resources(b"\x7fELF" + bytes(range(256)) * 2) == CubinResources(None, None)  # tables pointing outside
     kernel = plan_summary(plan)["kernels"][0]
     assert (kernel["registers"], kernel["stack_bytes"]) == (168, 0)
 
