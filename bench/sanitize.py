@@ -72,6 +72,23 @@ def _dense(dtype, b, hq, hkv, sq, skv, d, causal, layout="bshd", lse=True, **kw)
     return Case(dtype, b, hq, hkv, sq, skv, d, causal, layout, lse, **kw)
 
 
+def _new_head_dim_forward(d: int, dv: int = 0) -> list[Target]:
+    """The forward kernel's three targets of a new head dim (`dv`: v's and o's where not d): the
+    static walk, the dynamic walk with bottom-right causal and softcap, the packed form with a
+    window and sinks."""
+    label, words = f"d{d}", f"d={d}" + (f"/{dv}" if dv else "")
+    v = {"head_dim_v": dv} if dv else {}
+    return [
+        Target(f"{label}-dense-full", f"{words}, static walk, GQA, LSE",
+               _dense("bf16", 2, 8, 2, 300, 333, d, False, **v)),
+        Target(f"{label}-dense-dynamic-br", f"{words}, bottom-right causal, softcap, dynamic walk, rows without keys",
+               _dense("fp16", 1, 8, 4, 2500, 2000, d, True, "bhsd", alignment="bottom_right", softcap=50.0, **v)),
+        Target(f"{label}-packed-window-sinks", f"{words}, packed, causal, window, sinks",
+               Case("bf16", 4, 8, 2, 500, 600, d, True, "thd", True, "packed", window_left=127, tokens_q=1100,
+                    tokens_kv=1300, sinks=True, **v)),
+    ]  # fmt: skip
+
+
 def targets() -> list[Target]:
     """Every kernel variant once (the walk each rule picks is named in `covers`)."""
     t = Target
@@ -122,11 +139,7 @@ def targets() -> list[Target]:
         t("sinks-mixed-adaptive", "sinks, mixed form: decodes split adaptively (direct rows + the combine's sink)",
           mixed=MixedCase("bf16", 6, 200, 64, 32, 4, 64, 16, 320, True, lse="ht", window_left=2500, sinks=True)),
         # head dim 96 (Phi-3): 64-byte swizzled tiles, the O store 4 threads a row
-        t("d96-dense-full", "d=96, static walk, GQA, LSE", _dense("bf16", 2, 8, 2, 300, 333, 96, False)),
-        t("d96-dense-dynamic-br", "d=96, bottom-right causal, softcap, dynamic walk, rows without keys",
-          _dense("fp16", 1, 8, 4, 2500, 2000, 96, True, "bhsd", alignment="bottom_right", softcap=50.0)),
-        t("d96-packed-window-sinks", "d=96, packed, causal, window, sinks", Case("bf16", 4, 8, 2, 500, 600, 96, True,
-          "thd", True, "packed", window_left=127, tokens_q=1100, tokens_kv=1300, sinks=True)),
+        *_new_head_dim_forward(96),
         # ... and over a paged cache: the decode kernel's and the paged forward kernel's three 32-wide
         # TMA boxes a row, the combine's 10 groups of 24 threads (16 idle), kv_append's 12 pieces a row
         t("d96-decode-split-sinks", "d=96, kv_append + split-KV + combine, sinks",
@@ -146,13 +159,7 @@ def targets() -> list[Target]:
         t("d96-kv-append-slots-e4m3", "d=96, kv_append slots, e4m3 cache, pages of 256",
           append=AppendCase("slots", "fp16", 4, 2, 96, 256, 4, 500, cache="e4m3")),
         # q/k head dim 192 with v 128 (DeepSeek's prefill): O staged in each consumer's part of Q's buffer
-        t("d192-dense-full", "d=192/128, static walk, GQA, LSE",
-          _dense("bf16", 2, 8, 2, 300, 333, 192, False, head_dim_v=128)),
-        t("d192-dense-dynamic-br", "d=192/128, bottom-right causal, softcap, dynamic walk, rows without keys",
-          _dense("fp16", 1, 8, 4, 2500, 2000, 192, True, "bhsd", alignment="bottom_right", softcap=50.0,
-                 head_dim_v=128)),
-        t("d192-packed-window-sinks", "d=192/128, packed, causal, window, sinks", Case("bf16", 4, 8, 2, 500, 600, 192,
-          True, "thd", True, "packed", window_left=127, tokens_q=1100, tokens_kv=1300, sinks=True, head_dim_v=128)),
+        *_new_head_dim_forward(192, 128),
         # paged decode
         t("decode-split", "kv_append + split-KV + combine",
           decode=DecodeCase("bf16", 1, 8, 2, 128, 16, 512, 1, True, True, "bshd")),

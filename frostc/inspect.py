@@ -86,14 +86,15 @@ def plan_summary(plan: schema.PlanData) -> dict:
                 "cluster": list(k.cluster),
                 "smem_bytes": k.smem_bytes,
                 # what ptxas decided, read from the cubin: a change that makes a kernel spill shows here
-                "registers": resources(k.cubin).registers,
-                "stack_bytes": resources(k.cubin).stack_bytes,
+                "registers": used.registers,
+                "stack_bytes": used.stack_bytes,
                 "grid_rule": k.grid_rule,
                 "tiles": dict(k.tiles),
                 "params": [f"{p.name}:{p.kind}" for p in k.params],
                 "ctas_per_sm": k.ctas_per_sm,
             }
             for k in plan.kernels
+            for used in [resources(k.cubin)]  # the cubin's ELF read once
         ],
         "launches": [
             {
