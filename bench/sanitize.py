@@ -1,7 +1,7 @@
 """compute-sanitizer (memcheck, racecheck, synccheck) over one small plan of every kernel variant.
 
     python bench/sanitize.py build              # CPU machine: the plans into bench/.built/sanitize
-    python bench/sanitize.py run [--tools ...] [--only SUBSTR] [--plans DIR]  # GPU machine: a table
+    python bench/sanitize.py run [--tools ...] [--only PIECE,...] [--plans DIR]  # GPU machine: a table
 
 Run it after every kernel change (README's development notes). The plans cover every tile walk
 (static persistent, per tile, paired, dynamic), every mask kind (causal top-left and
@@ -266,6 +266,11 @@ def targets() -> list[Target]:
 # ------------------------------------------------------------------------------ build (CPU)
 
 
+def _chosen(label: str, only: str) -> bool:
+    """`only`: comma-separated pieces of labels ("mixed,d96"); empty chooses every target."""
+    return any(piece in label for piece in only.split(","))
+
+
 def build(plans: Path, only: str) -> int:
     from frostc.build import build as build_plan
     from frostc.planfile import write_atomic
@@ -276,7 +281,7 @@ def build(plans: Path, only: str) -> int:
     plans.mkdir(parents=True, exist_ok=True)
     manifest = []
     start = time.time()
-    chosen = [t for t in targets() if only in t.label]
+    chosen = [t for t in targets() if _chosen(t.label, only)]
     for i, target in enumerate(chosen):
         if target.glue is not None:
             desc = glue_description(target.glue)
@@ -307,7 +312,7 @@ def _kernel_names(data: bytes) -> list[str]:
 
 
 def _manifest(plans: Path, only: str) -> list[dict]:
-    return [e for e in json.loads((plans / "manifest.json").read_text()) if only in e["label"]]
+    return [e for e in json.loads((plans / "manifest.json").read_text()) if _chosen(e["label"], only)]
 
 
 def launch(plans: Path, only: str) -> int:
@@ -476,7 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for command in commands.values():
         command.add_argument("--plans", type=Path, default=BUILT, help=f"the plans' folder (default {BUILT})")
-        command.add_argument("--only", default="", help="the plans whose label contains this (default: all)")
+        command.add_argument(
+            "--only", default="", help="plans whose label holds one of these comma-separated pieces (default: all)"
+        )
     commands["run"].add_argument(
         "--tools", type=_tools, default=",".join(TOOLS), help="comma-separated, default: all three"
     )
