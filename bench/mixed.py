@@ -61,6 +61,9 @@ ROWS = [
     Row("decode b8 ctx 16k-48k p16", 16, (1,) * 8, _uniform(8, 16384, 49152, "d8"), "paged"),
     Row("speculative 256 x (1+3) ctx 2k-6k p16", 16, (4,) * 256, _uniform(256, 2048, 6144, "s"), "paged"),
     Row("prefill 2 x 1024 p16", 16, (1024, 1024), (1024, 1024), "packed"),
+    # the same step over larger pages: a key block takes 128 // gcd(page, 128) boxes of K and of V
+    Row("prefill 2 x 1024 p64", 64, (1024, 1024), (1024, 1024), "packed"),
+    Row("prefill 2 x 1024 p256", 256, (1024, 1024), (1024, 1024), "packed"),
     Row("2k chunk + 63 decodes ctx 2k-32k p16", 16, (2048,) + (1,) * 63,
         (2048 + 8192,) + _uniform(63, 2048, 32768, "m"), ""),
     Row("8 chunks of 512 over 8k ctx p16", 16, (512,) * 8, (8192 + 512,) * 8, ""),
@@ -180,6 +183,8 @@ def _measure(frost_runtime, row: Row) -> dict:
         err = max(float((got[b].float() - w).norm() / w.norm()) for b, w in want.items())
         result["errors"][label] = err
         result["us"][label] = common.time_ms(bound.execute) * 1000 if err < 2e-2 else None
+        if row.peer == "packed":  # where a pure-prefill step's time goes, kernel by kernel
+            result.setdefault("kernels_us", {})[label] = _kernel_us(bound.execute)
         plan.close()
     fa4 = _fa4()
     if fa4 is not None:
@@ -190,6 +195,26 @@ def _measure(frost_runtime, row: Row) -> dict:
         result["errors"][FA4] = err
         result["us"][FA4] = common.time_ms(call) * 1000 if err < 2e-2 else None
     return result
+
+
+def _kernel_us(step, steps: int = 50) -> dict[str, float]:
+    """Device µs a step of each kernel `step` launches (torch's profiler over `steps` eager calls;
+    eager, so the gaps between launches are not in these figures: the graph-replayed total is)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name.removeprefix("frostc_")[:60]
+            totals[name] = totals.get(name, 0.0) + (e.time_range.end - e.time_range.start) / steps
+    return totals
 
 
 def _fa4():
@@ -267,10 +292,22 @@ def run(md=None, json_path=None) -> int:
             tbs, tf = r["kv_bytes"] / us / 1e6, r["flops"] / us / 1e6
             err = r["errors"][label]
             lines.append(f"| {r['row']} | {label} | {us:.1f} | {tbs:.2f} | {tf:.0f} | {err:.1e} | {ratio} | {vs_fa4} |")
+    lines += _kernel_lines(results)
     if _fa4() is None:
         lines += ["", "FlashAttention-4 not importable here: its rows are missing (../shared/tools/fa4-peer)."]
     common.publish("\n".join(lines), results, md, json_path)
     return 1 if failed else 0
+
+
+def _kernel_lines(results: list[dict]) -> list[str]:
+    """The pure-prefill steps kernel by kernel (profiled eager calls: launch gaps not included)."""
+    lines = ["", "Pure-prefill steps, kernel by kernel (µs a step, profiled eager calls):", "",
+             "| step | contestant | kernel | µs |", "|---|---|---|---:|"]  # fmt: skip
+    for r in results:
+        for label, kernels in r.get("kernels_us", {}).items():
+            for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
+                lines.append(f"| {r['row']} | {label} | {name} | {us:.1f} |")
+    return lines
 
 
 if __name__ == "__main__":
