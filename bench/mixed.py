@@ -5,6 +5,7 @@ pure-decode steps, the packed plan for pure-prefill steps), one run.
     python bench/mixed.py build                          # CPU machine: compile into bench/.built/mixed
     python bench/mixed.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
     MIXED_PLANS=DIR python bench/mixed.py run ...        # the plans of another build (an A/B)
+    MIXED_ROWS=prefill python bench/mixed.py run ...     # only the rows whose name holds this
 
 Shapes: bf16 q, hq 32, hkv 8, d 128 (Llama-3-8B), causal bottom-right per sequence, pages of 16
 (vLLM's) or 128, each sequence's pages a shuffled draw from the pool. FlashAttention-4's
@@ -272,7 +273,8 @@ def _buffers(label: str, row: Row, tokens: int, queries, k, v, table, starts):
 def run(md=None, json_path=None) -> int:
     import frost_runtime
 
-    results = [_measure(frost_runtime, row) for row in ROWS]
+    rows = [row for row in ROWS if os.environ.get("MIXED_ROWS", "") in row.name]
+    results = [_measure(frost_runtime, row) for row in rows]
     lines = [f"# bench/mixed.py — {common.machine()}", "",
              "| step | contestant | µs | TB/s (keys) | TFLOP/s | rel. err | vs the pure-end plan | vs FA4 |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
