@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The GPU machine's checks after a kernel or runtime change, one device call each (600 s at most):
 #   bash bench/gpu_checks.sh tests    # the whole GPU suite, then compute-sanitizer on SANITIZE_ONLY
+#   bash bench/gpu_checks.sh sanitize # transformers from .hfslim (it stays while the machine is warm: the next
+#                                     # call carries tests/.built for `tests`, the two being over 64 MiB
+#                                     # together), then compute-sanitizer on SANITIZE_ONLY (comma-separated
+#                                     # pieces of labels) with each tool's time
 #   bash bench/gpu_checks.sh verify   # one call when devices are scarce: the GPU suite, compute-sanitizer
 #                                     # on SANITIZE_ONLY, and bench/serve.py's frostc rows (64 requests, profiled)
 #   bash bench/gpu_checks.sh serve    # bench/serve.py: frostc, FlashAttention-4 (when a `mixed` call just
@@ -43,6 +47,13 @@ tests)
             python bench/sanitize.py launch --plans bench/.built/sanitize --only mixed > "$OUT/control-$filter.log" 2>&1
         echo "memcheck $filter: $(( ($(date +%s%N) - start) / 1000000 )) ms, $(tail -1 "$OUT/control-$filter.log")"
     done
+    ;;
+sanitize)
+    # carry .hfslim and bench/.built (bench/.built/sanitize)
+    python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
+    start=$(date +%s)
+    timeout "${SANITIZE_S:-400}" python bench/sanitize.py run --only "${SANITIZE_ONLY:-}" > "$OUT/sanitize.txt" 2>&1
+    echo "sanitize rc=$? in $(( $(date +%s) - start )) s"; tail -40 "$OUT/sanitize.txt"
     ;;
 verify)
     python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
@@ -151,6 +162,6 @@ model)
     echo "model rc=$?"; tail -30 "$OUT/model.log"
     ;;
 *)
-    echo "usage: bash bench/gpu_checks.sh tests|verify|serve|sinks|http|soak|mixed|dims|tiles|decode|model" >&2; exit 2
+    echo "usage: bash bench/gpu_checks.sh tests|sanitize|verify|serve|sinks|http|soak|mixed|dims|tiles|decode|model" >&2; exit 2
     ;;
 esac
