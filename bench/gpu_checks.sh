@@ -139,10 +139,11 @@ tiles)
     if [ -d /tmp/site ]; then
         export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
     fi
-    for dims in $(ls bench/.built/tiles | sed 's/^d\([0-9]*\)-.*/\1/' | sort -u); do
+    # folders d{D}-{candidate} or d{D}v{DV}-{candidate}: bench/sdpa.py's rows of q's head dim D
+    for dims in $(ls bench/.built/tiles | sed 's/^d\([0-9]*\)[-v].*/\1/' | sort -u); do
         timeout 120 python bench/sdpa.py run --head-dims "$dims" --md "$OUT/tiles-d$dims-chosen.md" > "$OUT/tiles-d$dims-chosen.log" 2>&1
         echo "d$dims chosen rc=$?"; grep -E "^\| [0-9]" "$OUT/tiles-d$dims-chosen.log"
-        for folder in bench/.built/tiles/d"$dims"-*; do
+        for folder in bench/.built/tiles/d"$dims"[-v]*; do
             name=$(basename "$folder")
             SDPA_PLANS=$folder timeout 120 python bench/sdpa.py run --head-dims "$dims" --md "$OUT/tiles-$name.md" \
                 > "$OUT/tiles-$name.log" 2>&1

@@ -45,3 +45,17 @@ def test_a_candidate_takes_the_kernel_only_while_it_builds() -> None:
     assert forward.tiles_for_head_dim(96, False) == chosen
     with pytest.raises(SystemExit, match="block_m must be 128 or 192"):
         trials.parse("256x64x2")
+
+
+def test_a_pair_candidate_takes_only_its_pair() -> None:
+    """DeepSeek's 192/128: the candidate replaces the pair's tiles (O through Q's buffer when asked),
+    not those of q/k 192 with v 192 nor of 96; the chosen come back."""
+    import frostc.kernels.sdpa_fwd_wgmma as forward
+
+    trials = load("tile_trials")
+    chosen = forward.tiles_for_head_dim(192, False, head_dim_v=128)
+    with trials.tiles_in_place(192, 192, 64, 2, head_dim_v=128, o_buffer=False):
+        tiles = forward.tiles_for_head_dim(192, False, head_dim_v=128)
+        assert (tiles.block_m, tiles.block_n, tiles.consumers, tiles.o_buffer) == (192, 64, 3, False)
+        assert forward.tiles_for_head_dim(96, False) != tiles
+    assert forward.tiles_for_head_dim(192, False, head_dim_v=128) == chosen
