@@ -30,9 +30,13 @@ set -u
 export PYTHONPATH=runtime:. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+# transformers from the carried wheels (.hfslim); it stays installed while the machine is warm
+install_transformers() {
+    python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
+}
 case "${1:-tests}" in
 tests)
-    python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
+    install_transformers
     timeout 330 python -m pytest tests/gpu -q -p no:cacheprovider -rs -s > "$OUT/pytest.log" 2>&1
     echo "pytest rc=$?"
     grep -E "relative L2|logit|near tie|equal;" "$OUT/pytest.log" | head -20
@@ -50,13 +54,13 @@ tests)
     ;;
 sanitize)
     # carry .hfslim and bench/.built (bench/.built/sanitize)
-    python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
+    install_transformers
     start=$(date +%s)
     timeout "${SANITIZE_S:-400}" python bench/sanitize.py run --only "${SANITIZE_ONLY:-}" > "$OUT/sanitize.txt" 2>&1
     echo "sanitize rc=$? in $(( $(date +%s) - start )) s"; tail -40 "$OUT/sanitize.txt"
     ;;
 verify)
-    python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
+    install_transformers
     timeout 250 python -m pytest tests/gpu -q -p no:cacheprovider -rs > "$OUT/pytest.log" 2>&1
     echo "pytest rc=$?"
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
@@ -67,7 +71,7 @@ verify)
     echo "serve rc=$?"; tail -25 "$OUT/serve.log"
     ;;
 serve)
-    python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
+    install_transformers
     if [ -d /tmp/site ]; then
         export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
     fi
@@ -156,7 +160,7 @@ decode)
     echo "decode rc=$?"; tail -25 "$OUT/decode.log"
     ;;
 model)
-    python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
+    install_transformers
     # shellcheck disable=SC2086
     timeout 560 python bench/model.py run --md "$OUT/model.md" --json "$OUT/model.json" ${MODEL_ARGS:-} \
         > "$OUT/model.log" 2>&1
