@@ -16,8 +16,8 @@ append_support.py): fresh random values, lengths drawn within each plan's contra
 poisoned; each plan's result is also checked against float64 under the tool (an append's caches:
 bitwise against the spec).
 
-`run` starts one process per tool (`launch`), which runs every plan in turn and prints a marker
-line before and after each; the sanitizer's reports between two markers belong to that plan.
+`run` starts the tools side by side, each in `--shards` processes (`launch`), each of which runs
+its share of the plans in turn and prints a marker line before and after each; the sanitizer's reports between two markers belong to that plan.
 The tools check only frostc's kernels (`--kernel-name kns=frostc_`: every entry is named
 frostc_<variant>). racecheck runs with `--racecheck-report all` (every hazard, not only the
 analysed races). Full logs go to $OUT when it is set (the device tool's folder), else to
@@ -31,6 +31,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -311,11 +312,14 @@ def _kernel_names(data: bytes) -> list[str]:
 # ------------------------------------------------------------------------------ launch (GPU, under a tool)
 
 
-def _manifest(plans: Path, only: str) -> list[dict]:
-    return [e for e in json.loads((plans / "manifest.json").read_text()) if _chosen(e["label"], only)]
+def _manifest(plans: Path, only: str, shard: tuple[int, int] = (0, 1)) -> list[dict]:
+    """The chosen targets; of them, shard (i, n) takes every n-th from the i-th."""
+    chosen = [e for e in json.loads((plans / "manifest.json").read_text()) if _chosen(e["label"], only)]
+    index, count = shard
+    return chosen[index::count]
 
 
-def launch(plans: Path, only: str) -> int:
+def launch(plans: Path, only: str, shard: tuple[int, int] = (0, 1)) -> int:
     """Every plan once (a variable-length or decode plan: one drawn mix), markers around each."""
     import random
     import zlib
@@ -331,7 +335,7 @@ def launch(plans: Path, only: str) -> int:
     from tests.gpu.support import Buffers, draw_lengths
 
     by_label = {t.label: t for t in targets()}
-    for entry in _manifest(plans, only):
+    for entry in _manifest(plans, only, shard):
         target = by_label[entry["label"]]
         seed = zlib.crc32(target.label.encode())
         torch.manual_seed(seed)
@@ -393,18 +397,27 @@ class ToolResult:
     exit_code: int
 
 
-def run(tools: list[str], plans: Path, only: str, out: Path | None = None) -> int:
+def run(tools: list[str], plans: Path, only: str, shards: int = 3, out: Path | None = None) -> int:
     """Every plan under each tool; the table and logs go to `out` (default: $OUT where set, else
     the plans' folder). Exit 0 only when every count is 0 and every output check passed."""
     out = out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else plans)
     out.mkdir(parents=True, exist_ok=True)
     labels = [e["label"] for e in _manifest(plans, only)]
-    results = {}
-    for tool in tools:
-        started = time.time()
-        results[tool] = _run_tool(tool, out / f"sanitize-{tool}.log", ["--plans", str(plans), "--only", only])
-        r = results[tool]
-        print(f"{tool}: {r.summary} (exit {r.exit_code}, {time.time() - started:.0f} s)", flush=True)
+    # every tool over every shard of the plans side by side, each its own process on the one GPU:
+    # the wall is the slowest shard's (racecheck's), not the sum — device time is what a GPU
+    # session runs short of
+    jobs = [(tool, i) for tool in tools for i in range(shards)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        running = {
+            (tool, i): pool.submit(
+                _run_tool, tool, out / f"sanitize-{tool}-{i}.log",
+                ["--plans", str(plans), "--only", only, "--shard", f"{i}/{shards}"],
+            )
+            for tool, i in jobs
+        }  # fmt: skip
+        results = {tool: _merged([running[tool, i].result() for i in range(shards)]) for tool in tools}
+    for tool, r in results.items():
+        print(f"{tool}: {r.summary} (exit {r.exit_code})", flush=True)
     table = _table(labels, tools, results)
     print(table)
     (out / "sanitize.md").write_text(table + "\n")
@@ -415,6 +428,17 @@ def run(tools: list[str], plans: Path, only: str, out: Path | None = None) -> in
     )  # fmt: skip
     print("all clean" if clean else "NOT CLEAN: see the table and the logs")
     return 0 if clean else 1
+
+
+def _merged(shards: list[ToolResult]) -> ToolResult:
+    """One tool's shards as one result: their counts and verdicts, their summaries side by side."""
+    reports: dict[str, int] = {}
+    for shard in shards:
+        for label, count in shard.reports.items():
+            reports[label] = reports.get(label, 0) + count
+    verdicts = {label: v for shard in shards for label, v in shard.verdicts.items()}
+    summary = " | ".join(shard.summary for shard in shards)
+    return ToolResult(reports, verdicts, summary, max(shard.exit_code for shard in shards))
 
 
 def _run_tool(tool: str, log: Path, selection: list[str]) -> ToolResult:
@@ -473,6 +497,13 @@ def _tools(text: str) -> list[str]:
     return tools
 
 
+def _shard(text: str) -> tuple[int, int]:
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise argparse.ArgumentTypeError(f"--shard takes I/N with 0 <= I < N, not {text!r}")
+    return int(index), int(count)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser, commands = common.command_line(
         __doc__,
@@ -487,6 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     commands["run"].add_argument(
         "--tools", type=_tools, default=",".join(TOOLS), help="comma-separated, default: all three"
     )
+    commands["run"].add_argument(
+        "--shards", type=int, default=3, help="processes per tool, each over every n-th plan (default 3)"
+    )
+    commands["launch"].add_argument("--shard", type=_shard, default=(0, 1), help="I/N: every N-th plan from the I-th")
     return common.dispatch(parser, {"build": build, "run": run, "launch": launch}, argv)
 
 

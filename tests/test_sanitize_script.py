@@ -81,3 +81,21 @@ def test_the_table_and_the_verdict(sanitize, tmp_path, monkeypatch) -> None:
     assert sanitize.run(["memcheck"], tmp_path, "", out=tmp_path) == 0
     assert "| dense-a |" in (tmp_path / "sanitize.md").read_text()
     assert sanitize.run(["memcheck", "racecheck"], tmp_path, "", out=tmp_path) == 1
+
+
+def test_shards_split_the_plans_and_merge_back(sanitize, tmp_path) -> None:
+    (tmp_path / "manifest.json").write_text('[{"label": "a"}, {"label": "b"}, {"label": "c"}, {"label": "d"}]')
+    shares = [[e["label"] for e in sanitize._manifest(tmp_path, "", (i, 3))] for i in range(3)]
+    assert shares == [["a", "d"], ["b"], ["c"]]
+    first = sanitize._parse(RACECHECK_LOG.split("@@sanitize begin decode-c")[0], 0)
+    second = sanitize._parse("@@sanitize begin decode-c\n@@sanitize end decode-c ok\n", 2)
+    merged = sanitize._merged([first, second])
+    assert merged.reports == {"dense-a": 0, "dense-b": 2, "decode-c": 0}
+    assert set(merged.verdicts) == {"dense-a", "dense-b", "decode-c"} and merged.exit_code == 2
+
+
+def test_a_shard_is_i_of_n(sanitize) -> None:
+    assert sanitize._shard("1/3") == (1, 3)
+    for bad in ("3/3", "x/2", "1"):
+        with pytest.raises(Exception, match="I/N"):
+            sanitize._shard(bad)
