@@ -23,18 +23,48 @@
 #   bash bench/gpu_checks.sh mixed    # bench/mixed.py; FlashAttention-4 beside it when .peer/part2 is carried
 #                                     # (right after .peer/part1/stage.sh); MIXED_BASELINE=DIR: a second
 #                                     # run over an earlier build's plans
+#   bash bench/gpu_checks.sh all      # one call for everything after a kernel change: the GPU suite and
+#                                     # compute-sanitizer (SANITIZE_ONLY) side by side, then bench/serve.py's
+#                                     # SERVE_ATTN rows at 64 requests, profiled, in the time left (ALL_S)
+# Packed, everything built fits one call beside .hfslim: `bash bench/gpu_checks.sh pack` on the CPU
+# machine writes build/built.tar.xz (tests/.built and bench/.built, ~56 MiB raw, ~4 MiB packed); carry
+# build and .hfslim; every mode unpacks it first.
 # Build first on the CPU machine: python -m tests.gpu.build_plans; python bench/sanitize.py build;
 # python bench/decode.py build; python bench/model.py build. Carry tests/.built, bench/.built and
 # .hfslim (transformers' wheels without numpy: ../shared/tools/gpu-wheels). Logs go to $OUT.
 set -u
 export PYTHONPATH=runtime:. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp}
+if [ "${1:-}" = pack ]; then
+    mkdir -p build && tar -cJf build/built.tar.xz tests/.built bench/.built && ls -l build/built.tar.xz
+    exit
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 # transformers from the carried wheels (.hfslim); it stays installed while the machine is warm
 install_transformers() {
     python3 -m pip install -q --no-index --find-links .hfslim transformers==5.23.0 2>&1 | grep -v WARNING | tail -3
 }
+if [ -f build/built.tar.xz ]; then
+    tar -xJf build/built.tar.xz
+fi
 case "${1:-tests}" in
+all)
+    start=$(date +%s)
+    install_transformers
+    (timeout "${SANITIZE_S:-400}" python bench/sanitize.py run --only "${SANITIZE_ONLY:-}" > "$OUT/sanitize.txt" 2>&1
+        echo "sanitize rc=$? in $(( $(date +%s) - start )) s" >> "$OUT/sanitize.txt") &
+    timeout "${PYTEST_S:-400}" python -m pytest tests/gpu -q -p no:cacheprovider -rs > "$OUT/pytest.log" 2>&1
+    echo "pytest rc=$? in $(( $(date +%s) - start )) s"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
+    wait
+    tail -8 "$OUT/sanitize.txt"; grep -E "^\| " "$OUT/sanitize.txt" | grep -vE "\| 0 \| 0 \| 0 \| ok \|" | head -20
+    left=$(( ${ALL_S:-560} - ($(date +%s) - start) ))
+    if [ "$left" -gt 90 ]; then
+        timeout "$left" python bench/serve.py run --requests 64 --attn "${SERVE_ATTN:-frostc-fused,frostc-fused-e4m3}" \
+            --profile --md "$OUT/serve.md" > "$OUT/serve.log" 2>&1
+        echo "serve rc=$? ($left s left)"; grep -E "requests:|^\|" "$OUT/serve.log" | cut -c1-300 | tail -16
+    fi
+    ;;
 tests)
     install_transformers
     timeout 330 python -m pytest tests/gpu -q -p no:cacheprovider -rs -s > "$OUT/pytest.log" 2>&1
