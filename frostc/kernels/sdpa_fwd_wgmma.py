@@ -203,9 +203,13 @@ def tiles_for_head_dim(
         # 32 KiB Q + 32 KiB O + 2 stages of 64 KiB = 192 KiB
         return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=2, o_buffer=True)
     if head_dim == 96:
-        # Phi-3: d=128's tiles, 24 KiB Q + 24 KiB O + 2 stages of 48 KiB = 144 KiB. Rows of 192
-        # bytes (a multiple of 64, not of 128) take WGMMA's 64-byte swizzle in Q, K, V and O, so
-        # each row is loaded as three 32-wide TMA boxes
+        # Phi-3. Rows of 192 bytes (a multiple of 64, not of 128) take WGMMA's 64-byte swizzle in
+        # Q, K, V and O, so each row is loaded as three 32-wide TMA boxes. Three consumers take
+        # turns as at d=64 (192 rows; 96-key blocks keep S, O and P within 160 registers: 128
+        # keys spill): 36 KiB Q + 36 KiB O + 2 stages of 36 KiB = 144 KiB; 3-7 % over 128 x 128
+        # on the H100 (bench/NOTES.md). A left window's masks take d=128's tiles, 144 KiB too.
+        if not window_left:
+            return WgmmaTiles(block_m=192, block_n=96, consumers=3, stages=2, o_buffer=True)
         return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=2, o_buffer=True)
     if not window_left:
         # d=64: a block's GEMMs are half as long as at d=128 for the same softmax work, so three
