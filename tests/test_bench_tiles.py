@@ -17,17 +17,17 @@ def plan():
 
 
 def test_a_cubin_tells_its_registers_and_stack(plan) -> None:
-    """The d=96 forward kernel: three warpgroups (a producer and two consumers), so 65,536 / 384
-    registers a thread at launch (setmaxnreg redistributes them), and no stack frame; inspect's
-    summary (the goldens', diff's) carries both."""
+    """The d=96 forward kernel without a window: four warpgroups (a producer and three
+    consumers), so 65,536 / 512 registers a thread at launch (setmaxnreg redistributes them), and
+    no stack frame; inspect's summary (the goldens', diff's) carries both."""
     from frostc.cubin_info import CubinResources, resources
     from frostc.inspect import plan_summary
 
-    assert resources(plan.kernels[0].cubin) == CubinResources(registers=168, stack_bytes=0)
+    assert resources(plan.kernels[0].cubin) == CubinResources(registers=128, stack_bytes=0)
     assert resources(b"not an ELF file") == CubinResources(None, None)
     assert resources(b"\x7fELF" + bytes(range(256)) * 2) == CubinResources(None, None)  # tables pointing outside
     kernel = plan_summary(plan)["kernels"][0]
-    assert (kernel["registers"], kernel["stack_bytes"]) == (168, 0)
+    assert (kernel["registers"], kernel["stack_bytes"]) == (128, 0)
 
 
 def test_a_candidate_takes_the_kernel_only_while_it_builds() -> None:
