@@ -45,19 +45,25 @@ def resolve(graph: Graph) -> ResolvedPlan:
 def mark_early_starts(launches: tuple[ResolvedLaunch, ...]) -> tuple[ResolvedLaunch, ...]:
     """Mark the launches that may start while the one ahead of them still runs (programmatic
     dependent launch): a decode step's attention during its kv_append, a combine during its
-    attention's last wave — each kernel waits (griddepcontrol.wait) before it reads what the
-    launch ahead writes, so what it does before that (its setup, the cache blocks without new
-    rows) overlaps. The first launch never: the caller's work precedes it."""
+    attention's last wave, a scheduling kernel and the forward kernel after a settled launch —
+    each kernel waits (griddepcontrol.wait) before it reads what the launch ahead writes, so what
+    it does before that (its launch, its setup, the cache blocks without new rows) overlaps. The
+    first launch never: the caller's work precedes it."""
     marked = list(launches[:1])
+    settled = True  # the last marked launch's completion means every launch before it completed
     for ahead, launch in zip(launches, launches[1:]):
-        marked.append(replace(launch, early=_may_start_early(ahead, launch)))
+        early = _may_start_early(ahead, launch, settled)
+        marked.append(replace(launch, early=early))
+        settled = not early or (settled and getattr(launch.variant, "early_start", None) == WAITS_AT_ENTRY)
     return tuple(marked)
 
 
-def _may_start_early(ahead: ResolvedLaunch, launch: ResolvedLaunch) -> bool:
+def _may_start_early(ahead: ResolvedLaunch, launch: ResolvedLaunch, ahead_settled: bool) -> bool:
+    """`ahead_settled`: the launch ahead has finished only once every launch before it has
+    (launch_order.WAITS_AT_ENTRY)."""
     rule = getattr(launch.variant, "early_start", None)
     if rule == WAITS_AT_ENTRY:
-        return True
+        return ahead_settled or getattr(launch.variant, "reads_only_the_launch_ahead", False)
     if rule == WAITS_FOR_NEW_ROWS:  # the launch ahead must write nothing else it reads
         appended = getattr(ahead.variant, "appends_to_caches", ())
         read = _slots_of(launch, launch.variant.reads_caches)

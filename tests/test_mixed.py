@@ -106,7 +106,9 @@ def test_a_prefill_sized_step_runs_its_chunks_on_the_forward_kernel_over_the_pag
     decodes, schedule, chunks = plan.launches  # enough CTAs without splitting keys: no combine
     assert decodes.variant.chunks_apart and not decodes.variant.split and decodes.grid == (1, HKV, B)
     assert schedule.variant.name == "sdpa_schedule.mixed.m128n128.causal_br" and schedule.grid == (1, 1, 1)
-    assert chunks.variant.page_size == PAGE and chunks.variant.varlen and not chunks.early
+    assert chunks.variant.page_size == PAGE and chunks.variant.varlen
+    # each launch after a settled one starts early and waits at entry (launch_order.WAITS_AT_ENTRY)
+    assert (decodes.early, schedule.early, chunks.early) == (False, True, True)
     units = min(B * 1, (T + B * 127) // 128)  # query blocks of 128 that the step's tokens can make
     assert chunks.grid == (units * HQ, 1, 1)
     args = {a.param: a for a in schedule.args}
@@ -218,7 +220,9 @@ def test_the_plan_records_a_mixed_node_and_the_runtime_reads_its_work():
 def test_the_gpu_tests_mixed_plans_resolve_with_the_engines_cache_layouts() -> None:
     """tests/gpu's mixed matrix (engines' cache layouts by strides, steps that append first)
     stays buildable: each description validates and resolves; an appending step's attention
-    starts early behind its append."""
+    starts early behind its append. Behind that attention (which waits only before the new rows,
+    so may finish before the append does) no scheduling kernel starts early: the forward kernel
+    reads the appended pages, and its wait covers only the launch ahead."""
     from frostc.validate import validate
     from tests.gpu.build_plans import mixed_description
     from tests.gpu.mixed_cases import cases, graph_case
@@ -229,3 +233,6 @@ def test_the_gpu_tests_mixed_plans_resolve_with_the_engines_cache_layouts() -> N
         assert kinds[0] == ("kv_append" if case.append else "sdpa_decode_paged"), case.id
         if case.append:
             assert plan.launches[1].early, f"{case.id}: the attention waits for the whole append"
+        for launch in plan.launches:
+            if launch.variant.name.startswith("sdpa_schedule"):
+                assert launch.early != case.append, f"{case.id}: the schedule starts early only behind a settled launch"

@@ -8,7 +8,13 @@ has finished and its writes are visible) before it reads anything that launch wr
 declares how it waits with an `early_start` attribute; one without it never starts early.
 """
 
-WAITS_AT_ENTRY = "waits_at_entry"  # before its first global read: it may follow any launch
+# before its first global read. It may follow a launch whose completion means every launch before
+# it has completed too ("settled": one not started early, or one that waited at entry for a settled
+# launch): griddepcontrol.wait waits for the launch ahead only, and a paged attention that waits
+# only before its new rows may finish before the kv_append ahead of it does. A variant that reads
+# nothing earlier launches write but what the launch ahead writes (`reads_only_the_launch_ahead`:
+# the combine) may follow any launch.
+WAITS_AT_ENTRY = "waits_at_entry"
 # only before the cache blocks that hold the step's new rows: it may follow a launch that writes
 # nothing but those rows of its caches (a variant with `appends_to_caches`: kv_append) into the
 # caches it reads (its variant's `reads_caches` parameters, in the same order)

@@ -123,6 +123,7 @@ class DecodeCombineVariant(Variant):
         return DecodeCombine(self)
 
     early_start = WAITS_AT_ENTRY  # it may launch during the attention's last wave
+    reads_only_the_launch_ahead = True  # the attention's partials (and the plan's lengths and sinks)
 
 
 class DecodeCombine(Kernel):

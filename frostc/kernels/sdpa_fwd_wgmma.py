@@ -97,6 +97,7 @@ from frostc.kernels.interface import (
     tma,
     when,
 )
+from frostc.kernels.launch_order import WAITS_AT_ENTRY
 from frostc.kernels.online_softmax import OnlineSoftmax, ProbabilityLimits
 from frostc.kernels.ragged import RAGGED_EXTENT, RAGGED_ROWS, RAGGED_WRAP
 from frostc.kernels.ring import Ring, StageBarriers
@@ -394,6 +395,9 @@ class SdpaFwdVariant(Variant):
     """The compile key of one attention kernel: declaration facts only (shapes are arguments)."""
 
     ARGS: ClassVar[type] = SdpaForwardArgs
+    # it waits at entry (griddepcontrol.wait, after its shared memory's setup), so its launch may
+    # overlap a settled launch ahead (frostc.kernels.launch_order): its scheduling kernel, a V re-lay
+    early_start: ClassVar[str] = WAITS_AT_ENTRY
 
     dtype: str  # Q, K and V's
     head_dim: int
@@ -816,6 +820,9 @@ class SdpaForwardWgmma(Kernel):
             self._totals = (cute.recast_ptr(storage.sO.data_ptr(), dtype=cutlass.Float32), storage.o_total.data_ptr())
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        # launched early (`early_start`): the launch and the shared memory's setup above overlap
+        # the launch ahead; nothing global is read or written before this
+        cute.arch.griddepcontrol_wait()
 
         shape = Shape(cute.ceil_div(seq_q, self.tiles.block_m), heads_q, batch, seq_q, seq_kv, group)
         if cutlass.const_expr(self.varlen):

@@ -37,6 +37,7 @@ from frostc.kernels.interface import (
     tma,
     when,
 )
+from frostc.kernels.launch_order import WAITS_AT_ENTRY
 from frostc.kernels.sdpa_common import KeyRange, MaskFlags
 from frostc.kernels.sequence_maps import MAP_BYTES, aligned_start, release_sequence_maps, write_sequence_map
 from frostc.kernels.sequences import packed_span
@@ -106,6 +107,9 @@ class ScheduleVariant(Variant):
     # per-sequence lengths over a paged cache; only sequences of more than `decode_tokens` queries
     # become units (the paged decode kernel takes the others)
     mixed: bool = False
+    # it waits at entry (griddepcontrol.wait), so its launch may overlap a settled launch ahead
+    # (frostc.kernels.launch_order): a mixed plan's decodes, a dense FP8 plan's V re-lay
+    early_start: ClassVar[str] = WAITS_AT_ENTRY
 
     @property
     def name(self) -> str:
@@ -176,6 +180,11 @@ class SdpaSchedule(Kernel):
         batch, q_capacity, kv_capacity, max_seqlen_q, max_seqlen_kv, unit_capacity, heads_q = ints[:7]
         window_left, window_right = ints[7], ints[8]
         decode_tokens = ints[9] if cutlass.const_expr(self.v.mixed) else None
+        # the forward kernel behind it may launch now and set up while this runs (it waits for this
+        # launch's end before it reads the list); launched early itself, this reads nothing before
+        # the launch ahead has finished
+        cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         counts = storage.counts.get_tensor(cute.make_layout(BUCKETS))
