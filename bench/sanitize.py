@@ -17,7 +17,8 @@ poisoned; each plan's result is also checked against float64 under the tool (an 
 bitwise against the spec).
 
 `run` starts the tools side by side, each in `--shards` processes (`launch`), each of which runs
-its share of the plans in turn and prints a marker line before and after each; the sanitizer's reports between two markers belong to that plan.
+its share of the plans in turn and prints a marker line before and after each; the sanitizer's
+reports between two markers belong to that plan.
 The tools check only frostc's kernels (`--kernel-name kns=frostc_`: every entry is named
 frostc_<variant>). racecheck runs with `--racecheck-report all` (every hazard, not only the
 analysed races). Full logs go to $OUT when it is set (the device tool's folder), else to
