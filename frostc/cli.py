@@ -286,7 +286,9 @@ def from_config(
     dry_run: bool = typer.Option(False, "--dry-run", help="List the plans (validated and resolved); build nothing."),
     as_json: bool = typer.Option(False, "--json", help="The listing as JSON."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Plan set to write (.frostset)."),
-    phase: str | None = typer.Option(None, "--phase", help="Build only this phase's plans: prefill, decode or mixed."),
+    phase: str | None = typer.Option(
+        None, "--phase", help="Build only this phase's plans: prefill, decode, mixed or context (MLA)."
+    ),
     name: str | None = typer.Option(None, "--name", help="The set's name [default: MODEL_TYPE-DTYPE-tpN]."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing on success."),
 ) -> None:

@@ -38,11 +38,11 @@ CUDA_GRAPHS = "cuda-graphs"
 
 PAGE_SIZE_STEP, MAX_PAGE_SIZE = 16, 256  # the paged form's rule (README, frostc.ops.paged_cache)
 MAX_SPECULATIVE = 15  # the paged form takes 1 to 16 new tokens per sequence
-PHASES = ("prefill", "decode", "mixed")
+PHASES = ("prefill", "decode", "mixed", "context")  # context: an MLA model's steps (context_description)
 # how decode's q, k_new and v_new lie: each in rows of its own (b, s, heads, d), or as views of one
 # (b, s, hq + 2 hkv, d) buffer, what a fused QKV projection writes (frost_runtime.hf_fuse)
 QKV_LAYOUTS = ("separate", "fused")
-FORMS = {"prefill": "packed", "decode": "paged", "mixed": "mixed"}
+FORMS = {"prefill": "packed", "decode": "paged", "mixed": "mixed", "context": "packed"}
 # transformers' continuous batching (5.23): max_requests_per_batch's fallback, and the pool's alignment
 CB_MAX_REQUESTS, CB_SECTOR_ALIGN, CB_TRASH_SECTORS = 1024, 128, 2
 
@@ -339,6 +339,10 @@ class LayerKind:
     gap: str | None = None  # what frostc's kernels cannot compute of it yet (ModelAttention.kernel_gap)
     prefill_gap: str | None = None  # what of it its prefill plans lack (ModelAttention.prefill_gap)
     head_dim_v: int = 0  # v's and o's head dim where it is not head_dim (DeepSeek's prefill: 128), else 0
+    # MLA (DeepSeek): transformers' model code expands the cached latents into every head's K and V
+    # and hands attention the whole context at each step; the set serves those steps with its
+    # `context` plans (packed, bottom-right), the absorbed latent decode being the gap
+    latent: bool = False
 
     @property
     def name(self) -> str:
@@ -354,7 +358,8 @@ def layer_kinds(model: ModelAttention, dep: Deployment) -> tuple[LayerKind, ...]
         window = window if window is not None and window < dep.max_cache_len - 1 else None
         attention = (heads, kv_heads, model.head_dim, dep.dtype, window, model.softcap, model.scale, model.sinks)
         by_attention.setdefault(attention, []).append(layer)
-    gaps = dict(gap=model.kernel_gap, prefill_gap=model.prefill_gap, head_dim_v=model.value_dim_apart)
+    gaps = dict(gap=model.kernel_gap, prefill_gap=model.prefill_gap, head_dim_v=model.value_dim_apart,
+                latent=model.latent_dim is not None)  # fmt: skip
     return tuple(LayerKind(i, tuple(layers), *a, **gaps) for i, (a, layers) in enumerate(by_attention.items()))
 
 
@@ -383,18 +388,18 @@ class PlanEntry:
 
 
 def plan_list(kinds: tuple[LayerKind, ...], dep: Deployment) -> tuple[PlanEntry, ...]:
-    """Every kind's prefill plans, then its decode plans, each over the batch buckets, in order; a
-    continuous-batching deployment's mixed plans, over its token buckets, after them; a vLLM
-    deployment's mixed plans alone."""
+    """Every kind's prefill plans, then its decode plans, each over the batch buckets, in order (an
+    MLA kind's context plans after its decode ones); a continuous-batching deployment's mixed
+    plans, over its token buckets, after them; a vLLM deployment's mixed plans alone."""
     if dep.vllm is not None:
         return vllm_entries(kinds, dep)
     plans = [
         PlanEntry(key, kind.index, phase, batch, _DESCRIBE[phase](key, kind, dep, batch), why)
         for kind in kinds
-        for phase in ("prefill", "decode")
+        for phase in ("prefill", "decode") + (("context",) if kind.latent else ())
         for batch in dep.batch_sizes
         for key in [f"{kind.name}-{phase}-b{batch}"]
-        for why in [kind.prefill_gap if phase == "prefill" else kind.gap]
+        for why in [kind.gap if phase == "decode" else kind.prefill_gap]
     ]
     if dep.cb is not None:
         plans += mixed_entries(kinds, dep)
@@ -549,6 +554,29 @@ def prefill_description(name: str, kind: LayerKind, dep: Deployment, batch: int)
     return g.build()
 
 
+def context_description(name: str, kind: LayerKind, dep: Deployment, batch: int) -> Description:
+    """An MLA step as transformers' model code runs it (DeepSeek-V2/V3): each sequence's new tokens
+    (`new_tokens`) over its whole context, which the model expands from the cached latents into
+    every head's K (q/k head dim) and V (v's) at each step. Packed: up to `batch` sequences of
+    at most `max_cache_len` keys, the queries the last of each (bottom-right)."""
+    g = GraphBuilder(name)
+    value_dim = kind.head_dim_v or kind.head_dim  # v's and o's
+    queries, keys = batch * dep.new_tokens, batch * dep.max_cache_len
+    rows = (("q", queries, kind.heads, kind.head_dim), ("k", keys, kind.kv_heads, kind.head_dim),
+            ("v", keys, kind.kv_heads, value_dim), ("o", queries, kind.heads, value_dim))  # fmt: skip
+    for tensor, tokens, heads, d in rows:
+        g.tensor(tensor, dtype=kind.dtype, dims=[tokens, heads, d])
+    g.tensor("cu_seqlens_q", dtype="int32", dims=[batch + 1])
+    g.tensor("cu_seqlens_kv", dtype="int32", dims=[batch + 1])
+    g.sdpa(
+        name="attn", q="q", k="k", v="v", o="o", cu_seqlens_q="cu_seqlens_q", cu_seqlens_kv="cu_seqlens_kv",
+        max_seqlen_q=dep.new_tokens, max_seqlen_kv=dep.max_cache_len, causal=True,
+        diagonal_alignment="bottom_right", window_left=kind.window_left, softcap=kind.softcap,
+        attn_scale=kind.scale, **_sinks(g, kind),
+    )  # fmt: skip
+    return g.build()
+
+
 def decode_description(name: str, kind: LayerKind, dep: Deployment, batch: int) -> Description:
     """A decode step over the paged cache: append each sequence's new K/V rows, then attend with
     its new tokens over its whole cache (README "Paged KV cache (decode)")."""
@@ -645,7 +673,7 @@ _GLUE = {
 }
 
 
-_DESCRIBE = {"prefill": prefill_description, "decode": decode_description}
+_DESCRIBE = {"prefill": prefill_description, "decode": decode_description, "context": context_description}
 
 
 def check_entry(entry: PlanEntry) -> tuple[Problem, ...]:

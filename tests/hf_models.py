@@ -129,6 +129,37 @@ TINY: dict[str, dict[str, Any]] = {
         "sliding_window": 24,
         "layer_types": ["sliding_attention", "full_attention"],
     },
+    # DeepSeek-V3 (MLA): q/k 192 wide (128 + 64 rotary), v 128, the latents (64 + 64) in transformers'
+    # own cache, expanded for every call (the set's context plans); its yarn mscale in the scale,
+    # one dense layer then a small MoE
+    "deepseek_v3": _COMMON
+    | {
+        "model_type": "deepseek_v3",
+        "hidden_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 96,
+        "kv_lora_rank": 64,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "moe_intermediate_size": 64,
+        "first_k_dense_replace": 1,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 4.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 128,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },  # fmt: skip
+    },
 }
 
 BATCH_SIZES = (1, 2, 4)

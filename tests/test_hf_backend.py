@@ -20,7 +20,7 @@ from frost_runtime import hf  # noqa: E402
 from tests.hf_models import MAX_CACHE_LEN, TINY, build_tiny_set, greedy, hf_model, judge, left_padded_prompts  # noqa: E402
 
 REFERENCE = {"llama": "sdpa", "qwen2": "sdpa", "qwen3": "sdpa", "mistral": "sdpa", "mixtral": "sdpa", "gemma2": "eager",
-             "gemma3": "sdpa", "phi3": "sdpa", "gpt_oss": "eager"}  # fmt: skip
+             "gemma3": "sdpa", "phi3": "sdpa", "gpt_oss": "eager", "deepseek_v3": "sdpa"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -289,3 +289,51 @@ def test_gpt_oss_sinks_reach_the_attention_in_prefill_and_decode(sets) -> None:
         layer.self_attn.sinks.data.zero_()
     without = logits(backend.new_cache())
     assert (without - expected).abs().max() > 0.1
+
+
+def _packed_attention(scale: float):
+    """A float64 stand-in for a packed plan's launch: each sequence's queries (cu_seqlens_q) over
+    its keys (cu_seqlens_kv), bottom-right causal, as the context plans compute."""
+
+    def execute(key_plan, reads, writes):
+        q, k, v, cu_q, cu_kv = (reads[n] for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_kv"))
+        for i in range(len(cu_q) - 1):
+            (qs, qe), (ks, ke) = (int(cu_q[i]), int(cu_q[i + 1])), (int(cu_kv[i]), int(cu_kv[i + 1]))
+            if qe == qs:
+                continue
+            scores = torch.einsum("qhd,khd->hqk", q[qs:qe].double(), k[ks:ke].double()) * scale
+            query, key = torch.arange(qe - qs)[:, None], torch.arange(ke - ks)[None, :]
+            scores = scores.masked_fill(key > query + (ke - ks) - (qe - qs), -torch.inf)
+            out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v[ks:ke].double())
+            writes["o"][qs:qe] = out.to(writes["o"].dtype)
+
+    return execute
+
+
+def test_an_mla_step_packs_the_expanded_context_and_its_queries(sets, monkeypatch) -> None:
+    """DeepSeek's steps after the prompt (the context plans, `launches.context`) with the plan's
+    launch replaced by a float64 packed attention: left-padded rows of HF's expanded K (192) and V
+    (128, a view as the model makes it) packed by device-computed indices and cu_seqlens, the new
+    token the last key of its row; the result is the fp32 reference's over the valid keys."""
+    from frost_runtime.hf import launches, reference
+    from frost_runtime.schema import decode_plan
+
+    plans = sets["deepseek_v3"]
+    info = plans.kind_info["l0"]
+    key_plan = plans.select("context", "l0", 3)
+    assert key_plan == "l0-context-b4"
+    slots = {slot.name: slot for slot in decode_plan(plans.plan_bytes(key_plan)).slots}
+    monkeypatch.setattr(launches, "_slots_by_name", lambda key: slots)
+    monkeypatch.setattr(launches, "_execute", _packed_attention(info.scale))
+    backend = hf.FrostcAttention(plans, device="cpu", launch=False)
+    mask = torch.tensor([[1] * 9, [0, 0, 0, 0] + [1] * 5, [0, 0] + [1] * 7])
+    rows = backend.mask(batch_size=3, q_length=1, kv_length=9, attention_mask=mask)
+    g = torch.Generator().manual_seed(7)
+    query = torch.randn(3, 4, 1, 192, generator=g).bfloat16()
+    key = torch.randn(3, 4, 9, 192, generator=g).bfloat16()
+    value = torch.randn(3, 9, 4, 320, generator=g).bfloat16().transpose(1, 2)[..., 192:]  # a split view
+    got = launches.context(key_plan, rows, query, key, value)
+    want = reference.attend(query, key, value, mask.bool()[:, None, None, :], info.scale, None)  # the last query
+    assert got.shape == (3, 1, 4, 128)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert slots["k"].dims[0] == 4 * MAX_CACHE_LEN and slots["q"].dims[0] == 4

@@ -336,7 +336,9 @@ def test_deepseek_v3_is_mla_192_over_128_with_yarns_scale() -> None:
 
 def test_deepseek_v3_plans_its_prefill_and_names_its_decode_gap() -> None:
     """from-config: the packed prefill plans (q/k 192, v/o 128, yarn's scale) validate and resolve;
-    the decode plans stay unsupported, naming the pair's paged forms and MLA's latent decode."""
+    the decode plans stay unsupported, naming the pair's paged forms and MLA's latent decode; the
+    context plans (transformers' steps over the context it expands from the latents: packed,
+    bottom-right, a bucket's new tokens over up to max_cache_len keys a sequence) resolve."""
     from frostc.serving import check_entry, deployment, layer_kinds, plan_list
 
     model = read_model(DEEPSEEK_V3)
@@ -350,9 +352,17 @@ def test_deepseek_v3_plans_its_prefill_and_names_its_decode_gap() -> None:
     assert (dims["q"][-1], dims["k"][-1], dims["v"][-1], dims["o"][-1]) == (192, 192, 128, 128)
     (node,) = prefill[0].description.nodes
     assert math.isclose(node.get("attn_scale"), model.scale)
-    for e in entries:
-        if e.phase != "prefill":
-            assert "576-wide latent K" in e.unsupported and "value head dim 128" in e.unsupported, e.key
+    decode = [e for e in entries if e.phase == "decode"]
+    for e in decode:
+        assert "576-wide latent K" in e.unsupported and "value head dim 128" in e.unsupported, e.key
+    context = [e for e in entries if e.phase == "context"]
+    assert [e.batch for e in context] == [1, 8] and [e.key for e in context] == ["l0-context-b1", "l0-context-b8"]
+    assert all(e.unsupported is None and check_entry(e) == () and e.form == "packed" for e in context)
+    dims = {t.name: list(t.dims) for t in context[1].description.tensors}
+    assert dims["q"] == [8, 16, 192] and dims["k"] == [8 * 4096, 16, 192] and dims["o"] == [8, 16, 128]
+    (node,) = context[1].description.nodes
+    assert node.get("diagonal_alignment") == "bottom_right" and node.get("max_seqlen_kv") == 4096
+    assert len(entries) == len(prefill) + len(decode) + len(context)
 
 
 def test_from_config_lists_a_gap_family_plan_by_plan_and_builds_none(tmp_path) -> None:

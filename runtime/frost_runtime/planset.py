@@ -47,7 +47,9 @@ MAX_SET_BYTES = 1 << 32
 MAX_SET_PLANS = 4096
 MAX_SET_CUBINS = 1024
 MAX_MODEL_CHARS = 2048
-PHASES = ("prefill", "decode", "mixed")  # mixed: transformers' continuous batching; its buckets are tokens
+# mixed: transformers' continuous batching (its buckets are tokens); context: an MLA model's steps over
+# the whole context transformers expands from its latents (frostc.serving.context_description)
+PHASES = ("prefill", "decode", "mixed", "context")
 # the decode step's plans around the attention, for fused decoder layers (frost_runtime.hf_fuse)
 GLUE_OPS = ("rms_norm", "add_rms_norm", "silu_mul")
 _SHA = re.compile(r"[0-9a-f]{64}")
@@ -71,7 +73,7 @@ class SetEntry:
 
     key: str  # "l0-decode-b32"
     name: str  # the plan's header name
-    phase: str  # "prefill" | "decode"
+    phase: str  # one of PHASES
     batch: int  # the bucket: the most sequences the plan takes
     kind: str  # the layer kind, "l0"
     layers: tuple[int, ...]  # the model's layers of that kind

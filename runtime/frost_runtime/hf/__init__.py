@@ -26,6 +26,10 @@ The design (README, "Serving a model"):
 - A row's valid tokens must be one run (left or right padding, as tokenizers make them); a row
   that is not gets NaN outputs (checked on the device, never read back), not a wrong answer.
 - **An FP8 cache** (a set built with `--kv-cache-dtype e4m3`): see pools.py.
+- **MLA (DeepSeek-V2/V3)**: transformers keeps the latents in its own cache and hands attention the
+  whole context, expanded per head, at every step; a set of MLA kinds serves the prompt with its
+  packed prefill plans and later steps with its context plans (launches.context), and
+  `new_cache()` is transformers' `DynamicCache`.
 
 The modules, along vLLM's attention-backend seams (backend, metadata builder, impl):
 - backend.py: `FrostcAttention`, `install`: registration with transformers, and each call's routing

@@ -43,6 +43,9 @@ class FrostcAttention:
         self._warned: set[str] = set()
         self._sinks = LayerSinks()
         self._kind_of_layer = support.kinds_by_layer(plans)
+        # MLA kinds (DeepSeek): transformers' own cache holds the latents, and the model hands
+        # attention the whole context expanded at each step; the set's context plans serve them
+        self._latent_kinds = {e.kind for e in (*plans.entries, *plans.missing) if e.phase == "context"}
         serving = plans.serving
         self.max_pages, self.page_size = serving.max_pages, serving.page_size
         self.max_sequences = serving.pages // serving.max_pages  # sequences the pools hold at full length
@@ -69,7 +72,13 @@ class FrostcAttention:
         return len(self._loaded)
 
     def new_cache(self, layers: int | None = None):
-        """A cache for one generation (or one batch of steps); its K/V live in this backend's pools."""
+        """A cache for one generation (or one batch of steps); its K/V live in this backend's pools.
+        A set of MLA kinds only: transformers' own `DynamicCache` (it holds the latents, which the
+        model expands for every call; the plans read that expansion in place of pools)."""
+        if self._latent_kinds and self._latent_kinds >= set(self.plans.kinds):
+            from transformers import DynamicCache
+
+            return DynamicCache()
         n = layers if layers is not None else 1 + max(self._kind_of_layer)
         return cache_class()(self, n)
 
@@ -124,6 +133,11 @@ class FrostcAttention:
         rows = attention_mask if isinstance(attention_mask, FrostcMask) else None
         if dropout and module.training:
             raise ValueError("frostc serves inference: dropout must be 0 (model.eval())")
+        latent = self._kind_of_layer.get(layer)
+        if rows is not None and fresh is None and latent is not None and latent.kind in self._latent_kinds:
+            s_aux = kwargs.get("s_aux")
+            support.check_call(self.plans, latent, query, key, scaling, sliding_window, softcap, s_aux)
+            return self._context(latent, rows, query, key, value, self._sinks.of(layer, s_aux)), None
         if rows is None or fresh is None or fresh[0] is not key:
             why = "the mask was not made by frostc" if rows is None else "the cache is not frostc's (new_cache())"
             self._fallback(why)
@@ -176,6 +190,34 @@ class FrostcAttention:
             return reference.decode(info, rows, query, pools, serving, sinks)
         out = launches.decode(key_plan, rows, query, key, value, pools, self.page_table, serving.pages, sinks)
         self._count("decode")
+        return out
+
+    def _context(self, info: KindInfo, rows: FrostcMask, query, key, value, sinks):
+        """An MLA layer's call (DeepSeek): key and value are the whole context, which transformers
+        expands from its cache's latents at each step. A prompt (queries as many as keys) takes
+        the set's packed prefill plan, later steps its context plan (the new tokens over the
+        context, bottom-right); a call neither covers, the reference with HF's mask."""
+        b, _, s, _ = query.shape
+        context, serving = key.shape[2], self.plans.serving
+        if rows.width != context:
+            raise ValueError(f"the 2-D attention mask has {rows.width} columns, the context {context} tokens")
+        if context > serving.max_cache_len:
+            raise ValueError(
+                f"{context} tokens per sequence: over the plan set's context of {serving.max_cache_len} "
+                "(--max-cache-len); stop generating earlier or build the set with a longer cache"
+            )
+        phase = "prefill" if s == context else "context"
+        key_plan, why = self._select(phase, info, b)
+        if key_plan is not None and phase == "prefill" and b * s > serving.max_prompt_tokens:
+            key_plan, why = None, f"{b} x {s} prompt tokens are over the set's --max-prompt-tokens"
+        if key_plan is not None and phase == "context" and s > serving.new_tokens:
+            key_plan, why = None, f"{s} new tokens per sequence, the set's context plans take {serving.new_tokens}"
+        if key_plan is None:
+            self._fallback(why)
+            return reference.other_cache(query, key, value, rows, info.scale, info.softcap, sinks)
+        run = launches.prefill if phase == "prefill" else launches.context
+        out = run(key_plan, rows, query, key, value, sinks)
+        self._count(phase)
         return out
 
     # ------------------------------------------------------------------ plans and pools

@@ -20,7 +20,8 @@ from frost_runtime.hf.pools import Pools
 def prefill(key_plan: str, rows: FrostcMask, query, key, value, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The packed plan `key_plan` over a fresh cache's prompts (their K/V are in the pools already);
     `sinks`: the layer's (float32, one per query head) where the kind has them."""
-    b, hq, s, d = query.shape
+    b, hq, s, _ = query.shape
+    dv = value.shape[-1]  # o's (DeepSeek's: 128 under q/k's 192)
     slot = _slots_by_name(key_plan)
     tokens, offsets = slot["q"].dims[0], slot["cu_seqlens"].dims[0]
     in_place = _prefill_in_place(key_plan, rows, query, key, value, sinks)
@@ -29,12 +30,33 @@ def prefill(key_plan: str, rows: FrostcMask, query, key, value, sinks: torch.Ten
     dest, gather, cu = metadata.packing(rows, s, tokens, offsets)
     packed = [_pack(x, dest, tokens) for x in (query, key, value)]
     # o's rows past the plan's: `tokens` is 0 (pad tokens read it), `tokens + 1` NaN (rows not one run)
-    o = torch.empty(tokens + 2, hq, d, dtype=query.dtype, device=query.device)
+    o = torch.empty(tokens + 2, hq, dv, dtype=query.dtype, device=query.device)
     o[tokens].zero_()
     o[tokens + 1].fill_(torch.nan)
     reads = dict(zip(("q", "k", "v"), packed), cu_seqlens=cu, sinks=sinks)
     _execute(key_plan, reads, {"o": o[:tokens]})
-    return o.index_select(0, gather).view(b, s, hq, d)
+    return o.index_select(0, gather).view(b, s, hq, dv)
+
+
+# ------------------------------------------------------------------------------------- context
+
+
+def context(key_plan: str, rows: FrostcMask, query, key, value, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The context plan `key_plan` (an MLA model's steps after its prompt): each row's s new tokens
+    over its valid columns of the whole context transformers expanded (left padding packed out
+    with device-computed indices), the queries the last keys of their sequence (bottom-right)."""
+    b, hq, s, d = query.shape
+    slot = _slots_by_name(key_plan)
+    queries, keys, offsets = slot["q"].dims[0], slot["k"].dims[0], slot["cu_seqlens_q"].dims[0]
+    dest, _, cu_kv = metadata.packing(rows, key.shape[2], keys, offsets)
+    k, v = (_pack(x, dest, keys) for x in (key, value))
+    q = torch.empty(queries, hq, d, dtype=query.dtype, device=query.device)
+    q[: b * s].copy_(query.transpose(1, 2).reshape(b * s, hq, d))  # rows past b * s: no sequence reads them
+    o = torch.empty(queries, hq, value.shape[-1], dtype=query.dtype, device=query.device)
+    reads = dict(q=q, k=k, v=v, cu_seqlens_q=metadata.query_spans(rows, s, offsets), cu_seqlens_kv=cu_kv, sinks=sinks)
+    _execute(key_plan, reads, {"o": o})
+    out = o[: b * s].view(b, s, hq, -1)
+    return torch.where(rows.broken[:, None, None, None], torch.nan, out)
 
 
 def _execute(key_plan: str, reads: dict, writes: dict) -> None:
@@ -56,7 +78,7 @@ def _prefill_in_place(key_plan: str, rows: FrostcMask, query, key, value, sinks)
     a fused QKV buffer) are copied into it. Row 0's leading pads belong to no span: zeros; a
     row that is not one run: NaN."""
     r = torch_ops.registered(key_plan)
-    b, hq, s, d = query.shape
+    b, hq, s, _ = query.shape
     slots = {slot.name: slot for slot in r.data.slots}
     contracts = {r.data.slots[c.slot].name: c.longest for c in r.data.lengths}
     if set(slots) not in _PREFILL_SLOTS or 2 * s - 1 > contracts.get("cu_seqlens", 0):
@@ -66,7 +88,7 @@ def _prefill_in_place(key_plan: str, rows: FrostcMask, query, key, value, sinks)
     # HF's own rows are (b, s, h, d) memory already; views of a fused QKV buffer get one copy
     tensors = dict(zip(("q", "k", "v"), (x.transpose(1, 2).contiguous() for x in (query, key, value))))
     cu = metadata.spans(rows, s, slots["cu_seqlens"].dims[0])
-    o = torch.empty(b, s, hq, d, dtype=query.dtype, device=query.device)
+    o = torch.empty(b, s, hq, value.shape[-1], dtype=query.dtype, device=query.device)
     o[0].zero_()
     buffers = {name: _Capacity(t, slots[name]) for name, t in (tensors | {"o": o}).items()}
     buffers |= {"cu_seqlens": cu, "sinks": sinks}

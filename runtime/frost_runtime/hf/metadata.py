@@ -145,6 +145,14 @@ def spans(rows: FrostcMask, s: int, offsets: int) -> torch.Tensor:
 
 
 @once_per_forward
+def query_spans(rows: FrostcMask, s: int, offsets: int) -> torch.Tensor:
+    """cu_seqlens of `s` new tokens per row, packed (an MLA step's queries); empty ones after."""
+    b = len(rows.first)
+    steps = torch.arange(offsets, device=rows.first.device, dtype=torch.int32) * s
+    return steps.clamp_(max=b * s)
+
+
+@once_per_forward
 def cache_len(rows: FrostcMask, bucket: int, new_tokens: int) -> torch.Tensor:
     """Each row's tokens after this step's append; rows past the batch hold just their new ones."""
     lengths = torch.full((bucket,), new_tokens, dtype=torch.int32, device=rows.count.device)
