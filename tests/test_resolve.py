@@ -441,6 +441,18 @@ def test_bind_takes_slots_the_workspace_nulls_and_constants_in_the_kernels_order
     )
 
 
+def test_bind_refuses_a_slot_whose_elements_are_not_the_kernels_width() -> None:
+    """A tensor map encoded for 16-bit elements over an e4m3 buffer read boxes twice its bytes
+    (the forward kernel over e4m3 pages, on the GPU); a same-width reinterpretation binds."""
+    e4m3 = Slot(3, "k_cache", 1, "e4m3", (1, 8), (8, 1), False, 16)
+    record = _ToyArgs(TmaSource(e4m3, (8, 8, 8), extents=8), lse=None, tiles=None, unused=None, scale=0.5)
+    with pytest.raises(ValueError, match=r"toy: q.tmap takes bf16 elements, its slot 'k_cache' holds e4m3"):
+        bind(_Toy(), record)
+    fp16 = Slot(3, "q", 1, "fp16", (1, 8), (8, 1), False, 16)
+    record = _ToyArgs(TmaSource(fp16, (8, 8, 8), extents=8), lse=None, tiles=None, unused=None, scale=0.5)
+    assert bind(_Toy(), record)[0] == Arg("q.tmap", "tmap", slot=3)
+
+
 def test_bind_names_a_constant_parameter_given_no_value() -> None:
     record = _ToyArgs(TmaSource(None, (8, 8, 8), extents=8), lse=None, tiles=None, unused=None, scale=None)
     with pytest.raises(ValueError, match=r"toy: parameter scale \(f32\) has no value"):

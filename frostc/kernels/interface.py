@@ -254,6 +254,12 @@ def _dtype(meta: dict, variant) -> str:
     return meta.get("dtype") or getattr(variant, meta.get("of", "dtype"))
 
 
+def element_dtype(param: Param, variant) -> str | None:
+    """The elements a pointer or tensor-map parameter reads or writes, as the kernel (and its
+    tensor map's encoding) takes them; None for other parameters."""
+    return _dtype(param.meta, variant) if param.kind in ("ptr", "tmap") else None
+
+
 def stand_ins(variant):
     """The record a compile traces `variant`'s kernel with."""
     return _host_record(variant, variant.ARGS, None, {})
