@@ -19,9 +19,11 @@ STEP_TOKENS = 64  # ContinuousBatchingConfig.max_batch_tokens
 CB_TOKENS = (16, STEP_TOKENS)  # the sets' token buckets: small steps, and transformers' padded ones
 CB_REQUESTS = 64
 MAX_CACHE_LEN = 512  # the tiny configs' max_position_embeddings
+# the families continuous batching serves: not MLA's (DeepSeek: its mixed plans are a kernel gap)
 CB_TINY: dict[str, dict[str, Any]] = {
     family: fields | ({"sliding_window": WINDOW} if "sliding_window" in fields else {})
     for family, fields in TINY.items()
+    if family != "deepseek_v3"
 }
 PEER = {  # transformers' own attention in continuous batching (Gemma-2 and gpt-oss have no sdpa)
     "llama": "sdpa",

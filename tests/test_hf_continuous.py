@@ -29,7 +29,7 @@ pytest.importorskip("transformers")
 
 from frost_runtime.hf import cb_cache, cb_patches, cb_step, continuous  # noqa: E402
 
-from tests.cb_models import PAGE, cb_config, cb_model, greedy, peer_tokens, prompts  # noqa: E402
+from tests.cb_models import CB_TINY, PAGE, cb_config, cb_model, greedy, peer_tokens, prompts  # noqa: E402
 from tests.hf_models import TINY  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
@@ -282,7 +282,7 @@ def _float64_attention(q, k, v, scales, past, lengths, read, geo, scaling: float
 # Whole generations
 
 
-@pytest.mark.parametrize("family", list(TINY))
+@pytest.mark.parametrize("family", list(CB_TINY))
 def test_generate_batch_through_frostc_gives_the_peers_tokens(family: str) -> None:
     """24 requests of 1 to 100 tokens (prefills chunked over steps of at most 64 tokens, decodes
     among them), 10 new tokens each: the same tokens as transformers' continuous batching with
@@ -538,7 +538,7 @@ def cb_sets() -> dict:
 
     from tests.cb_models import build_cb_set
 
-    return {family: frost_runtime.read_set(build_cb_set(family)) for family in TINY}
+    return {family: frost_runtime.read_set(build_cb_set(family)) for family in CB_TINY}
 
 
 def test_from_config_sizes_the_pool_as_transformers_does(cb_sets) -> None:
@@ -557,7 +557,7 @@ def test_from_config_sizes_the_pool_as_transformers_does(cb_sets) -> None:
                     assert (k_cache.dims, k_cache.strides) == (tuple(k_pages.shape), k_pages.stride()), family
 
 
-@pytest.mark.parametrize("family", list(TINY))
+@pytest.mark.parametrize("family", list(CB_TINY))
 def test_generate_batch_through_the_plans(cb_sets, family: str) -> None:
     """The plan executor (cb_plans.py) with each plan's contract computed in torch: bucket choice,
     staging, the pool bound by strides, the page tables the append writes through (a sliding ring
