@@ -23,8 +23,9 @@
 #   bash bench/gpu_checks.sh mixed    # bench/mixed.py; FlashAttention-4 beside it when .peer/part2 is carried
 #                                     # (right after .peer/part1/stage.sh); MIXED_BASELINE=DIR: a second
 #                                     # run over an earlier build's plans
-#   bash bench/gpu_checks.sh all      # one call for everything after a kernel change: the GPU suite and
-#                                     # compute-sanitizer (SANITIZE_ONLY) side by side, then bench/serve.py's
+#   bash bench/gpu_checks.sh all      # one call for everything after a kernel change: the GPU suite (a
+#                                     # process per file: bench/gpu_pytest.py) and compute-sanitizer
+#                                     # (SANITIZE_ONLY) side by side, then bench/serve.py's
 #                                     # SERVE_ATTN rows at 64 requests, profiled, in the time left (ALL_S)
 # Packed, everything built fits one call beside .hfslim: `bash bench/gpu_checks.sh pack` on the CPU
 # machine writes build/built.tar.xz (tests/.built and bench/.built, ~56 MiB raw, ~4 MiB packed); carry
@@ -53,9 +54,9 @@ all)
     install_transformers
     (timeout "${SANITIZE_S:-400}" python bench/sanitize.py run --only "${SANITIZE_ONLY:-}" > "$OUT/sanitize.txt" 2>&1
         echo "sanitize rc=$? in $(( $(date +%s) - start )) s" >> "$OUT/sanitize.txt") &
-    timeout "${PYTEST_S:-400}" python -m pytest tests/gpu -q -p no:cacheprovider -rs > "$OUT/pytest.log" 2>&1
-    echo "pytest rc=$? in $(( $(date +%s) - start )) s"
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
+    # one process per test file, PYTEST_JOBS side by side: a kernel's fault costs its own file
+    python bench/gpu_pytest.py --jobs "${PYTEST_JOBS:-4}" --timeout "${PYTEST_S:-400}" > "$OUT/pytest.txt" 2>&1
+    echo "pytest rc=$? in $(( $(date +%s) - start )) s"; tail -40 "$OUT/pytest.txt"
     wait
     tail -8 "$OUT/sanitize.txt"; grep -E "^\| " "$OUT/sanitize.txt" | grep -vE "\| 0 \| 0 \| 0 \| ok \|" | head -20
     left=$(( ${ALL_S:-560} - ($(date +%s) - start) ))
