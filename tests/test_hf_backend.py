@@ -310,11 +310,31 @@ def _packed_attention(scale: float):
     return execute
 
 
-def test_an_mla_step_packs_the_expanded_context_and_its_queries(sets, monkeypatch) -> None:
+class _FakePlan:
+    """A loaded plan as `launches.context` drives it: `execute` over buffers in slot order (this
+    call's rows presented as the slots' capacity), recorded, then the float64 stand-in."""
+
+    def __init__(self, slots, scale: float):
+        self.slots, self.attend, self.rows = slots, _packed_attention(scale), {}
+
+    def execute(self, *buffers, workspace=None):
+        tensors = {s.name: getattr(x, "tensor", x) for s, x in zip(self.slots, buffers)}
+        self.rows = {n: (len(tensors[n]), tuple(buffers[i].__cuda_array_interface__["shape"]))
+                     for i, n in enumerate(s.name for s in self.slots) if n in ("q", "k", "v", "o")}  # fmt: skip
+        self.attend(None, tensors, tensors)
+
+
+@pytest.mark.parametrize("loaded", [True, False])
+def test_an_mla_step_packs_the_expanded_context_and_its_queries(sets, monkeypatch, loaded: bool) -> None:
     """DeepSeek's steps after the prompt (the context plans, `launches.context`) with the plan's
     launch replaced by a float64 packed attention: left-padded rows of HF's expanded K (192) and V
     (128, a view as the model makes it) packed by device-computed indices and cu_seqlens, the new
-    token the last key of its row; the result is the fp32 reference's over the valid keys."""
+    token the last key of its row; the result is the fp32 reference's over the valid keys. A
+    loaded plan gets this call's rows only (3 x 9 keys, not the bucket's 4 x 256) as its slots'
+    capacity; a plan held as metadata only, whole-capacity buffers through torch_ops."""
+    from types import SimpleNamespace
+
+    from frost_runtime import torch_ops
     from frost_runtime.hf import launches, reference
     from frost_runtime.schema import decode_plan
 
@@ -322,8 +342,9 @@ def test_an_mla_step_packs_the_expanded_context_and_its_queries(sets, monkeypatc
     info = plans.kind_info["l0"]
     key_plan = plans.select("context", "l0", 3)
     assert key_plan == "l0-context-b4"
-    slots = {slot.name: slot for slot in decode_plan(plans.plan_bytes(key_plan)).slots}
-    monkeypatch.setattr(launches, "_slots_by_name", lambda key: slots)
+    data = decode_plan(plans.plan_bytes(key_plan))
+    plan = _FakePlan(data.slots, info.scale) if loaded else None
+    monkeypatch.setattr(torch_ops, "registered", lambda key: SimpleNamespace(data=data, plan=plan, workspace=None))
     monkeypatch.setattr(launches, "_execute", _packed_attention(info.scale))
     backend = hf.FrostcAttention(plans, device="cpu", launch=False)
     mask = torch.tensor([[1] * 9, [0, 0, 0, 0] + [1] * 5, [0, 0] + [1] * 7])
@@ -336,4 +357,6 @@ def test_an_mla_step_packs_the_expanded_context_and_its_queries(sets, monkeypatc
     want = reference.attend(query, key, value, mask.bool()[:, None, None, :], info.scale, None)  # the last query
     assert got.shape == (3, 1, 4, 128)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
-    assert slots["k"].dims[0] == 4 * MAX_CACHE_LEN and slots["q"].dims[0] == 4
+    if loaded:
+        assert plan.rows == {"q": (3, (4, 4, 192)), "k": (27, (4 * MAX_CACHE_LEN, 4, 192)),
+                             "v": (27, (4 * MAX_CACHE_LEN, 4, 128)), "o": (3, (4, 4, 128))}  # fmt: skip

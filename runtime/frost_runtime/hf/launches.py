@@ -44,18 +44,31 @@ def prefill(key_plan: str, rows: FrostcMask, query, key, value, sinks: torch.Ten
 def context(key_plan: str, rows: FrostcMask, query, key, value, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The context plan `key_plan` (an MLA model's steps after its prompt): each row's s new tokens
     over its valid columns of the whole context transformers expanded (left padding packed out
-    with device-computed indices), the queries the last keys of their sequence (bottom-right)."""
+    with device-computed indices), the queries the last keys of their sequence (bottom-right).
+    The packed buffers hold this call's rows only (b x context keys, b x s queries), presented to
+    the plan as its slots' capacity (a bucket's capacity is batch x --max-cache-len keys: at
+    DeepSeek's sizes, gigabytes no call needs); a plan held as metadata only (tracing) takes
+    whole-capacity buffers."""
     b, hq, s, d = query.shape
-    slot = _slots_by_name(key_plan)
-    queries, keys, offsets = slot["q"].dims[0], slot["k"].dims[0], slot["cu_seqlens_q"].dims[0]
-    dest, _, cu_kv = metadata.packing(rows, key.shape[2], keys, offsets)
+    context, dv = key.shape[2], value.shape[-1]
+    r = torch_ops.registered(key_plan)
+    slot = {x.name: x for x in r.data.slots}
+    offsets = slot["cu_seqlens_q"].dims[0]
+    sized = r.plan is not None
+    queries, keys = (b * s, b * context) if sized else (slot["q"].dims[0], slot["k"].dims[0])
+    dest, _, cu_kv = metadata.packing(rows, context, keys, offsets)
     k, v = (_pack(x, dest, keys) for x in (key, value))
     q = torch.empty(queries, hq, d, dtype=query.dtype, device=query.device)
     q[: b * s].copy_(query.transpose(1, 2).reshape(b * s, hq, d))  # rows past b * s: no sequence reads them
-    o = torch.empty(queries, hq, value.shape[-1], dtype=query.dtype, device=query.device)
+    o = torch.empty(queries, hq, dv, dtype=query.dtype, device=query.device)
     reads = dict(q=q, k=k, v=v, cu_seqlens_q=metadata.query_spans(rows, s, offsets), cu_seqlens_kv=cu_kv, sinks=sinks)
-    _execute(key_plan, reads, {"o": o})
-    out = o[: b * s].view(b, s, hq, -1)
+    if sized:  # the lengths end inside this call's rows: the plan touches nothing past them
+        buffers = {n: _Capacity(t, slot[n]) for n, t in (("q", q), ("k", k), ("v", v), ("o", o))}
+        buffers |= {n: reads[n] for n in ("cu_seqlens_q", "cu_seqlens_kv", "sinks")}
+        r.plan.execute(*(buffers[x.name] for x in r.data.slots), workspace=r.workspace)
+    else:
+        _execute(key_plan, reads, {"o": o})
+    out = o[: b * s].view(b, s, hq, dv)
     return torch.where(rows.broken[:, None, None, None], torch.nan, out)
 
 
