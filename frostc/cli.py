@@ -295,9 +295,10 @@ def from_config(
     """Plan a model's attention from its config.json: its layer kinds, and a plan per layer kind,
     phase (prefill, decode) and batch bucket; with -o, build them into one plan set. No weights,
     no GPU."""
+    from frost_runtime.planset import PHASES
+
     from frostc.models import load_model_config, read_layers, read_model
     from frostc.serving import (
-        PHASES,
         ContinuousBatching,
         VllmEngine,
         deployment,

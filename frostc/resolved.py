@@ -74,7 +74,7 @@ def bind(variant: KernelVariant, record: Any) -> tuple[Arg, ...]:
     """Every parameter of `variant` bound from `record`, the kernel's `Args` as its op filled
     them: a pointer (or a tensor map's base) is a slot, a `Workspace` region or None (null: an
     absent tensor the variant never touches); any other parameter is the constant given."""
-    from frostc.kernels.interface import element_dtype, leaves
+    from frostc.kernels.interface import element_bytes, element_dtype, leaves
 
     args = []
     for param, value in leaves(variant, record):
@@ -84,7 +84,7 @@ def bind(variant: KernelVariant, record: Any) -> tuple[Arg, ...]:
                 # the wrong bytes (a tensor map's element type lives only in the plan: no
                 # compile sees it); a reinterpretation of the same width (uint8 over e4m3) is fine
                 elements = element_dtype(param, variant)
-                if _element_bytes(elements) != _element_bytes(value.dtype):
+                if element_bytes(elements) != DTYPES[value.dtype].bytes:
                     raise ValueError(
                         f"{variant.name}: {param.name} takes {elements} elements, its slot {value.name!r} "
                         f"holds {value.dtype}"
@@ -101,13 +101,6 @@ def bind(variant: KernelVariant, record: Any) -> tuple[Arg, ...]:
         else:
             args.append(Arg(param.name, param.kind, value=value))
     return tuple(args)
-
-
-_RAW_BYTES = {"uint8": 1, "int8": 1, "uint32": 4, "int64": 8, "uint64": 8}
-
-
-def _element_bytes(dtype: str | None) -> int | None:
-    return DTYPES[dtype].bytes if dtype in DTYPES else _RAW_BYTES.get(dtype)
 
 
 class KernelVariant(Protocol):

@@ -38,7 +38,6 @@ CUDA_GRAPHS = "cuda-graphs"
 
 PAGE_SIZE_STEP, MAX_PAGE_SIZE = 16, 256  # the paged form's rule (README, frostc.ops.paged_cache)
 MAX_SPECULATIVE = 15  # the paged form takes 1 to 16 new tokens per sequence
-PHASES = ("prefill", "decode", "mixed", "context")  # context: an MLA model's steps (context_description)
 # how decode's q, k_new and v_new lie: each in rows of its own (b, s, heads, d), or as views of one
 # (b, s, hq + 2 hkv, d) buffer, what a fused QKV projection writes (frost_runtime.hf_fuse)
 QKV_LAYOUTS = ("separate", "fused")

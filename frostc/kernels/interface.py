@@ -77,6 +77,7 @@ _ADDRESS = 0x10000  # a stand-in pointer's (its type and alignment are what a co
 
 
 _BYTES = {"uint8": "Uint8", "uint32": "Uint32"}  # raw bytes and words (workspace regions)
+_RAW_WIDTHS = {"uint8": 1, "uint32": 4}
 
 
 def _dsl_pointer(dtype: str, address: int, align: int):
@@ -254,10 +255,15 @@ def _dtype(meta: dict, variant) -> str:
     return meta.get("dtype") or getattr(variant, meta.get("of", "dtype"))
 
 
-def element_dtype(param: Param, variant) -> str | None:
+def element_dtype(param: Param, variant) -> str:
     """The elements a pointer or tensor-map parameter reads or writes, as the kernel (and its
-    tensor map's encoding) takes them; None for other parameters."""
-    return _dtype(param.meta, variant) if param.kind in ("ptr", "tmap") else None
+    tensor map's encoding) takes them."""
+    return _dtype(param.meta, variant)
+
+
+def element_bytes(dtype: str) -> int:
+    """A pointer's element width: a frost dtype's, or raw bytes' and words'."""
+    return _RAW_WIDTHS.get(dtype) or DTYPES[dtype].bytes
 
 
 def stand_ins(variant):

@@ -133,21 +133,18 @@ class FrostcAttention:
         rows = attention_mask if isinstance(attention_mask, FrostcMask) else None
         if dropout and module.training:
             raise ValueError("frostc serves inference: dropout must be 0 (model.eval())")
-        latent = self._kind_of_layer.get(layer)
-        if rows is not None and fresh is None and latent is not None and latent.kind in self._latent_kinds:
-            s_aux = kwargs.get("s_aux")
-            support.check_call(self.plans, latent, query, key, scaling, sliding_window, softcap, s_aux)
-            return self._context(latent, rows, query, key, value, self._sinks.of(layer, s_aux)), None
+        info = self._kind_of_layer.get(layer)
+        s_aux = kwargs.get("s_aux")  # gpt-oss's sinks (GptOssAttention passes its parameter so)
+        if rows is not None and fresh is None and info is not None and info.kind in self._latent_kinds:
+            support.check_call(self.plans, info, query, key, scaling, sliding_window, softcap, s_aux)
+            return self._context(info, rows, query, key, value, self._sinks.of(layer, s_aux)), None
         if rows is None or fresh is None or fresh[0] is not key:
             why = "the mask was not made by frostc" if rows is None else "the cache is not frostc's (new_cache())"
             self._fallback(why)
-            sinks = kwargs.get("s_aux")
-            return reference.other_cache(query, key, value, attention_mask, scaling, softcap, sinks), None
-        info = self._kind_of_layer.get(layer)
+            return reference.other_cache(query, key, value, attention_mask, scaling, softcap, s_aux), None
         if info is None:
             raise ValueError(f"plan set {self.plans.header.name!r} serves no layer {layer}")
         past = fresh[1]
-        s_aux = kwargs.get("s_aux")  # gpt-oss's sinks (GptOssAttention passes its parameter so)
         support.check_call(self.plans, info, query, key, scaling, sliding_window, softcap, s_aux)
         b, _, s, _ = query.shape
         support.check_capacity(self.plans, self.max_sequences, b, past + s)

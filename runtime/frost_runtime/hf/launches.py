@@ -58,18 +58,25 @@ def context(key_plan: str, rows: FrostcMask, query, key, value, sinks: torch.Ten
     queries, keys = (b * s, b * context) if sized else (slot["q"].dims[0], slot["k"].dims[0])
     dest, _, cu_kv = metadata.packing(rows, context, keys, offsets)
     k, v = (_pack(x, dest, keys) for x in (key, value))
-    q = torch.empty(queries, hq, d, dtype=query.dtype, device=query.device)
-    q[: b * s].copy_(query.transpose(1, 2).reshape(b * s, hq, d))  # rows past b * s: no sequence reads them
+    q = query.transpose(1, 2).reshape(b * s, hq, d).contiguous()  # a view where HF's rows allow
+    if not sized:  # the slot's whole capacity; rows past b * s: no sequence reads them
+        q = torch.cat([q, q.new_empty(queries - b * s, hq, d)])
     o = torch.empty(queries, hq, dv, dtype=query.dtype, device=query.device)
-    reads = dict(q=q, k=k, v=v, cu_seqlens_q=metadata.query_spans(rows, s, offsets), cu_seqlens_kv=cu_kv, sinks=sinks)
+    lengths = dict(cu_seqlens_q=metadata.query_spans(rows, s, offsets), cu_seqlens_kv=cu_kv, sinks=sinks)
     if sized:  # the lengths end inside this call's rows: the plan touches nothing past them
-        buffers = {n: _Capacity(t, slot[n]) for n, t in (("q", q), ("k", k), ("v", v), ("o", o))}
-        buffers |= {n: reads[n] for n in ("cu_seqlens_q", "cu_seqlens_kv", "sinks")}
-        r.plan.execute(*(buffers[x.name] for x in r.data.slots), workspace=r.workspace)
+        _execute_in_capacity(r, dict(q=q, k=k, v=v, o=o), lengths)
     else:
-        _execute(key_plan, reads, {"o": o})
+        _execute(key_plan, dict(q=q, k=k, v=v) | lengths, {"o": o})
     out = o[: b * s].view(b, s, hq, dv)
     return torch.where(rows.broken[:, None, None, None], torch.nan, out)
+
+
+def _execute_in_capacity(r, tensors: dict, others: dict) -> None:
+    """The loaded plan `r` on `tensors` presented as their slots' whole capacity (`_Capacity`) and
+    `others` (lengths, sinks) as they are, in slot order."""
+    slots = {slot.name: slot for slot in r.data.slots}
+    buffers = {name: _Capacity(t, slots[name]) for name, t in tensors.items()} | others
+    r.plan.execute(*(buffers[slot.name] for slot in r.data.slots), workspace=r.workspace)
 
 
 def _execute(key_plan: str, reads: dict, writes: dict) -> None:
@@ -103,9 +110,7 @@ def _prefill_in_place(key_plan: str, rows: FrostcMask, query, key, value, sinks)
     cu = metadata.spans(rows, s, slots["cu_seqlens"].dims[0])
     o = torch.empty(b, s, hq, value.shape[-1], dtype=query.dtype, device=query.device)
     o[0].zero_()
-    buffers = {name: _Capacity(t, slots[name]) for name, t in (tensors | {"o": o}).items()}
-    buffers |= {"cu_seqlens": cu, "sinks": sinks}
-    r.plan.execute(*(buffers[slot.name] for slot in r.data.slots), workspace=r.workspace)
+    _execute_in_capacity(r, tensors | {"o": o}, {"cu_seqlens": cu, "sinks": sinks})
     return o.masked_fill_(rows.broken[:, None, None, None], torch.nan)
 
 
