@@ -26,7 +26,8 @@
 #   bash bench/gpu_checks.sh all      # one call for everything after a kernel change: the GPU suite (a
 #                                     # process per file: bench/gpu_pytest.py) and compute-sanitizer
 #                                     # (SANITIZE_ONLY) side by side, then bench/serve.py's
-#                                     # SERVE_ATTN rows at 64 requests, profiled, in the time left (ALL_S)
+#                                     # SERVE_ATTN rows at 64 requests, profiled, in the time left (ALL_S);
+#                                     # PYTEST_K: pytest's -k for every file (a changed kernel's cases)
 # Packed, everything built fits one call beside .hfslim: `bash bench/gpu_checks.sh pack` on the CPU
 # machine writes build/built.tar.xz (tests/.built and bench/.built, ~56 MiB raw, ~4 MiB packed); carry
 # build and .hfslim; every mode unpacks it first.
@@ -55,7 +56,8 @@ all)
     (timeout "${SANITIZE_S:-400}" python bench/sanitize.py run --only "${SANITIZE_ONLY:-}" > "$OUT/sanitize.txt" 2>&1
         echo "sanitize rc=$? in $(( $(date +%s) - start )) s" >> "$OUT/sanitize.txt") &
     # one process per test file, PYTEST_JOBS side by side: a kernel's fault costs its own file
-    python bench/gpu_pytest.py --jobs "${PYTEST_JOBS:-4}" --timeout "${PYTEST_S:-400}" > "$OUT/pytest.txt" 2>&1
+    python bench/gpu_pytest.py --jobs "${PYTEST_JOBS:-4}" --timeout "${PYTEST_S:-400}" -k "${PYTEST_K:-}" \
+        > "$OUT/pytest.txt" 2>&1
     echo "pytest rc=$? in $(( $(date +%s) - start )) s"; tail -40 "$OUT/pytest.txt"
     wait
     tail -8 "$OUT/sanitize.txt"; grep -E "^\| " "$OUT/sanitize.txt" | grep -vE "\| 0 \| 0 \| 0 \| ok \|" | head -20
@@ -65,6 +67,8 @@ all)
             --profile --md "$OUT/serve.md" > "$OUT/serve.log" 2>&1
         echo "serve rc=$? ($left s left)"; grep -E "requests:|^\|" "$OUT/serve.log" | cut -c1-300 | tail -16
     fi
+    # the device tool brings back a few files only: the per-file and per-shard logs in one
+    (cd "$OUT" && tar -cJf logs.tar.xz pytest-*.log sanitize-*.log 2>/dev/null && rm -f pytest-*.log sanitize-*.log)
     ;;
 tests)
     install_transformers

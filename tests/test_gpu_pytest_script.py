@@ -47,3 +47,27 @@ def test_a_run_on_a_machine_without_a_gpu_skips_every_file(tmp_path) -> None:
     files = sorted(p.stem for p in (ROOT / "tests" / "gpu").glob("test_*.py"))
     assert sorted(p.stem.removeprefix("pytest-") for p in tmp_path.glob("pytest-*.log")) == files
     assert "failed" not in done.stdout.splitlines()[-1]
+
+
+def test_a_file_that_measures_the_whole_device_runs_alone_after_the_others(monkeypatch, tmp_path) -> None:
+    import threading
+    import time
+
+    g = _script()
+    running, log = set(), []
+    lock = threading.Lock()
+
+    def run_file(path, out, timeout, select):
+        with lock:
+            running.add(path.stem)
+            log.append((path.stem, frozenset(running)))
+        time.sleep(0.05)
+        with lock:
+            running.discard(path.stem)
+        return g.parse(path.stem, "== 1 passed in 0.1s ==", 0)
+
+    monkeypatch.setattr(g, "run_file", run_file)
+    assert g.main(["--jobs", "4", "--out", str(tmp_path)]) == 0
+    alone = [(name, beside) for name, beside in log if name in g.ALONE]
+    assert alone and all(beside == {name} for name, beside in alone), "an ALONE file ran beside another"
+    assert [name for name, _ in log][-len(alone) :] == [name for name, _ in alone], "an ALONE file ran first"
