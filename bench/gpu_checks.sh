@@ -66,6 +66,8 @@ all)
         timeout "$left" python bench/serve.py run --requests 64 --attn "${SERVE_ATTN:-frostc-fused,frostc-fused-e4m3}" \
             --profile --md "$OUT/serve.md" > "$OUT/serve.log" 2>&1
         echo "serve rc=$? ($left s left)"; grep -E "requests:|^\|" "$OUT/serve.log" | cut -c1-300 | tail -16
+        # which kernels hold the attention time (in the output itself: files may not come back)
+        grep -E "kernels among|top .* kernels" "$OUT/serve.md" | cut -c1-600
     fi
     # the device tool brings back a few files only: the per-file and per-shard logs in one
     (cd "$OUT" && tar -cJf logs.tar.xz pytest-*.log sanitize-*.log 2>/dev/null && rm -f pytest-*.log sanitize-*.log)
