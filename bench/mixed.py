@@ -41,6 +41,13 @@ class Row:
     q_lens: tuple[int, ...]  # each sequence's query tokens this step
     kv_lens: tuple[int, ...]  # each sequence's keys, this step's included
     peer: str  # "paged" (the decode plan, equal query counts) | "packed" (fresh prompts) | ""
+    cache: str = "bf16"  # the pages' dtype; "e4m3": per-KV-head scales, the same lengths as a bf16 twin row
+
+    @property
+    def profiled(self) -> bool:
+        """Whether the row's time is also taken kernel by kernel: the pure-prefill steps, and the
+        pairs of rows over bf16 and e4m3 pages (which kernel gains or loses from the halved bytes)."""
+        return self.peer == "packed" or "pages" in self.name
 
     @property
     def batch(self) -> int:
@@ -68,6 +75,12 @@ ROWS = [
     Row("2k chunk + 63 decodes ctx 2k-32k p16", 16, (2048,) + (1,) * 63,
         (2048 + 8192,) + _uniform(63, 2048, 32768, "m"), ""),
     Row("8 chunks of 512 over 8k ctx p16", 16, (512,) * 8, (8192 + 512,) * 8, ""),
+    # bench/serve.py's steps over a bf16 and an e4m3 pool (issue 42): 64 decodes over ~750 keys,
+    # pages of 256; and chunks over their context
+    Row("decode b64 ctx 600-900 p256 bf16 pages", 256, (1,) * 64, _uniform(64, 600, 900, "s64"), ""),
+    Row("decode b64 ctx 600-900 p256 e4m3 pages", 256, (1,) * 64, _uniform(64, 600, 900, "s64"), "", "e4m3"),
+    Row("8 chunks of 512 over 8k ctx p16 bf16 pages", 16, (512,) * 8, (8192 + 512,) * 8, ""),
+    Row("8 chunks of 512 over 8k ctx p16 e4m3 pages", 16, (512,) * 8, (8192 + 512,) * 8, "", "e4m3"),
 ]  # fmt: skip
 
 
@@ -75,12 +88,13 @@ def _plans(row: Row) -> dict[str, tuple[str, int, int]]:
     """{contestant: (plan file, query tokens, max_seqlen_q)}; a paged plan's name holds its pool
     (pages of a sequence), so rows of one batch and bucket over other contexts take plans of their own."""
     decode_tokens = row.batch * max(row.q_lens)
+    kv = "-kve4m3" if row.cache == "e4m3" else ""
     out = {}
     if row.peer == "paged" or row.peer == "":
-        name = f"mixed-b{row.batch}-t{decode_tokens}-q{max(row.q_lens)}-p{row.page}x{row.max_pages}"
+        name = f"mixed-b{row.batch}-t{decode_tokens}-q{max(row.q_lens)}-p{row.page}x{row.max_pages}{kv}"
         out["mixed (decode bucket)"] = (name, decode_tokens, max(row.q_lens))
     if sum(row.q_lens) <= SERVING_TOKENS:
-        name = f"mixed-b{row.batch}-t{SERVING_TOKENS}-p{row.page}x{row.max_pages}"
+        name = f"mixed-b{row.batch}-t{SERVING_TOKENS}-p{row.page}x{row.max_pages}{kv}"
         out["mixed (serving bucket)"] = (name, SERVING_TOKENS, SERVING_TOKENS)
     if row.peer == "paged":
         out["paged decode plan"] = (
@@ -115,10 +129,14 @@ def build() -> int:
                        max_seqlen_q=longest, max_seqlen_kv=longest, causal=True)  # fmt: skip
             else:
                 for t in ("k_cache", "v_cache"):
-                    g.tensor(t, dtype="bf16", dims=(pages, row.page, HKV, D))
+                    g.tensor(t, dtype=row.cache, dims=(pages, row.page, HKV, D))
                 g.tensor("page_table", dtype="int32", dims=(row.batch, row.max_pages))
                 g.tensor("cache_len", dtype="int32", dims=(row.batch,))
                 paged = dict(k="k_cache", v="v_cache", page_table="page_table", seq_len_kv="cache_len", causal=True)
+                if row.cache == "e4m3":  # one scale per KV head
+                    for t in ("k_scale", "v_scale"):
+                        g.tensor(t, dtype="fp32", dims=(HKV,))
+                    paged |= {"k_scale": "k_scale", "v_scale": "v_scale"}
                 if label == "paged decode plan":
                     for t in ("q", "o"):
                         g.tensor(t, dtype="bf16", dims=(row.batch, HQ, longest, D), layout="bshd")
@@ -165,18 +183,28 @@ def _measure(frost_runtime, row: Row) -> dict:
     pages = row.batch * row.max_pages
     k = torch.randn(pages, row.page, HKV, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(pages, row.page, HKV, D, device="cuda", dtype=torch.bfloat16)
+    scales = None
+    if row.cache == "e4m3":  # pages of e4m3 codes, per-KV-head scales; the reference reads their values
+        scales = {n: torch.rand(HKV, device="cuda", dtype=torch.float32) * 0.5 + 0.75 for n in ("k_scale", "v_scale")}
+        k = (k.float() / scales["k_scale"][:, None]).to(torch.float8_e4m3fn)
+        v = (v.float() / scales["v_scale"][:, None]).to(torch.float8_e4m3fn)
     table = torch.randperm(pages, device="cuda").to(torch.int32).view(row.batch, row.max_pages)
     host_table = table.tolist()
     starts = [0]
     for n in row.q_lens:
         starts.append(starts[-1] + n)
     queries = torch.randn(sum(row.q_lens), HQ, D, device="cuda", dtype=torch.bfloat16)
-    want = _reference(queries, k, v, row.q_lens, row.kv_lens, starts, host_table, row.page)
-    result = {"row": row.name, "us": {}, "errors": {}, "kv_bytes": sum(row.kv_lens) * HKV * D * 2 * 2}
+    values = (k, v)
+    if scales is not None:
+        values = (k.float() * scales["k_scale"][:, None], v.float() * scales["v_scale"][:, None])
+    want = _reference(queries, *values, row.q_lens, row.kv_lens, starts, host_table, row.page)
+    element = 1 if row.cache == "e4m3" else 2
+    result = {"row": row.name, "us": {}, "errors": {}, "kv_bytes": sum(row.kv_lens) * HKV * D * element * 2}
     result["flops"] = 4 * D * HQ * sum(_pairs(n, length) for n, length in zip(row.q_lens, row.kv_lens))
     for label, (name, tokens, _) in _plans(row).items():
         plan = frost_runtime.load(OUT / f"{name}.frost")
         buffers, o_rows = _buffers(label, row, tokens, queries, k, v, table, starts)
+        buffers |= scales or {}
         bound = plan.bind(*[buffers[s] for s in plan.slots], workspace=plan.allocate_workspace())
         bound.execute()
         torch.cuda.synchronize()
@@ -184,11 +212,11 @@ def _measure(frost_runtime, row: Row) -> dict:
         err = max(float((got[b].float() - w).norm() / w.norm()) for b, w in want.items())
         result["errors"][label] = err
         result["us"][label] = common.time_ms(bound.execute) * 1000 if err < 2e-2 else None
-        if row.peer == "packed":  # where a pure-prefill step's time goes, kernel by kernel
+        if row.profiled:  # where the step's time goes, kernel by kernel
             result.setdefault("kernels_us", {})[label] = _kernel_us(bound.execute)
         plan.close()
     fa4 = _fa4()
-    if fa4 is not None:
+    if fa4 is not None and row.cache == "bf16":
         call = _fa4_call(fa4, row, queries, k, v, table, starts)
         out = call()
         got = out[0] if isinstance(out, tuple) else out
@@ -302,8 +330,8 @@ def run(md=None, json_path=None) -> int:
 
 
 def _kernel_lines(results: list[dict]) -> list[str]:
-    """The pure-prefill steps kernel by kernel (profiled eager calls: launch gaps not included)."""
-    lines = ["", "Pure-prefill steps, kernel by kernel (µs a step, profiled eager calls):", "",
+    """The profiled steps kernel by kernel (profiled eager calls: launch gaps not included)."""
+    lines = ["", "Pure-prefill steps and the bf16/e4m3 pairs, kernel by kernel (µs a step, profiled eager calls):", "",
              "| step | contestant | kernel | µs |", "|---|---|---|---:|"]  # fmt: skip
     for r in results:
         for label, kernels in r.get("kernels_us", {}).items():
