@@ -262,6 +262,12 @@ def targets() -> list[Target]:
           mixed=MixedCase("bf16", 4, 40, 12, 16, 4, 128, 32, 12, True, lse="th", cache="e4m3")),
         t("mixed-e4m3-few-rows-split", "mixed form, e4m3 cache, few rows (transposed MMAs), split + combine",
           mixed=MixedCase("fp16", 5, 10, 1, 8, 1, 64, 16, 64, True, cache="e4m3", scales="tensor")),
+        # an e4m3 cache's chunks on the forward kernel that converts the pages (the converter warps,
+        # the raw ring, the "converted" barriers): d=128 over pages of 16, d=256 at the smem limit
+        t("mixed-e4m3-chunks", "mixed form, e4m3 cache, chunks converted by the forward kernel, d=128, pages of 16",
+          mixed=MixedCase("bf16", 4, 300, 160, 16, 4, 128, 16, 24, True, lse="th", cache="e4m3")),
+        t("mixed-e4m3-chunks-d256", "mixed form, e4m3 cache, chunks converted, d=256, window + softcap",
+          mixed=MixedCase("bf16", 3, 200, 120, 8, 2, 256, 16, 20, True, window_left=100, softcap=30.0, cache="e4m3")),
     ]  # fmt: skip
 
 

@@ -250,8 +250,15 @@ def test_the_mixed_form_takes_96_its_chunks_apart_on_the_forward_kernel_over_the
         "sdpa_schedule.mixed.m128n128.local_br",
         "sdpa_fwd_wgmma.bf16.d96.local_br.varlen.paged_p16.sinks.lse",
     ]
-    e4m3 = MixedCase("bf16", 8, 64, 16, 32, 8, D, 64, 32, True, lse="th", cache="e4m3")  # chunks in row blocks
-    assert _kernels(mixed_description(e4m3)) == ["sdpa_decode_paged.bf16.kv_e4m3.d96.p64.causal_br.packed.lse"]
+    # over an e4m3 cache the chunks' forward kernel converts the pages (`kv_cache`); the decodes are
+    # the e4m3 kernel's 16-row blocks
+    e4m3 = MixedCase("bf16", 8, 64, 16, 32, 8, D, 64, 32, True, lse="th", cache="e4m3")
+    assert _kernels(mixed_description(e4m3)) == [
+        "sdpa_decode_paged.bf16.kv_e4m3.d96.p64.causal_br.packed.decodes.split.lse",
+        "sdpa_decode_combine.bf16.d96.packed.causal.decodes_r16.lse",
+        "sdpa_schedule.mixed.m192n96.causal_br",
+        "sdpa_fwd_wgmma.bf16.d96.causal_br.varlen.kv_e4m3.paged_p64.lse",
+    ]
 
 
 def test_kv_append_takes_96_in_each_form() -> None:

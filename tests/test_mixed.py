@@ -182,10 +182,11 @@ def test_a_sequences_adaptive_chunk_covers_its_keys_in_its_splits_and_one_split_
             assert used == splits and splits * chunk - keys < splits * block_n
 
 
-def test_an_e4m3_caches_chunks_stay_on_the_decode_kernel_in_row_blocks():
-    """The e4m3 forward kernel reads V keys innermost, which pages are not: an e4m3 cache's step
-    keeps every sequence on the paged decode kernel, a row block for every row its tokens can fill
-    (96 tokens x GQA 4 in blocks of 16 rows... of the scaled kernel's rows)."""
+def test_an_e4m3_caches_chunks_run_on_the_forward_kernel_that_converts_the_pages():
+    """Over an e4m3 cache the chunks run on the forward kernel too, its pages read raw and
+    converted into the 16-bit stages (`kv_cache`), the scales among its arguments; the decodes
+    stay on the e4m3 decode kernel, whose row block (16 rows) decides which sequences are decodes:
+    at GQA 4, 4 queries or fewer."""
     description = base()
     for name in ("k_cache", "v_cache"):
         description["tensors"][name]["dtype"] = "e4m3"
@@ -193,12 +194,13 @@ def test_an_e4m3_caches_chunks_stay_on_the_decode_kernel_in_row_blocks():
     description["tensors"]["v_scale"] = {"dtype": "fp32", "dims": [HKV]}
     description["nodes"][0] |= {"k_scale": "k_scale", "v_scale": "v_scale"}
     launches = resolve(check(description)).launches
-    assert all(launch.variant.name.startswith("sdpa_decode") for launch in launches)
-    attention = launches[0]
-    rows = attention.variant.tile_shape.rows
-    group = HQ // HKV
-    further = min(T * group // rows, B * (-(-40 * group // rows) - 1))
-    assert not attention.variant.chunks_apart and attention.grid[1:] == (HKV, B + further)
+    decodes, schedule, chunks = (launch for launch in launches if not launch.variant.name.startswith("sdpa_decode_c"))
+    assert decodes.variant.quantized and decodes.variant.chunks_apart
+    assert chunks.variant.name == f"sdpa_fwd_wgmma.bf16.d{D}.causal_br.varlen.kv_e4m3.paged_p{PAGE}.lse"
+    rows = decodes.variant.tile_shape.rows
+    assert {a.param: a for a in schedule.args}["decode_tokens"].value == rows // (HQ // HKV) == 4
+    args = {a.param for a in chunks.args}
+    assert {"k_scale", "v_scale"} <= {p.split(".")[0] for p in args}
 
 
 def test_the_plan_records_a_mixed_node_and_the_runtime_reads_its_work():

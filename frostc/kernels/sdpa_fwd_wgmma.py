@@ -40,6 +40,14 @@ TMA, two or three consumer warpgroups compute with WGMMA, taking turns on the te
   right after the tile's last S = Q Kᵀ), else the consumer's Q buffer (released after the
   store). A tile whose rows see no key writes O = 0, LSE = -inf.
 
+An e4m3 cache under the mixed form's chunks (`kv_cache`, with `page_size`): the producer thread
+loads each key block's K and V raw (boxes of `box_rows` keys of one page by the whole of d, plain
+rows) into a one-stage raw ring; the producer warpgroup's three idle warps convert it into the
+16-bit K and V stages (e4m3 is exact in fp16 and bf16), once the consumers released them, and
+arrive on the stage's "converted" barriers, which the consumers wait on instead of TMA's "full"
+(`_convert_blocks`). K's scale joins the scores' scale and V's O's normalization (`CacheDescales`).
+Everything the consumers do is the 16-bit kernel's.
+
 Tensor maps (Q, K, V) are kernel parameters; `tensor_maps` builds them, and the build runs the
 same code on the CPU (`encode_tensor_maps`) so the plan holds each launch's maps. Modes as the
 kernel sees them (element strides; the innermost head-dim stride is 1, checked at build time):
@@ -82,6 +90,7 @@ from cutlass.tensor_utils import LayoutEnum
 from frost_runtime.dtypes import DTYPES, E4M3_MAX
 
 from frostc.kernels.barriers import Barrier
+from frostc.kernels.cache_args import CacheScales, CacheScaleStrides
 from frostc.kernels.interface import (
     I32,
     I64,
@@ -136,6 +145,9 @@ REGISTERS = {2: (40, 232), 3: (32, 160)}
 # e4m3: the producer warpgroup's warps besides the TMA warp put each Vᵀ stage's keys in the
 # order of P's registers (`_order_v_keys`)
 V_ORDER_THREADS = 96
+# an e4m3 cache's chunks (`kv_cache`): the producer warpgroup's warps besides the TMA warp convert
+# each raw e4m3 block into the 16-bit K and V stages
+CONVERT_THREADS = 96
 # e4m3's K-major rows (and vt_pack's re-lay of V) come in whole pieces of 64 of d
 FP8_D_PIECE = 64
 
@@ -352,6 +364,25 @@ def _sinks(variant) -> bool:
     return variant.sinks
 
 
+def _dequantizes(variant) -> bool:
+    return bool(variant.kv_cache)
+
+
+@dataclass(frozen=True)
+class CacheDescales:
+    """An e4m3 cache's scales as the consumers take them per head: (K's, V's), as `Descales`
+    gives e4m3 Q, K and V's (Q here is 16-bit: no descale of its own)."""
+
+    scales: CacheScales
+    strides: CacheScaleStrides
+
+    def of_head(self, head, head_kv):
+        one = cute.make_layout(1)
+        dk = cute.make_tensor(self.scales.k_scale + cutlass.Int64(head_kv) * self.strides.k_scale, one)[0]
+        dv = cute.make_tensor(self.scales.v_scale + cutlass.Int64(head_kv) * self.strides.v_scale, one)[0]
+        return dk, dv
+
+
 @dataclass(frozen=True)
 class PagedKeys(Group):
     """The mixed form's chunks (`page_size`): K and V are a paged cache, sequence b's key k on page
@@ -385,6 +416,9 @@ class SdpaForwardArgs:
     # attention sinks (gpt-oss): one float32 logit per query head that joins every row's softmax
     # denominator (a key with no value)
     sinks: Ptr | None = when(_sinks, dtype="fp32", align=4)
+    # an e4m3 cache's scales (the mixed form's chunks over it: `kv_cache`)
+    scales: CacheScales | None = when(_dequantizes)
+    scale_strides: CacheScaleStrides | None = when(_dequantizes)
 
 
 # ------------------------------------------------------------------------------ the variant
@@ -424,6 +458,9 @@ class SdpaFwdVariant(Variant):
     # V's and O's head dim where it differs from Q's and K's (`head_dim`; DeepSeek's MLA prefill:
     # 192 and 128, HEAD_DIM_PAIRS); 0: the same
     head_dim_v: int = 0
+    # the mixed form's chunks over a quantized cache (`page_size`; "e4m3"): the pages are read raw
+    # and converted into the 16-bit stages by the producer warpgroup's idle warps; "": 16-bit pages
+    kv_cache: str = ""
 
     @property
     def v_in_p_order(self) -> bool:
@@ -439,6 +476,7 @@ class SdpaFwdVariant(Variant):
         name += ".v_p_order" if self.v_in_p_order else ""
         name += ".o_f32" if self.o_float32 else ""
         name += ".m192" if self.three_consumers else ""
+        name += f".kv_{self.kv_cache}" if self.kv_cache else ""
         name += f".paged_p{self.page_size}" if self.page_size else ""
         name += ".sinks" if self.sinks else ""
         return name + (".lse" if self.has_lse else "")
@@ -578,6 +616,10 @@ class SdpaForwardWgmma(Kernel):
         self.d_chunk = swizzle_elems(self.head_dim, self.dtype.width) if variant.page_size else 0
         if variant.page_size and (self.fp8 or not variant.varlen or variant.walk != "static"):
             raise ValueError(f"{variant.name}: a paged cache is read by the 16-bit variable-length static walk")
+        self.dequantizes = bool(variant.kv_cache)
+        if self.dequantizes and (not variant.page_size or variant.head_dim_v or variant.kv_cache != "e4m3"):
+            raise ValueError(f"{variant.name}: an e4m3 cache is read by the paged variant, one head dim")
+        self.cache_dtype = dsl_dtype(variant.kv_cache) if self.dequantizes else None
         self.launch_options = dict(min_blocks_per_mp=1)
         if variant.o_float32 and not (self.fp8 and self.head_dim in O_FLOAT32_HEAD_DIMS):
             raise ValueError(f"{variant.name}: O in float32 is built for e4m3 at head dims {O_FLOAT32_HEAD_DIMS}")
@@ -626,6 +668,11 @@ class SdpaForwardWgmma(Kernel):
                 # ends it (sequence_maps.py); rows here are the plan's (or the re-laid packed V's),
                 # v_ss d's stride
                 gV = cute.make_tensor(v, cute.make_layout((d, wrap, heads_kv), stride=(v_ss, 1, v_sh)))
+            elif cutlass.const_expr(self.dequantizes):
+                # an e4m3 cache's V is read as raw rows, like K (the converters lay it out)
+                gV = cute.make_tensor(
+                    v, cute.make_layout((rows, d_v, heads_kv, wrap, wrap), stride=(v_ss, 1, v_sh, v_wrap, v_ss))
+                )
             else:
                 gV = cute.make_tensor(
                     v, cute.make_layout((d_v, rows, heads_kv, wrap, wrap), stride=(1, v_ss, v_sh, v_wrap, v_ss))
@@ -644,7 +691,13 @@ class SdpaForwardWgmma(Kernel):
         sQ, sK, sV = self._smem_layouts()
         op = cpasync.CopyBulkTensorTileG2SOp()
         q_info = cpasync.make_tiled_tma_atom(op, gQ, cute.select(sQ, mode=[0, 1]), (wg_m, d))
-        if cutlass.const_expr(self.variant.page_size > 0):
+        if cutlass.const_expr(self.dequantizes):
+            # an e4m3 cache: boxes of `box_rows` keys of one page by the whole of d, plain rows in
+            # the raw ring (`_load_raw_block`)
+            raw_box = cute.make_layout((self.box_rows, d), stride=(d, 1))
+            k_info = cpasync.make_tiled_tma_atom(op, gK, raw_box, (self.box_rows, d))
+            v_info = cpasync.make_tiled_tma_atom(op, gV, raw_box, (self.box_rows, d))
+        elif cutlass.const_expr(self.variant.page_size > 0):
             # a paged cache: boxes of `box_rows` keys of one page by `d_chunk` of d (`_load_paged_block`)
             k_box, v_box = self._box_layouts()
             k_info = cpasync.make_tiled_tma_atom(op, gK, k_box, (self.box_rows, self.d_chunk))
@@ -665,6 +718,9 @@ class SdpaForwardWgmma(Kernel):
         v_reorder = self.tiles.v_reorder
         promotes = self._promotes()
         total_half = t.block_m * self.head_dim_v // 2  # float32: half of each thread's O; the other half is sO's
+        dequantizes = self.dequantizes
+        cache = self.cache_dtype
+        raw_elems = t.block_n * self.head_dim  # one raw stage of K (or V): e4m3 plain rows
 
         @cute.struct
         class SharedStorage:
@@ -682,6 +738,13 @@ class SdpaForwardWgmma(Kernel):
                 v_end: cute.struct.MemRange[cutlass.Int32, 1]  # the ring position after the last V
             if promotes:
                 o_total: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, total_half], 1024]
+            if dequantizes:
+                raw_k: cute.struct.Align[cute.struct.MemRange[cache, raw_elems], 1024]
+                raw_v: cute.struct.Align[cute.struct.MemRange[cache, raw_elems], 1024]
+                raw_bars: cute.struct.MemRange[cutlass.Int64, 2]  # the raw ring's one stage: full, empty
+                k_converted: cute.struct.MemRange[cutlass.Int64, stages]  # a 16-bit K stage written
+                v_converted: cute.struct.MemRange[cutlass.Int64, stages]
+                raw_end: cute.struct.MemRange[cutlass.Int32, 1]  # the raw ring position after the last load
 
         if SharedStorage.size_in_bytes() > SM90A.smem_per_cta:
             limit = SM90A.smem_per_cta
@@ -768,6 +831,19 @@ class SdpaForwardWgmma(Kernel):
             make(storage.v_bars, t.stages, t.block_n * self.head_dim_v),
         )
 
+    def _raw_pipeline(self, storage):
+        """An e4m3 cache's raw ring: one stage of K's and V's raw blocks, armed by the producer
+        thread with both blocks' bytes and completed by TMA; "empty" takes one arrival per
+        converter warp (`_convert_blocks`)."""
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.raw_bars.data_ptr(),
+            num_stages=1,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONVERT_THREADS // 32),
+            tx_count=2 * self.tiles.block_n * self.head_dim,
+            defer_sync=True,
+        )
+
     # ---------------------------------------------------------------- device side
     @cute.kernel
     def kernel(self, args: SdpaForwardArgs):
@@ -784,6 +860,8 @@ class SdpaForwardWgmma(Kernel):
         lse_sb, lse_sh, lse_ss = args.lse_strides.bhs()
         scale_log2, score_scale = args.softmax.scale_log2, args.softmax.score_scale
         descales, v_maps = args.descales, args.v_maps
+        if cutlass.const_expr(self.dequantizes):
+            descales = CacheDescales(args.scales, args.scale_strides)
         tidx, _, _ = cute.arch.thread_idx()
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_tidx = tidx % 128
@@ -801,6 +879,22 @@ class SdpaForwardWgmma(Kernel):
                 v_end[0] = cutlass.Int32(2**31 - 1)  # not known yet
             v_base = storage.sV.data_ptr().toint()
             v_full = v_ordered
+        k_full = k_pipe.sync_object_full  # what a consumer waits for before it reads a K stage
+        raw = converted = None
+        if cutlass.const_expr(self.dequantizes):
+            # the consumers wait for the converters' writes instead of TMA's (`_convert_blocks`)
+            converted = tuple(
+                StageBarriers(bars.data_ptr(), self.tiles.stages) for bars in (storage.k_converted, storage.v_converted)
+            )
+            raw_end = storage.raw_end.get_tensor(cute.make_layout(1))
+            if tidx == 0:
+                for barriers in converted:
+                    barriers.init(CONVERT_THREADS)
+                raw_end[0] = cutlass.Int32(2**31 - 1)  # not known yet
+            rows = cute.make_layout((self.tiles.block_n, self.head_dim), stride=(self.head_dim, 1))
+            raw_pipe = self._raw_pipeline(storage)
+            raw = (raw_pipe, storage.raw_k.get_tensor(rows), storage.raw_v.get_tensor(rows), raw_end)
+            k_full, v_full = converted
         sQ_layout, sK_layout, sV_layout = self._smem_layouts()
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -854,17 +948,24 @@ class SdpaForwardWgmma(Kernel):
             # meets the consumers at the ticket's barriers (its TMA copies and arrivals elect a lane)
             producers = 32 if cutlass.const_expr(self.variant.walk == "dynamic") else 1
             if wg_tidx < producers:
+                sources = (v_maps, args.paged, raw)
                 loaded = self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
-                                       (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket, (v_maps, args.paged))  # fmt: skip
+                                       (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket, sources)  # fmt: skip
                 if cutlass.const_expr(self.tiles.v_reorder):
                     self._end_v_loads(v_pipe, v_end, loaded)
+                if cutlass.const_expr(self.dequantizes):
+                    self._end_raw_loads(raw, loaded)
             if cutlass.const_expr(self.tiles.v_reorder):
                 if wg_tidx >= 128 - V_ORDER_THREADS:
                     self._order_v_keys(v_pipe, (v_ordered, v_end, v_base), wg_tidx - (128 - V_ORDER_THREADS))
+            if cutlass.const_expr(self.dequantizes):
+                if wg_tidx >= 128 - CONVERT_THREADS:
+                    thread = wg_tidx - (128 - CONVERT_THREADS)
+                    self._convert_blocks(raw, (k_pipe, v_pipe), (sK, sV), converted, thread)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self._consume(
-                q_pipe, k_pipe, (v_pipe, v_full), sQ, sK, sV, sO, tiles, seqs, shape, window,
+                q_pipe, k_pipe, (v_pipe, v_full, k_full), sQ, sK, sV, sO, tiles, seqs, shape, window,
                 (o, o_sh, o_ss), (lse, lse_sh, lse_ss),
                 wg - 1, wg_tidx, scale_log2, score_scale, ticket, (descales, args.sinks),
             )  # fmt: skip
@@ -997,7 +1098,7 @@ class SdpaForwardWgmma(Kernel):
         t = self.tiles
         d = self.head_dim
         ring = Ring(t.stages)
-        _, k_pipe, v_pipe, _, sK, sV, q_load, (k_tma, mK), (v_tma, mV), (v_maps, paged) = loads
+        _, k_pipe, v_pipe, _, sK, sV, q_load, (k_tma, mK), (v_tma, mV), (v_maps, paged, raw) = loads
         one = cute.make_layout(1)
         seq = seqs.get(batch)
         keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
@@ -1010,11 +1111,16 @@ class SdpaForwardWgmma(Kernel):
                 pt_row = paged.page_table + cutlass.Int64(batch) * paged.page_table_stride
                 where = (pt_row, paged.pages, paged.rows_per_page, seq.kv_len, head_kv)
                 for n_block in range(n_end - 1, n_first - 1, -1):
-                    stage, phase = ring.at(loaded + (n_end - 1 - n_block))
+                    position = loaded + (n_end - 1 - n_block)
+                    stage, phase = ring.at(position)
                     # the block's pages are read before the stage's wait, so the reads overlap it
-                    block = (n_block, self._block_pages(where, n_block), stage, phase)
-                    self._load_paged_block(k_pipe, k_tma, mK, sK, block, where, keys_mode=0)
-                    self._load_paged_block(v_pipe, v_tma, mV, sV, block, where, keys_mode=1)
+                    pages = self._block_pages(where, n_block)
+                    if cutlass.const_expr(self.dequantizes):
+                        self._load_raw_block(raw, (k_tma, mK), (v_tma, mV), (n_block, pages, position), where)
+                    else:
+                        block = (n_block, pages, stage, phase)
+                        self._load_paged_block(k_pipe, k_tma, mK, sK, block, where, keys_mode=0)
+                        self._load_paged_block(v_pipe, v_tma, mV, sV, block, where, keys_mode=1)
             else:
                 mK_seq = self._ragged_view(mK, head_kv, seq.k_start, seq.kv_len, batch, 0)
                 v_desc = None
@@ -1102,6 +1208,94 @@ class SdpaForwardWgmma(Kernel):
                 )
                 cute.copy(tma, g_part, s_part, tma_bar_ptr=pipe.sync_object_full.get_barrier(stage))
 
+    @cute.jit
+    def _load_raw_block(self, raw, k_load, v_load, block, where):
+        """An e4m3 cache's key block, K's and V's, into the raw ring's one stage once the
+        converters released it, box by box: `box_rows` keys of one page by the whole of d, plain
+        rows (ragged as `_load_paged_block`'s: rows the sequence lacks, or a bad page's, arrive as
+        zeros and count toward the stage's bytes)."""
+        raw_pipe, raw_k, raw_v, _ = raw
+        n_block, pages, position = block
+        _, _, rows_per_page, kv_len, head_kv = where
+        box, d = self.box_rows, self.head_dim
+        _, phase = Ring(1).at(position)
+        raw_pipe.sync_object_empty.wait(0, phase ^ 1)
+        raw_pipe.sync_object_full.arrive(0, None)
+        for i in cutlass.range_constexpr(self.tiles.block_n // box):
+            key = n_block * self.tiles.block_n + i * box
+            page = pages[i]
+            valid = cutlass.select_(page < 0, 0, cutlass.max(cutlass.min(kv_len - key, box), 0))
+            start = cutlass.max(page, 0) * rows_per_page + key % self.variant.page_size + valid
+            for (atom, mX), dst in ((k_load, raw_k), (v_load, raw_v)):
+                rows = cute.domain_offset((RAGGED_ROWS - valid, 0), mX[None, None, head_kv, RAGGED_ROWS, start])
+                g_box = cute.local_tile(rows, (box, d), (0, 0))
+                s_box = cute.local_tile(dst, (box, d), (i, 0))
+                s_part, g_part = cpasync.tma_partition(
+                    atom, 0, cute.make_layout(1), cute.group_modes(s_box, 0, 2), cute.group_modes(g_box, 0, 2)
+                )
+                cute.copy(atom, g_part, s_part, tma_bar_ptr=raw_pipe.sync_object_full.get_barrier(0))
+
+    @cute.jit
+    def _end_raw_loads(self, raw, loaded):
+        """After the last raw load: position `loaded` gets the end mark, as `_end_v_loads` does
+        for the reordering warps, so that the converters stop there."""
+        raw_pipe, _, _, raw_end = raw
+        _, phase = Ring(1).at(loaded)
+        raw_pipe.sync_object_empty.wait(0, phase ^ 1)
+        if cute.arch.lane_idx() == 0:
+            cute.arch.atomic_exch(raw_end.iterator, loaded, scope="cta")
+            cute.arch.mbarrier_arrive(raw_pipe.sync_object_full.get_barrier(0))
+
+    @cute.jit
+    def _convert_blocks(self, raw, pipes, stages, converted, thread):
+        """An e4m3 cache's blocks, as the producer loaded them into the raw ring, converted into
+        the 16-bit K and V stages (each once the consumers released it), then the stage's
+        "converted" barriers take this thread's arrival and the raw stage is freed. Runs on the
+        producer warpgroup's idle warps until the end mark."""
+        raw_pipe, raw_k, raw_v, raw_end = raw
+        k_pipe, v_pipe = pipes
+        sK, sV = stages
+        k_done, v_done = converted
+        ring = Ring(self.tiles.stages)
+        position = cutlass.Int32(0)
+        ended = cutlass.Boolean(False)
+        while not ended:
+            _, raw_phase = Ring(1).at(position)
+            raw_pipe.sync_object_full.wait(0, raw_phase)
+            end = cutlass.Int32(0)
+            if cute.arch.lane_idx() == 0:
+                end = cute.arch.atomic_add(raw_end.iterator, cutlass.Int32(0), scope="cta")
+            ended = cute.arch.shuffle_sync(end, 0) == position  # written before the end mark's arrival
+            if not ended:
+                stage, phase = ring.at(position)
+                k_pipe.sync_object_empty.wait(stage, phase ^ 1)
+                self._convert_block(raw_k, sK[None, None, stage], thread, keys_mode=0)
+                v_pipe.sync_object_empty.wait(stage, phase ^ 1)
+                self._convert_block(raw_v, sV[None, None, stage], thread, keys_mode=1)
+                # the consumers' WGMMAs read the stages through the async proxy
+                cute.arch.fence_proxy("async.shared", space="cta")
+                k_done.arrive(stage)
+                v_done.arrive(stage)
+                cute.arch.sync_warp()  # the whole warp's raw reads are done: one arrival frees it
+                if cute.arch.lane_idx() == 0:
+                    raw_pipe.sync_object_empty.arrive(0, None)
+                position += 1
+
+    @cute.jit
+    def _convert_block(self, raw, dst, thread, keys_mode: int):
+        """A raw e4m3 block (keys, d) into a 16-bit stage tile, 8 elements at a time: K's
+        (keys, d), or V's (d, keys) (`keys_mode` 1). e4m3 values are exact in fp16 and bf16; the
+        scales join later (K's the scores', V's O's normalization)."""
+        per_row = self.head_dim // 8
+        for piece in range(thread, self.tiles.block_n * per_row, CONVERT_THREADS):
+            key = piece // per_row
+            col = piece % per_row
+            values = cute.local_tile(raw, (1, 8), (key, col)).load().to(self.dtype)
+            if cutlass.const_expr(keys_mode == 0):
+                cute.local_tile(dst, (1, 8), (key, col)).store(values)
+            else:
+                cute.local_tile(dst, (8, 1), (col, key)).store(values.reshape((8, 1)))
+
     @staticmethod
     def _load_stage(pipe, tma, src, dst, stage, phase, desc=None):
         """One TMA load into ring stage `stage`: wait until every consumer released it, arm its
@@ -1128,7 +1322,7 @@ class SdpaForwardWgmma(Kernel):
                  wg_tidx, scale_log2, score_scale, ticket, per_head):  # fmt: skip
         """`v_pipes`: V's pipeline and the barrier its stages are read after (e4m3: once reordered);
         `per_head`: the e4m3 descales and the sinks, each None where the variant has none."""
-        v_pipe, v_full = v_pipes
+        v_pipe, v_full, k_full = v_pipes
         descales, sinks = per_head
         t = self.tiles
         wg_m = t.block_m // t.consumers
@@ -1161,7 +1355,8 @@ class SdpaForwardWgmma(Kernel):
         first, num_tiles, grid = self._schedule(tiles)
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
         q_loads = cutlass.Int32(0)  # Q buffer uses so far: its phase
-        args = (operands, (q_pipe, k_pipe, v_pipe, v_full), turns, softmax, sO, o_args, lse_args, window, wg_tidx,
+        pipes = (q_pipe, k_pipe, v_pipe, v_full, k_full)
+        args = (operands, pipes, turns, softmax, sO, o_args, lse_args, window, wg_tidx,
                 score_scale, (descales, shape.group, sinks))  # fmt: skip
         if cutlass.const_expr(self.variant.walk == "dynamic"):
             # the producer publishes each tile (`TicketWalk`); past the end: stop
@@ -1211,7 +1406,7 @@ class SdpaForwardWgmma(Kernel):
         if cutlass.const_expr(self.variant.sinks):
             sink = cute.make_tensor(sinks + head, cute.make_layout(1))[0]
         qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, consumer = operands
-        q_pipe, k_pipe, v_pipe, v_full = pipes
+        q_pipe, k_pipe, v_pipe, v_full, k_full = pipes
         my_turn, their_turn = turns
         keys = KeyRange.of(self.mask_flags, window[0], window[1], seq.q_len, seq.kv_len)
         n_first, n_end = self._key_blocks(keys, m_block, seq.q_len)
@@ -1221,7 +1416,7 @@ class SdpaForwardWgmma(Kernel):
         if n_blocks > 0:
             # the tile's own names (a value reassigned in a branch would be carried out of it)
             tile_softmax, tile_score_scale, out_scale = softmax, score_scale, None
-            if cutlass.const_expr(self.fp8):
+            if cutlass.const_expr(descales is not None):
                 # the descales join the scores' scale (softcap: the tanh's argument) and O's
                 qk_descale, out_scale = descales.of_head(head, head // group)
                 if cutlass.const_expr(self.mask_flags.softcap):
@@ -1243,7 +1438,7 @@ class SdpaForwardWgmma(Kernel):
             acc_S = qk_thr.make_fragment_C(s_shape)
             acc_S.fill(0.0)
             stage, phase = ring.at(start)
-            k_pipe.sync_object_full.wait(stage, phase)
+            k_full.wait(stage, phase)
             my_turn.arrive_and_wait()
             warpgroup.fence()
             self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, consumer)
@@ -1326,14 +1521,14 @@ class SdpaForwardWgmma(Kernel):
         t = self.tiles
         wg_m = t.block_m // t.consumers
         ring = Ring(t.stages)
-        _, k_pipe, v_pipe, v_full = pipes
+        _, k_pipe, v_pipe, v_full, k_full = pipes
         my_turn, their_turn = turns
         first_row = row_tile * wg_m
         _, mine_end = keys.blocks(first_row, cutlass.min(first_row + wg_m, seq.q_len) - 1, t.block_n)
         skipped = cutlass.max(cutlass.min(n_end - mine_end, n_blocks - 1), 0)
         for j in range(0, skipped, 1):
             stage, phase = ring.at(consumed + j)
-            k_pipe.sync_object_full.wait(stage, phase)
+            k_full.wait(stage, phase)
             v_full.wait(stage, phase)
             my_turn.arrive_and_wait()
             their_turn.arrive()
@@ -1381,13 +1576,13 @@ class SdpaForwardWgmma(Kernel):
         K_j (and Q after the tile's last S) are released as soon as S_j is complete: nothing
         reads them again (a warp that needs the exact step takes it from S_j, `_fast_softmax`)."""
         qk_mma, pv_mma, qk_thr, tSrQ, tSrK, tOrV, rP, acc_O, s_shape, consumer = operands
-        q_pipe, k_pipe, v_pipe, v_full = pipes
+        q_pipe, k_pipe, v_pipe, v_full, k_full = pipes
         my_turn, their_turn = turns
         stage, phase = tile.ring.at(tile.consumed + step)
         prev_stage, prev_phase = tile.ring.at(tile.consumed + step - 1)
         acc_S = qk_thr.make_fragment_C(s_shape)
         acc_S.fill(0.0)
-        k_pipe.sync_object_full.wait(stage, phase)
+        k_full.wait(stage, phase)
         my_turn.arrive_and_wait()
         warpgroup.fence()
         self._gemm_qk(qk_mma, acc_S, tSrQ, tSrK, stage, consumer)
@@ -1571,7 +1766,7 @@ class SdpaForwardWgmma(Kernel):
     @cute.jit
     def _release_reads(self, pipes, stage, step, tile: "TileSteps"):
         """S_j's operands are read: release K_j, and Q after the tile's last S (own O buffer)."""
-        q_pipe, k_pipe, _, _ = pipes
+        q_pipe, k_pipe, _, _, _ = pipes
         self._release(k_pipe, stage)
         if cutlass.const_expr(self.tiles.o_buffer):
             if step == tile.n_blocks - 1:

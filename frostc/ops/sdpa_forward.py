@@ -337,6 +337,8 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, ctx: ResolveContext, 
         v_maps=v_maps,
         paged=None,
         sinks=slots.get("sinks"),
+        scales=None,  # an e4m3 cache's: the mixed form's chunks only (sdpa_mixed.py)
+        scale_strides=None,
     )
     grid = (tile_capacity(node, variant.tile_shape.block_m), 1, 1)
     return launch(node.name, variant, grid, args)

@@ -12,9 +12,10 @@ decided on the device from the step's lengths:
 - the scheduling kernel lists the other sequences' query blocks, longest first, and the forward
   kernel (`SdpaFwdVariant.page_size`) walks them, reading K and V from the pages box by box.
 
-Every sequence belongs to exactly one half, so every output row is written once. A 16-bit cache
-only (the e4m3 forward kernel reads V with its keys innermost, which a cache's pages are not):
-an e4m3 cache keeps the whole step on the paged decode kernel.
+Every sequence belongs to exactly one half, so every output row is written once. Over an e4m3
+cache the forward kernel reads the pages raw and converts each block into its 16-bit stages
+(`SdpaFwdVariant.kv_cache`), the scales joining its scores and O; the decodes stay on the e4m3
+decode kernel, whose row block is smaller (its rows decide `decode_tokens`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import math
 from frost_runtime.dtypes import DTYPES
 
 from frostc.contexts import ResolveContext
+from frostc.kernels.cache_args import CacheScales, CacheScaleStrides
 from frostc.kernels.interface import BhsStrides, TmaSource
 from frostc.kernels.sdpa_common import MaskFlags
 from frostc.kernels.sdpa_decode_paged import decode_tiles
@@ -46,34 +48,38 @@ from frostc.resolved import ResolvedLaunch, Workspace, launch
 BOX_ROWS_MIN = 8  # a TMA box of a page must hold whole 8-row swizzle atoms
 
 
-def decode_tokens(node: Sdpa) -> int:
+def decode_tokens(node: Sdpa, kv_cache_dtype: str) -> int:
     """The most queries a sequence may have and still be the paged decode kernel's: its query
-    rows (tokens x the GQA group) fit one row block."""
-    rows = decode_tiles(node.head_dim, node.page_size, "bf16", "bf16").rows
+    rows (tokens x the GQA group) fit one row block (the e4m3 kernel's is smaller)."""
+    rows = decode_tiles(node.head_dim, node.page_size, "bf16", kv_cache_dtype).rows
     return rows // (node.heads_q // node.heads_kv)
 
 
 def chunks_apart(node: Sdpa, kv_cache_dtype: str) -> bool:
-    """Whether the node's chunks run on the forward kernel: a mixed node over a 16-bit cache
-    whose sequences may have more queries than a decode row block holds."""
-    if node.form != "mixed" or DTYPES[kv_cache_dtype].quantized or node.head_dim not in HEAD_DIMS:
+    """Whether the node's chunks run on the forward kernel: a mixed node over a 16-bit or e4m3
+    cache whose sequences may have more queries than a decode row block holds."""
+    cache = DTYPES[kv_cache_dtype]
+    if node.form != "mixed" or node.head_dim not in HEAD_DIMS or (cache.quantized and kv_cache_dtype != "e4m3"):
         return False
-    if decode_tokens(node) < 1 or node.seq_q <= decode_tokens(node):
+    tokens = decode_tokens(node, kv_cache_dtype)
+    if tokens < 1 or node.seq_q <= tokens:
         return False  # every sequence is a decode (or the group outgrows a row block)
     return math.gcd(node.page_size, forward_variant(node, "bf16").tile_shape.block_n) >= BOX_ROWS_MIN
 
 
-def forward_variant(node: Sdpa, dtype: str) -> SdpaFwdVariant:
+def forward_variant(node: Sdpa, dtype: str, kv_cache_dtype: str = "") -> SdpaFwdVariant:
+    """`kv_cache_dtype`: the cache's, where it is quantized (its pages converted on load)."""
+    quantized = bool(kv_cache_dtype) and DTYPES[kv_cache_dtype].quantized
     return SdpaFwdVariant(
         dtype, node.head_dim, node.mask.flags, node.lse is not None, varlen=True, page_size=node.page_size,
-        sinks=node.sinks is not None,
+        sinks=node.sinks is not None, kv_cache=kv_cache_dtype if quantized else "",
     )  # fmt: skip
 
 
 def chunk_launches(node: Sdpa, ctx: ResolveContext) -> tuple[ResolvedLaunch, ResolvedLaunch]:
     """The scheduling kernel's launch (the chunks' query blocks) and the forward kernel's over
     the pages, in that order."""
-    variant = forward_variant(node, ctx.slot(node.q).dtype)
+    variant = forward_variant(node, ctx.slot(node.q).dtype, ctx.slot(node.k).dtype)
     tiles = variant.tile_shape
     units = unit_capacity(node, tiles.block_m)
     workspace = schedule_workspace(node, units, ctx, prefix="chunk_")
@@ -92,7 +98,8 @@ def _schedule_launch(node: Sdpa, attention: SdpaFwdVariant, units: int, workspac
         *(Workspace(workspace[name]) for name in ("sequences", "tiles", "tile_count")),
         batch=node.batch, q_capacity=node.tokens_q, kv_capacity=node.seq_kv, max_seqlen_q=node.seq_q,
         max_seqlen_kv=node.seq_kv, unit_capacity=units, heads_q=node.heads_q,
-        window_left=node.mask.window_left or 0, window_right=0, maps=None, decode_tokens=decode_tokens(node),
+        window_left=node.mask.window_left or 0, window_right=0, maps=None,
+        decode_tokens=decode_tokens(node, ctx.slot(node.k).dtype),
     )  # fmt: skip
     return launch(node.name, variant, (1, 1, 1), args)
 
@@ -125,8 +132,19 @@ def _attention_launch(node: Sdpa, variant: SdpaFwdVariant, workspace: dict[str, 
         v_maps=None,
         paged=paged,
         sinks=ctx.slot(node.sinks) if node.sinks else None,
+        **_cache_scales(node, variant, ctx),
     )
     return launch(node.name, variant, (tile_capacity(node, variant.tile_shape.block_m), 1, 1), args)
+
+
+def _cache_scales(node: Sdpa, variant: SdpaFwdVariant, ctx) -> dict:
+    """An e4m3 cache's scales, one per KV head or one for all (stride 0), as the decode kernel
+    takes them; none for a 16-bit cache."""
+    if not variant.kv_cache:
+        return {"scales": None, "scale_strides": None}
+    k_scale, v_scale = ctx.slot(node.k_scale), ctx.slot(node.v_scale)
+    strides = CacheScaleStrides(*(s.strides[0] if s.dims[0] > 1 else 0 for s in (k_scale, v_scale)))
+    return {"scales": CacheScales(k_scale, v_scale), "scale_strides": strides}
 
 
 def _bhs_order(page_row_head: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -205,7 +205,7 @@ def _combine_launch(node: Sdpa, config: DecodeConfig, workspace: dict[str, int],
     lse = ctx.slot(node.lse) if node.lse else None
     mixed = node.form == "mixed"
     # with the chunks apart only the decodes' rows were split: at most one row block a sequence
-    decode_rows_max = decode_tokens(node) * (node.heads_q // node.heads_kv) if apart else 0
+    decode_rows_max = decode_tokens(node, ctx.slot(node.k).dtype) * (node.heads_q // node.heads_kv) if apart else 0
     variant = DecodeCombineVariant(
         o.dtype, node.head_dim, lse is not None, packed=mixed, causal=mixed and node.causal,
         decode_rows=decode_rows_max, sinks=node.sinks is not None,

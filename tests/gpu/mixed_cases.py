@@ -119,6 +119,12 @@ def cases() -> list[MixedCase]:
         c("bf16", 7, 200, 96, 32, 8, 128, 16, 40, True, lse="th", append=True),
         c("bf16", 8, 32, 4, 32, 8, 128, 16, 96, True, cache_layout="vllm_nhd", append=True),  # decode-sized, split
         c("fp16", 4, 64, 32, 16, 2, 64, 64, 12, True, cache="e4m3", cache_layout="hf", append=True),
+        # an e4m3 cache's chunks on the forward kernel that converts the pages (`kv_cache`): long
+        # chunks over pages of 16 at d=128 (K and V's raw boxes 8 a block), d=256 at the shared
+        # memory's limit with a window and softcap, per-tensor scales over transformers' pool
+        c("bf16", 6, 700, 300, 32, 8, 128, 16, 40, True, lse="th", cache="e4m3"),
+        c("bf16", 4, 300, 160, 16, 4, 256, 16, 48, True, window_left=200, softcap=30.0, cache="e4m3"),
+        c("fp16", 5, 400, 200, 16, 2, 64, 256, 4, True, lse="ht", cache="e4m3", scales="tensor", cache_layout="hf"),
         # attention sinks (gpt-oss: d 64, 8 query heads a KV head, windows of 128): chunks on the
         # forward kernel beside unsplit decodes; a decode-sized bucket split over its keys (the combine)
         c("bf16", 6, 400, 160, 32, 4, 64, 16, 40, True, lse="th", window_left=127, append=True, sinks=True),
@@ -139,7 +145,7 @@ def cases() -> list[MixedCase]:
         c("bf16", 6, 200, 64, 32, 8, 96, 16, 320, True, lse="ht", window_left=2047, append=True, sinks=True),
         c("fp16", 6, 256, 128, 32, 8, 96, 16, 48, True, lse="th", cache_layout="vllm_nhd", append=True),
         c("bf16", 8, 32, 4, 32, 4, 96, 16, 96, True, lse="ht", sinks=True),  # decode-sized, split, sinks
-        c("bf16", 8, 64, 16, 32, 8, 96, 64, 32, True, lse="th", cache="e4m3"),  # e4m3: chunks in row blocks
+        c("bf16", 8, 64, 16, 32, 8, 96, 64, 32, True, lse="th", cache="e4m3"),  # e4m3: chunks converted
         c("fp16", 6, 12, 1, 8, 1, 96, 16, 80, True, cache="e4m3", scales="tensor", cache_layout="vllm_hnd"),
     ]
 
