@@ -402,8 +402,10 @@ class SdpaForwardArgs:
     lengths, each sequence's Vᵀ map (`v_maps`, written by the scheduling kernel)."""
 
     q: TmaTensor = tma(extents=_extents)
-    k: TmaTensor = tma(extents=_extents)
-    v: TmaTensor = tma(extents=_extents)
+    # an e4m3 cache's K and V maps are of e4m3 elements (`kv_dtype`): a 16-bit map over its
+    # pages would read boxes twice the raw ring's bytes
+    k: TmaTensor = tma(extents=_extents, of="kv_dtype")
+    v: TmaTensor = tma(extents=_extents, of="kv_dtype")
     outputs: Outputs
     workspace: TileWorkspace
     shape: ForwardShape
@@ -494,6 +496,11 @@ class SdpaFwdVariant(Variant):
     @property
     def o_dtype(self) -> str:
         return self.out_dtype or self.dtype
+
+    @property
+    def kv_dtype(self) -> str:
+        """K's and V's elements: an e4m3 cache's (`kv_cache`), else Q's."""
+        return self.kv_cache or self.dtype
 
     @property
     def tile_shape(self) -> WgmmaTiles:
