@@ -266,6 +266,10 @@ def targets() -> list[Target]:
         # the raw ring, the "converted" barriers): d=128 over pages of 16, d=256 at the smem limit
         t("mixed-e4m3-chunks", "mixed form, e4m3 cache, chunks converted by the forward kernel, d=128, pages of 16",
           mixed=MixedCase("bf16", 4, 300, 160, 16, 4, 128, 16, 24, True, lse="th", cache="e4m3")),
+        # ... with the decodes split adaptively: a short decode's one split written directly by the
+        # e4m3 decode kernel (its O was left unwritten before: NaN in the GPU case, H100 2026-12-07)
+        t("mixed-e4m3-chunks-split", "mixed form, e4m3 cache, chunks converted, decodes split adaptively, pages of 64",
+          mixed=MixedCase("bf16", 8, 64, 16, 32, 8, 128, 64, 32, True, lse="th", cache="e4m3")),
         t("mixed-e4m3-chunks-d256", "mixed form, e4m3 cache, chunks converted, d=256, window + softcap",
           mixed=MixedCase("bf16", 3, 200, 120, 8, 2, 256, 16, 20, True, window_left=100, softcap=30.0, cache="e4m3")),
     ]  # fmt: skip

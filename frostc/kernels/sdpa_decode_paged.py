@@ -1426,8 +1426,8 @@ class PagedDecodeScaledCache(PagedDecode):
     @cute.jit
     def _store(self, merge, work, geometry, o_args, lse_args, partials, heads_kv, tidx):
         """The merged rows that exist: thread i sums row i / 8's columns (d/8)·(i % 8) onward
-        over the warps, then stores O and LSE (one split), or the split's normalized O (fp32)
-        and LSE into the workspace."""
+        over the warps, then stores O and LSE (one split, or an adaptive split's sequence that
+        fits one), or the split's normalized O (fp32) and LSE into the workspace."""
         row_max, row_sum, o_parts = merge
         group, s_new, rows, splits, split, _ = geometry
         span = self.head_dim // 8
@@ -1440,24 +1440,44 @@ class PagedDecodeScaledCache(PagedDecode):
                 out.store(out.load() + cute.local_tile(o_parts[local, None, w], (span,), (tidx % 8,)).load())
             top, total = self._row_total(row_max, row_sum, local)
             lse_value = (top + cute.math.log2(total)) * LN_2  # log2(0) = -inf: a row without keys
-            if cutlass.const_expr(self.variant.split):
-                o_partial, lse_partial = partials
-                index = self._partial_index(work, heads_kv, group, splits, split, rows, row)
-                dst = cute.make_tensor(o_partial + index * self.head_dim + col, cute.make_layout(span))
-                dst.store(out.load())
-                if tidx % 8 == 0:
-                    cute.make_tensor(lse_partial + index, cute.make_layout(1))[0] = lse_value
+            row_out = (row, col, out, lse_value, tidx % 8 == 0)
+            if cutlass.const_expr(self.variant.adaptive):
+                # a sequence that fits one split: no combine reads it (it counts the splits from
+                # the lengths alike), so its CTA writes O and LSE as an unsplit kernel's would
+                if work.direct:
+                    self._store_final_row(row_out, work, group, o_args, lse_args)
+                else:
+                    self._store_partial_row(row_out, work, heads_kv, group, splits, split, rows, partials)
+            elif cutlass.const_expr(self.variant.split):
+                self._store_partial_row(row_out, work, heads_kv, group, splits, split, rows, partials)
             else:
-                token, head = row // group, work.head_kv * group + row % group
-                if cutlass.const_expr(self.variant.packed):
-                    token = work.q_start + token
-                o, o_sb, o_sh, o_ss = o_args
-                offset = cutlass.Int64(work.batch) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
-                dst = cute.make_tensor(o + offset + col, cute.make_layout(span))
-                dst.store(out.load().to(self.dtype))
-                if cutlass.const_expr(self.variant.has_lse):
-                    lse, lse_sb, lse_sh, lse_ss = lse_args
-                    if tidx % 8 == 0:
-                        at = cutlass.Int64(work.batch) * lse_sb + cutlass.Int64(head) * lse_sh
-                        at = at + cutlass.Int64(token) * lse_ss
-                        cute.make_tensor(lse + at, cute.make_layout(1))[0] = lse_value
+                self._store_final_row(row_out, work, group, o_args, lse_args)
+
+    @cute.jit
+    def _store_partial_row(self, row_out, work, heads_kv, group, splits, split, rows, partials):
+        """A merged row's piece into the workspace: the split's normalized O (fp32) and its LSE."""
+        row, col, out, lse_value, leader = row_out
+        o_partial, lse_partial = partials
+        index = self._partial_index(work, heads_kv, group, splits, split, rows, row)
+        dst = cute.make_tensor(o_partial + index * self.head_dim + col, cute.make_layout(self.head_dim // 8))
+        dst.store(out.load())
+        if leader:
+            cute.make_tensor(lse_partial + index, cute.make_layout(1))[0] = lse_value
+
+    @cute.jit
+    def _store_final_row(self, row_out, work, group, o_args, lse_args):
+        """A merged row's piece into the caller's O (and its LSE)."""
+        row, col, out, lse_value, leader = row_out
+        token, head = row // group, work.head_kv * group + row % group
+        if cutlass.const_expr(self.variant.packed):
+            token = work.q_start + token
+        o, o_sb, o_sh, o_ss = o_args
+        offset = cutlass.Int64(work.batch) * o_sb + cutlass.Int64(head) * o_sh + cutlass.Int64(token) * o_ss
+        dst = cute.make_tensor(o + offset + col, cute.make_layout(self.head_dim // 8))
+        dst.store(out.load().to(self.dtype))
+        if cutlass.const_expr(self.variant.has_lse):
+            lse, lse_sb, lse_sh, lse_ss = lse_args
+            if leader:
+                at = cutlass.Int64(work.batch) * lse_sb + cutlass.Int64(head) * lse_sh
+                at = at + cutlass.Int64(token) * lse_ss
+                cute.make_tensor(lse + at, cute.make_layout(1))[0] = lse_value
