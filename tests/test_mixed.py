@@ -197,6 +197,9 @@ def test_an_e4m3_caches_chunks_run_on_the_forward_kernel_that_converts_the_pages
     decodes, schedule, chunks = (launch for launch in launches if not launch.variant.name.startswith("sdpa_decode_c"))
     assert decodes.variant.quantized and decodes.variant.chunks_apart
     assert chunks.variant.name == f"sdpa_fwd_wgmma.bf16.d{D}.causal_br.varlen.kv_e4m3.paged_p{PAGE}.lse"
+    # two raw stages (TMA fills one while the converters empty the other), O through Q's buffer
+    tiles = chunks.variant.tile_shape
+    assert (tiles.raw_stages, tiles.o_buffer) == (2, False) and chunks.variant.tiles["raw_stages"] == 2
     rows = decodes.variant.tile_shape.rows
     assert {a.param: a for a in schedule.args}["decode_tokens"].value == rows // (HQ // HKV) == 4
     args = {a.param for a in chunks.args}

@@ -42,11 +42,11 @@ TMA, two or three consumer warpgroups compute with WGMMA, taking turns on the te
 
 An e4m3 cache under the mixed form's chunks (`kv_cache`, with `page_size`): the producer thread
 loads each key block's K and V raw (boxes of `box_rows` keys of one page by the whole of d, plain
-rows) into a one-stage raw ring; the producer warpgroup's three idle warps convert it into the
-16-bit K and V stages (e4m3 is exact in fp16 and bf16), once the consumers released them, and
-arrive on the stage's "converted" barriers, which the consumers wait on instead of TMA's "full"
-(`_convert_blocks`). K's scale joins the scores' scale and V's O's normalization (`CacheDescales`).
-Everything the consumers do is the 16-bit kernel's.
+rows) into a raw ring (two stages where they fit: `dequantizing_tiles`); the producer warpgroup's
+three idle warps convert each block into the 16-bit K and V stages (e4m3 is exact in fp16 and
+bf16), once the consumers released them, and arrive on the stage's "converted" barriers, which
+the consumers wait on instead of TMA's "full" (`_convert_blocks`). K's scale joins the scores'
+scale and V's O's normalization (`CacheDescales`). Everything the consumers do is the 16-bit kernel's.
 
 Tensor maps (Q, K, V) are kernel parameters; `tensor_maps` builds them, and the build runs the
 same code on the CPU (`encode_tensor_maps`) so the plan holds each launch's maps. Modes as the
@@ -174,6 +174,7 @@ class WgmmaTiles:
     ctas_per_sm: int = 1  # persistent grid: the runtime launches min(tiles, SMs * this) CTAs
     l2_sections: bool = False  # longest-first tiles grouped by heads whose K and V fit in L2
     v_reorder: bool = False  # e4m3: V's keys put in P's register order in shared memory (`reorders_v`)
+    raw_stages: int = 0  # an e4m3 cache's chunks: the raw ring's depth (`dequantizing_tiles`)
 
     @property
     def num_threads(self) -> int:
@@ -185,7 +186,7 @@ class WgmmaTiles:
         return REGISTERS[self.consumers]
 
     def as_dict(self) -> dict[str, int]:
-        return {
+        named = {
             "block_m": self.block_m,
             "block_n": self.block_n,
             "threads": self.num_threads,
@@ -193,7 +194,12 @@ class WgmmaTiles:
             "stages": self.stages,
             "o_buffer": int(self.o_buffer),
             "ctas_per_sm": self.ctas_per_sm,
-        } | ({"v_reorder": 1} if self.v_reorder else {})
+        }
+        return (
+            named
+            | ({"v_reorder": 1} if self.v_reorder else {})
+            | ({"raw_stages": self.raw_stages} if self.raw_stages else {})
+        )
 
 
 def tiles_for_head_dim(
@@ -255,6 +261,19 @@ def _fp8_tiles(head_dim: int, window_left: bool, three_consumers: bool) -> Wgmma
     # d=128: 16 KiB Q + 32 KiB O + 4 stages of 2·16 KiB = 176 KiB; d=64 with a left window (its
     # masks spill with three consumers, as at 16 bits): half of each
     return WgmmaTiles(block_m=128, block_n=128, consumers=2, stages=4, o_buffer=True)
+
+
+def dequantizing_tiles(tiles: WgmmaTiles, head_dim: int) -> WgmmaTiles:
+    """The 16-bit tiles with the raw ring an e4m3 cache's chunks read through. Two raw stages
+    where they fit, so that TMA fills one while the converters empty the other: with one, each
+    block's load waited for the last block's conversion, and the chunks ran at 0.48x the speed of
+    the same chunks over bf16 pages (H100, bench/NOTES.md). d=128 makes room by staging O in Q's
+    buffer (its 32 KiB are the second raw stage's); d=256 is at the limit with one."""
+    if head_dim == 256:
+        return replace(tiles, raw_stages=1)
+    if head_dim == 128:
+        return replace(tiles, o_buffer=False, raw_stages=2)
+    return replace(tiles, raw_stages=2)
 
 
 def reorders_v(head_dim: int, diagonal: bool) -> bool:
@@ -507,6 +526,8 @@ class SdpaFwdVariant(Variant):
         tiles = tiles_for_head_dim(self.head_dim, self.mask.left, self.fp8, self.three_consumers, self.head_dim_v)
         if self.fp8 and not self.v_in_p_order:
             tiles = replace(tiles, v_reorder=reorders_v(self.head_dim, self.mask.right))
+        if self.kv_cache:
+            tiles = dequantizing_tiles(tiles, self.head_dim)
         if self.walk == "per_tile":
             return replace(tiles, ctas_per_sm=0, l2_sections=True)
         return replace(tiles, l2_sections=True) if self.walk == "dynamic" else tiles
@@ -727,7 +748,8 @@ class SdpaForwardWgmma(Kernel):
         total_half = t.block_m * self.head_dim_v // 2  # float32: half of each thread's O; the other half is sO's
         dequantizes = self.dequantizes
         cache = self.cache_dtype
-        raw_elems = t.block_n * self.head_dim  # one raw stage of K (or V): e4m3 plain rows
+        raw_elems = t.block_n * self.head_dim * t.raw_stages  # the raw ring of K (or V): e4m3 plain rows
+        raw_stages = t.raw_stages
 
         @cute.struct
         class SharedStorage:
@@ -748,7 +770,7 @@ class SdpaForwardWgmma(Kernel):
             if dequantizes:
                 raw_k: cute.struct.Align[cute.struct.MemRange[cache, raw_elems], 1024]
                 raw_v: cute.struct.Align[cute.struct.MemRange[cache, raw_elems], 1024]
-                raw_bars: cute.struct.MemRange[cutlass.Int64, 2]  # the raw ring's one stage: full, empty
+                raw_bars: cute.struct.MemRange[cutlass.Int64, 2 * raw_stages]  # the raw ring's full, empty
                 k_converted: cute.struct.MemRange[cutlass.Int64, stages]  # a 16-bit K stage written
                 v_converted: cute.struct.MemRange[cutlass.Int64, stages]
                 raw_end: cute.struct.MemRange[cutlass.Int32, 1]  # the raw ring position after the last load
@@ -839,12 +861,12 @@ class SdpaForwardWgmma(Kernel):
         )
 
     def _raw_pipeline(self, storage):
-        """An e4m3 cache's raw ring: one stage of K's and V's raw blocks, armed by the producer
-        thread with both blocks' bytes and completed by TMA; "empty" takes one arrival per
-        converter warp (`_convert_blocks`)."""
+        """An e4m3 cache's raw ring: `raw_stages` stages of K's and V's raw blocks, each armed by
+        the producer thread with both blocks' bytes and completed by TMA; "empty" takes one
+        arrival per converter warp (`_convert_blocks`)."""
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.raw_bars.data_ptr(),
-            num_stages=1,
+            num_stages=self.tiles.raw_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONVERT_THREADS // 32),
             tx_count=2 * self.tiles.block_n * self.head_dim,
@@ -898,7 +920,8 @@ class SdpaForwardWgmma(Kernel):
                 for barriers in converted:
                     barriers.init(CONVERT_THREADS)
                 raw_end[0] = cutlass.Int32(2**31 - 1)  # not known yet
-            rows = cute.make_layout((self.tiles.block_n, self.head_dim), stride=(self.head_dim, 1))
+            t, d = self.tiles, self.head_dim
+            rows = cute.make_layout((t.block_n, d, t.raw_stages), stride=(d, 1, t.block_n * d))  # a stage's plain rows
             raw_pipe = self._raw_pipeline(storage)
             raw = (raw_pipe, storage.raw_k.get_tensor(rows), storage.raw_v.get_tensor(rows), raw_end)
             k_full, v_full = converted
@@ -1217,7 +1240,7 @@ class SdpaForwardWgmma(Kernel):
 
     @cute.jit
     def _load_raw_block(self, raw, k_load, v_load, block, where):
-        """An e4m3 cache's key block, K's and V's, into the raw ring's one stage once the
+        """An e4m3 cache's key block, K's and V's, into the raw ring's next stage once the
         converters released it, box by box: `box_rows` keys of one page by the whole of d, plain
         rows (ragged as `_load_paged_block`'s: rows the sequence lacks, or a bad page's, arrive as
         zeros and count toward the stage's bytes)."""
@@ -1225,9 +1248,9 @@ class SdpaForwardWgmma(Kernel):
         n_block, pages, position = block
         _, _, rows_per_page, kv_len, head_kv = where
         box, d = self.box_rows, self.head_dim
-        _, phase = Ring(1).at(position)
-        raw_pipe.sync_object_empty.wait(0, phase ^ 1)
-        raw_pipe.sync_object_full.arrive(0, None)
+        stage, phase = Ring(self.tiles.raw_stages).at(position)
+        raw_pipe.sync_object_empty.wait(stage, phase ^ 1)
+        raw_pipe.sync_object_full.arrive(stage, None)
         for i in cutlass.range_constexpr(self.tiles.block_n // box):
             key = n_block * self.tiles.block_n + i * box
             page = pages[i]
@@ -1236,22 +1259,22 @@ class SdpaForwardWgmma(Kernel):
             for (atom, mX), dst in ((k_load, raw_k), (v_load, raw_v)):
                 rows = cute.domain_offset((RAGGED_ROWS - valid, 0), mX[None, None, head_kv, RAGGED_ROWS, start])
                 g_box = cute.local_tile(rows, (box, d), (0, 0))
-                s_box = cute.local_tile(dst, (box, d), (i, 0))
+                s_box = cute.local_tile(dst[None, None, stage], (box, d), (i, 0))
                 s_part, g_part = cpasync.tma_partition(
                     atom, 0, cute.make_layout(1), cute.group_modes(s_box, 0, 2), cute.group_modes(g_box, 0, 2)
                 )
-                cute.copy(atom, g_part, s_part, tma_bar_ptr=raw_pipe.sync_object_full.get_barrier(0))
+                cute.copy(atom, g_part, s_part, tma_bar_ptr=raw_pipe.sync_object_full.get_barrier(stage))
 
     @cute.jit
     def _end_raw_loads(self, raw, loaded):
         """After the last raw load: position `loaded` gets the end mark, as `_end_v_loads` does
         for the reordering warps, so that the converters stop there."""
         raw_pipe, _, _, raw_end = raw
-        _, phase = Ring(1).at(loaded)
-        raw_pipe.sync_object_empty.wait(0, phase ^ 1)
+        stage, phase = Ring(self.tiles.raw_stages).at(loaded)
+        raw_pipe.sync_object_empty.wait(stage, phase ^ 1)
         if cute.arch.lane_idx() == 0:
             cute.arch.atomic_exch(raw_end.iterator, loaded, scope="cta")
-            cute.arch.mbarrier_arrive(raw_pipe.sync_object_full.get_barrier(0))
+            cute.arch.mbarrier_arrive(raw_pipe.sync_object_full.get_barrier(stage))
 
     @cute.jit
     def _convert_blocks(self, raw, pipes, stages, converted, thread):
@@ -1266,9 +1289,10 @@ class SdpaForwardWgmma(Kernel):
         ring = Ring(self.tiles.stages)
         position = cutlass.Int32(0)
         ended = cutlass.Boolean(False)
+        raw_ring = Ring(self.tiles.raw_stages)
         while not ended:
-            _, raw_phase = Ring(1).at(position)
-            raw_pipe.sync_object_full.wait(0, raw_phase)
+            raw_stage, raw_phase = raw_ring.at(position)
+            raw_pipe.sync_object_full.wait(raw_stage, raw_phase)
             end = cutlass.Int32(0)
             if cute.arch.lane_idx() == 0:
                 end = cute.arch.atomic_add(raw_end.iterator, cutlass.Int32(0), scope="cta")
@@ -1276,16 +1300,16 @@ class SdpaForwardWgmma(Kernel):
             if not ended:
                 stage, phase = ring.at(position)
                 k_pipe.sync_object_empty.wait(stage, phase ^ 1)
-                self._convert_block(raw_k, sK[None, None, stage], thread, keys_mode=0)
+                self._convert_block(raw_k[None, None, raw_stage], sK[None, None, stage], thread, keys_mode=0)
                 v_pipe.sync_object_empty.wait(stage, phase ^ 1)
-                self._convert_block(raw_v, sV[None, None, stage], thread, keys_mode=1)
+                self._convert_block(raw_v[None, None, raw_stage], sV[None, None, stage], thread, keys_mode=1)
                 # the consumers' WGMMAs read the stages through the async proxy
                 cute.arch.fence_proxy("async.shared", space="cta")
                 k_done.arrive(stage)
                 v_done.arrive(stage)
                 cute.arch.sync_warp()  # the whole warp's raw reads are done: one arrival frees it
                 if cute.arch.lane_idx() == 0:
-                    raw_pipe.sync_object_empty.arrive(0, None)
+                    raw_pipe.sync_object_empty.arrive(raw_stage, None)
                 position += 1
 
     @cute.jit
