@@ -982,9 +982,9 @@ class SdpaForwardWgmma(Kernel):
                 loaded = self._produce(q_pipe, k_pipe, v_pipe, sQ, sK, sV, tiles, seqs, shape, window,
                                        (q_tma, mQ), (k_tma, mK), (v_tma, mV), ticket, sources)  # fmt: skip
                 if cutlass.const_expr(self.tiles.v_reorder):
-                    self._end_v_loads(v_pipe, v_end, loaded)
+                    self._mark_end(v_pipe, Ring(self.tiles.stages), v_end, loaded)
                 if cutlass.const_expr(self.dequantizes):
-                    self._end_raw_loads(raw, loaded)
+                    self._mark_end(raw[0], Ring(self.tiles.raw_stages), raw[3], loaded)
             if cutlass.const_expr(self.tiles.v_reorder):
                 if wg_tidx >= 128 - V_ORDER_THREADS:
                     self._order_v_keys(v_pipe, (v_ordered, v_end, v_base), wg_tidx - (128 - V_ORDER_THREADS))
@@ -1078,19 +1078,20 @@ class SdpaForwardWgmma(Kernel):
         return loaded
 
     @cute.jit
-    def _end_v_loads(self, v_pipe, v_end, loaded):
-        """After the last V load (e4m3): ring position `loaded` gets the end mark instead, its
-        number in `v_end` and then a plain arrival on its "full" barrier (no bytes), so that the
-        warps that reorder V's keys stop there. Its stage is taken as for a load: once the
-        consumers released it. (A flag would not do: it is written while up to `stages` loads
-        before it may still wait for their reordering.)"""
-        stage, phase = Ring(self.tiles.stages).at(loaded)
-        v_pipe.sync_object_empty.wait(stage, phase ^ 1)
+    def _mark_end(self, pipe, ring, end_word, loaded):
+        """After the last load of a ring that helper warps read (V's for the reordering warps,
+        e4m3: `_order_v_keys`; the raw ring for the converters: `_convert_blocks`): ring position
+        `loaded` gets the end mark instead, its number in `end_word` and then a plain arrival on
+        its "full" barrier (no bytes), so that the helpers stop there (`_at_end_mark`). Its stage
+        is taken as for a load: once the helpers released it. (A flag would not do: it is written
+        while up to a ring's depth of loads before it may still wait for the helpers.)"""
+        stage, phase = ring.at(loaded)
+        pipe.sync_object_empty.wait(stage, phase ^ 1)
         if cute.arch.lane_idx() == 0:
             # an atomic, as the ticket's word (`TicketWalk`): racecheck does not follow the
-            # arrival below to the reordering warps' wait
-            cute.arch.atomic_exch(v_end.iterator, loaded, scope="cta")
-            cute.arch.mbarrier_arrive(v_pipe.sync_object_full.get_barrier(stage))
+            # arrival below to the helpers' wait
+            cute.arch.atomic_exch(end_word.iterator, loaded, scope="cta")
+            cute.arch.mbarrier_arrive(pipe.sync_object_full.get_barrier(stage))
 
     @cute.jit
     def _order_v_keys(self, v_pipe, v_order, thread):
@@ -1106,10 +1107,7 @@ class SdpaForwardWgmma(Kernel):
         while not ended:
             stage, phase = ring.at(position)
             v_pipe.sync_object_full.wait(stage, phase)
-            end = cutlass.Int32(0)
-            if cute.arch.lane_idx() == 0:
-                end = cute.arch.atomic_add(v_end.iterator, cutlass.Int32(0), scope="cta")
-            ended = cute.arch.shuffle_sync(end, 0) == position  # written before the end mark's arrival
+            ended = self._at_end_mark(v_end, position)
             if not ended:
                 base = v_base + stage * stage_bytes
                 for piece in range(thread, stage_bytes // 16, V_ORDER_THREADS):
@@ -1208,21 +1206,30 @@ class SdpaForwardWgmma(Kernel):
         return tuple(result)
 
     @cute.jit
+    def _page_box(self, n_block, i, pages, where):
+        """Box `i` of key block `n_block` over a paged cache: (its valid rows, where they start in
+        the ragged map). Rows past the sequence's end, and all of a bad page's (id < 0), are not
+        valid: they arrive as zeros."""
+        _, _, rows_per_page, kv_len, _ = where
+        box = self.box_rows
+        key = n_block * self.tiles.block_n + i * box
+        page = pages[i]
+        valid = cutlass.select_(page < 0, 0, cutlass.max(cutlass.min(kv_len - key, box), 0))
+        return valid, cutlass.max(page, 0) * rows_per_page + key % self.variant.page_size + valid
+
+    @cute.jit
     def _load_paged_block(self, pipe, tma, mX, sX, block, where, keys_mode: int):
         """One K or V block of a paged cache into its ring stage, box by box: `box_rows` keys of one
         page (ragged: rows the sequence lacks, or a bad page's, are zero-filled and count toward
         the stage's bytes like any) by `d_chunk` of d. `keys_mode`: 0 for K's (keys, d) tiles, 1
         for V's (d, keys)."""
         n_block, pages, stage, phase = block
-        _, _, rows_per_page, kv_len, head_kv = where
+        head_kv = where[4]
         box, chunk = self.box_rows, self.d_chunk
         pipe.sync_object_empty.wait(stage, phase ^ 1)
         pipe.sync_object_full.arrive(stage, None)
         for i in cutlass.range_constexpr(self.tiles.block_n // box):
-            key = n_block * self.tiles.block_n + i * box
-            page = pages[i]
-            valid = cutlass.select_(page < 0, 0, cutlass.max(cutlass.min(kv_len - key, box), 0))
-            start = cutlass.max(page, 0) * rows_per_page + key % self.variant.page_size + valid
+            valid, start = self._page_box(n_block, i, pages, where)
             rows = mX[None, None, head_kv, RAGGED_ROWS, start]
             for c in cutlass.range_constexpr(self.head_dim // chunk):
                 if cutlass.const_expr(keys_mode == 0):
@@ -1246,16 +1253,13 @@ class SdpaForwardWgmma(Kernel):
         zeros and count toward the stage's bytes)."""
         raw_pipe, raw_k, raw_v, _ = raw
         n_block, pages, position = block
-        _, _, rows_per_page, kv_len, head_kv = where
+        head_kv = where[4]
         box, d = self.box_rows, self.head_dim
         stage, phase = Ring(self.tiles.raw_stages).at(position)
         raw_pipe.sync_object_empty.wait(stage, phase ^ 1)
         raw_pipe.sync_object_full.arrive(stage, None)
         for i in cutlass.range_constexpr(self.tiles.block_n // box):
-            key = n_block * self.tiles.block_n + i * box
-            page = pages[i]
-            valid = cutlass.select_(page < 0, 0, cutlass.max(cutlass.min(kv_len - key, box), 0))
-            start = cutlass.max(page, 0) * rows_per_page + key % self.variant.page_size + valid
+            valid, start = self._page_box(n_block, i, pages, where)
             for (atom, mX), dst in ((k_load, raw_k), (v_load, raw_v)):
                 rows = cute.domain_offset((RAGGED_ROWS - valid, 0), mX[None, None, head_kv, RAGGED_ROWS, start])
                 g_box = cute.local_tile(rows, (box, d), (0, 0))
@@ -1266,15 +1270,14 @@ class SdpaForwardWgmma(Kernel):
                 cute.copy(atom, g_part, s_part, tma_bar_ptr=raw_pipe.sync_object_full.get_barrier(stage))
 
     @cute.jit
-    def _end_raw_loads(self, raw, loaded):
-        """After the last raw load: position `loaded` gets the end mark, as `_end_v_loads` does
-        for the reordering warps, so that the converters stop there."""
-        raw_pipe, _, _, raw_end = raw
-        stage, phase = Ring(self.tiles.raw_stages).at(loaded)
-        raw_pipe.sync_object_empty.wait(stage, phase ^ 1)
+    def _at_end_mark(self, end_word, position):
+        """Whether ring position `position` is the producer's end mark: the producer writes the
+        mark's position before its arrival on that position's "full" barrier, which the caller
+        has waited for; lane 0 reads it, the warp shares it."""
+        end = cutlass.Int32(0)
         if cute.arch.lane_idx() == 0:
-            cute.arch.atomic_exch(raw_end.iterator, loaded, scope="cta")
-            cute.arch.mbarrier_arrive(raw_pipe.sync_object_full.get_barrier(stage))
+            end = cute.arch.atomic_add(end_word.iterator, cutlass.Int32(0), scope="cta")
+        return cute.arch.shuffle_sync(end, 0) == position
 
     @cute.jit
     def _convert_blocks(self, raw, pipes, stages, converted, thread):
@@ -1293,10 +1296,7 @@ class SdpaForwardWgmma(Kernel):
         while not ended:
             raw_stage, raw_phase = raw_ring.at(position)
             raw_pipe.sync_object_full.wait(raw_stage, raw_phase)
-            end = cutlass.Int32(0)
-            if cute.arch.lane_idx() == 0:
-                end = cute.arch.atomic_add(raw_end.iterator, cutlass.Int32(0), scope="cta")
-            ended = cute.arch.shuffle_sync(end, 0) == position  # written before the end mark's arrival
+            ended = self._at_end_mark(raw_end, position)
             if not ended:
                 stage, phase = ring.at(position)
                 k_pipe.sync_object_empty.wait(stage, phase ^ 1)
