@@ -23,6 +23,9 @@
 #   bash bench/gpu_checks.sh mixed    # bench/mixed.py; FlashAttention-4 beside it when .peer/part2 is carried
 #                                     # (right after .peer/part1/stage.sh); MIXED_BASELINE=DIR: a second
 #                                     # run over an earlier build's plans
+#   bash bench/gpu_checks.sh cand     # kernel candidates side by side (bench/candidates.py build on the CPU
+#                                     # machine; carry build and .hfslim): each one's bench/mixed.py rows,
+#                                     # then its GPU cases beside its sanitizer targets
 #   bash bench/gpu_checks.sh all      # one call for everything after a kernel change: the GPU suite (a
 #                                     # process per file: bench/gpu_pytest.py) and compute-sanitizer
 #                                     # (SANITIZE_ONLY) side by side, then bench/serve.py's
@@ -50,6 +53,11 @@ if [ -f build/built.tar.xz ]; then
     tar -xJf build/built.tar.xz
 fi
 case "${1:-tests}" in
+cand)
+    tar -xJf build/cand.tar.xz
+    [ -d .hfslim ] && install_transformers
+    python bench/candidates.py run 2>&1 | tee "$OUT/cand.txt" | grep -vE "^\[" | tail -60
+    ;;
 all)
     start=$(date +%s)
     install_transformers

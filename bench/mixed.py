@@ -5,7 +5,7 @@ pure-decode steps, the packed plan for pure-prefill steps), one run.
     python bench/mixed.py build                          # CPU machine: compile into bench/.built/mixed
     python bench/mixed.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
     MIXED_PLANS=DIR python bench/mixed.py run ...        # the plans of another build (an A/B)
-    MIXED_ROWS=prefill python bench/mixed.py run ...     # only the rows whose name holds this
+    MIXED_ROWS=prefill python bench/mixed.py run ...     # only the rows whose name holds this (build too)
 
 Shapes: bf16 q, hq 32, hkv 8, d 128 (Llama-3-8B), causal bottom-right per sequence, pages of 16
 (vLLM's) or 128, each sequence's pages a shuffled draw from the pool. FlashAttention-4's
@@ -109,12 +109,17 @@ def _plans(row: Row) -> dict[str, tuple[str, int, int]]:
     return out
 
 
+def _chosen_rows() -> list[Row]:
+    """The rows whose name holds MIXED_ROWS (all where it is unset), built and run alike."""
+    return [row for row in ROWS if os.environ.get("MIXED_ROWS", "") in row.name]
+
+
 def build() -> int:
     from frostc import GraphBuilder
 
     OUT.mkdir(parents=True, exist_ok=True)
     done = set()
-    for row in ROWS:
+    for row in _chosen_rows():
         pages = row.batch * row.max_pages
         for label, (name, tokens, longest) in _plans(row).items():
             if name in done:
@@ -302,7 +307,7 @@ def _buffers(label: str, row: Row, tokens: int, queries, k, v, table, starts):
 def run(md=None, json_path=None) -> int:
     import frost_runtime
 
-    rows = [row for row in ROWS if os.environ.get("MIXED_ROWS", "") in row.name]
+    rows = _chosen_rows()
     # every plan stays loaded until the end: the profiler names kernels by their function
     # handles, which a closed plan's module hands on to the next plan's kernels (the kernel-by-
     # kernel table showed earlier plans' kernel names, 2026-12-07)
