@@ -698,10 +698,7 @@ class PagedDecode(Kernel):
         pipe.sync_object_empty.wait(stage, phase ^ 1)
         pipe.sync_object_full.arrive(stage, None)
         for i in cutlass.range_constexpr(t.block_n // t.box_rows):
-            key = key0 + i * t.box_rows
-            page, valid = self._box_extent(block_pages[i], key, work.kv_len)
-            start = page * rows_per_page + key % self.page_size + valid
-            rows = mX[None, None, work.head_kv, RAGGED_ROWS, start]
+            rows, valid = self._box_rows(mX, block_pages[i], key0 + i * t.box_rows, work, rows_per_page)
             for c in cutlass.range_constexpr(self.head_dim // chunk):
                 if cutlass.const_expr(keys_mode == 0):
                     g_box = cute.local_tile(
@@ -725,10 +722,13 @@ class PagedDecode(Kernel):
             result.append(self._box_page(pt_row, key, pages))
         return tuple(result)
 
-    def _box_extent(self, page, key, kv_len):
-        """(page, rows of the box the sequence has): 0 rows past its end or on a bad page id."""
-        valid = cutlass.max(cutlass.min(kv_len - key, self.tiles.box_rows), 0)
-        return cutlass.max(page, 0), cutlass.select_(page < 0, 0, valid)
+    def _box_rows(self, mX, page, key, work, rows_per_page):
+        """The box from `key` on `page`: its rows in the ragged map, and how many of them the
+        sequence has (0 past its end or on a bad page id; the rest arrive as zeros)."""
+        valid = cutlass.max(cutlass.min(work.kv_len - key, self.tiles.box_rows), 0)
+        readable, valid = cutlass.max(page, 0), cutlass.select_(page < 0, 0, valid)  # a bad id: page 0, no valid rows
+        start = readable * rows_per_page + key % self.page_size + valid
+        return mX[None, None, work.head_kv, RAGGED_ROWS, start], valid
 
     @cute.jit
     def _copy_box(self, tma, s_box, g_box, barrier):
@@ -1064,10 +1064,7 @@ class PagedDecodeScaledCache(PagedDecode):
         pipe.sync_object_empty.wait(stage, phase ^ 1)
         pipe.sync_object_full.arrive(stage, None)
         for i in cutlass.range_constexpr(t.block_n // t.box_rows):
-            key = key0 + i * t.box_rows
-            page, valid = self._box_extent(block_pages[i], key, work.kv_len)
-            start = page * rows_per_page + key % self.page_size + valid
-            rows = mX[None, None, work.head_kv, RAGGED_ROWS, start]
+            rows, valid = self._box_rows(mX, block_pages[i], key0 + i * t.box_rows, work, rows_per_page)
             g_box = cute.local_tile(
                 cute.domain_offset((RAGGED_ROWS - valid, 0), rows), (t.box_rows, self.head_dim), (0, 0)
             )
