@@ -4,6 +4,8 @@ packed queries."""
 
 from dataclasses import dataclass
 
+import cutlass
+import cutlass.cute as cute
 from frost_runtime.dtypes import DTYPES
 
 from frostc.kernels.interface import I32, I64, Facets, Group, Ptr, abi, pointer
@@ -37,6 +39,15 @@ class CacheScaleStrides(Group):
 
     k_scale: I64 = abi("k_scale.stride_h")
     v_scale: I64 = abi("v_scale.stride_h")
+
+
+def head_scales(scales: CacheScales, strides: CacheScaleStrides, head_kv):
+    """(K's scale, V's scale) of KV head `head_kv`, read on the device (a stride of 0: the one
+    scale of every head)."""
+    one = cute.make_layout(1)
+    k = cute.make_tensor(scales.k_scale + cutlass.Int64(head_kv) * strides.k_scale, one)[0]
+    v = cute.make_tensor(scales.v_scale + cutlass.Int64(head_kv) * strides.v_scale, one)[0]
+    return k, v
 
 
 def packed(variant) -> bool:

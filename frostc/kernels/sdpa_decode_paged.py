@@ -54,7 +54,7 @@ from cutlass.tensor_utils import LayoutEnum
 from frost_runtime.dtypes import DTYPES
 
 from frostc.kernels.barriers import Barrier
-from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, PackedQueries, packed, quantized
+from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, PackedQueries, head_scales, packed, quantized
 from frostc.kernels.interface import (
     F32,
     I32,
@@ -554,9 +554,7 @@ class PagedDecode(Kernel):
         dequant = None
         if cutlass.const_expr(args.scales is not None):
             # K's scale joins the scores' (in the tanh with softcap), V's multiplies O at the end
-            scales, strides, one = args.scales, args.scale_strides, cute.make_layout(1)
-            k_descale = cute.make_tensor(scales.k_scale + cutlass.Int64(work.head_kv) * strides.k_scale, one)[0]
-            v_descale = cute.make_tensor(scales.v_scale + cutlass.Int64(work.head_kv) * strides.v_scale, one)[0]
+            k_descale, v_descale = head_scales(args.scales, args.scale_strides, work.head_kv)
             if cutlass.const_expr(self.variant.softcap):
                 score_scale = score_scale * k_descale
             else:

@@ -90,7 +90,7 @@ from cutlass.tensor_utils import LayoutEnum
 from frost_runtime.dtypes import DTYPES, E4M3_MAX
 
 from frostc.kernels.barriers import Barrier
-from frostc.kernels.cache_args import CacheScales, CacheScaleStrides
+from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, head_scales
 from frostc.kernels.interface import (
     I32,
     I64,
@@ -396,10 +396,7 @@ class CacheDescales:
     strides: CacheScaleStrides
 
     def of_head(self, head, head_kv):
-        one = cute.make_layout(1)
-        dk = cute.make_tensor(self.scales.k_scale + cutlass.Int64(head_kv) * self.strides.k_scale, one)[0]
-        dv = cute.make_tensor(self.scales.v_scale + cutlass.Int64(head_kv) * self.strides.v_scale, one)[0]
-        return dk, dv
+        return head_scales(self.scales, self.strides, head_kv)
 
 
 @dataclass(frozen=True)

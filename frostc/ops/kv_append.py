@@ -49,7 +49,7 @@ from frost_runtime.schema import MAX_GRID, NODE_FORMS, NodeRecord
 
 from frostc.contexts import CheckedTensor, NodeContext, ResolveContext
 from frostc.graph import role_slots
-from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, PshStrides
+from frostc.kernels.cache_args import PshStrides
 from frostc.kernels.interface import BhsStrides
 from frostc.kernels.kv_append import (
     PACKED,
@@ -65,6 +65,7 @@ from frostc.ops.paged_cache import (
     check_cache_scales,
     new_tokens_problem,
     page_size_problem,
+    scale_args,
 )
 from frostc.ops.rows import INT32_MAX, agreeing_sizes, check_head_dim, check_row_layout
 from frostc.resolved import ResolvedLaunch, launch
@@ -302,8 +303,7 @@ def resolve(node: KvAppend, ctx: ResolveContext) -> tuple[ResolvedLaunch, ...]:
     k, v = slots["k"], slots["v"]
     scales = scale_strides = None
     if "k_scale" in slots:  # one scale per kv head, or one for all (stride 0)
-        scales = CacheScales(slots["k_scale"], slots["v_scale"])
-        scale_strides = CacheScaleStrides(*(_head_stride(slots[role]) for role in ("k_scale", "v_scale")))
+        scales, scale_strides = scale_args(slots["k_scale"], slots["v_scale"])
     rows, paged = node.form == ROWS, node.form != SLOTS
     args = KvAppendArgs(
         k=k, v=v, k_cache=slots["k_cache"], v_cache=slots["v_cache"], page_table=slots.get("page_table"),
@@ -329,10 +329,6 @@ def _stepped_strides(slot, count: int) -> tuple[int, ...]:
     (t, h) and (p, s, h). A dim of extent 1 is never stepped along: its stride (any value)
     becomes 0, which the kernel's 16-byte assumption holds for."""
     return tuple(stride if extent > 1 else 0 for stride, extent in zip(slot.strides[:count], slot.dims[:count]))
-
-
-def _head_stride(slot) -> int:
-    return slot.strides[0] if slot.dims[0] > 1 else 0
 
 
 def _check_supported(node: KvAppend, ctx: ResolveContext) -> None:

@@ -14,11 +14,19 @@ from __future__ import annotations
 from frost_runtime.dtypes import ATTENTION, KV_CACHE, SCALE_DTYPE, is_quantized
 
 from frostc.contexts import CheckedTensor, NodeContext
+from frostc.kernels.cache_args import CacheScales, CacheScaleStrides
 from frostc.ops.rows import tma_stride
 
 PAGE_SIZE_STEP = 16  # page sizes are multiples of this: a TMA box of the cache never spans pages
 MAX_PAGE_SIZE = 256
 MAX_NEW_TOKENS = 16  # new tokens per sequence and step: decode, speculative decoding, short chunks
+
+
+def scale_args(k_scale, v_scale) -> tuple[CacheScales, CacheScaleStrides]:
+    """A quantized cache's scale slots as its kernels take them: the pointers, and each one's head
+    stride (0 where one scale serves every KV head)."""
+    strides = (s.strides[0] if s.dims[0] > 1 else 0 for s in (k_scale, v_scale))
+    return CacheScales(k_scale, v_scale), CacheScaleStrides(*strides)
 
 
 def cache_tma_strides(cache) -> tuple[int, int, int]:

@@ -25,7 +25,6 @@ import math
 from frost_runtime.dtypes import DTYPES
 
 from frostc.contexts import ResolveContext
-from frostc.kernels.cache_args import CacheScales, CacheScaleStrides
 from frostc.kernels.interface import BhsStrides, TmaSource
 from frostc.kernels.sdpa_common import MaskFlags
 from frostc.kernels.sdpa_decode_paged import decode_tiles
@@ -38,7 +37,7 @@ from frostc.kernels.sdpa_fwd_wgmma import (
     TileWorkspace,
 )
 from frostc.kernels.sdpa_schedule import ScheduleArgs, ScheduleVariant
-from frostc.ops.paged_cache import cache_tma_strides, rows_per_page
+from frostc.ops.paged_cache import cache_tma_strides, rows_per_page, scale_args
 from frostc.ops.rows import HEAD_DIMS
 from frostc.ops.sdpa_choice import tile_capacity, unit_capacity
 from frostc.ops.sdpa_forward import form_strides, map_strides, schedule_workspace, softmax_scales
@@ -142,9 +141,8 @@ def _cache_scales(node: Sdpa, variant: SdpaFwdVariant, ctx) -> dict:
     takes them; none for a 16-bit cache."""
     if not variant.kv_cache:
         return {"scales": None, "scale_strides": None}
-    k_scale, v_scale = ctx.slot(node.k_scale), ctx.slot(node.v_scale)
-    strides = CacheScaleStrides(*(s.strides[0] if s.dims[0] > 1 else 0 for s in (k_scale, v_scale)))
-    return {"scales": CacheScales(k_scale, v_scale), "scale_strides": strides}
+    scales, strides = scale_args(ctx.slot(node.k_scale), ctx.slot(node.v_scale))
+    return {"scales": scales, "scale_strides": strides}
 
 
 def _bhs_order(page_row_head: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -16,7 +16,7 @@ from frost_runtime.schema import MAX_GRID
 
 from frostc.contexts import ResolveContext
 from frostc.graph import Tensor
-from frostc.kernels.cache_args import CacheScales, CacheScaleStrides, PackedQueries
+from frostc.kernels.cache_args import PackedQueries
 from frostc.kernels.interface import BhsStrides, TmaSource
 from frostc.kernels.sdpa_common import LOG2_E, SoftmaxScales
 from frostc.kernels.sdpa_decode_combine import DecodeCombineArgs, DecodeCombineVariant
@@ -27,7 +27,7 @@ from frostc.kernels.sdpa_decode_paged import (
     PagedDecodeVariant,
     decode_tiles,
 )
-from frostc.ops.paged_cache import cache_tma_strides, rows_per_page
+from frostc.ops.paged_cache import cache_tma_strides, rows_per_page, scale_args
 from frostc.ops.rows import (
     INT32_MAX,
     bhs_strides,
@@ -179,9 +179,7 @@ def _attention_launch(node: Sdpa, variant: PagedDecodeVariant, splits: int, chun
         softmax = SoftmaxScales(scale_log2=node.mask.softcap * LOG2_E, score_scale=scale / node.mask.softcap)
     scales = scale_strides = None
     if variant.quantized:  # one scale per KV head, or one for all (stride 0)
-        k_scale, v_scale = ctx.slot(node.k_scale), ctx.slot(node.v_scale)
-        scales = CacheScales(k_scale, v_scale)
-        scale_strides = CacheScaleStrides(*(s.strides[0] if s.dims[0] > 1 else 0 for s in (k_scale, v_scale)))
+        scales, scale_strides = scale_args(ctx.slot(node.k_scale), ctx.slot(node.v_scale))
     # the partial results: workspace with several splits, unused (null) with one
     partials = [Workspace(workspace[name]) if workspace else None for name in ("o_partial", "lse_partial")]
     args = PagedDecodeArgs(
