@@ -145,7 +145,7 @@ def _check(name: str, plan: Candidates, out: Path) -> list[str]:
     verdicts = []
     sanitizer = None
     if plan.sanitize:
-        log = open(out / f"cand-sanitize-{name}.txt", "w")
+        log = open(out / f"cand-sanitize-{name}.txt", "w")  # closed once the sanitizer is done
         sanitizer = subprocess.Popen(
             [sys.executable, "bench/sanitize.py", "run", "--only", plan.sanitize,
              "--plans", str(common.BUILT / f"sanitize-{name}")],
@@ -165,6 +165,7 @@ def _check(name: str, plan: Candidates, out: Path) -> list[str]:
         verdicts.append(f"GPU cases rc={pytest.returncode}: {summary}")
     if sanitizer is not None:
         code = sanitizer.wait()
+        log.close()
         text = (out / f"cand-sanitize-{name}.txt").read_text()
         verdicts.append(f"sanitizer rc={code}: {'all clean' if 'all clean' in text else 'NOT clean (see its log)'}")
     return verdicts
