@@ -142,6 +142,9 @@ HEAD_DIM_PAIRS = ((192, 128),)
 # setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
 # producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
 REGISTERS = {2: (40, 232), 3: (32, 160)}
+# 32-bit registers an SM holds: a CTA that is alone on its SM (min_blocks_per_mp=1) launches with
+# its share, `launch_registers`, and setmaxnreg only moves registers within that allocation
+REGISTER_FILE = 65536
 # e4m3: the producer warpgroup's warps besides the TMA warp put each Vᵀ stage's keys in the
 # order of P's registers (`_order_v_keys`)
 V_ORDER_THREADS = 96
@@ -182,8 +185,20 @@ class WgmmaTiles:
 
     @property
     def registers(self) -> tuple[int, int]:
-        """(producer, consumer) registers per thread after setmaxnreg."""
-        return REGISTERS[self.consumers]
+        """(producer, consumer) registers per thread after setmaxnreg. The consumers' increase
+        waits until the producer's decrease has freed enough of the CTA's launch allocation, so
+        the split must fit that allocation, not the register file: at 384 threads 168 a thread
+        (64,512), which 40/232 fills exactly; 48/232 (the whole 64 Ki) left the consumers waiting
+        forever on the GPU (bench/NOTES.md, the e4m3 converters at 48 registers)."""
+        producer, consumer = REGISTERS[self.consumers]
+        held = launch_registers(self.num_threads) * self.num_threads
+        if 128 * producer + 128 * self.consumers * consumer > held:
+            raise ValueError(
+                f"setmaxnreg split {producer}/{consumer} for {self.consumers} consumers needs "
+                f"{128 * producer + 128 * self.consumers * consumer:,} registers, over the {held:,} the CTA "
+                f"launches with: lower REGISTERS[{self.consumers}]"
+            )
+        return producer, consumer
 
     def as_dict(self) -> dict[str, int]:
         named = {
@@ -200,6 +215,13 @@ class WgmmaTiles:
             | ({"v_reorder": 1} if self.v_reorder else {})
             | ({"raw_stages": self.raw_stages} if self.raw_stages else {})
         )
+
+
+def launch_registers(threads: int) -> int:
+    """Registers a thread that ptxas gives a kernel of `threads` threads that moves registers
+    between warpgroups with setmaxnreg: the register file's share, rounded down to the
+    allocation granule of 8 (384 threads: 168; 512: 128). The golden plans' cubins say the same."""
+    return REGISTER_FILE // threads // 8 * 8
 
 
 def tiles_for_head_dim(
