@@ -92,3 +92,22 @@ def test_mixed_builds_only_the_rows_it_runs(monkeypatch) -> None:
     assert {row.name for row in mixed._chosen_rows()} == {row.name for row in mixed.ROWS if "pages" in row.name}
     monkeypatch.delenv("MIXED_ROWS")
     assert mixed._chosen_rows() == mixed.ROWS
+
+
+def test_a_hung_candidate_skips_its_checks_and_fails_the_run(candidates, monkeypatch, tmp_path, capsys) -> None:
+    """A candidate whose rows run past ROWS_S is taken as hung: its GPU cases and sanitizer (which
+    would each wait out their own limits) are not run, the others' are, and the run fails."""
+    manifest = tmp_path / "cand.json"
+    plan = {"names": ["base", "r48"], "rows": "pages", "tests": ["mixed"], "pytest_k": "", "sanitize": "mixed-e4m3"}
+    manifest.write_text(json.dumps(plan))
+    monkeypatch.setattr(candidates, "MANIFEST", manifest)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    rows = [{"row": "8 chunks e4m3 pages", "us": {"mixed (serving bucket)": 2050.0}}]
+    monkeypatch.setattr(candidates, "_time", lambda name, *_: (rows, True) if name == "base" else ([], False))
+    checked = []
+    monkeypatch.setattr(candidates, "_check", lambda name, *_: checked.append(name) or ["GPU cases rc=0: 9 passed"])
+    assert candidates.run() == 1
+    assert checked == ["base"]
+    printed = capsys.readouterr().out
+    assert "base: GPU cases rc=0: 9 passed" in printed
+    assert f"r48: hung: its bench/mixed.py rows ran past {candidates.ROWS_S} s" in printed
