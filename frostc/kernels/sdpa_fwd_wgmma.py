@@ -139,8 +139,9 @@ THREE_CONSUMER_HEAD_DIMS = (128,)
 # (Q and K's head dim, V and O's) where they differ, 16-bit only: DeepSeek-V2/V3's prefill (MLA)
 HEAD_DIM_PAIRS = ((192, 128),)
 
-# setmaxnreg per warpgroup, by consumer count: the register file (64 Ki) split between one
-# producer warpgroup (a single TMA thread needs few) and the consumers (accumulators)
+# setmaxnreg per warpgroup, by consumer count: the CTA's launch allocation (`launch_registers`)
+# split between one producer warpgroup (a single TMA thread needs few) and the consumers
+# (accumulators)
 REGISTERS = {2: (40, 232), 3: (32, 160)}
 # 32-bit registers an SM holds: a CTA that is alone on its SM (min_blocks_per_mp=1) launches with
 # its share, `launch_registers`, and setmaxnreg only moves registers within that allocation
@@ -191,12 +192,12 @@ class WgmmaTiles:
         (64,512), which 40/232 fills exactly; 48/232 (the whole 64 Ki) left the consumers waiting
         forever on the GPU (bench/NOTES.md, the e4m3 converters at 48 registers)."""
         producer, consumer = REGISTERS[self.consumers]
+        needed = 128 * (producer + self.consumers * consumer)
         held = launch_registers(self.num_threads) * self.num_threads
-        if 128 * producer + 128 * self.consumers * consumer > held:
+        if needed > held:
             raise ValueError(
-                f"setmaxnreg split {producer}/{consumer} for {self.consumers} consumers needs "
-                f"{128 * producer + 128 * self.consumers * consumer:,} registers, over the {held:,} the CTA "
-                f"launches with: lower REGISTERS[{self.consumers}]"
+                f"setmaxnreg split {producer}/{consumer} for {self.consumers} consumers needs {needed:,} "
+                f"registers, over the {held:,} the CTA launches with: lower REGISTERS[{self.consumers}]"
             )
         return producer, consumer
 
