@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser, commands = common.command_line(__doc__)
     b = commands["build"]
     b.add_argument("candidates", nargs="+", metavar="NAME=REV", help="each candidate's name and git revision")
-    b.add_argument("--rows", required=True, help="bench/mixed.py's rows whose name holds this (MIXED_ROWS)")
+    b.add_argument("--rows", required=True, help="bench/mixed.py's rows: names holding one of these (prefill,chunk)")
     b.add_argument("--tests", default="", help="tests.gpu.build_plans groups the GPU cases need, e.g. mixed,cb")
     b.add_argument("--pytest-k", default="", help="pytest's -k for the GPU cases, e.g. 'e4m3 and test_mixed'")
     b.add_argument("--sanitize", default="", help="bench/sanitize.py's --only pieces, e.g. mixed-e4m3")

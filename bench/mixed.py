@@ -5,7 +5,7 @@ pure-decode steps, the packed plan for pure-prefill steps), one run.
     python bench/mixed.py build                          # CPU machine: compile into bench/.built/mixed
     python bench/mixed.py run [--md FILE] [--json FILE]  # GPU machine: time everything, print a table
     MIXED_PLANS=DIR python bench/mixed.py run ...        # the plans of another build (an A/B)
-    MIXED_ROWS=prefill python bench/mixed.py run ...     # only the rows whose name holds this (build too)
+    MIXED_ROWS=prefill,chunk python bench/mixed.py run  # only the rows whose name holds one of these (build too)
 
 Shapes: bf16 q, hq 32, hkv 8, d 128 (Llama-3-8B), causal bottom-right per sequence, pages of 16
 (vLLM's) or 128, each sequence's pages a shuffled draw from the pool. FlashAttention-4's
@@ -110,8 +110,10 @@ def _plans(row: Row) -> dict[str, tuple[str, int, int]]:
 
 
 def _chosen_rows() -> list[Row]:
-    """The rows whose name holds MIXED_ROWS (all where it is unset), built and run alike."""
-    return [row for row in ROWS if os.environ.get("MIXED_ROWS", "") in row.name]
+    """The rows whose name holds one of MIXED_ROWS' comma-separated pieces (all where it is
+    unset), built and run alike."""
+    pieces = os.environ.get("MIXED_ROWS", "").split(",")
+    return [row for row in ROWS if any(piece in row.name for piece in pieces)]
 
 
 def build() -> int:

@@ -90,6 +90,10 @@ def test_mixed_builds_only_the_rows_it_runs(monkeypatch) -> None:
     mixed = bench_scripts.load("mixed")
     monkeypatch.setenv("MIXED_ROWS", "pages")
     assert {row.name for row in mixed._chosen_rows()} == {row.name for row in mixed.ROWS if "pages" in row.name}
+    monkeypatch.setenv("MIXED_ROWS", "prefill,chunk")
+    chosen = {row.name for row in mixed._chosen_rows()}
+    assert chosen == {row.name for row in mixed.ROWS if "prefill" in row.name or "chunk" in row.name}
+    assert any("prefill" in name for name in chosen) and any("chunk" in name for name in chosen)
     monkeypatch.delenv("MIXED_ROWS")
     assert mixed._chosen_rows() == mixed.ROWS
 
