@@ -115,3 +115,19 @@ def test_a_hung_candidate_skips_its_checks_and_fails_the_run(candidates, monkeyp
     printed = capsys.readouterr().out
     assert "base: GPU cases rc=0: 9 passed" in printed
     assert f"r48: hung: its bench/mixed.py rows ran past {candidates.ROWS_S} s" in printed
+
+
+def test_cand_checks_limits_the_checks_not_the_rows(candidates, monkeypatch, tmp_path, capsys) -> None:
+    """CAND_CHECKS names the candidates whose GPU cases and sanitizer run; every one's rows are timed."""
+    manifest = tmp_path / "cand.json"
+    plan = {"names": ["base", "a", "b"], "rows": "prefill", "tests": ["mixed"], "pytest_k": "", "sanitize": ""}
+    manifest.write_text(json.dumps(plan))
+    monkeypatch.setattr(candidates, "MANIFEST", manifest)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setenv("CAND_CHECKS", "b")
+    timed, checked = [], []
+    monkeypatch.setattr(candidates, "_time", lambda name, *_: timed.append(name) or ([], True))
+    monkeypatch.setattr(candidates, "_check", lambda name, *_: checked.append(name) or ["GPU cases rc=0: 3 passed"])
+    assert candidates.run() == 0
+    assert timed == ["base", "a", "b"] and checked == ["b"]
+    assert "b: GPU cases rc=0: 3 passed" in capsys.readouterr().out
