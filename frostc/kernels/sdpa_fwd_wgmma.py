@@ -1158,7 +1158,10 @@ class SdpaForwardWgmma(Kernel):
                 self._load_q(loads, mQ_seq, m_block, q_loads)
                 pt_row = paged.page_table + cutlass.Int64(batch) * paged.page_table_stride
                 where = (pt_row, paged.pages, paged.rows_per_page, seq.kv_len, head_kv)
-                for n_block in range(n_end - 1, n_first - 1, -1):
+                # a loop the compiler keeps: unrolled (by LLVM, 4 blocks a round), one key offset of
+                # the page-table reads was hoisted or not from build to build, so the d=64 kernel
+                # over pages of 64 came out one of two cubins (bench/NOTES.md); kept, 16 of 16 alike
+                for n_block in cutlass.range(n_end - 1, n_first - 1, -1, unroll=1):
                     position = loaded + (n_end - 1 - n_block)
                     stage, phase = ring.at(position)
                     # the block's pages are read before the stage's wait, so the reads overlap it
