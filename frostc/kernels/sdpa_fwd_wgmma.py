@@ -152,6 +152,8 @@ V_ORDER_THREADS = 96
 # an e4m3 cache's chunks (`kv_cache`): the producer warpgroup's warps besides the TMA warp convert
 # each raw e4m3 block into the 16-bit K and V stages
 CONVERT_THREADS = 96
+# ... 16 elements a piece (16 bytes read, 32 written), two pieces' loads in flight a thread
+CONVERT_PIECE, CONVERT_BATCH = 16, 2
 # e4m3's K-major rows (and vt_pack's re-lay of V) come in whole pieces of 64 of d
 FP8_D_PIECE = 64
 
@@ -1337,18 +1339,38 @@ class SdpaForwardWgmma(Kernel):
 
     @cute.jit
     def _convert_block(self, raw, dst, thread, keys_mode: int):
-        """A raw e4m3 block (keys, d) into a 16-bit stage tile, 8 elements at a time: K's
-        (keys, d), or V's (d, keys) (`keys_mode` 1). e4m3 values are exact in fp16 and bf16; the
-        scales join later (K's the scores', V's O's normalization)."""
-        per_row = self.head_dim // 8
-        for piece in range(thread, self.tiles.block_n * per_row, CONVERT_THREADS):
-            key = piece // per_row
-            col = piece % per_row
-            values = cute.local_tile(raw, (1, 8), (key, col)).load().to(self.dtype)
-            if cutlass.const_expr(keys_mode == 0):
-                cute.local_tile(dst, (1, 8), (key, col)).store(values)
-            else:
-                cute.local_tile(dst, (8, 1), (col, key)).store(values.reshape((8, 1)))
+        """A raw e4m3 block (keys, d) into a 16-bit stage tile, CONVERT_PIECE elements a piece:
+        K's (keys, d), or V's (d, keys) (`keys_mode` 1). e4m3 values are exact in fp16 and bf16;
+        the scales join later (K's the scores', V's O's normalization). Three warps convert while
+        the consumers compute, so the pieces go in batches: CONVERT_BATCH loads issued before
+        the first conversion, their latencies overlapped (one piece at a time, each load waited
+        for alone, ran the chunks at half the speed of 16-bit pages: bench/NOTES.md). A thread's
+        last round may fall past the block: it reloads the block's last piece and stores nothing."""
+        per_row = self.head_dim // CONVERT_PIECE
+        total = self.tiles.block_n * per_row
+        rounds = -(-total // CONVERT_THREADS)
+        for first in cutlass.range_constexpr(0, rounds, CONVERT_BATCH):
+            batch = min(CONVERT_BATCH, rounds - first)
+            pieces = [thread + (first + i) * CONVERT_THREADS for i in range(batch)]
+            loads = []
+            for piece in pieces:
+                within = cutlass.min(piece, total - 1)
+                loads.append(cute.local_tile(raw, (1, CONVERT_PIECE), (within // per_row, within % per_row)).load())
+            for i in cutlass.range_constexpr(batch):
+                values = loads[i].to(self.dtype)
+                key, col = pieces[i] // per_row, pieces[i] % per_row
+                if cutlass.const_expr((first + i + 1) * CONVERT_THREADS <= total):  # every thread's piece is in
+                    self._store_piece(dst, values, key, col, keys_mode)
+                elif pieces[i] < total:
+                    self._store_piece(dst, values, key, col, keys_mode)
+
+    @cute.jit
+    def _store_piece(self, dst, values, key, col, keys_mode: int):
+        """One converted piece into the 16-bit stage: along K's d, or V's d (its tile (d, keys))."""
+        if cutlass.const_expr(keys_mode == 0):
+            cute.local_tile(dst, (1, CONVERT_PIECE), (key, col)).store(values)
+        else:
+            cute.local_tile(dst, (CONVERT_PIECE, 1), (col, key)).store(values.reshape((CONVERT_PIECE, 1)))
 
     @staticmethod
     def _load_stage(pipe, tma, src, dst, stage, phase, desc=None):
