@@ -153,6 +153,26 @@ def e4m3_quad_word(x0, x1, x2, x3, src_lo, src_hi, select, *, loc=None, ip=None)
 
 
 @dsl_user_op
+def bf16_pair_to_fp16(word, *, loc=None, ip=None):
+    """Two bf16 values (a word) -> the same two in fp16, saturating at +-65,280 (0x477F: bf16's
+    largest value within fp16's range; NaN stays NaN), so every value fp16 can hold is kept
+    exactly but for fp16's subnormals (below 2**-14)."""
+    return _asm_word(
+        "{\n.reg .b32 limit, c, lo, hi;\n"
+        "mov.b32 limit, 0x477F477F;\n"
+        "min.NaN.bf16x2 c, $1, limit;\n"
+        "mov.b32 limit, 0xC77FC77F;\n"
+        "max.NaN.bf16x2 c, c, limit;\n"
+        "shl.b32 lo, c, 16;\n"
+        "and.b32 hi, c, 0xFFFF0000;\n"
+        "cvt.rn.f16x2.f32 $0, hi, lo;\n}",
+        [cutlass.Int32(word).ir_value(loc=loc, ip=ip)],
+        "=r,r",
+        side_effects=False,
+    )
+
+
+@dsl_user_op
 def e4m3_word(x0, x1, x2, x3, *, loc=None, ip=None):
     """Four fp32 values -> e4m3 bytes 0-3 of a word (round to nearest, saturating)."""
     values = [cutlass.Float32(x).ir_value(loc=loc, ip=ip) for x in (x0, x1, x2, x3)]

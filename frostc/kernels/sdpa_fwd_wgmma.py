@@ -114,6 +114,7 @@ from frostc.kernels.sdpa_common import (
     KeyRange,
     MaskFlags,
     SoftmaxScales,
+    bf16_pair_to_fp16,
     dsl_dtype,
     e4m3_quad_word,
     e4m3_word,
@@ -670,6 +671,10 @@ class SdpaForwardWgmma(Kernel):
         if self.dequantizes and (not variant.page_size or variant.head_dim_v or variant.kv_cache != "e4m3"):
             raise ValueError(f"{variant.name}: an e4m3 cache is read by the paged variant, one head dim")
         self.cache_dtype = dsl_dtype(variant.kv_cache) if self.dequantizes else None
+        # the tensor cores' 16-bit dtype (K, V, P; Q once converted): over an e4m3 cache fp16,
+        # whatever Q's dtype, since e4m3 -> fp16 is one instruction a pair of elements where
+        # bf16 takes four (the converters were the bound: bench/NOTES.md, e4m3 chunks' fp16 route)
+        self.mma_dtype = cutlass.Float16 if self.dequantizes else self.dtype
         self.launch_options = dict(min_blocks_per_mp=1)
         if variant.o_float32 and not (self.fp8 and self.head_dim in O_FLOAT32_HEAD_DIMS):
             raise ValueError(f"{variant.name}: O in float32 is built for e4m3 at head dims {O_FLOAT32_HEAD_DIMS}")
@@ -759,7 +764,7 @@ class SdpaForwardWgmma(Kernel):
 
     def _shared_storage(self):
         t = self.tiles
-        dtype = self.dtype
+        dtype, mma_dtype = self.dtype, self.mma_dtype
         q_elems, k_elems, v_elems = (cute.cosize(x) for x in self._smem_layouts())
         o_elems = cute.cosize(self._smem_layout_o()) if t.o_buffer else 8  # unused placeholder when O goes through Q
         out_dtype = self.out_dtype
@@ -779,8 +784,8 @@ class SdpaForwardWgmma(Kernel):
             k_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             v_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, k_elems], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dtype, v_elems], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[mma_dtype, k_elems], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[mma_dtype, v_elems], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[out_dtype, o_elems], 1024]
             if dynamic:
                 ticket: cute.struct.MemRange[cutlass.Int32, 4]  # the tile the producer took
@@ -807,11 +812,11 @@ class SdpaForwardWgmma(Kernel):
         wg_m = t.block_m // t.consumers
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         qk = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, k_major, cutlass.Float32, (1, 1, 1), (wg_m, t.block_n)
+            self.mma_dtype, self.mma_dtype, k_major, k_major, cutlass.Float32, (1, 1, 1), (wg_m, t.block_n)
         )
         pv = sm90.make_trivial_tiled_mma(
-            self.dtype,
-            self.dtype,
+            self.mma_dtype,
+            self.mma_dtype,
             k_major,
             k_major if self.fp8 else mn_major,
             cutlass.Float32,
@@ -827,9 +832,9 @@ class SdpaForwardWgmma(Kernel):
         t = self.tiles
         wg_m = t.block_m // t.consumers
         sQ = sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (wg_m, t.block_n, self.head_dim), self.dtype, t.consumers)
-        sK = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (wg_m, t.block_n, self.head_dim), self.dtype, t.stages)
+        sK = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (wg_m, t.block_n, self.head_dim), self.mma_dtype, t.stages)
         v_major = LayoutEnum.ROW_MAJOR if self.fp8 else LayoutEnum.COL_MAJOR
-        sV = sm90.make_smem_layout_b(v_major, (wg_m, self.head_dim_v, t.block_n), self.dtype, t.stages)
+        sV = sm90.make_smem_layout_b(v_major, (wg_m, self.head_dim_v, t.block_n), self.mma_dtype, t.stages)
         return sQ, sK, sV
 
     def _box_layouts(self):
@@ -952,6 +957,12 @@ class SdpaForwardWgmma(Kernel):
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = sQ
+        # the consumers read Q as the tensor cores' dtype; over an e4m3 cache a bf16 Q is
+        # converted in place once loaded (`_q_to_mma_dtype`, through `q_words`)
+        sQ_mma, q_words = sQ, None
+        if cutlass.const_expr(self.mma_dtype is not self.dtype):
+            sQ_mma = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner, dtype=self.mma_dtype)
+            q_words = storage.sQ.get_tensor(cute.make_layout(cute.cosize(sQ_layout) // 2), dtype=cutlass.Int32)
         if cutlass.const_expr(self.tiles.o_buffer):
             sO_layout = self._smem_layout_o()
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
@@ -1017,7 +1028,7 @@ class SdpaForwardWgmma(Kernel):
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self._consume(
-                q_pipe, k_pipe, (v_pipe, v_full, k_full), sQ, sK, sV, sO, tiles, seqs, shape, window,
+                q_pipe, k_pipe, (v_pipe, v_full, k_full), (sQ_mma, q_words), sK, sV, sO, tiles, seqs, shape, window,
                 (o, o_sh, o_ss), (lse, lse_sh, lse_ss),
                 wg - 1, wg_tidx, scale_log2, score_scale, ticket, (descales, args.sinks),
             )  # fmt: skip
@@ -1357,7 +1368,7 @@ class SdpaForwardWgmma(Kernel):
                 within = cutlass.min(piece, total - 1)
                 loads.append(cute.local_tile(raw, (1, CONVERT_PIECE), (within // per_row, within % per_row)).load())
             for i in cutlass.range_constexpr(batch):
-                values = loads[i].to(self.dtype)
+                values = loads[i].to(self.mma_dtype)
                 key, col = pieces[i] // per_row, pieces[i] % per_row
                 if cutlass.const_expr((first + i + 1) * CONVERT_THREADS <= total):  # every thread's piece is in
                     self._store_piece(dst, values, key, col, keys_mode)
@@ -1394,11 +1405,14 @@ class SdpaForwardWgmma(Kernel):
         return cute.make_tiled_copy_tv(atom, layout, cute.make_layout((1, elems)))
 
     @cute.jit
-    def _consume(self, q_pipe, k_pipe, v_pipes, sQ, sK, sV, sO, tiles, seqs, shape, window, o_args, lse_args, consumer,
-                 wg_tidx, scale_log2, score_scale, ticket, per_head):  # fmt: skip
+    def _consume(self, q_pipe, k_pipe, v_pipes, q_views, sK, sV, sO, tiles, seqs, shape, window, o_args, lse_args,
+                 consumer, wg_tidx, scale_log2, score_scale, ticket, per_head):  # fmt: skip
         """`v_pipes`: V's pipeline and the barrier its stages are read after (e4m3: once reordered);
-        `per_head`: the e4m3 descales and the sinks, each None where the variant has none."""
+        `q_views`: Q as the tensor cores read it, and its words where it is converted in place
+        (else None); `per_head`: the e4m3 descales and the sinks, each None where the variant
+        has none."""
         v_pipe, v_full, k_full = v_pipes
+        sQ, q_words = q_views
         descales, sinks = per_head
         t = self.tiles
         wg_m = t.block_m // t.consumers
@@ -1415,7 +1429,7 @@ class SdpaForwardWgmma(Kernel):
         if cutlass.const_expr(self.fp8):
             rP = pv_thr.make_fragment_A(pv_thr.partition_shape_A((wg_m, t.block_n)))
         else:
-            rP = cute.make_rmem_tensor(c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.dtype)
+            rP = cute.make_rmem_tensor(c_to_a_layout(qk_thr.make_fragment_C(s_shape).layout), self.mma_dtype)
 
         # ping-pong: consumer c issues its GEMMs after consumer c-1 issued its own, in a ring.
         # Every turn hands over to the next consumer; the last hand-over (to consumer 0) is
@@ -1432,7 +1446,7 @@ class SdpaForwardWgmma(Kernel):
         consumed = cutlass.Int32(0)  # K/V blocks consumed so far: the ring position
         q_loads = cutlass.Int32(0)  # Q buffer uses so far: its phase
         pipes = (q_pipe, k_pipe, v_pipe, v_full, k_full)
-        args = (operands, pipes, turns, softmax, sO, o_args, lse_args, window, wg_tidx,
+        args = (operands, pipes, turns, softmax, (sO, q_words), o_args, lse_args, window, wg_tidx,
                 score_scale, (descales, shape.group, sinks))  # fmt: skip
         if cutlass.const_expr(self.variant.walk == "dynamic"):
             # the producer publishes each tile (`TicketWalk`); past the end: stop
@@ -1476,7 +1490,7 @@ class SdpaForwardWgmma(Kernel):
         t = self.tiles
         wg_m = t.block_m // t.consumers
         ring = Ring(t.stages)
-        operands, pipes, turns, softmax, sO, o_args, lse_args, window, wg_tidx, score_scale, per_head = args
+        operands, pipes, turns, softmax, (sO, q_words), o_args, lse_args, window, wg_tidx, score_scale, per_head = args
         descales, group, sinks = per_head
         sink = None  # the head's sink logit (natural log), or None without sinks
         if cutlass.const_expr(self.variant.sinks):
@@ -1502,6 +1516,8 @@ class SdpaForwardWgmma(Kernel):
             acc_O.fill(0.0)
             tile_softmax.reset()
             q_pipe.sync_object_full.wait(0, q_loads % 2)
+            if cutlass.const_expr(q_words is not None):
+                self._q_to_mma_dtype(q_words, consumer, wg_tidx)
 
             # blocks at the top that none of this consumer's rows see are only handed through
             start, top, count = consumed, n_end, n_blocks
@@ -1572,6 +1588,28 @@ class SdpaForwardWgmma(Kernel):
         else:
             self._empty_rows(pv_mma, o_args, lse_args, seq, head, row_tile, wg_tidx, sink)
         return n_blocks
+
+    @cute.jit
+    def _q_to_mma_dtype(self, q_words, consumer, wg_tidx):
+        """This consumer's rows of a bf16 Q, in place, into fp16 (`mma_dtype`: the tensor cores'
+        over an e4m3 cache), saturating at +-65,280 (bf16's largest value within fp16's range);
+        every 16-bit value keeps its place, so the swizzle does not matter. Each thread takes
+        16-byte pieces, all its loads issued before the first conversion; then the writes are
+        fenced for the WGMMAs (async proxy) and the consumer's 128 threads meet. Once a tile:
+        a tile's Q is read by each of its key blocks' WGMMAs."""
+        words = self.tiles.block_m // self.tiles.consumers * self.head_dim // 2  # one consumer's
+        rounds = words // (4 * 128)
+        first = consumer * words // 4 + wg_tidx  # in 16-byte pieces
+        held = cute.make_rmem_tensor(4 * rounds, cutlass.Int32)
+        for r in cutlass.range_constexpr(rounds):
+            piece = cute.local_tile(q_words, (4,), (first + r * 128,))
+            cute.local_tile(held, (4,), (r,)).store(piece.load())
+        for w in cutlass.range_constexpr(4 * rounds):
+            held[w] = bf16_pair_to_fp16(held[w])
+        for r in cutlass.range_constexpr(rounds):
+            cute.local_tile(q_words, (4,), (first + r * 128,)).store(cute.local_tile(held, (4,), (r,)).load())
+        cute.arch.fence_proxy("async.shared", space="cta")
+        pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE + consumer, num_threads=128).arrive_and_wait()
 
     @cute.jit
     def _count_visit(self, visits, tile, consumer, wg_tidx):
@@ -1802,7 +1840,7 @@ class SdpaForwardWgmma(Kernel):
         """Row r's probabilities (this thread's values of the row in column order, as
         `wgmma_rows_by_cols` lists them) into P, as `_store_p` packs them."""
         if cutlass.const_expr(not self.fp8):
-            wgmma_rows_by_cols(cute.make_tensor(rP.iterator, s_layout))[r, None].store(probs.to(self.dtype))
+            wgmma_rows_by_cols(cute.make_tensor(rP.iterator, s_layout))[r, None].store(probs.to(self.mma_dtype))
         else:
             row = cute.make_rmem_tensor(cute.size(probs.shape), cutlass.Float32)
             row.store(probs)
@@ -1831,7 +1869,7 @@ class SdpaForwardWgmma(Kernel):
         due. With V's keys reordered (`v_reorder`) the four are packed as they are; else each 16
         keys of a row are packed to a word and the quad swaps them (`e4m3_quad_word`)."""
         if cutlass.const_expr(not self.fp8):
-            cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+            cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.mma_dtype))
         else:
             words = cute.recast_tensor(rP, cutlass.Int32)  # word v1 + 2·g: row half v1, keys 16g..16g+15
             for g in cutlass.range_constexpr(cute.size(acc_S) // 8):
