@@ -200,6 +200,9 @@ def test_an_e4m3_caches_chunks_run_on_the_forward_kernel_that_converts_the_pages
     # two raw stages (TMA fills one while the converters empty the other), O through Q's buffer
     tiles = chunks.variant.tile_shape
     assert (tiles.raw_stages, tiles.o_buffer) == (2, False) and chunks.variant.tiles["raw_stages"] == 2
+    # its tensor cores run fp16 (e4m3 -> fp16 is one instruction a pair), Q converted once a tile
+    kernel = chunks.variant.kernel()
+    assert (kernel.mma_dtype.__name__, kernel.dtype.__name__) == ("Float16", "BFloat16")
     rows = decodes.variant.tile_shape.rows
     assert {a.param: a for a in schedule.args}["decode_tokens"].value == rows // (HQ // HKV) == 4
     args = {a.param for a in chunks.args}
