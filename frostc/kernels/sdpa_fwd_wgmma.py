@@ -155,6 +155,9 @@ V_ORDER_THREADS = 96
 CONVERT_THREADS = 96
 # ... 16 elements a piece (16 bytes read, 32 written), two pieces' loads in flight a thread
 CONVERT_PIECE, CONVERT_BATCH = 16, 2
+# a bf16 Q converted to fp16 in place by its consumer (`_q_to_mma_dtype`): 16-byte pieces, this many
+# a thread in flight
+Q_CONVERT_BATCH = 4
 # e4m3's K-major rows (and vt_pack's re-lay of V) come in whole pieces of 64 of d
 FP8_D_PIECE = 64
 
@@ -1594,20 +1597,24 @@ class SdpaForwardWgmma(Kernel):
         """This consumer's rows of a bf16 Q, in place, into fp16 (`mma_dtype`: the tensor cores'
         over an e4m3 cache), saturating at +-65,280 (bf16's largest value within fp16's range);
         every 16-bit value keeps its place, so the swizzle does not matter. Each thread takes
-        16-byte pieces, all its loads issued before the first conversion; then the writes are
-        fenced for the WGMMAs (async proxy) and the consumer's 128 threads meet. Once a tile:
-        a tile's Q is read by each of its key blocks' WGMMAs."""
+        16-byte pieces, Q_CONVERT_BATCH pieces' loads issued before their conversion (more would
+        hold registers the accumulators need at d=256); then the writes are fenced for the
+        WGMMAs (async proxy) and the consumer's 128 threads meet. Once a tile: a tile's Q is read
+        by each of its key blocks' WGMMAs."""
         words = self.tiles.block_m // self.tiles.consumers * self.head_dim // 2  # one consumer's
         rounds = words // (4 * 128)
         first = consumer * words // 4 + wg_tidx  # in 16-byte pieces
-        held = cute.make_rmem_tensor(4 * rounds, cutlass.Int32)
-        for r in cutlass.range_constexpr(rounds):
-            piece = cute.local_tile(q_words, (4,), (first + r * 128,))
-            cute.local_tile(held, (4,), (r,)).store(piece.load())
-        for w in cutlass.range_constexpr(4 * rounds):
-            held[w] = bf16_pair_to_fp16(held[w])
-        for r in cutlass.range_constexpr(rounds):
-            cute.local_tile(q_words, (4,), (first + r * 128,)).store(cute.local_tile(held, (4,), (r,)).load())
+        for start in cutlass.range_constexpr(0, rounds, Q_CONVERT_BATCH):
+            batch = min(Q_CONVERT_BATCH, rounds - start)
+            held = cute.make_rmem_tensor(4 * batch, cutlass.Int32)
+            for r in cutlass.range_constexpr(batch):
+                piece = cute.local_tile(q_words, (4,), (first + (start + r) * 128,))
+                cute.local_tile(held, (4,), (r,)).store(piece.load())
+            for w in cutlass.range_constexpr(4 * batch):
+                held[w] = bf16_pair_to_fp16(held[w])
+            for r in cutlass.range_constexpr(batch):
+                piece = cute.local_tile(q_words, (4,), (first + (start + r) * 128,))
+                piece.store(cute.local_tile(held, (4,), (r,)).load())
         cute.arch.fence_proxy("async.shared", space="cta")
         pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE + consumer, num_threads=128).arrive_and_wait()
 
