@@ -1363,7 +1363,18 @@ class SdpaForwardWgmma(Kernel):
         per_row = self.head_dim // CONVERT_PIECE
         total = self.tiles.block_n * per_row
         rounds = -(-total // CONVERT_THREADS)
-        for first in cutlass.range_constexpr(0, rounds, CONVERT_BATCH):
+        # the batches where every thread's pieces are in the block, in a loop the compiler keeps
+        # (its pieces' addresses computed in it: unrolled, they were held across the loop and
+        # spilled at the producer warpgroup's 40 registers), then the rest unrolled
+        full = total // (CONVERT_THREADS * CONVERT_BATCH)
+        for b in cutlass.range(full, unroll=1):
+            pieces = [thread + (b * CONVERT_BATCH + i) * CONVERT_THREADS for i in range(CONVERT_BATCH)]
+            loads = [cute.local_tile(raw, (1, CONVERT_PIECE), (p // per_row, p % per_row)).load() for p in pieces]
+            for i in cutlass.range_constexpr(CONVERT_BATCH):
+                self._store_piece(
+                    dst, loads[i].to(self.mma_dtype), pieces[i] // per_row, pieces[i] % per_row, keys_mode
+                )
+        for first in cutlass.range_constexpr(full * CONVERT_BATCH, rounds, CONVERT_BATCH):
             batch = min(CONVERT_BATCH, rounds - first)
             pieces = [thread + (first + i) * CONVERT_THREADS for i in range(batch)]
             loads = []
