@@ -256,6 +256,8 @@ def targets() -> list[Target]:
           mixed=MixedCase("bf16", 6, 256, 128, 32, 8, 128, 16, 256, True, lse="th")),
         t("mixed-chunks-d256", "mixed form, chunks on the forward kernel at d 256, window + softcap",
           mixed=MixedCase("bf16", 4, 200, 120, 16, 2, 256, 16, 40, True, window_left=100, softcap=30.0)),
+        t("mixed-chunks-p48", "mixed form, chunks on the forward kernel over pages of 48 (not a key block's divisor)",
+          mixed=MixedCase("fp16", 5, 300, 160, 16, 4, 128, 48, 12, True, lse="th", cache_layout="vllm_hnd")),
         t("mixed-chunks-p256", "mixed form, chunks on the forward kernel over pages of 256, MHA, not causal",
           mixed=MixedCase("fp16", 5, 300, 160, 8, 8, 128, 256, 4, False)),
         t("mixed-e4m3", "mixed form, e4m3 cache, per-head scales",

@@ -147,6 +147,10 @@ def cases() -> list[MixedCase]:
         c("bf16", 8, 32, 4, 32, 4, 96, 16, 96, True, lse="ht", sinks=True),  # decode-sized, split, sinks
         c("bf16", 8, 64, 16, 32, 8, 96, 64, 32, True, lse="th", cache="e4m3"),  # e4m3: chunks converted
         c("fp16", 6, 12, 1, 8, 1, 96, 16, 80, True, cache="e4m3", scales="tensor", cache_layout="vllm_hnd"),
+        # pages of 48, which no key block is a multiple of (boxes of 16 rows), in vLLM's HND halves;
+        # pages of 32 of transformers' pool at d=64 (three consumers)
+        c("fp16", 5, 300, 160, 16, 4, 128, 48, 12, True, lse="th", cache_layout="vllm_hnd"),
+        c("bf16", 6, 400, 200, 32, 8, 64, 32, 30, True, lse="ht", cache_layout="hf"),
     ]
 
 
