@@ -132,10 +132,11 @@ def run() -> int:
             hung.append(name)
     checks = {}
     # CAND_CHECKS=NAME,...: only these candidates' GPU cases and sanitizer (a base checked already)
-    checked = os.environ.get("CAND_CHECKS", "").split(",") if os.environ.get("CAND_CHECKS") else plan.names
+    wanted = os.environ.get("CAND_CHECKS")
+    checked = wanted.split(",") if wanted else plan.names
+    skipped = f"hung: its bench/mixed.py rows ran past {ROWS_S} s; GPU cases and sanitizer not run"
     if plan.tests or plan.sanitize:
         for name in (n for n in plan.names if n in checked):
-            skipped = f"hung: its bench/mixed.py rows ran past {ROWS_S} s; GPU cases and sanitizer not run"
             checks[name] = [skipped] if name in hung else _check(name, plan, out)
     print("\n".join(side_by_side(plan.names, timings)))
     for name, verdicts in checks.items():

@@ -20,10 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "plans" / "examples" / "default.toml"
 
 
-def _start_build(folder: Path, hash_seed: str) -> subprocess.Popen:
-    """`python -m frostc build` run from `folder`, on a copy of the description kept there."""
+def _start_build(folder: Path, hash_seed: str = "0", description: str | None = None) -> subprocess.Popen:
+    """`python -m frostc build` run from `folder`, on a copy of the description kept there
+    (`description`'s TOML, else the default example's)."""
     folder.mkdir(parents=True)
-    shutil.copy(DEFAULT, folder / "graph.toml")
+    if description is None:
+        shutil.copy(DEFAULT, folder / "graph.toml")
+    else:
+        (folder / "graph.toml").write_text(description)
     env = os.environ | {"PYTHONHASHSEED": hash_seed}
     return subprocess.Popen(
         [sys.executable, "-m", "frostc", "build", "graph.toml", "-o", "plan.frost", "-q"],
@@ -55,34 +59,27 @@ def test_two_builds_in_separate_processes_are_byte_identical(tmp_path: Path) -> 
         raise AssertionError("builds differ:\n" + json.dumps(diff_report(diffs, "first", "second"), indent=1))
 
 
-def _start_paged_build(folder: Path) -> subprocess.Popen:
-    """`python -m frostc build` of a mixed plan whose chunks run the d=64 forward kernel over pages
-    of 64 (bench/sanitize.py's `mixed-chunks`)."""
+def _paged_description() -> str:
+    """A mixed plan whose chunks run the d=64 forward kernel over pages of 64 (bench/sanitize.py's
+    `mixed-chunks`)."""
     from frostc.description import to_toml
     from tests.gpu.build_plans import mixed_description
     from tests.gpu.mixed_cases import MixedCase
 
     case = MixedCase("bf16", 4, 300, 150, 8, 2, 64, 64, 8, True, lse="ht", window_left=90, softcap=30.0)
-    folder.mkdir(parents=True)
-    (folder / "graph.toml").write_text(to_toml(mixed_description(case)))
-    return subprocess.Popen(
-        [sys.executable, "-m", "frostc", "build", "graph.toml", "-o", "plan.frost", "-q"],
-        cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    return to_toml(mixed_description(case))
 
 
-def test_the_paged_forward_kernel_compiles_to_one_cubin() -> None:
+def test_the_paged_forward_kernel_compiles_to_one_cubin(tmp_path: Path) -> None:
     """The d=64 forward kernel over pages of 64 came out one of two cubins (about 6 builds in 10
     one, 4 the other) while its producer's block loop was unrolled: four builds now agree (all
     four alike by chance: ~15 % before)."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        plans = []
-        for pair in range(2):  # two at a time: the CPU machines have two cores
-            builds = [_start_paged_build(Path(tmp) / f"b{pair}{i}") for i in range(2)]
-            for proc in builds:
-                out, err = proc.communicate(timeout=300)
-                assert proc.returncode == 0, f"build failed:\n{out}\n{err}"
-            plans += [(Path(tmp) / f"b{pair}{i}" / "plan.frost").read_bytes() for i in range(2)]
-        assert all(plan == plans[0] for plan in plans), "the mixed plan's builds differ"
+    description = _paged_description()
+    plans = []
+    for pair in range(2):  # two at a time: the CPU machines have two cores
+        builds = [_start_build(tmp_path / f"b{pair}{i}", description=description) for i in range(2)]
+        for proc in builds:
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, f"build failed:\n{out}\n{err}"
+        plans += [(tmp_path / f"b{pair}{i}" / "plan.frost").read_bytes() for i in range(2)]
+    assert all(plan == plans[0] for plan in plans), "the mixed plan's builds differ"
