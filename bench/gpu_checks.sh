@@ -23,6 +23,10 @@
 #   bash bench/gpu_checks.sh mixed    # bench/mixed.py; FlashAttention-4 beside it when .peer/part2 is carried
 #                                     # (right after .peer/part1/stage.sh); MIXED_BASELINE=DIR: a second
 #                                     # run over an earlier build's plans
+#   bash bench/gpu_checks.sh runtime  # a runtime-only candidate (RT=build/rt-NAME: a copy of its runtime/
+#                                     # folder): transformers' continuous-batching GPU cases under it, then
+#                                     # bench/serve.py's SERVE_ATTN rows at 64 requests, profiled, under
+#                                     # main's runtime and under it (carry build and .hfslim)
 #   bash bench/gpu_checks.sh cand     # kernel candidates side by side (bench/candidates.py build on the CPU
 #                                     # machine; carry build and .hfslim): each one's bench/mixed.py rows,
 #                                     # then its GPU cases beside its sanitizer targets
@@ -53,6 +57,20 @@ if [ -f build/built.tar.xz ]; then
     tar -xJf build/built.tar.xz
 fi
 case "${1:-tests}" in
+runtime)
+    rt=${RT:?RT=build/rt-NAME: the candidate runtime folder}
+    install_transformers
+    PYTHONPATH=$rt:. timeout "${PYTEST_S:-200}" python -m pytest tests/gpu/test_hf_continuous.py -q \
+        -p no:cacheprovider -rs > "$OUT/pytest-runtime.log" 2>&1
+    echo "pytest ($rt) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-runtime.log" | tail -8
+    for r in runtime "$rt"; do
+        name=$(basename "$r")
+        PYTHONPATH=$r:. timeout "${SERVE_S:-170}" python bench/serve.py run --requests 64 \
+            --attn "${SERVE_ATTN:-frostc-fused,frostc-fused-e4m3}" --profile --md "$OUT/serve-$name.md" \
+            > "$OUT/serve-$name.log" 2>&1
+        echo "serve ($r) rc=$?"; grep -E "requests:|^\|" "$OUT/serve-$name.log" | cut -c1-300 | tail -8
+    done
+    ;;
 cand)
     tar -xJf build/cand.tar.xz
     [ -d .hfslim ] && install_transformers
