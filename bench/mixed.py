@@ -12,7 +12,9 @@ Shapes: bf16 q, hq 32, hkv 8, d 128 (Llama-3-8B), causal bottom-right per sequen
 packed-over-paged call (`flash_attn_varlen_func` with `page_table`) joins every row where it is
 importable (../shared/tools/fa4-peer). Two mixed plans per page
 size: a decode bucket (as many query tokens as sequences, max_seqlen_q 1 or 4) and a serving
-bucket (4096 query tokens, max_seqlen_q 4096: any mix). Attention only: the step's rows are
+bucket (4096 query tokens, max_seqlen_q 4096: any mix); the serve-like decode rows also a step
+bucket (as many query tokens as sequences, any mix: bench/serve.py's t64, whose decode-only steps
+still launch the chunks' scheduling and forward kernels). Attention only: the step's rows are
 already in the pages (the paged plans here have no kv_append either). Times are device times of
 CUDA-graph replays (bench/common.py's `time_ms`); each contestant's O is checked against float32
 on the gathered keys of four sequences before its time counts. TB/s counts the keys a step reads
@@ -93,6 +95,11 @@ def _plans(row: Row) -> dict[str, tuple[str, int, int]]:
     if row.peer == "paged" or row.peer == "":
         name = f"mixed-b{row.batch}-t{decode_tokens}-q{max(row.q_lens)}-p{row.page}x{row.max_pages}{kv}"
         out["mixed (decode bucket)"] = (name, decode_tokens, max(row.q_lens))
+    if row.name.startswith("decode") and "pages" in row.name:
+        # the continuous-batching set's bucket of the step's tokens (bench/serve.py's t64), in which
+        # a chunk may come: its scheduling and forward launches run on a decode-only step too
+        name = f"mixed-b{row.batch}-t{decode_tokens}-any-p{row.page}x{row.max_pages}{kv}"
+        out["mixed (step bucket)"] = (name, decode_tokens, decode_tokens)
     if sum(row.q_lens) <= SERVING_TOKENS:
         name = f"mixed-b{row.batch}-t{SERVING_TOKENS}-p{row.page}x{row.max_pages}{kv}"
         out["mixed (serving bucket)"] = (name, SERVING_TOKENS, SERVING_TOKENS)
