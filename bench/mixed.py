@@ -44,6 +44,7 @@ class Row:
     kv_lens: tuple[int, ...]  # each sequence's keys, this step's included
     peer: str  # "paged" (the decode plan, equal query counts) | "packed" (fresh prompts) | ""
     cache: str = "bf16"  # the pages' dtype; "e4m3": per-KV-head scales, the same lengths as a bf16 twin row
+    capacity: int = 0  # keys a sequence's page table holds at least (a serving set's bucket: its longest context)
 
     @property
     def profiled(self) -> bool:
@@ -57,7 +58,7 @@ class Row:
 
     @property
     def max_pages(self) -> int:
-        return -(-max(self.kv_lens) // self.page)
+        return -(-max(max(self.kv_lens), self.capacity) // self.page)
 
 
 def _uniform(n: int, low: int, high: int, seed: str) -> tuple[int, ...]:
@@ -81,6 +82,12 @@ ROWS = [
     # pages of 256; and chunks over their context
     Row("decode b64 ctx 600-900 p256 bf16 pages", 256, (1,) * 64, _uniform(64, 600, 900, "s64"), ""),
     Row("decode b64 ctx 600-900 p256 e4m3 pages", 256, (1,) * 64, _uniform(64, 600, 900, "s64"), "", "e4m3"),
+    # the same decodes in plans of bench/serve.py's capacity (8,192 keys a sequence: 32 pages), which
+    # set how a bucket splits the keys: what serve's t64 plan runs, against a decode-only plan
+    Row("decode b64 ctx 600-900 p256 8k cap bf16 pages", 256, (1,) * 64, _uniform(64, 600, 900, "s64"), "",
+        capacity=8192),
+    Row("decode b64 ctx 600-900 p256 8k cap e4m3 pages", 256, (1,) * 64, _uniform(64, 600, 900, "s64"), "", "e4m3",
+        capacity=8192),
     Row("8 chunks of 512 over 8k ctx p16 bf16 pages", 16, (512,) * 8, (8192 + 512,) * 8, ""),
     Row("8 chunks of 512 over 8k ctx p16 e4m3 pages", 16, (512,) * 8, (8192 + 512,) * 8, "", "e4m3"),
 ]  # fmt: skip
