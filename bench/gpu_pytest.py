@@ -28,9 +28,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_TESTS = 5  # pytest's exit code when a file's tests are all deselected
-# files that run alone, after the others: the plan soak measures the device's free memory, which
-# other processes' allocations move (side by side it read 1.3-2.0 GB "leaked", H100 2026-12-07)
-ALONE = ("test_execute_contract",)
+# files that run alone, after the others: each has a case that reads the device's free memory
+# (cuMemGetInfo), which other processes' allocations move: side by side the plan soak read 1.3-2.0 GB
+# "leaked" (H100), and test_failures' 300 dropped plans 2 MiB (H200, 2026-12-07, eleventh session)
+ALONE = ("test_execute_contract", "test_failures", "test_threads")
 # the words of pytest's summary line, in its order
 OUTCOMES = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "warnings", "errors")
 _COUNT = re.compile(r"(\d+) (failed|passed|skipped|deselected|xfailed|xpassed|warnings?|errors?)\b")
